@@ -1,0 +1,45 @@
+# nvidia-driver-installer: developer entry points.
+# The test venv is made from Debian's /usr/bin/python3 (see README: the pod-like
+# chroot tests hide /root, where pyenv's python lives).
+PYTHON_BASE ?= /usr/bin/python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install deps test test-fast test-vm demo lint manifests images bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON_BASE) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,lint]'
+	touch $@
+
+install: $(VENV)/.installed  ## the Python environment (package + test/lint tools)
+
+deps:  ## Debian packages the tests and the demo need (root)
+	bash scripts/install-deps.sh
+
+test: install  ## the default test run (unit + chroot fixture tests), well under 15 min
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: install  ## a real install against a built-in fixture node, the way the pod runs it
+	$(PY) -m tests.fixtures.demo
+
+lint: install
+	$(VENV)/bin/ruff check installer tests bench
+	$(VENV)/bin/yamllint -s manifests
+
+manifests: install  ## render the committed manifests from the templates
+	$(VENV)/bin/nvidia-driver-installer manifests render --all --output-dir manifests
+
+images: install  ## build both images with buildah from a local debootstrap base (slow tier)
+	bash images/build.sh
+
+test-vm: install  ## module loading in a real kernel under qemu (slow tier, ~5 min budget)
+	$(PY) -m pytest tests/vm $(PYTEST_ARGS)
+
+bench: install  ## performance figures vs baselines measured in the same run
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,127 @@
+"""The ``.cache`` record: what is installed, for which kernel/build, and its file hashes.
+
+Shell-style lines, as GKE's installers write them, so a node cached by them is
+recognised (``CACHE_BUILD_ID=`` / ``CACHE_KERNEL_VERSION=`` and
+``CACHE_NVIDIA_DRIVER_VERSION=``; cos_gpu_installer v2's ``BUILD_ID=`` and
+``DRIVER_VERSION=`` too) and a GKE installer sourcing ours still parses it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from installer.fsutil import sha256_file, write_atomic
+from installer.osinfo import parse_env_file
+
+CACHE_FORMAT = "2"
+# A record without hashes (written by GKE's installers) is trusted only if these exist.
+REQUIRED_FILES = ("drivers/nvidia.ko", "bin/nvidia-smi", "lib64/libnvidia-ml.so.1")
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What a cached install must match: the OS build (COS) or kernel (Ubuntu), and the driver."""
+
+    driver_version: str
+    kernel_release: str | None = None  # Ubuntu
+    build_id: str | None = None  # COS
+    flavor: str | None = None  # e.g. "compiled-proprietary", "prebuilt-open"
+
+    def describe(self) -> str:
+        target = f"build {self.build_id}" if self.build_id else f"kernel {self.kernel_release}"
+        return f"driver {self.driver_version} for {target}"
+
+
+@dataclass(frozen=True)
+class CacheRecord:
+    driver_version: str | None
+    kernel_release: str | None
+    build_id: str | None
+    flavor: str | None
+    file_hashes: dict[str, str] = field(default_factory=dict)
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> CacheRecord:
+        f = parse_env_file(text)
+        hashes = {}
+        for item in f.get("CACHE_FILE_SHA256", "").split():
+            rel, _, digest = item.rpartition(":")
+            if rel and digest:
+                hashes[rel] = digest
+        return cls(
+            driver_version=f.get("CACHE_NVIDIA_DRIVER_VERSION") or f.get("DRIVER_VERSION"),
+            kernel_release=f.get("CACHE_KERNEL_VERSION"),
+            build_id=f.get("CACHE_BUILD_ID") or f.get("BUILD_ID"),
+            flavor=f.get("CACHE_FLAVOR"),
+            file_hashes=hashes,
+            fields=f,
+        )
+
+    def mismatch(self, key: CacheKey) -> str | None:
+        """Why this record does not describe ``key`` (None when it does)."""
+        if self.driver_version != key.driver_version:
+            return f"cached driver {self.driver_version}, want {key.driver_version}"
+        if key.build_id is not None and self.build_id != key.build_id:
+            return f"cached for build {self.build_id}, host is {key.build_id}"
+        if key.kernel_release is not None and self.kernel_release != key.kernel_release:
+            return f"cached for kernel {self.kernel_release}, host runs {key.kernel_release}"
+        if key.flavor and self.flavor and self.flavor != key.flavor:
+            return f"cached flavour {self.flavor}, want {key.flavor}"
+        return None
+
+
+def hashed_files(install_dir: Path) -> list[str]:
+    """Files whose hashes the record keeps: every module and the libraries tools load."""
+    rels = sorted(p.relative_to(install_dir).as_posix() for p in install_dir.glob("drivers/*.ko"))
+    for pattern in ("lib64/libnvidia-ml.so.*.*", "lib64/libcuda.so.*.*", "bin/nvidia-smi"):
+        rels += sorted(
+            p.relative_to(install_dir).as_posix()
+            for p in install_dir.glob(pattern)
+            if p.is_file() and not p.is_symlink()
+        )
+    return rels
+
+
+def read(cache_file: Path) -> CacheRecord | None:
+    try:
+        return CacheRecord.parse(cache_file.read_text(errors="replace"))
+    except FileNotFoundError:
+        return None
+
+
+def check_files(record: CacheRecord, install_dir: Path) -> str | None:
+    """Why the cached files cannot be trusted (None when they can)."""
+    if not record.file_hashes:
+        for rel in REQUIRED_FILES:
+            if not (install_dir / rel).exists():
+                return f"{rel} is missing"
+        return None
+    for rel, digest in record.file_hashes.items():
+        path = install_dir / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        if sha256_file(path) != digest:
+            return f"{rel} has changed since it was installed"
+    return None
+
+
+def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version: str) -> None:
+    hashes = " ".join(f"{rel}:{sha256_file(install_dir / rel)}" for rel in hashed_files(install_dir))
+    lines = [
+        f"# written by nvidia-driver-installer {installer_version}; shell syntax, do not edit",
+        f"CACHE_FORMAT={CACHE_FORMAT}",
+    ]
+    if key.build_id:
+        lines.append(f"CACHE_BUILD_ID={key.build_id}")
+    if key.kernel_release:
+        lines.append(f"CACHE_KERNEL_VERSION={key.kernel_release}")
+    lines += [
+        f"CACHE_NVIDIA_DRIVER_VERSION={key.driver_version}",
+        f"CACHE_FLAVOR={key.flavor or 'compiled-proprietary'}",
+        f"CACHE_INSTALLED_AT={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+        f"CACHE_FILE_SHA256='{hashes}'",
+    ]
+    write_atomic(cache_file, "\n".join(lines) + "\n")

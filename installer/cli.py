@@ -1,0 +1,240 @@
+"""Command line: flags and env vars in, exit codes out.
+
+This is the only place errors become exit codes (DESIGN §3). Heavy imports
+stay inside the commands so ``--help`` and cache hits start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import click
+
+from installer import __version__
+from installer.errors import ExitCode, InstallerError, UsageError
+from installer.settings import (
+    DEFAULT_COS_ARTIFACTS_URL,
+    DEFAULT_DRIVER_BASE_URL,
+    DEFAULT_HOST_ROOT,
+    DEFAULT_INSTALL_DIR_HOST,
+    Settings,
+)
+
+LOG_FORMATS = click.Choice(["auto", "json", "console"])
+
+
+def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every command shares: where the host and the install dir are, log format."""
+    for option in reversed([
+        click.option("--host-root", type=click.Path(path_type=Path), envvar="ROOT_MOUNT_DIR",
+                     default=DEFAULT_HOST_ROOT, show_default=True, show_envvar=True,
+                     help="Where the host's / is mounted in this container."),
+        click.option("--install-dir-host", envvar="NVIDIA_INSTALL_DIR_HOST",
+                     default=str(DEFAULT_INSTALL_DIR_HOST), show_default=True, show_envvar=True,
+                     help="The install dir as the host sees it."),
+        click.option("--install-dir", type=click.Path(path_type=Path),
+                     envvar="NVIDIA_INSTALL_DIR_CONTAINER", show_envvar=True,
+                     help="This process's view of the install dir [default: /usr/local/nvidia "
+                     "if it exists, else <host-root>/<install-dir-host>]"),
+        click.option("--kernel-release", envvar="KERNEL_RELEASE", show_envvar=True,
+                     help="Target kernel [default: the running kernel, uname -r]."),
+        click.option("--log-format", type=LOG_FORMATS, envvar="LOG_FORMAT", default="auto",
+                     show_default=True, show_envvar=True,
+                     help="auto: JSON when stderr is not a terminal."),
+        click.option("-v", "--verbose", is_flag=True, help="Debug logs (commands run, their output)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _settings(**opts: Any) -> Settings:
+    from installer.log import configure
+
+    configure(opts.pop("log_format", "auto"), "debug" if opts.pop("verbose", False) else "info")
+    opts["install_dir_host"] = PurePosixPath(opts["install_dir_host"])
+    return Settings(**{k: v for k, v in opts.items() if v is not None}).resolved()
+
+
+class _LazyGroup(click.Group):
+    """Subcommands whose modules load only when used (jinja2 is slow to import)."""
+
+    lazy = {"manifests": "installer.manifests:manifests"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            import importlib
+
+            module, attr = self.lazy[name].split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="nvidia-driver-installer")
+def cli() -> None:
+    """Install NVIDIA GPU drivers on Kubernetes nodes (Container-Optimized OS, Ubuntu)."""
+
+
+@cli.command()
+@_host_options
+@click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
+              help="Driver version, or on COS an alias: default, latest, R535 … "
+              "[default: COS: default; Ubuntu: a pinned, tested version]")
+@click.option("--driver-url", envvar="NVIDIA_DRIVER_DOWNLOAD_URL", show_envvar=True,
+              help="Full URL (https:// or file://) of the NVIDIA .run [default: from --driver-base-url].")
+@click.option("--driver-base-url", envvar="NVIDIA_DRIVER_BASE_URL", show_envvar=True,
+              default=DEFAULT_DRIVER_BASE_URL, show_default=True,
+              help="The .run is <base>/<V>/NVIDIA-Linux-x86_64-<V>.run.")
+@click.option("--driver-sha256", envvar="NVIDIA_DRIVER_SHA256", show_envvar=True,
+              help="Expected SHA-256 of the .run (its own checksum is checked anyway).")
+@click.option("--cos-artifacts-url", envvar="COS_DOWNLOAD_GCS", show_envvar=True,
+              default=DEFAULT_COS_ARTIFACTS_URL, show_default=True,
+              help="COS artifacts of the build; {build_id} and {board} are filled in.")
+@click.option("--kernel-source-path", type=click.Path(path_type=Path),
+              envvar="KERNEL_SOURCE_PATH", show_envvar=True,
+              help="Kernel headers to build against [default: found on the host, else apt].")
+@click.option("--force", is_flag=True, envvar="FORCE_REINSTALL", show_envvar=True,
+              help="Reinstall even on a cache hit.")
+@click.option("--lock-timeout", "lock_timeout_s", type=click.FloatRange(min=0),
+              envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,
+              help="Seconds to wait for another installer's lock (0: fail at once, exit 4).")
+@click.option("--allow-insecure-http", is_flag=True, envvar="ALLOW_INSECURE_HTTP",
+              show_envvar=True, help="Allow plain http:// URLs.")
+@click.option("--module-arg", "module_args", multiple=True, envvar="NVIDIA_MODULE_ARGS",
+              show_envvar=True, help="MODULE.PARAM=VALUE for insmod, repeatable.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+def install(**opts: Any) -> None:
+    """Install (or load the cached) driver, then verify it with nvidia-smi."""
+    from installer import install as install_flow
+    from installer.download import check_url_scheme
+
+    started = time.monotonic()
+    settings = _settings(**opts)
+    for url in filter(None, (settings.driver_url, settings.driver_base_url)):
+        check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
+    outcome = install_flow.run(settings)
+    _final_log().info(
+        "install_finished",
+        outcome=outcome.get("outcome"),
+        plan=outcome.get("plan"),
+        driver_version=outcome.get("driver_version"),
+        duration_s=round(time.monotonic() - started, 3),
+        message=_success_message(outcome),
+    )
+
+
+def _success_message(outcome: dict[str, Any]) -> str:
+    if outcome.get("outcome") == "dry_run":
+        return f"dry run: printed the {outcome.get('plan')} plan, changed nothing"
+    how = "loaded from the cache" if outcome.get("plan") == "cached" else "installed"
+    return f"NVIDIA driver {outcome.get('driver_version')} {how} and verified"
+
+
+def _final_log() -> Any:
+    import structlog
+
+    return structlog.get_logger("installer")
+
+
+@cli.command()
+@_host_options
+def detect(**opts: Any) -> None:
+    """Print the detected host as JSON."""
+    from installer import distros
+    from installer.install import make_context
+    from installer.modules import loaded_driver_version
+
+    ctx = make_context(_settings(**opts))
+    distro = distros.for_host(ctx.host_info)
+    doc = {
+        **ctx.host_info.to_dict(),
+        "flow": distro.name,
+        "install_dir": str(ctx.install.root),
+        "signatures_enforced": ctx.kernel.signatures_enforced(),
+        "loaded_driver_version": loaded_driver_version(ctx.kernel),
+    }
+    click.echo(json.dumps(doc, indent=2))
+
+
+@cli.command()
+@_host_options
+def status(**opts: Any) -> None:
+    """Print the last run's status.json and the .cache record; exit with its exit code."""
+    from installer import cache
+    from installer import status as status_file
+    from installer.installdir import InstallDir
+
+    settings = _settings(**opts)
+    assert settings.install_dir is not None
+    install = InstallDir(settings.install_dir, settings.install_dir_host)
+    last = status_file.read(install.status_file)
+    record = cache.read(install.cache_file)
+    click.echo(json.dumps({
+        "install_dir": str(install.root),
+        "last_run": last,
+        "cache": record.fields if record else None,
+    }, indent=2))
+    if last is None:
+        raise UsageError(f"no status.json in {install.root}: the installer has not run here",
+                         path=str(install.status_file))
+    sys.exit(int(last.get("exit_code") or 0))
+
+
+@cli.command()
+@_host_options
+def verify(**opts: Any) -> None:
+    """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
+    from installer.install import make_context
+    from installer.verify import REQUIRED_NODES, nvidia_smi
+
+    ctx = make_context(_settings(**opts))
+    missing = [n for n in REQUIRED_NODES if not ctx.kernel.device_node(n).exists()]
+    if missing:
+        from installer.errors import VerifyError
+
+        raise VerifyError(f"device nodes missing: {', '.join('/dev/' + m for m in missing)}",
+                          hint="re-run install to load the driver and create them")
+    gpus = nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)
+    click.echo(json.dumps([g.__dict__ for g in gpus], indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        rv = cli.main(args=argv, prog_name="nvidia-driver-installer", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(int(ExitCode.INTERNAL))
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except InstallerError as exc:
+        _report_failure(exc)
+        sys.exit(int(exc.exit_code))
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _report_failure(exc: InstallerError) -> None:
+    import structlog
+
+    if not structlog.is_configured():
+        from installer.log import configure
+
+        configure("auto")
+    log = structlog.get_logger("installer")
+    log.error(
+        "install_failed",
+        error_class=exc.error_class,
+        exit_code=int(exc.exit_code),
+        error=exc.message,
+        hint=exc.hint,
+        **exc.context,
+    )

@@ -1,0 +1,37 @@
+"""What every step gets: settings, the host, the kernel, a runner, the install dir."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from installer.hostroot import HostRoot
+from installer.installdir import InstallDir
+from installer.kernel import KernelState
+from installer.osinfo import HostInfo
+from installer.runner import Runner
+from installer.settings import Settings
+
+if TYPE_CHECKING:
+    import requests
+
+
+@dataclass
+class Context:
+    settings: Settings
+    host: HostRoot
+    kernel: KernelState
+    runner: Runner
+    install: InstallDir
+    host_info: HostInfo
+    # Facts steps hand to later steps (downloaded paths, the staging tree, ...).
+    facts: dict[str, Any] = field(default_factory=dict)
+    _session: requests.Session | None = None
+
+    @property
+    def http(self) -> requests.Session:
+        if self._session is None:
+            from installer.download import make_session  # requests is slow to import
+
+            self._session = make_session()
+        return self._session

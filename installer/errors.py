@@ -1,0 +1,90 @@
+"""Failure classes and their exit codes (DESIGN.md section 3).
+
+Domain code raises an ``InstallerError`` subclass; only ``cli`` turns it into
+an exit code. Each error carries a one-line message, an optional hint saying
+what to do next, and the URL / path / kernel release it is about.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    INTERNAL = 1
+    USAGE = 2
+    UNSUPPORTED_HOST = 3
+    LOCKED = 4
+    DOWNLOAD = 5
+    INTEGRITY = 6
+    BUILD = 7
+    MODULE_LOAD = 8
+    VERIFY = 9
+    SECURE_BOOT = 10
+    DISK_SPACE = 11
+
+
+class InstallerError(Exception):
+    """An expected failure: logged as one line, no traceback."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+    error_class: str = "internal"
+
+    def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        # url=, path=, kernel_release=, ...: what the failure is about.
+        self.context = {k: v for k, v in context.items() if v is not None}
+
+
+class UsageError(InstallerError):
+    exit_code = ExitCode.USAGE
+    error_class = "usage"
+
+
+class UnsupportedHostError(InstallerError):
+    exit_code = ExitCode.UNSUPPORTED_HOST
+    error_class = "unsupported_host"
+
+
+class LockHeldError(InstallerError):
+    exit_code = ExitCode.LOCKED
+    error_class = "locked"
+
+
+class DownloadError(InstallerError):
+    exit_code = ExitCode.DOWNLOAD
+    error_class = "download"
+
+
+class IntegrityError(InstallerError):
+    exit_code = ExitCode.INTEGRITY
+    error_class = "integrity"
+
+
+class BuildError(InstallerError):
+    exit_code = ExitCode.BUILD
+    error_class = "build"
+
+
+class ModuleLoadError(InstallerError):
+    exit_code = ExitCode.MODULE_LOAD
+    error_class = "module_load"
+
+
+class VerifyError(InstallerError):
+    exit_code = ExitCode.VERIFY
+    error_class = "verify"
+
+
+class SecureBootError(InstallerError):
+    exit_code = ExitCode.SECURE_BOOT
+    error_class = "secure_boot"
+
+
+class DiskSpaceError(InstallerError):
+    exit_code = ExitCode.DISK_SPACE
+    error_class = "disk_space"

@@ -1,0 +1,97 @@
+"""The install command: detect, plan, lock, execute, record the outcome."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+
+import structlog
+
+from installer import distros, status
+from installer.context import Context
+from installer.errors import InstallerError
+from installer.hostroot import HostRoot
+from installer.installdir import InstallDir
+from installer.kernel import KernelState
+from installer.lock import LOCK_HOST_PATH, HostLock
+from installer.osinfo import HostInfo, host_info_from_text
+from installer.plan import StepTiming, execute
+from installer.runner import Runner
+from installer.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+
+def detect(host: HostRoot, kernel_release: str) -> HostInfo:
+    return host_info_from_text(
+        host.read_text("/etc/os-release"),
+        host.read_text("/etc/lsb-release"),
+        kernel_release,
+        os_release_path=str(host.path("/etc/os-release")),
+    )
+
+
+def make_context(settings: Settings) -> Context:
+    host = HostRoot(settings.host_root)
+    kernel = KernelState()
+    info = detect(host, settings.kernel_release or kernel.release())
+    assert settings.install_dir is not None, "settings must be resolved"
+    return Context(
+        settings=settings,
+        host=host,
+        kernel=kernel,
+        runner=Runner(),
+        install=InstallDir(settings.install_dir, settings.install_dir_host),
+        host_info=info,
+    )
+
+
+def run(settings: Settings) -> dict[str, object]:
+    """Install (or print the plan with --dry-run). Returns the outcome fields."""
+    started = time.monotonic()
+    ctx = make_context(settings)
+    structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
+                                           kernel_release=ctx.host_info.kernel_release)
+    distro = distros.for_host(ctx.host_info)
+    log.info("host_detected", **ctx.host_info.to_dict())
+    if settings.dry_run:
+        plan = distro.plan(ctx)
+        doc = {"dry_run": True, "host": ctx.host_info.to_dict(),
+               "install_dir": str(ctx.install.root), **plan.describe()}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return {"outcome": "dry_run", "plan": plan.kind}
+    with HostLock(ctx.host.path(LOCK_HOST_PATH), settings.lock_timeout_s):
+        timings: list[StepTiming] = []
+        plan = None
+        try:
+            plan = distro.plan(ctx)
+            log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],
+                     **plan.summary)
+            execute(plan, ctx, timings)
+        except InstallerError as exc:
+            _record(ctx, started, timings, plan, outcome="error", error_class=exc.error_class,
+                    exit_code=int(exc.exit_code), message=exc.message, hint=exc.hint,
+                    context=exc.context)
+            raise
+        gpus = ctx.facts.get("gpus", [])
+        outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
+                          gpus=[asdict(g) for g in gpus])
+    return outcome
+
+
+def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fields) -> dict:
+    doc = {
+        **fields,
+        "plan": plan.kind if plan else None,
+        "driver_version": plan.summary.get("driver_version") if plan else None,
+        "host": ctx.host_info.to_dict(),
+        "install_dir_host": str(ctx.install.host_path),
+        "steps": [asdict(t) for t in timings],
+        "duration_s": round(time.monotonic() - started, 3),
+        "external_commands_s": round(ctx.runner.total_s, 3),
+    }
+    if ctx.install.root.is_dir():
+        status.write(ctx.install.status_file, **doc)
+    return doc

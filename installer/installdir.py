@@ -1,0 +1,118 @@
+"""The install dir layout (DESIGN §4) and how a new install replaces the old one.
+
+A new install is built in ``.staging/`` and only promoted over ``bin/``,
+``lib64/``, ``drivers/`` and ``firmware/`` once it is complete and verified.
+The ``.cache`` record is removed just before the swap and written again only
+after the final verification, so a run killed at any point leaves nothing a
+later run takes for a good install.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import structlog
+
+from installer.fsutil import fsync_dir, remove_tree
+
+log = structlog.get_logger(__name__)
+
+LAYOUT_DIRS = ("bin", "lib64", "drivers", "firmware")
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A directory holding the layout dirs: the live install or a staging area."""
+
+    root: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def lib64(self) -> Path:
+        return self.root / "lib64"
+
+    @property
+    def drivers(self) -> Path:
+        return self.root / "drivers"
+
+    @property
+    def firmware(self) -> Path:
+        return self.root / "firmware"
+
+
+class InstallDir(Tree):
+    def __init__(self, path: Path, host_path: PurePosixPath) -> None:
+        super().__init__(path)
+        object.__setattr__(self, "host_path", host_path)
+
+    host_path: PurePosixPath
+
+    @property
+    def cache_file(self) -> Path:
+        return self.root / ".cache"
+
+    @property
+    def status_file(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def staging_dir(self) -> Path:
+        return self.root / ".staging"
+
+    @property
+    def previous_dir(self) -> Path:
+        return self.root / ".previous"
+
+    @property
+    def installer_log(self) -> Path:
+        return self.root / "nvidia-installer.log"
+
+    def lib64_host(self) -> PurePosixPath:
+        return self.host_path / "lib64"
+
+    def clear_leftovers(self) -> None:
+        """Remove what a killed run may have left: never part of a good install."""
+        for leftover in (self.staging_dir, self.previous_dir):
+            if leftover.exists():
+                log.info("leftover_removed", path=str(leftover))
+                remove_tree(leftover)
+
+    def new_staging(self) -> Tree:
+        self.root.mkdir(parents=True, exist_ok=True)
+        remove_tree(self.staging_dir)
+        staging = Tree(self.staging_dir)
+        for name in LAYOUT_DIRS:
+            (staging.root / name).mkdir(parents=True)
+        return staging
+
+    def promote(self, staging: Tree) -> None:
+        """Swap the staged layout dirs in (renames on one filesystem)."""
+        self.cache_file.unlink(missing_ok=True)
+        fsync_dir(self.root)
+        self.previous_dir.mkdir(exist_ok=True)
+        for name in LAYOUT_DIRS:
+            live, new = self.root / name, staging.root / name
+            if live.exists() or live.is_symlink():
+                os.replace(live, self.previous_dir / name)
+            if new.exists():
+                os.replace(new, live)
+            else:
+                live.mkdir()
+        staged_log = staging.root / "nvidia-installer.log"
+        if staged_log.exists():
+            os.replace(staged_log, self.installer_log)
+        fsync_dir(self.root)
+        remove_tree(self.previous_dir)
+        remove_tree(staging.root)
+
+    def remove_install(self) -> None:
+        """Uninstall: the layout dirs and the record go, logs and status stay."""
+        self.cache_file.unlink(missing_ok=True)
+        for name in LAYOUT_DIRS:
+            remove_tree(self.root / name)
+        self.clear_leftovers()

@@ -1,0 +1,92 @@
+"""ld caches: the container's (so our tools resolve libnvidia-ml.so.1) and the host's.
+
+The host entry is idempotent: GKE's installers append a line to
+/etc/ld.so.conf on every run; we write one drop-in (or one line when the host
+has no ld.so.conf.d include) and remove duplicates of our own path.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path, PurePosixPath
+
+import structlog
+
+from installer.errors import VerifyError
+from installer.fsutil import write_atomic
+from installer.hostroot import HostRoot
+from installer.runner import CommandError, Runner
+
+log = structlog.get_logger(__name__)
+
+DROP_IN = "nvidia.conf"
+LDCONFIG_TIMEOUT_S = 120
+
+
+def _includes_drop_ins(ld_so_conf: str, drop_in: PurePosixPath) -> bool:
+    for line in ld_so_conf.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "include" and fnmatch.fnmatch(str(drop_in), words[1]):
+            return True
+    return False
+
+
+def dedupe_entry(text: str, entry: str) -> tuple[str, bool]:
+    """Keep the first line equal to ``entry`` and drop the rest; report if one is present."""
+    out, seen = [], False
+    for line in text.splitlines():
+        if line.strip() == entry:
+            if seen:
+                continue
+            seen = True
+        out.append(line)
+    return "\n".join(out) + ("\n" if out else ""), seen
+
+
+def plan_host_entry(ld_so_conf: str, lib_dir_host: PurePosixPath) -> tuple[str, bool]:
+    """New ld.so.conf text and whether a drop-in file is wanted instead of a line.
+
+    Pure: decides from the host's ld.so.conf alone.
+    """
+    entry = str(lib_dir_host)
+    text, present = dedupe_entry(ld_so_conf, entry)
+    if present:
+        return text, False  # an older installer's line: keep exactly one
+    if _includes_drop_ins(ld_so_conf, PurePosixPath("/etc/ld.so.conf.d") / DROP_IN):
+        return text, True
+    return text + entry + "\n", False
+
+
+def update_host(host: HostRoot, runner: Runner, lib_dir_host: PurePosixPath) -> None:
+    conf = host.path("/etc/ld.so.conf")
+    original = conf.read_text() if conf.exists() else ""
+    text, use_drop_in = plan_host_entry(original, lib_dir_host)
+    if text != original:
+        write_atomic(conf, text)
+    if use_drop_in:
+        drop_in = host.path("/etc/ld.so.conf.d") / DROP_IN
+        wanted = f"{lib_dir_host}\n"
+        if not drop_in.exists() or drop_in.read_text() != wanted:
+            write_atomic(drop_in, wanted)
+    _ldconfig(runner, ["ldconfig", "-r", str(host.root)], "host")
+    log.info("ld_cache_updated", scope="host", lib_dir_host=str(lib_dir_host))
+
+
+def update_container(runner: Runner, lib_dir: Path, container_root: Path = Path("/")) -> None:
+    drop_in = container_root / "etc/ld.so.conf.d" / DROP_IN
+    wanted = f"{lib_dir}\n"
+    if not drop_in.exists() or drop_in.read_text() != wanted:
+        write_atomic(drop_in, wanted)
+    argv = ["ldconfig"] if container_root == Path("/") else ["ldconfig", "-r", str(container_root)]
+    _ldconfig(runner, argv, "container")
+    log.info("ld_cache_updated", scope="container", lib_dir=str(lib_dir))
+
+
+def _ldconfig(runner: Runner, argv: list[str], scope: str) -> None:
+    try:
+        runner.run(argv, timeout=LDCONFIG_TIMEOUT_S)
+    except CommandError as exc:
+        raise VerifyError(
+            f"ldconfig failed for the {scope} ld cache: {exc.stderr_tail(3)}",
+            hint="check the ld.so.conf files named above",
+        ) from exc

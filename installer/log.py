@@ -1,0 +1,29 @@
+"""structlog set-up: JSON lines in the cluster, a readable console on a terminal."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure(log_format: str = "auto", level: str = "info") -> None:
+    use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
+    processors: list = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if use_json:
+        processors += [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+    else:
+        processors.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )

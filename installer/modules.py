@@ -1,0 +1,167 @@
+"""Loading and unloading the NVIDIA kernel modules, in dependency order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from installer.errors import ModuleLoadError, SecureBootError
+from installer.kernel import KernelState, module_name
+from installer.modinfo import module_depends, read_modinfo, vermagic_release
+from installer.runner import CommandError, Runner
+
+log = structlog.get_logger(__name__)
+
+# nvidia first; uvm and modeset use its symbols; drm uses modeset's.
+LOAD_ORDER = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
+NVIDIA_MODULES = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia_peermem", "nvidia")
+LOAD_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class ModuleLoad:
+    name: str  # kernel name, e.g. nvidia_uvm
+    path: Path
+    params: tuple[str, ...]
+    in_tree_deps: tuple[str, ...]  # e.g. drm_kms_helper for nvidia_drm
+
+
+def params_for(module: str, module_args: tuple[str, ...]) -> tuple[str, ...]:
+    """``nvidia.NVreg_X=1`` style args -> the ``NVreg_X=1`` params of ``module``."""
+    out = []
+    for arg in module_args:
+        mod, _, kv = arg.partition(".")
+        if module_name(mod) == module:
+            out.append(kv)
+    return tuple(out)
+
+
+def plan_loads(drivers_dir: Path, module_args: tuple[str, ...]) -> list[ModuleLoad]:
+    ours = {module_name(f) for f in LOAD_ORDER}
+    loads = []
+    for file_stem in LOAD_ORDER:
+        path = drivers_dir / f"{file_stem}.ko"
+        if not path.exists():
+            continue
+        name = module_name(file_stem)
+        deps = tuple(d for d in module_depends(read_modinfo(path)) if d not in ours)
+        loads.append(ModuleLoad(name, path, params_for(name, module_args), deps))
+    return loads
+
+
+def check_vermagic(path: Path, kernel_release: str) -> None:
+    built_for = vermagic_release(read_modinfo(path))
+    if built_for and built_for != kernel_release:
+        raise ModuleLoadError(
+            f"{path.name} was built for kernel {built_for}, the running kernel is {kernel_release}",
+            hint="the cache is stale: re-run with --force to rebuild for this kernel",
+            path=str(path),
+            kernel_release=kernel_release,
+        )
+
+
+def load(
+    loads: list[ModuleLoad],
+    kernel: KernelState,
+    runner: Runner,
+    *,
+    modprobe_root: Path | None,
+) -> list[str]:
+    """insmod each module not already loaded; returns the names loaded now."""
+    loaded_now = []
+    release = kernel.release()
+    for item in loads:
+        present = kernel.modules()
+        if item.name in present:
+            log.info("module_already_loaded", module=item.name)
+            continue
+        check_vermagic(item.path, release)
+        for dep in item.in_tree_deps:
+            if not kernel.module_present(dep):
+                argv = ["modprobe"] + (["-d", str(modprobe_root)] if modprobe_root else []) + [dep]
+                _run_load(runner, argv, dep, release)
+        _run_load(runner, ["insmod", str(item.path), *item.params], item.name, release)
+        loaded_now.append(item.name)
+        log.info("module_loaded", module=item.name, path=str(item.path), params=list(item.params))
+    return loaded_now
+
+
+def _run_load(runner: Runner, argv: list[str], name: str, release: str) -> None:
+    try:
+        runner.run(argv, timeout=LOAD_TIMEOUT_S)
+    except CommandError as exc:
+        detail = exc.stderr_tail(2)
+        if "Key was rejected" in detail or "Required key not available" in detail:
+            raise SecureBootError(
+                f"the kernel refused unsigned module {name}: {detail}",
+                hint="module signatures are enforced on this node: use signed prebuilt modules "
+                "or disable enforcement (Secure Boot / module.sig_enforce)",
+                kernel_release=release,
+            ) from exc
+        hint = "see the kernel log (dmesg) for the reason"
+        if "Unknown symbol" in detail:
+            hint = "a module it depends on is missing or from another driver version; check dmesg"
+        elif "Invalid module format" in detail:
+            hint = "the module was built for another kernel: re-run with --force"
+        raise ModuleLoadError(
+            f"failed to load kernel module {name}: {detail}", hint=hint, kernel_release=release
+        ) from exc
+
+
+def loaded_driver_version(kernel: KernelState) -> str | None:
+    if "nvidia" not in kernel.modules():
+        return None
+    return kernel.module_version("nvidia") or "unknown"
+
+
+def users(kernel: KernelState) -> dict[str, list[str]]:
+    """Loaded NVIDIA modules that something outside the driver itself holds."""
+    loaded = kernel.modules()
+    busy: dict[str, list[str]] = {}
+    for name in NVIDIA_MODULES:
+        mod = loaded.get(name)
+        if mod is None:
+            continue
+        outside = [u for u in mod.used_by if u not in NVIDIA_MODULES]
+        internal = len(mod.used_by) - len(outside)
+        handles = mod.refcnt - len(mod.used_by)
+        if outside or handles > 0:
+            busy[name] = outside + ([f"{handles} open handle(s)"] if handles > 0 else [])
+        del internal
+    return busy
+
+
+def ensure_replaceable(kernel: KernelState, want_version: str) -> None:
+    """Exit 8 early (before any download) if another loaded driver cannot be unloaded."""
+    current = loaded_driver_version(kernel)
+    if current is None or current == want_version:
+        return
+    busy = users(kernel)
+    if busy:
+        holders = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
+        raise ModuleLoadError(
+            f"NVIDIA driver {current} is loaded and in use ({holders}); cannot replace it "
+            f"with {want_version}",
+            hint="drain GPU workloads from this node (kubectl drain) and re-run; "
+            "the installed driver was left as it is",
+        )
+
+
+def unload(kernel: KernelState, runner: Runner) -> list[str]:
+    """rmmod loaded NVIDIA modules in reverse dependency order."""
+    removed = []
+    for name in NVIDIA_MODULES:
+        if name not in kernel.modules():
+            continue
+        try:
+            runner.run(["rmmod", name], timeout=LOAD_TIMEOUT_S)
+        except CommandError as exc:
+            raise ModuleLoadError(
+                f"failed to unload kernel module {name}: {exc.stderr_tail(2)}",
+                hint="something still uses the GPU: drain GPU workloads and re-run",
+            ) from exc
+        removed.append(name)
+        log.info("module_unloaded", module=name)
+    return removed

@@ -1,0 +1,182 @@
+"""The NVIDIA ``.run``: extract it and run its nvidia-installer in the sandbox.
+
+Shared by every distro: Ubuntu and COS differ only in where the kernel source
+tree and the compiler come from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import structlog
+
+from installer.errors import BuildError, IntegrityError
+from installer.installdir import Tree
+from installer.runner import CommandError, Runner, tail
+from installer.sandbox import SandboxSpec, write_spec
+
+log = structlog.get_logger(__name__)
+
+EXTRACT_TIMEOUT_S = 600
+BUILD_TIMEOUT_S = 3600
+LOG_FILE = "/var/log/nvidia-installer.log"
+EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
+
+
+def run_file_name(version: str) -> str:
+    return f"NVIDIA-Linux-x86_64-{version}.run"
+
+
+def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this container may really use: affinity, capped by a cgroup v2/v1 CPU quota."""
+    cpus = len(os.sched_getaffinity(0))
+    quota = period = None
+    try:
+        q, p = (cgroup_root / "cpu.max").read_text().split()[:2]
+        if q != "max":
+            quota, period = int(q), int(p)
+    except (OSError, ValueError):
+        try:
+            q = int((cgroup_root / "cpu/cpu.cfs_quota_us").read_text())
+            p = int((cgroup_root / "cpu/cpu.cfs_period_us").read_text())
+            if q > 0:
+                quota, period = q, p
+        except (OSError, ValueError):
+            pass
+    if quota and period:
+        cpus = min(cpus, max(1, math.ceil(quota / period)))
+    return max(1, cpus)
+
+
+def installer_args(
+    *,
+    kernel_release: str,
+    kernel_source_path: Path | None,
+    concurrency: int,
+    kernel_module_type: str | None = None,
+) -> list[str]:
+    """nvidia-installer flags: silent, no test load (we load in order), nothing interactive."""
+    args = [
+        "./nvidia-installer",
+        "--silent",
+        "--accept-license",
+        "--no-questions",
+        "--ui=none",
+        "--no-backup",
+        "--no-nouveau-check",
+        "--no-rpms",
+        "--no-check-for-alternate-installs",
+        "--no-install-compat32-libs",
+        "--no-systemd",
+        "--no-distro-scripts",
+        "--skip-module-load",
+        f"--log-file-name={LOG_FILE}",
+        f"--concurrency-level={concurrency}",
+        f"--kernel-name={kernel_release}",
+        f"--kernel-install-path=/lib/modules/{kernel_release}/video",
+    ]
+    if kernel_source_path is None:
+        args.append("--no-kernel-module")
+    else:
+        args.append(f"--kernel-source-path={kernel_source_path}")
+    if kernel_module_type:
+        args.append(f"--kernel-module-type={kernel_module_type}")
+    return args
+
+
+def extract(runner: Runner, run_file: Path, target: Path) -> Path:
+    """``sh NVIDIA-….run -x --target DIR``: the archive checks its own checksums first."""
+    try:
+        runner.run(["sh", run_file, "-x", "--target", target], timeout=EXTRACT_TIMEOUT_S)
+    except CommandError as exc:
+        detail = exc.stderr_tail(3) or tail(exc.stdout, 3)
+        if any(s in detail for s in ("checksum", "Checksum", "archive size", "integrity", "corrupt")):
+            raise IntegrityError(
+                f"the driver package is corrupt: {detail}",
+                hint="the download was damaged or truncated: re-run to download it again",
+                path=str(run_file),
+            ) from exc
+        raise BuildError(f"could not extract {run_file.name}: {detail}", path=str(run_file)) from exc
+    if not (target / "nvidia-installer").exists():
+        raise BuildError(f"{run_file.name} holds no nvidia-installer", path=str(run_file))
+    return target
+
+
+def build(
+    runner: Runner,
+    *,
+    extract_dir: Path,
+    staging: Tree,
+    argv: list[str],
+    kernel_release: str,
+    binds: list[tuple[str, str]],
+    env: dict[str, str],
+    kernel_module: bool,
+) -> dict[str, int]:
+    """Run nvidia-installer in the sandbox; the layout lands in ``staging``."""
+    workdir = staging.root / "sandbox"
+    workdir.mkdir(exist_ok=True)
+    spec = SandboxSpec(
+        workdir=str(workdir),
+        argv=argv,
+        cwd=EXTRACT_IN_CHROOT,
+        env=env,
+        binds=[*binds, (str(extract_dir), EXTRACT_IN_CHROOT)],
+        exec_binds=[EXTRACT_IN_CHROOT],
+        kernel_install_path=f"/lib/modules/{kernel_release}/video",
+        log_file=LOG_FILE,
+        harvest_to=str(staging.root),
+        output_file=str(staging.root / "installer-output.log"),
+        result_file=str(workdir / "result.json"),
+    )
+    spec_file = staging.root / "sandbox.json"
+    write_spec(spec, spec_file)
+    log.info("nvidia_installer_started", argv=argv)
+    try:
+        runner.run(
+            ["unshare", "--mount", "--propagation", "private", "--",
+             sys.executable, "-m", "installer.sandbox", spec_file],
+            timeout=BUILD_TIMEOUT_S,
+        )
+    except CommandError as exc:
+        raise BuildError(
+            f"could not run nvidia-installer in a private mount namespace: {exc.stderr_tail(3)}",
+            hint="the installer container must be privileged (it mounts an overlay)",
+        ) from exc
+    result = json.loads((workdir / "result.json").read_text())
+    if result["returncode"] != 0:
+        raise BuildError(
+            f"nvidia-installer failed (exit {result['returncode']}): {installer_error(staging)}",
+            hint=f"see {staging.root.parent / 'nvidia-installer.log'} for the full log",
+            kernel_release=kernel_release,
+        )
+    counts = result["harvested"]
+    if kernel_module and not (staging.drivers / "nvidia.ko").exists():
+        raise BuildError("nvidia-installer succeeded but produced no nvidia.ko",
+                         kernel_release=kernel_release)
+    log.info("nvidia_installer_finished", **{f"{k}_files": v for k, v in counts.items()})
+    return counts
+
+
+def installer_error(staging: Tree) -> str:
+    """The most telling lines of a failed install: ERROR lines, else the output's tail."""
+    texts = []
+    for name in ("nvidia-installer.log", "installer-output.log"):
+        path = staging.root / name
+        if path.is_file():
+            texts.append(path.read_text(errors="replace"))
+    errors = [ln.strip() for t in texts for ln in t.splitlines() if "ERROR" in ln or "error:" in ln]
+    if errors:
+        return " | ".join(dict.fromkeys(errors[-4:]))
+    return tail(texts[-1], 3) if texts else "(no output)"
+
+
+def keep_failure_log(staging: Tree, install_log: Path) -> None:
+    """Keep nvidia-installer.log of a failed build next to (not inside) the install."""
+    src = staging.root / "nvidia-installer.log"
+    if src.is_file():
+        os.replace(src, install_log.with_name("nvidia-installer.failed.log"))

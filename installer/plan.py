@@ -1,0 +1,56 @@
+"""A plan is an ordered list of named steps; executing it logs each step and its duration."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from installer.context import Context
+from installer.errors import InstallerError
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[[Context], None]
+    detail: str = ""  # what --dry-run prints: the URL, path or argv this step will use
+
+
+@dataclass(frozen=True)
+class Plan:
+    kind: str  # "fresh", "cached", "preload"
+    steps: tuple[Step, ...]
+    summary: dict[str, object] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            **self.summary,
+            "steps": [{"name": s.name, "detail": s.detail} for s in self.steps],
+        }
+
+
+@dataclass
+class StepTiming:
+    name: str
+    duration_s: float
+
+
+def execute(plan: Plan, ctx: Context, timings: list[StepTiming]) -> None:
+    for step in plan.steps:
+        log.info("step_started", step=step.name)
+        start = time.monotonic()
+        try:
+            step.run(ctx)
+        except InstallerError as exc:
+            exc.context.setdefault("step", step.name)
+            raise
+        finally:
+            duration = time.monotonic() - start
+            timings.append(StepTiming(step.name, round(duration, 3)))
+        log.info("step_finished", step=step.name, duration_s=round(duration, 3))

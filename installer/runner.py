@@ -1,0 +1,98 @@
+"""Every external command goes through ``Runner``: argv lists, timeouts, captured output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+class CommandError(Exception):
+    """A command failed: carries argv, exit code and the output's tail."""
+
+    def __init__(self, result: CommandResult, reason: str | None = None) -> None:
+        self.result = result
+        self.argv = result.argv
+        self.returncode = result.returncode
+        self.stdout = result.stdout
+        self.stderr = result.stderr
+        self.reason = reason or f"exited with {result.returncode}"
+        super().__init__(f"{result.argv[0]} {self.reason}: {self.stderr_tail(3) or '(no output)'}")
+
+    def stderr_tail(self, lines: int = 20) -> str:
+        return tail(self.stderr or self.stdout, lines)
+
+
+@dataclass
+class Runner:
+    """Runs commands; keeps the total time spent in them (for overhead figures)."""
+
+    base_env: Mapping[str, str] = field(default_factory=dict)
+    total_s: float = 0.0
+    count: int = 0
+
+    def run(
+        self,
+        argv: Sequence[str | os.PathLike[str]],
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        check: bool = True,
+    ) -> CommandResult:
+        args = tuple(str(a) for a in argv)
+        full_env = {**os.environ, **self.base_env, **(env or {})}
+        log.debug("command_started", argv=list(args))
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                args,
+                env=full_env,
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+            result = CommandResult(args, proc.returncode, proc.stdout, proc.stderr, 0.0)
+            reason = None
+        except FileNotFoundError as exc:
+            result = CommandResult(args, 127, "", f"{args[0]}: command not found ({exc})", 0.0)
+            reason = "was not found"
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+            err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+            result = CommandResult(args, -9, out, err, 0.0)
+            reason = f"timed out after {timeout:.0f}s"
+        duration = time.monotonic() - start
+        result = CommandResult(result.argv, result.returncode, result.stdout, result.stderr, duration)
+        self.total_s += duration
+        self.count += 1
+        log.debug("command_finished", argv=list(args), rc=result.returncode,
+                  duration_s=round(duration, 3))
+        if reason is not None or (check and result.returncode != 0):
+            raise CommandError(result, reason)
+        return result

@@ -1,0 +1,71 @@
+"""Settings: everything the CLI and env vars decide, frozen, validated once."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+
+from installer.errors import UsageError
+
+DEFAULT_HOST_ROOT = Path("/root")
+DEFAULT_INSTALL_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
+DEFAULT_INSTALL_DIR_CONTAINER = Path("/usr/local/nvidia")
+DEFAULT_DRIVER_BASE_URL = "https://us.download.nvidia.com/tesla"
+DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host_root: Path = DEFAULT_HOST_ROOT
+    install_dir_host: PurePosixPath = DEFAULT_INSTALL_DIR_HOST
+    install_dir: Path | None = None  # this process's view; None: derived (see resolve)
+    driver_version: str | None = None  # None: the distro's default
+    driver_url: str | None = None
+    driver_base_url: str = DEFAULT_DRIVER_BASE_URL
+    driver_sha256: str | None = None
+    cos_artifacts_url: str = DEFAULT_COS_ARTIFACTS_URL
+    kernel_release: str | None = None
+    kernel_source_path: Path | None = None
+    force: bool = False
+    lock_timeout_s: float = 0.0
+    dry_run: bool = False
+    allow_insecure_http: bool = False
+    preload: bool = False
+    module_args: tuple[str, ...] = ()
+    persistence_mode: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def resolved(self) -> Settings:
+        """Fill in derived defaults and check combinations (UsageError on bad input)."""
+        if not self.install_dir_host.is_absolute():
+            raise UsageError(
+                f"--install-dir-host must be an absolute host path, got {str(self.install_dir_host)!r}"
+            )
+        install_dir = self.install_dir
+        if install_dir is None:
+            install_dir = (
+                DEFAULT_INSTALL_DIR_CONTAINER
+                if DEFAULT_INSTALL_DIR_CONTAINER.is_dir()
+                else self.host_root / self.install_dir_host.relative_to("/")
+            )
+        sha = self.driver_sha256.lower() if self.driver_sha256 else None
+        if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
+            raise UsageError(
+                "--driver-sha256 must be 64 hex digits",
+                hint="give the SHA-256 of the NVIDIA .run file, e.g. from sha256sum",
+            )
+        if self.lock_timeout_s < 0:
+            raise UsageError("--lock-timeout must be >= 0 seconds")
+        for arg in self.module_args:
+            mod, dot, kv = arg.partition(".")
+            if not (dot and mod and "=" in kv and kv.index("=") > 0):
+                raise UsageError(
+                    f"bad --module-arg {arg!r}",
+                    hint="use MODULE.PARAM=VALUE, e.g. nvidia.NVreg_EnableGpuFirmware=0",
+                )
+        return replace(self, install_dir=install_dir, driver_sha256=sha)
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "y", "on")

@@ -1,0 +1,185 @@
+"""The named steps plans are made of. Each takes the Context; I/O goes through it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+
+from installer import __version__, cache, ldcache, modules, nvidia_run, verify
+from installer.cache import CacheKey
+from installer.context import Context
+from installer.errors import SecureBootError
+from installer.installdir import Tree
+from installer.plan import Step
+
+log = structlog.get_logger(__name__)
+
+
+def prepare_staging() -> Step:
+    def run(ctx: Context) -> None:
+        ctx.install.clear_leftovers()
+        ctx.facts["staging"] = ctx.install.new_staging()
+
+    return Step("prepare_staging", run, "build aside in <install-dir>/.staging")
+
+
+def clear_leftovers() -> Step:
+    return Step("clear_leftovers", lambda ctx: ctx.install.clear_leftovers(),
+                "remove what a killed run left behind")
+
+
+def check_module_signing(need_signed: str) -> Step:
+    """Stop before any big download when the kernel would reject our unsigned modules."""
+
+    def run(ctx: Context) -> None:
+        if ctx.kernel.signatures_enforced():
+            raise SecureBootError(
+                f"this kernel only loads signed modules (module signature enforcement is on) "
+                f"and {need_signed}",
+                hint="disable Secure Boot / module.sig_enforce on this node pool, or use a "
+                "driver version with signed prebuilt modules",
+                kernel_release=ctx.host_info.kernel_release,
+            )
+
+    return Step("check_module_signing", run, "refuse early if unsigned modules cannot load")
+
+
+def check_loaded_driver(version: str) -> Step:
+    def run(ctx: Context) -> None:
+        modules.ensure_replaceable(ctx.kernel, version)
+        loaded = modules.loaded_driver_version(ctx.kernel)
+        log.info("loaded_driver", version=loaded, wanted=version)
+
+    return Step("check_loaded_driver", run, f"a different loaded driver must be unused (want {version})")
+
+
+def download_driver(url: str, sha256: str | None) -> Step:
+    def run(ctx: Context) -> None:
+        from installer.download import download
+
+        staging: Tree = ctx.facts["staging"]
+        dest = staging.root / "downloads" / url.rstrip("/").rsplit("/", 1)[-1]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        result = download(
+            ctx.http, url, dest, expected_sha256=sha256,
+            allow_insecure_http=ctx.settings.allow_insecure_http, label="driver",
+        )
+        ctx.facts["run_file"] = result.path
+        ctx.facts["run_sha256"] = result.sha256
+
+    return Step("download_driver", run, url)
+
+
+def extract_driver() -> Step:
+    def run(ctx: Context) -> None:
+        staging: Tree = ctx.facts["staging"]
+        ctx.facts["extract_dir"] = nvidia_run.extract(
+            ctx.runner, ctx.facts["run_file"], staging.root / "extract"
+        )
+
+    return Step("extract_driver", run, "sh NVIDIA-Linux-x86_64-<V>.run -x --target <staging>/extract")
+
+
+def build_driver(*, kernel_module_type: str | None = None, userspace_only: bool = False) -> Step:
+    def run(ctx: Context) -> None:
+        staging: Tree = ctx.facts["staging"]
+        source: Path | None = None if userspace_only else ctx.facts["kernel_source"]
+        release = ctx.host_info.kernel_release
+        argv = nvidia_run.installer_args(
+            kernel_release=release,
+            kernel_source_path=source,
+            concurrency=nvidia_run.usable_cpus(),
+            kernel_module_type=kernel_module_type,
+        )
+        binds = [] if ctx.host.root == Path("/") else [(str(ctx.host.root), str(ctx.host.root))]
+        env = {**ctx.kernel.seam_env(), **ctx.facts.get("build_env", {})}
+        try:
+            nvidia_run.build(
+                ctx.runner, extract_dir=ctx.facts["extract_dir"], staging=staging, argv=argv,
+                kernel_release=release, binds=binds, env=env, kernel_module=not userspace_only,
+            )
+        except Exception:
+            nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
+            raise
+
+    detail = "nvidia-installer --silent in a private overlay of the container root"
+    return Step("build_driver", run, detail)
+
+
+def unload_other_driver(version: str) -> Step:
+    def run(ctx: Context) -> None:
+        loaded = modules.loaded_driver_version(ctx.kernel)
+        if loaded is not None and loaded != version:
+            modules.ensure_replaceable(ctx.kernel, version)
+            removed = modules.unload(ctx.kernel, ctx.runner)
+            log.info("old_driver_unloaded", version=loaded, modules=removed)
+
+    return Step("unload_other_driver", run, "rmmod a different, unused driver version")
+
+
+def _modprobe_root(ctx: Context) -> Path | None:
+    return None if ctx.host.root == Path("/") else ctx.host.root
+
+
+def load_modules(from_staging: bool) -> Step:
+    def run(ctx: Context) -> None:
+        tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
+        loads = modules.plan_loads(tree.drivers, ctx.settings.module_args)
+        modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=_modprobe_root(ctx))
+
+    where = "<staging>/drivers" if from_staging else "<install-dir>/drivers"
+    return Step("load_modules", run, f"insmod {', '.join(modules.LOAD_ORDER)} from {where}")
+
+
+def device_nodes(from_staging: bool) -> Step:
+    def run(ctx: Context) -> None:
+        tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
+        verify.create_device_nodes(tree, ctx.kernel, ctx.runner)
+
+    return Step("device_nodes", run, "nvidia-modprobe -c0 -u -m")
+
+
+def verify_staged() -> Step:
+    def run(ctx: Context) -> None:
+        staging: Tree = ctx.facts["staging"]
+        verify.nvidia_smi(staging, ctx.kernel, ctx.runner, lib_dir=staging.lib64)
+
+    return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces the old one")
+
+
+def promote() -> Step:
+    def run(ctx: Context) -> None:
+        ctx.install.promote(ctx.facts["staging"])
+        log.info("install_promoted", install_dir=str(ctx.install.root))
+
+    return Step("promote", run, "swap the staged bin/ lib64/ drivers/ firmware/ into place")
+
+
+def container_ld_cache() -> Step:
+    def run(ctx: Context) -> None:
+        ldcache.update_container(ctx.runner, ctx.install.lib64)
+
+    return Step("container_ld_cache", run, "/etc/ld.so.conf.d/nvidia.conf + ldconfig")
+
+
+def host_ld_cache() -> Step:
+    def run(ctx: Context) -> None:
+        ldcache.update_host(ctx.host, ctx.runner, ctx.install.lib64_host())
+
+    return Step("host_ld_cache", run, "one ld.so.conf entry for <install-dir-host>/lib64 + ldconfig -r")
+
+
+def verify_install() -> Step:
+    def run(ctx: Context) -> None:
+        ctx.facts["gpus"] = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
+
+    return Step("verify", run, "nvidia-smi")
+
+
+def record_cache(key: CacheKey) -> Step:
+    def run(ctx: Context) -> None:
+        cache.write(ctx.install.cache_file, key, ctx.install.root, __version__)
+        log.info("cache_recorded", path=str(ctx.install.cache_file), key=key.describe())
+
+    return Step("record_cache", run, f"write .cache for {key.describe()} (last, atomically)")

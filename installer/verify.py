@@ -1,0 +1,84 @@
+"""Device nodes and nvidia-smi: proof the driver works."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from installer.errors import VerifyError
+from installer.installdir import Tree
+from installer.kernel import KernelState
+from installer.runner import CommandError, Runner
+
+log = structlog.get_logger(__name__)
+
+SMI_TIMEOUT_S = 120
+REQUIRED_NODES = ("nvidiactl", "nvidia-uvm")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    driver_version: str
+    bus_id: str
+
+
+def parse_query_gpu(text: str) -> list[Gpu]:
+    """Parse ``nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader``."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and all(parts):
+            gpus.append(Gpu(*parts))
+    return gpus
+
+
+def create_device_nodes(tree: Tree, kernel: KernelState, runner: Runner) -> None:
+    modprobe = tree.bin / "nvidia-modprobe"
+    try:
+        runner.run([modprobe, "-c0", "-u", "-m"], timeout=SMI_TIMEOUT_S, env=kernel.seam_env())
+    except CommandError as exc:
+        raise VerifyError(
+            f"nvidia-modprobe could not create the device nodes: {exc.stderr_tail(2)}",
+            hint="check that the nvidia and nvidia-uvm modules are loaded",
+            path=str(modprobe),
+        ) from exc
+    missing = [n for n in REQUIRED_NODES if not kernel.device_node(n).exists()]
+    if missing:
+        raise VerifyError(
+            f"device nodes missing after nvidia-modprobe: {', '.join('/dev/' + m for m in missing)}",
+            hint="check /dev is the host's /dev (mounted into the container)",
+        )
+    log.info("device_nodes_ready", nodes=sorted(p.name for p in kernel.dev_dir.glob("nvidia*")))
+
+
+def nvidia_smi(
+    tree: Tree, kernel: KernelState, runner: Runner, *, lib_dir: Path | None = None
+) -> list[Gpu]:
+    """Run nvidia-smi; ``lib_dir`` puts libraries not yet in the ld cache on the path."""
+    smi = tree.bin / "nvidia-smi"
+    env = dict(kernel.seam_env())
+    if lib_dir is not None:
+        env["LD_LIBRARY_PATH"] = str(lib_dir)
+    try:
+        result = runner.run(
+            [smi, "--query-gpu=name,driver_version,pci.bus_id", "--format=csv,noheader"],
+            timeout=SMI_TIMEOUT_S,
+            env=env,
+        )
+    except CommandError as exc:
+        detail = exc.stderr_tail(2) or exc.stdout.strip()[-300:]
+        hint = "check the kernel log (dmesg) and that the modules above are loaded"
+        if "No devices were found" in detail:
+            hint = "no NVIDIA GPU is visible on this node"
+        elif "version mismatch" in detail:
+            hint = "a different driver version is loaded: re-run to replace it, or reboot"
+        elif "error while loading shared libraries" in detail:
+            hint = "libnvidia-ml.so.1 does not resolve: check the ld cache"
+        raise VerifyError(f"nvidia-smi failed: {detail}", hint=hint, path=str(smi)) from exc
+    gpus = parse_query_gpu(result.stdout)
+    log.info("nvidia_smi_ok", gpus=[g.name for g in gpus],
+             driver_version=gpus[0].driver_version if gpus else None)
+    return gpus
