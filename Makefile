@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install deps test test-fast test-vm demo lint manifests images bench clean
+.PHONY: install deps test test-vm demo lint manifests images images-test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON_BASE) -m venv $(VENV)
@@ -20,10 +20,10 @@ deps:  ## Debian packages the tests and the demo need (root)
 	bash scripts/install-deps.sh
 
 test: install  ## the default test run (unit + chroot fixture tests), well under 15 min
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest tests --ignore=tests/vm $(PYTEST_ARGS)
 
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
-	$(PY) -m tests.fixtures.demo
+	$(PY) -m tests.demo
 
 lint: install
 	$(VENV)/bin/ruff check installer tests bench
@@ -34,6 +34,9 @@ manifests: install  ## render the committed manifests from the templates
 
 images: install  ## build both images with buildah from a local debootstrap base (slow tier)
 	bash images/build.sh
+
+images-test: install  ## build the images and run their install against the fixture node
+	NDI_IMAGE_TESTS=1 $(PY) -m pytest tests/test_images.py $(PYTEST_ARGS)
 
 test-vm: install  ## module loading in a real kernel under qemu (slow tier, ~5 min budget)
 	$(PY) -m pytest tests/vm $(PYTEST_ARGS)

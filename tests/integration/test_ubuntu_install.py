@@ -1,0 +1,244 @@
+"""The Ubuntu flow end to end, run as the pod runs it, against a fixture node.
+
+Real: the makeself .run and its self-check, the HTTPS server (private CA), the
+overlay/chroot sandbox around nvidia-installer, ldconfig on both roots, the
+host lock. Stand-ins: the kernel (fake procfs/sysfs driven by kmod stand-ins),
+nvidia-smi's hardware.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.pod import events
+
+pytestmark = pytest.mark.chroot
+
+V1, V2 = "550.54.14", "535.183.01"
+RELEASE = "5.15.0-1049-gke"
+INSTALL_HOST = "/home/kubernetes/bin/nvidia"
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file and link under root with its content hash: 'byte-identical' made testable."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            out[rel] = ("link:" + os.readlink(p)) if p.is_symlink() else hashlib.sha256(
+                p.read_bytes()).hexdigest()
+    return out
+
+
+def last_event(proc) -> dict:
+    return [e for e in events(proc.stderr) if "event" in e][-1]
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def loads(kernel) -> list[str]:
+    return [" ".join(Path(a).name for a in c["argv"][:2]) for c in kernel.calls()
+            if c["tool"] in ("insmod", "modprobe", "rmmod")]
+
+
+def test_fresh_install_lays_out_the_host(node, pod, kernel, server):
+    proc = ok(pod.run("install"))
+    final = last_event(proc)
+    assert final["event"] == "install_finished" and final["plan"] == "fresh"
+    assert final["driver_version"] == V1
+
+    install = node.install_dir
+    for rel in ("bin/nvidia-smi", "bin/nvidia-modprobe", "drivers/nvidia.ko", "drivers/nvidia-uvm.ko",
+                "drivers/nvidia-modeset.ko", "drivers/nvidia-drm.ko", f"lib64/libcuda.so.{V1}",
+                "lib64/libnvidia-ml.so.1", f"firmware/nvidia/{V1}/gsp_ga10x.bin"):
+        assert (install / rel).exists(), rel
+    # Noise nvidia-installer writes elsewhere is discarded, not shipped.
+    assert not list(install.rglob("nvidia.icd"))
+    assert not (install / ".staging").exists()
+    cache_text = (install / ".cache").read_text()
+    assert f"CACHE_KERNEL_VERSION={RELEASE}" in cache_text
+    assert f"CACHE_NVIDIA_DRIVER_VERSION={V1}" in cache_text
+    status = json.loads((install / "status.json").read_text())
+    assert status["outcome"] == "ok" and status["plan"] == "fresh"
+
+    # Modules went in in dependency order, the in-tree drm helper via modprobe -d <host root>.
+    assert loads(kernel) == ["insmod nvidia.ko", "insmod nvidia-uvm.ko", "insmod nvidia-modeset.ko",
+                             "modprobe -d", "insmod nvidia-drm.ko"]
+    assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
+    assert (kernel.dev_dir / "nvidiactl").exists() and (kernel.dev_dir / "nvidia-uvm").exists()
+
+    # The host's ld cache resolves the library in the host's view of the install dir (real ldconfig).
+    drop_in = node.root / "etc/ld.so.conf.d/nvidia.conf"
+    assert drop_in.read_text() == f"{INSTALL_HOST}/lib64\n"
+    cache = subprocess.run(["ldconfig", "-p", "-C", str(node.root / "etc/ld.so.cache")],
+                           capture_output=True, text=True, check=True).stdout
+    assert f"libnvidia-ml.so.1 (libc6,x86-64) => {INSTALL_HOST}/lib64/libnvidia-ml.so.1" in cache
+
+    # This machine's own system dirs were never touched (the sandbox is an overlay).
+    assert not Path("/usr/bin/nvidia-smi").exists()
+    assert not Path("/etc/OpenCL/vendors/nvidia.icd").exists()
+
+
+def test_rerun_is_a_cache_hit_without_download_or_double_load(node, pod, kernel, server):
+    ok(pod.run("install"))
+    requests_before = len(server.requests)
+    calls_before = len(kernel.calls())
+    proc = ok(pod.run("install"))
+    assert last_event(proc)["plan"] == "cached"
+    assert len(server.requests) == requests_before
+    new_calls = kernel.calls()[calls_before:]
+    assert not [c for c in new_calls if c["tool"] in ("insmod", "modprobe")]
+    # ld.so.conf entry is never duplicated across runs.
+    assert (node.root / "etc/ld.so.conf.d/nvidia.conf").read_text().count("lib64") == 1
+
+
+def test_reboot_loads_from_cache(node, pod, kernel, server):
+    ok(pod.run("install"))
+    kernel.unload_all()
+    requests_before = len(server.requests)
+    proc = ok(pod.run("install"))
+    assert last_event(proc)["plan"] == "cached"
+    assert len(server.requests) == requests_before
+    assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
+    assert kernel.module_version("nvidia") == V1
+
+
+def test_driver_version_change_reinstalls_and_replaces_loaded_modules(node, pod, kernel, server):
+    ok(pod.run("install"))
+    proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
+    assert last_event(proc)["plan"] == "fresh"
+    assert kernel.module_version("nvidia") == V2
+    assert "rmmod nvidia_drm" in loads(kernel)
+    assert f"CACHE_NVIDIA_DRIVER_VERSION={V2}" in (node.install_dir / ".cache").read_text()
+    assert (node.install_dir / f"lib64/libcuda.so.{V2}").exists()
+    assert not (node.install_dir / f"lib64/libcuda.so.{V1}").exists()
+
+
+def test_in_use_driver_is_not_replaced(node, pod, kernel, server):
+    ok(pod.run("install"))
+    before = tree_digest(node.install_dir)
+    kernel.hold("nvidia")
+    requests_before = len(server.requests)
+    proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2})
+    assert proc.returncode == 8, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert final["error_class"] == "module_load" and "in use" in final["error"]
+    assert len(server.requests) == requests_before  # refused before downloading
+    assert kernel.module_version("nvidia") == V1
+    after = tree_digest(node.install_dir)
+    assert {k: v for k, v in after.items() if k != "status.json"} == {
+        k: v for k, v in before.items() if k != "status.json"}
+
+
+def test_bad_sha256_keeps_last_good_install(node, pod, kernel, server):
+    ok(pod.run("install"))
+    before = tree_digest(node.install_dir)
+    proc = pod.run("install", "--force", env={"NVIDIA_DRIVER_SHA256": "0" * 64})
+    assert proc.returncode == 6, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert final["error_class"] == "integrity" and "sha256" in final["error"].lower()
+    after = tree_digest(node.install_dir)
+    assert {k: v for k, v in after.items() if k != "status.json"} == {
+        k: v for k, v in before.items() if k != "status.json"}
+    status = json.loads((node.install_dir / "status.json").read_text())
+    assert status["outcome"] == "error" and status["exit_code"] == 6
+
+
+def test_404_is_a_download_failure(node, pod, server):
+    proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": "999.99.99"})
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert "999.99.99" in final["error"] and final["error_class"] == "download"
+    assert not (node.install_dir / ".cache").exists()
+
+
+def test_missing_headers_exit_7_before_download(node, pod, server):
+    import shutil
+
+    shutil.rmtree(node.root / f"usr/src/linux-headers-{RELEASE}")
+    proc = pod.run("install")
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert f"/usr/src/linux-headers-{RELEASE}" in final["error"]
+    assert "apt-get install" in final["error"]  # the in-container fallback was tried too
+    assert server.requests == []
+
+
+def test_broken_build_exit_7_with_installer_error(node, pod, server):
+    (node.root / f"usr/src/linux-headers-{RELEASE}/.fake-build-fails").write_text("")
+    proc = pod.run("install")
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    assert "Unable to build the NVIDIA kernel module" in last_event(proc)["error"]
+    assert (node.install_dir / "nvidia-installer.failed.log").exists()
+    assert not (node.install_dir / ".cache").exists()
+
+
+def test_signature_enforcement_exit_10_before_download(node, pod, kernel, server):
+    kernel.set_sig_enforce(True)
+    proc = pod.run("install")
+    assert proc.returncode == 10, proc.stderr[-2000:]
+    assert server.requests == []
+
+
+def test_dry_run_changes_nothing(node, pod, kernel, server):
+    before = tree_digest(node.root)
+    proc = ok(pod.run("install", "--dry-run"))
+    plan = json.loads(proc.stdout)
+    assert plan["kind"] == "fresh" and plan["driver_version"] == V1
+    assert [s["name"] for s in plan["steps"]][:3] == [
+        "check_module_signing", "check_loaded_driver", "find_kernel_headers"]
+    assert tree_digest(node.root) == before
+    assert server.requests == [] and kernel.calls() == []
+
+
+def test_lock_held_exit_4(node, pod):
+    import fcntl
+
+    lock = node.root / "tmp/cos_gpu_installer_lock"
+    lock.parent.mkdir(exist_ok=True)
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        proc = pod.run("install")
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "host lock" in last_event(proc)["error"]
+
+
+def test_http_refused_exit_2(pod):
+    proc = pod.run("install", env={"NVIDIA_DRIVER_BASE_URL": "http://127.0.0.1:9/tesla"},
+                   chroot=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "--allow-insecure-http" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("os_release", [None, 'ID=fedora\nPRETTY_NAME="Fedora 40"\n'])
+def test_unreadable_or_unknown_host_exit_3(node, pod, os_release):
+    path = node.root / "etc/os-release"
+    if os_release is None:
+        path.unlink()
+    else:
+        path.write_text(os_release)
+    proc = pod.run("install", chroot=False)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert last_event(proc)["error_class"] == "unsupported_host"
+
+
+def test_tampered_cache_is_a_miss(node, pod, kernel, server):
+    ok(pod.run("install"))
+    kernel.unload_all()
+    (node.install_dir / "drivers/nvidia-uvm.ko").write_bytes(b"corrupt")
+    proc = ok(pod.run("install"))
+    assert last_event(proc)["plan"] == "fresh"
+    miss = [e for e in events(proc.stderr) if e.get("event") == "cache_miss"]
+    assert "nvidia-uvm.ko has changed" in miss[0]["reason"]

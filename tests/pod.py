@@ -1,0 +1,102 @@
+"""Run the CLI the way the DaemonSet's init container does, against a fixture node.
+
+Inside ``unshare --mount --pid --fork``: the container rootfs is an overlay of
+this machine's / with a tmpfs upper dir (nothing the installer writes to its
+"container" leaks out), the fixture node is bound at /root, the node's install
+dir at /usr/local/nvidia, and /dev, /proc, /sys are mounted as in a privileged
+pod. Stand-in tools (kmod, apt-get) go first on PATH inside the rootfs.
+Everything disappears when the namespace exits.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The venv is made from Debian's python (/usr/bin/python3): pyenv's lives under
+# /root, which the pod hides behind the fixture node.
+PYTHON = sys.executable
+POD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+FAKE_APT_GET = """#!/bin/sh
+# Stand-in for apt-get in a container whose sources have no headers for this kernel.
+echo "apt-get $*" >> "${FAKE_CALL_LOG:-/dev/null}"
+case "$1" in
+  update) exit 0 ;;
+  install) for a in "$@"; do case "$a" in linux-headers-*) pkg=$a ;; esac; done
+    echo "E: Unable to locate package $pkg" >&2
+    echo "E: Couldn't find any package by glob '$pkg'" >&2
+    exit 100 ;;
+esac
+exit 0
+"""
+
+
+@dataclass
+class Pod:
+    node_root: Path  # the fixture host's /
+    install_dir: Path  # the host's /home/kubernetes/bin/nvidia inside node_root
+    scratch: Path  # on the root filesystem (the overlay of / must see it)
+    fakebin: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 600,
+            chroot: bool = True) -> subprocess.CompletedProcess[str]:
+        full_env = {"PATH": POD_PATH, "LOG_FORMAT": "json", **self.env, **(env or {})}
+        cli = [PYTHON, "-m", "installer", *args]
+        if not chroot:
+            run_env = {**os.environ, **full_env}
+            run_env["PATH"] = f"{self.fakebin}:{run_env['PATH']}" if self.fakebin else run_env["PATH"]
+            return subprocess.run(cli, env=run_env, capture_output=True, text=True,
+                                  timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+        return subprocess.run(
+            ["unshare", "--mount", "--pid", "--fork", "--", "sh", "-ec", self._script(cli, full_env)],
+            capture_output=True, text=True, timeout=timeout, env={"PATH": POD_PATH},
+        )
+
+    def _script(self, cli: list[str], env: dict[str, str]) -> str:
+        s = self.scratch
+        rootfs, layer = s / "rootfs", s / "layer"
+        for d in (rootfs, layer):
+            d.mkdir(parents=True, exist_ok=True)
+        repo = Path(__file__).resolve().parents[1]
+        q = shlex.quote
+        lines = [
+            "mount --make-rprivate /",
+            f"mount -t tmpfs tmpfs {q(str(layer))}",
+            f"mkdir -p {q(str(layer))}/upper {q(str(layer))}/work",
+            f"mount -t overlay overlay -o lowerdir=/,upperdir={layer}/upper,workdir={layer}/work "
+            f"{q(str(rootfs))}",
+            f"mkdir -p {rootfs}/root {rootfs}/usr/local/nvidia {rootfs}/usr/local/sbin",
+            f"mount --bind {q(str(self.node_root))} {rootfs}/root",
+            f"mount --bind {q(str(self.install_dir))} {rootfs}/usr/local/nvidia",
+            f"mount --rbind /dev {rootfs}/dev",
+            f"mount -t proc proc {rootfs}/proc",
+            f"mount --rbind /sys {rootfs}/sys",
+        ]
+        if self.fakebin:
+            lines.append(f"cp -a {q(str(self.fakebin))}/. {rootfs}/usr/local/sbin/")
+        lines.append(f"cat > {rootfs}/usr/local/sbin/apt-get <<'APT'\n{FAKE_APT_GET}APT")
+        lines.append(f"chmod 755 {rootfs}/usr/local/sbin/apt-get")
+        env_words = " ".join(q(f"{k}={v}") for k, v in env.items())
+        lines.append(f"cd {q(str(repo))}")
+        lines.append(f"exec chroot {rootfs} env -i {env_words} sh -c "
+                     + q(f"cd {q(str(repo))} && exec " + " ".join(q(c) for c in cli)))
+        return "\n".join(lines)
+
+
+def events(stderr: str) -> list[dict]:
+    """The JSON log events of a run (non-JSON lines are kept as {'raw': line})."""
+    import json
+
+    out = []
+    for line in stderr.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            out.append({"raw": line})
+    return out
