@@ -43,6 +43,9 @@ class Pod:
     scratch: Path  # on the root filesystem (the overlay of / must see it)
     fakebin: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # Dirs shared with the test at the same path (fake kernel state): writes must reach them,
+    # not the rootfs overlay's throw-away upper dir.
+    shared: list[Path] = field(default_factory=list)
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 600,
             chroot: bool = True) -> subprocess.CompletedProcess[str]:
@@ -78,6 +81,9 @@ class Pod:
             f"mount -t proc proc {rootfs}/proc",
             f"mount --rbind /sys {rootfs}/sys",
         ]
+        for path in self.shared:
+            lines.append(f"mkdir -p {q(str(rootfs))}{q(str(path))}")
+            lines.append(f"mount --bind {q(str(path))} {q(str(rootfs))}{q(str(path))}")
         if self.fakebin:
             lines.append(f"cp -a {q(str(self.fakebin))}/. {rootfs}/usr/local/sbin/")
         lines.append(f"cat > {rootfs}/usr/local/sbin/apt-get <<'APT'\n{FAKE_APT_GET}APT")

@@ -110,14 +110,14 @@ def test_reboot_loads_from_cache(node, pod, kernel, server):
     assert last_event(proc)["plan"] == "cached"
     assert len(server.requests) == requests_before
     assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
-    assert kernel.module_version("nvidia") == V1
+    assert kernel.loaded()["nvidia"].version == V1
 
 
 def test_driver_version_change_reinstalls_and_replaces_loaded_modules(node, pod, kernel, server):
     ok(pod.run("install"))
     proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
     assert last_event(proc)["plan"] == "fresh"
-    assert kernel.module_version("nvidia") == V2
+    assert kernel.loaded()["nvidia"].version == V2
     assert "rmmod nvidia_drm" in loads(kernel)
     assert f"CACHE_NVIDIA_DRIVER_VERSION={V2}" in (node.install_dir / ".cache").read_text()
     assert (node.install_dir / f"lib64/libcuda.so.{V2}").exists()
@@ -134,7 +134,7 @@ def test_in_use_driver_is_not_replaced(node, pod, kernel, server):
     final = last_event(proc)
     assert final["error_class"] == "module_load" and "in use" in final["error"]
     assert len(server.requests) == requests_before  # refused before downloading
-    assert kernel.module_version("nvidia") == V1
+    assert kernel.loaded()["nvidia"].version == V1
     after = tree_digest(node.install_dir)
     assert {k: v for k, v in after.items() if k != "status.json"} == {
         k: v for k, v in before.items() if k != "status.json"}
