@@ -1,0 +1,86 @@
+"""`make demo`: a real install on a built-in fixture node, the way the pod runs it.
+
+Builds a fake Ubuntu node (os-release, kernel headers, ld.so.conf), a fake
+kernel (procfs/sysfs/dev stand-ins and kmod tools), a makeself NVIDIA .run and
+a local HTTPS artifact server with a private CA; then runs
+`nvidia-driver-installer install` inside a private mount namespace and chroot
+whose /root is the node (as the DaemonSet's init container sees it), twice:
+a fresh install, then a "reboot" that loads from the cache. Nothing outside a
+temp dir changes. Needs root (mount namespaces); says so if not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.pod import Pod
+
+RELEASE = "5.15.0-1049-gke"
+VERSION = "550.54.14"
+
+
+def banner(text: str) -> None:
+    print(f"\n\033[1m=== {text}\033[0m" if sys.stdout.isatty() else f"\n=== {text}", flush=True)
+
+
+def require_namespaces() -> None:
+    if os.geteuid() != 0:
+        sys.exit("make demo needs root: it mounts an overlay and a chroot in a private mount "
+                 "namespace. Re-run with sudo, or as: unshare --user --map-root-user make demo")
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        sys.exit(f"the kernel refused a mount namespace ({probe.stderr.strip()}); "
+                 "the demo needs CAP_SYS_ADMIN (run as root on a VM, not in an unprivileged container)")
+
+
+def main() -> int:
+    require_namespaces()
+    from tests.fixtures.kernel import FakeKernel
+    from tests.fixtures.node import build_ubuntu_node
+    from tests.fixtures.runfile import build_driver_run
+    from tests.fixtures.server import ArtifactServer
+
+    work = Path(tempfile.mkdtemp(prefix="ndi-demo-", dir="/tmp"))
+    try:
+        banner(f"fixture node (Ubuntu 22.04, kernel {RELEASE}) in {work}/node")
+        node = build_ubuntu_node(work / "node", kernel_release=RELEASE)
+        kernel = FakeKernel(work / "kernel", RELEASE)
+        kernel.add_gpu()
+        run_file = build_driver_run(work / "runs", VERSION)
+        with ArtifactServer() as server:
+            server.serve(f"/tesla/{VERSION}/{run_file.name}", run_file)
+            print(f"artifact server: {server.url}/tesla/{VERSION}/{run_file.name}")
+            pod = Pod(node_root=node.root, install_dir=node.install_dir, scratch=work / "pod",
+                      fakebin=kernel.bin_dir, shared=[kernel.root],
+                      env={**kernel.env(), "LOG_FORMAT": "console",
+                           "NVIDIA_DRIVER_VERSION": VERSION,
+                           "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
+                           "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path)})
+            banner("install (fresh): detect -> download -> build -> load -> ld cache -> verify")
+            first = pod.run("install")
+            print(first.stderr, end="")
+            if first.returncode != 0:
+                print(f"install failed with exit code {first.returncode}")
+                return first.returncode
+            banner(f"the install dir the host sees at /home/kubernetes/bin/nvidia")
+            for path in sorted(node.install_dir.rglob("*")):
+                rel = path.relative_to(node.install_dir)
+                if rel.parts[0] in ("bin", "lib64", "drivers") or rel.name in (".cache", "status.json"):
+                    print(f"  {rel}" + (f" -> {os.readlink(path)}" if path.is_symlink() else ""))
+            print("\n.cache:\n" + (node.install_dir / ".cache").read_text())
+            banner("reboot: modules unloaded; the next run loads from the cache, no download")
+            kernel.unload_all()
+            second = pod.run("install")
+            print(second.stderr, end="")
+            return second.returncode
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
