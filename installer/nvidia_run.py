@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
 import structlog
 
-from installer.errors import BuildError, IntegrityError
+from installer.errors import BuildError, IntegrityError, UsageError
 from installer.installdir import Tree
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
@@ -27,8 +28,32 @@ LOG_FILE = "/var/log/nvidia-installer.log"
 EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
 
 
+_VERSION = re.compile(r"^\d{2,4}\.\d{1,4}(\.\d{1,4})?$")
+_RUN_NAME = re.compile(r"NVIDIA-Linux-x86_64-(\d[\d.]*\d)(?:-[\w.]+)?\.run$")
+
+
 def run_file_name(version: str) -> str:
     return f"NVIDIA-Linux-x86_64-{version}.run"
+
+
+def check_version(version: str) -> str:
+    if not _VERSION.match(version):
+        raise UsageError(
+            f"not a driver version: {version!r}",
+            hint="use a version such as 550.127.05 (COS also takes default, latest, R535)",
+        )
+    return version
+
+
+def version_from_url(url: str) -> str:
+    """The driver version named by a .run URL (NVIDIA-Linux-x86_64-<V>.run)."""
+    match = _RUN_NAME.search(url.split("?", 1)[0])
+    if not match:
+        raise UsageError(
+            f"cannot tell the driver version from --driver-url {url}",
+            hint="also pass --driver-version (NVIDIA_DRIVER_VERSION)",
+        )
+    return check_version(match.group(1))
 
 
 def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:

@@ -140,10 +140,11 @@ def device_nodes(from_staging: bool) -> Step:
     return Step("device_nodes", run, "nvidia-modprobe -c0 -u -m")
 
 
-def verify_staged() -> Step:
+def verify_staged(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
         staging: Tree = ctx.facts["staging"]
-        verify.nvidia_smi(staging, ctx.kernel, ctx.runner, lib_dir=staging.lib64)
+        gpus = verify.nvidia_smi(staging, ctx.kernel, ctx.runner, lib_dir=staging.lib64)
+        verify.check_driver_version(gpus, version)
 
     return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces the old one")
 
@@ -170,9 +171,10 @@ def host_ld_cache() -> Step:
     return Step("host_ld_cache", run, "one ld.so.conf entry for <install-dir-host>/lib64 + ldconfig -r")
 
 
-def verify_install() -> Step:
+def verify_install(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
         ctx.facts["gpus"] = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
+        verify.check_driver_version(ctx.facts["gpus"], version)
 
     return Step("verify", run, "nvidia-smi")
 

@@ -82,3 +82,15 @@ def nvidia_smi(
     log.info("nvidia_smi_ok", gpus=[g.name for g in gpus],
              driver_version=gpus[0].driver_version if gpus else None)
     return gpus
+
+
+def check_driver_version(gpus: list[Gpu], expected: str | None) -> None:
+    """nvidia-smi must report the driver we meant to install, not an older one still loaded."""
+    if expected is None:
+        return
+    reported = {g.driver_version for g in gpus}
+    if reported and reported != {expected}:
+        raise VerifyError(
+            f"nvidia-smi reports driver {', '.join(sorted(reported))}, expected {expected}",
+            hint="an old driver is still loaded: reboot the node or re-run after draining it",
+        )

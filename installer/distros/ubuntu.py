@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 from installer import headers, steps
+from installer.nvidia_run import check_version, version_from_url
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros.base import Distro
@@ -42,7 +43,12 @@ class Ubuntu(Distro):
     name = "ubuntu"
 
     def driver_version(self, ctx: Context) -> str:
-        return ctx.settings.driver_version or DEFAULT_DRIVER_VERSION
+        explicit = ctx.settings.driver_version
+        if explicit:
+            return check_version(explicit)
+        if ctx.settings.driver_url:
+            return version_from_url(ctx.settings.driver_url)
+        return DEFAULT_DRIVER_VERSION
 
     def cache_key(self, ctx: Context, version: str) -> CacheKey:
         return CacheKey(version, kernel_release=ctx.host_info.kernel_release, flavor=FLAVOR)
@@ -60,7 +66,7 @@ class Ubuntu(Distro):
                 steps.device_nodes(from_staging=False),
                 steps.container_ld_cache(),
                 steps.host_ld_cache(),
-                steps.verify_install(),
+                steps.verify_install(version),
             ), summary)
         url = driver_url(ctx, version)
         return Plan("fresh", (
@@ -74,10 +80,10 @@ class Ubuntu(Distro):
             steps.unload_other_driver(version),
             steps.load_modules(from_staging=True),
             steps.device_nodes(from_staging=True),
-            steps.verify_staged(),
+            steps.verify_staged(version),
             steps.promote(),
             steps.container_ld_cache(),
             steps.host_ld_cache(),
-            steps.verify_install(),
+            steps.verify_install(version),
             steps.record_cache(key),
         ), {**summary, "driver_url": url})

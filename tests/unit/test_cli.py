@@ -63,3 +63,16 @@ def test_help_lists_commands(capsys):
     assert code == 0
     for name in ("install", "detect", "verify", "status", "manifests"):
         assert name in out
+
+
+def test_version_parsing():
+    from installer.errors import UsageError
+    from installer.nvidia_run import check_version, version_from_url
+
+    assert version_from_url("file:///x/NVIDIA-Linux-x86_64-550.54.14.run") == "550.54.14"
+    assert version_from_url("https://m/NVIDIA-Linux-x86_64-535.183.01-custom.run?sig=1") == "535.183.01"
+    for bad in ("../../etc", "latest", "550"):
+        with pytest.raises(UsageError):
+            check_version(bad)
+    with pytest.raises(UsageError, match="--driver-version"):
+        version_from_url("https://m/driver.run")
