@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 from installer import headers, steps
-from installer.nvidia_run import check_version, version_from_url
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros.base import Distro
+from installer.nvidia_run import check_version, version_from_url
 from installer.plan import Plan, Step
 
 # A version tested with this installer; NVIDIA_DRIVER_VERSION picks another.
