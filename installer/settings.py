@@ -34,6 +34,8 @@ class Settings:
     preload: bool = False
     module_args: tuple[str, ...] = ()
     persistence_mode: bool = False
+    kernel_module_type: str = "auto"  # auto | open | proprietary
+    metrics_file: PurePosixPath | None = None  # host path of a node_exporter textfile
     extra: dict[str, str] = field(default_factory=dict)
 
     def resolved(self) -> Settings:
@@ -64,6 +66,16 @@ class Settings:
                     f"bad --module-arg {arg!r}",
                     hint="use MODULE.PARAM=VALUE, e.g. nvidia.NVreg_EnableGpuFirmware=0",
                 )
+        if self.kernel_module_type not in ("auto", "open", "proprietary"):
+            raise UsageError(
+                f"bad --kernel-module-type {self.kernel_module_type!r}",
+                hint="use auto, open or proprietary",
+            )
+        if self.metrics_file is not None and not PurePosixPath(self.metrics_file).is_absolute():
+            raise UsageError(
+                f"--metrics-file must be an absolute host path, got {str(self.metrics_file)!r}",
+                hint="e.g. /var/lib/node_exporter/textfile_collector/nvidia_driver.prom",
+            )
         return replace(self, install_dir=install_dir, driver_sha256=sha)
 
 
