@@ -6,12 +6,13 @@ from pathlib import Path
 
 import structlog
 
-from installer import __version__, cache, ldcache, modules, nvidia_run, verify
+from installer import __version__, cache, devchar, gpus, ldcache, modules, nvidia_run, verify
 from installer.cache import CacheKey
 from installer.context import Context
-from installer.errors import SecureBootError
+from installer.errors import SecureBootError, UsageError, VerifyError
 from installer.installdir import Tree
 from installer.plan import Step
+from installer.runner import CommandError
 
 log = structlog.get_logger(__name__)
 
@@ -81,7 +82,8 @@ def extract_driver() -> Step:
     return Step("extract_driver", run, "sh NVIDIA-Linux-x86_64-<V>.run -x --target <staging>/extract")
 
 
-def build_driver(*, kernel_module_type: str | None = None, userspace_only: bool = False) -> Step:
+def build_driver(*, kernel_module_type: str | None = None, userspace_only: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> Step:
     def run(ctx: Context) -> None:
         staging: Tree = ctx.facts["staging"]
         source: Path | None = None if userspace_only else ctx.facts["kernel_source"]
@@ -91,8 +93,11 @@ def build_driver(*, kernel_module_type: str | None = None, userspace_only: bool 
             kernel_source_path=source,
             concurrency=nvidia_run.usable_cpus(),
             kernel_module_type=kernel_module_type,
-        )
+        ) + list(extra_args)
         binds = [] if ctx.host.root == Path("/") else [(str(ctx.host.root), str(ctx.host.root))]
+        # Dirs the build needs that an overlay of the container root does not show
+        # (e.g. the COS toolchain on its own mount): (container path, chroot path).
+        binds += ctx.facts.get("build_binds", [])
         env = {**ctx.kernel.seam_env(), **ctx.facts.get("build_env", {})}
         try:
             nvidia_run.build(
@@ -185,3 +190,81 @@ def record_cache(key: CacheKey) -> Step:
         log.info("cache_recorded", path=str(ctx.install.cache_file), key=key.describe())
 
     return Step("record_cache", run, f"write .cache for {key.describe()} (last, atomically)")
+
+
+def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
+    """Refuse, before any download, a driver branch or module type these GPUs cannot use."""
+
+    def run(ctx: Context) -> None:
+        found = gpus.scan(ctx.kernel.sys_dir)
+        ctx.facts["pci_gpus"] = found
+        choice = gpus.choose_module_type(found, version, requested_module_type)
+        ctx.facts["kernel_module_type"] = choice.module_type
+        if not found:
+            log.warning("no_gpu_found", sys_dir=str(ctx.kernel.sys_dir),
+                        hint="nvidia-smi will find no device: check a GPU is attached to this node")
+        branch = gpus.branch_problems(found, version)
+        if branch:
+            lo, hi = gpus.allowed_branches(found)
+            example = next((v for v in gpus.FALLBACK_VERSIONS
+                            if not gpus.branch_problems(found, v)), None)
+            raise UsageError(
+                "; ".join(branch),
+                hint=f"the GPUs on this node support {gpus.describe_range(lo, hi)}: set "
+                "--driver-version (NVIDIA_DRIVER_VERSION) to such a driver"
+                + (f", e.g. {example}," if example else "")
+                + " or leave it unset to get a supported default",
+                driver_version=version,
+                gpus=[g.describe() for g in found],
+            )
+        if choice.problems:
+            raise UsageError(
+                "; ".join(choice.problems),
+                hint="use --kernel-module-type auto (NVIDIA_KERNEL_MODULE_TYPE) to let the "
+                "installer pick what these GPUs support",
+                driver_version=version,
+                gpus=[g.describe() for g in found],
+            )
+        log.info("gpus_checked", gpus=[g.describe() for g in found], driver_version=version,
+                 kernel_module_type=choice.module_type, reason=choice.reason)
+
+    return Step("check_gpu_compatibility", run,
+                f"NVIDIA GPUs in sysfs support driver {version}; {requested_module_type} "
+                "kernel modules")
+
+
+def dev_char_symlinks() -> Step:
+    def run(ctx: Context) -> None:
+        try:
+            devchar.create(ctx.kernel.dev_dir)
+        except OSError as exc:
+            raise VerifyError(
+                f"could not create the /dev/char symlinks: {exc}",
+                hint="the container needs the host's /dev mounted read-write; without the links "
+                "GPU containers lose access after a systemctl daemon-reload "
+                "(\"Failed to initialize NVML: Unknown Error\")",
+                path=str(ctx.kernel.dev_dir / "char"),
+            ) from exc
+
+    return Step("dev_char_symlinks", run,
+                "/dev/char/<major>:<minor> -> ../nvidia* (keeps NVML working after daemon-reload)")
+
+
+def persistence_mode() -> Step:
+    """nvidia-smi -pm 1: keeps the driver initialised with no client (optional)."""
+
+    def run(ctx: Context) -> None:
+        smi = ctx.install.bin / "nvidia-smi"
+        try:
+            ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S,
+                           env=ctx.kernel.seam_env())
+        except CommandError as exc:
+            ctx.facts["persistence_mode"] = "failed"
+            log.warning("persistence_mode_failed",
+                        error=exc.stderr_tail(2) or exc.stdout.strip()[-300:],
+                        hint="the driver works without it; check nvidia-smi -q for the GPU state")
+            return
+        ctx.facts["persistence_mode"] = "on"
+        log.info("persistence_mode_enabled")
+
+    return Step("persistence_mode", run, "nvidia-smi -pm 1")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import shutil
 
-from installer import headers, steps
+import structlog
+
+from installer import gpus, headers, steps
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros.base import Distro
@@ -13,7 +15,8 @@ from installer.plan import Plan, Step
 
 # A version tested with this installer; NVIDIA_DRIVER_VERSION picks another.
 DEFAULT_DRIVER_VERSION = "550.127.05"
-FLAVOR = "compiled-proprietary"
+
+log = structlog.get_logger(__name__)
 
 
 def driver_url(ctx: Context, version: str) -> str:
@@ -44,46 +47,68 @@ class Ubuntu(Distro):
 
     def driver_version(self, ctx: Context) -> str:
         explicit = ctx.settings.driver_version
-        if explicit:
+        if explicit and explicit != "default":
             return check_version(explicit)
         if ctx.settings.driver_url:
             return version_from_url(ctx.settings.driver_url)
-        return DEFAULT_DRIVER_VERSION
+        # The default, or the newest tested branch the GPUs here support (K80: R470).
+        version, why = gpus.pick_default(gpus.scan(ctx.kernel.sys_dir), DEFAULT_DRIVER_VERSION)
+        if why:
+            log.info("driver_version_fallback", driver_version=version, reason=why)
+        return version
+
+    def module_type(self, ctx: Context, version: str) -> str:
+        found = gpus.scan(ctx.kernel.sys_dir)
+        return gpus.choose_module_type(found, version, ctx.settings.kernel_module_type).module_type
 
     def cache_key(self, ctx: Context, version: str) -> CacheKey:
-        return CacheKey(version, kernel_release=ctx.host_info.kernel_release, flavor=FLAVOR)
+        flavor = f"compiled-{self.module_type(ctx, version)}"
+        return CacheKey(version, kernel_release=ctx.host_info.kernel_release, flavor=flavor)
+
+    def _after_load(self, ctx: Context, version: str) -> tuple[Step, ...]:
+        """What follows the final nvidia-smi: optional persistence mode."""
+        return (steps.persistence_mode(),) if ctx.settings.persistence_mode else ()
 
     def plan(self, ctx: Context) -> Plan:
         version = self.driver_version(ctx)
         key = self.cache_key(ctx, version)
-        summary = {"driver_version": version, "kernel_release": ctx.host_info.kernel_release}
+        module_type = key.flavor.removeprefix("compiled-") if key.flavor else "proprietary"
+        summary = {"driver_version": version, "kernel_release": ctx.host_info.kernel_release,
+                   "kernel_module_type": module_type}
+        check_gpus = steps.check_gpus(version, ctx.settings.kernel_module_type)
         if self.cache_hit(ctx, key):
             return Plan("cached", (
+                check_gpus,
                 steps.clear_leftovers(),
                 steps.check_loaded_driver(version),
                 steps.unload_other_driver(version),
                 steps.load_modules(from_staging=False),
                 steps.device_nodes(from_staging=False),
+                steps.dev_char_symlinks(),
                 steps.container_ld_cache(),
                 steps.host_ld_cache(),
                 steps.verify_install(version),
+                *self._after_load(ctx, version),
             ), summary)
         url = driver_url(ctx, version)
         return Plan("fresh", (
+            check_gpus,
             steps.check_module_signing("this flow builds unsigned modules"),
             steps.check_loaded_driver(version),
             find_kernel_headers(),
             steps.prepare_staging(),
             steps.download_driver(url, ctx.settings.driver_sha256),
             steps.extract_driver(),
-            steps.build_driver(),
+            steps.build_driver(extra_args=tuple(gpus.module_type_flags(module_type, version))),
             steps.unload_other_driver(version),
             steps.load_modules(from_staging=True),
             steps.device_nodes(from_staging=True),
+            steps.dev_char_symlinks(),
             steps.verify_staged(version),
             steps.promote(),
             steps.container_ld_cache(),
             steps.host_ld_cache(),
             steps.verify_install(version),
             steps.record_cache(key),
+            *self._after_load(ctx, version),
         ), {**summary, "driver_url": url})

@@ -195,8 +195,9 @@ def test_dry_run_changes_nothing(node, pod, kernel, server):
     proc = ok(pod.run("install", "--dry-run"))
     plan = json.loads(proc.stdout)
     assert plan["kind"] == "fresh" and plan["driver_version"] == V1
-    assert [s["name"] for s in plan["steps"]][:3] == [
-        "check_module_signing", "check_loaded_driver", "find_kernel_headers"]
+    assert [s["name"] for s in plan["steps"]][:4] == [
+        "check_gpu_compatibility", "check_module_signing", "check_loaded_driver",
+        "find_kernel_headers"]
     assert tree_digest(node.root) == before
     assert server.requests == [] and kernel.calls() == []
 
