@@ -111,6 +111,12 @@ def cli() -> None:
               show_envvar=True, help="Allow plain http:// URLs.")
 @click.option("--module-arg", "module_args", multiple=True, envvar="NVIDIA_MODULE_ARGS",
               show_envvar=True, help="MODULE.PARAM=VALUE for insmod, repeatable.")
+@click.option("--preload", is_flag=True, envvar="PRELOAD", show_envvar=True,
+              help="COS: only fetch and cache the toolchain and kernel headers (no GPU needed).")
+@click.option("--toolchain-dir", type=click.Path(path_type=Path),
+              envvar="COS_TOOLS_DIR_CONTAINER", show_envvar=True,
+              help="COS: where the toolchain and kernel headers are cached [default: "
+              "/build/cos-tools if it exists, else <host-root>/var/lib/cos-tools].")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 def install(**opts: Any) -> None:
     """Install (or load the cached) driver, then verify it with nvidia-smi."""
@@ -135,6 +141,8 @@ def install(**opts: Any) -> None:
 def _success_message(outcome: dict[str, Any]) -> str:
     if outcome.get("outcome") == "dry_run":
         return f"dry run: printed the {outcome.get('plan')} plan, changed nothing"
+    if outcome.get("plan") == "preload":
+        return "preload done: COS toolchain and kernel headers cached; no driver installed"
     how = "loaded from the cache" if outcome.get("plan") == "cached" else "installed"
     return f"NVIDIA driver {outcome.get('driver_version')} {how} and verified"
 

@@ -32,6 +32,7 @@ class Settings:
     dry_run: bool = False
     allow_insecure_http: bool = False
     preload: bool = False
+    toolchain_dir: Path | None = None  # COS tools cache; None: /build/cos-tools or the host's
     module_args: tuple[str, ...] = ()
     persistence_mode: bool = False
     kernel_module_type: str = "auto"  # auto | open | proprietary

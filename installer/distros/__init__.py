@@ -8,9 +8,10 @@ from installer.osinfo import HostInfo
 
 
 def _registry() -> dict[str, type[Distro]]:
+    from installer.distros.cos import Cos
     from installer.distros.ubuntu import Ubuntu
 
-    return {"ubuntu": Ubuntu}
+    return {"cos": Cos, "ubuntu": Ubuntu}
 
 
 def for_host(info: HostInfo) -> Distro:

@@ -1,0 +1,320 @@
+"""Safe extraction of tar archives we did not make (COS kernel headers, toolchain, modules).
+
+``extract()`` unpacks a ``.tar``, ``.tgz`` or ``.tar.xz`` into a fresh
+directory next to the target and renames it into place only when every member
+was extracted, so the target is either absent, the previous tree, or the
+complete new one. An archive member is refused (:class:`IntegrityError`,
+exit 6) and nothing is left behind when it:
+
+- has an absolute name, or a ``..`` component, or a NUL byte;
+- is a symlink whose target resolves outside the extraction root (absolute
+  targets included), or a hard link to anything but a regular file already
+  extracted inside the root;
+- is a character or block device, a FIFO, or any other special file;
+- would be written through a symlink that leads outside the root (checked
+  with the tree as it is on disk at that moment, so a chain of links created
+  by earlier members is followed, not just the member's own name);
+- replaces a directory with a file, or the archive is corrupt or truncated.
+
+Only regular files, directories, symlinks and hard links are created. Owners
+are not restored and setuid/setgid/sticky bits are dropped; file modes keep
+their rwx bits. After the last member every symlink in the tree is checked
+again (a later member can change what an earlier link resolves to).
+Extended attributes recorded in PAX headers (``SCHILY.xattr.*``, e.g. the
+``security.ima`` signatures of COS prebuilt firmware) are applied when
+``keep_xattrs`` is set and the filesystem allows it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import lzma
+import os
+import shutil
+import stat
+import tarfile
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import structlog
+
+from installer.errors import IntegrityError
+
+log = structlog.get_logger(__name__)
+
+COPY_CHUNK = 1 << 20
+# A tar bomb guard: no real headers/toolchain/modules archive comes near this.
+DEFAULT_MAX_BYTES = 32 << 30
+_XATTR_PREFIX = "SCHILY.xattr."
+
+
+@dataclass
+class ExtractResult:
+    root: Path
+    files: int = 0
+    dirs: int = 0
+    links: int = 0
+    bytes: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+class _Refused(Exception):
+    """One member is unsafe; turned into an IntegrityError naming the archive."""
+
+
+def _clean_name(name: str) -> PurePosixPath:
+    """The member's path relative to the root; refuse anything that could escape it."""
+    if "\0" in name:
+        raise _Refused("a NUL byte in its name")
+    if name.startswith("/") or name.startswith("\\"):
+        raise _Refused("an absolute path")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise _Refused("a '..' path component")
+    return PurePosixPath(*parts) if parts else PurePosixPath(".")
+
+
+def _inside(root_real: str, path: str) -> bool:
+    return path == root_real or path.startswith(root_real + os.sep)
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
+class _Extractor:
+    def __init__(self, tar: tarfile.TarFile, root: Path, *, keep_xattrs: bool,
+                 exclude: Callable[[str], bool] | None, max_bytes: int) -> None:
+        self.tar = tar
+        self.root = root
+        self.root_real = _real(str(root))
+        self.keep_xattrs = keep_xattrs
+        self.exclude = exclude
+        self.max_bytes = max_bytes
+        self.result = ExtractResult(root)
+        self.symlinks: list[tuple[str, Path]] = []
+        self.dir_modes: list[tuple[Path, int]] = []
+        self.excluded: set[str] = set()
+
+    # -- checks against the tree as it is on disk now
+
+    def _check_parent(self, dest: Path) -> None:
+        parent_real = _real(str(dest.parent))
+        if not _inside(self.root_real, parent_real):
+            raise _Refused("a path that leads outside the target through a symlink")
+
+    def _make_parents(self, dest: Path) -> None:
+        self._check_parent(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self._check_parent(dest)  # mkdir followed whatever links exist: check again
+
+    def _clear(self, dest: Path, *, for_dir: bool = False) -> None:
+        """Remove what a member replaces (tar semantics); never a directory by a file."""
+        if dest.is_symlink():
+            dest.unlink()
+        elif dest.is_dir():
+            if not for_dir:
+                raise _Refused("a non-directory member replacing a directory")
+        elif dest.exists():
+            if for_dir:
+                raise _Refused("a directory member replacing a file")
+            dest.unlink()
+
+    # -- members
+
+    def member(self, info: tarfile.TarInfo) -> None:
+        rel = _clean_name(info.name)
+        if self.exclude is not None and rel != PurePosixPath(".") and self.exclude(str(rel)):
+            self.excluded.add(str(rel))
+            return
+        if info.isdev() or info.isfifo():
+            raise _Refused("a device file" if info.isdev() else "a FIFO")
+        dest = self.root / rel
+        if info.isdir():
+            self._dir(dest, info)
+        elif info.issym():
+            self._symlink(dest, rel, info)
+        elif info.islnk():
+            self._hardlink(dest, rel, info)
+        elif info.isreg():
+            self._file(dest, info)
+        else:
+            raise _Refused(f"an unsupported member type {info.type!r}")
+
+    def _dir(self, dest: Path, info: tarfile.TarInfo) -> None:
+        if dest == self.root:
+            return
+        self._make_parents(dest)
+        self._clear(dest, for_dir=True)
+        dest.mkdir(exist_ok=True)
+        if not _inside(self.root_real, _real(str(dest))):
+            raise _Refused("a directory outside the target")
+        # Applied at the end: a read-only dir must still receive its members.
+        self.dir_modes.append((dest, (info.mode & 0o777) | 0o700))
+        self.result.dirs += 1
+
+    def _symlink(self, dest: Path, rel: PurePosixPath, info: tarfile.TarInfo) -> None:
+        target = info.linkname
+        if not target or "\0" in target:
+            raise _Refused("a symlink with an empty or invalid target")
+        if target.startswith("/"):
+            raise _Refused(f"a symlink to the absolute path {target!r}")
+        self._make_parents(dest)
+        resolved = _real(os.path.join(_real(str(dest.parent)), target))
+        if not _inside(self.root_real, resolved):
+            raise _Refused(f"a symlink pointing outside the target ({rel} -> {target})")
+        self._clear(dest)
+        os.symlink(target, dest)
+        self.symlinks.append((target, dest))
+        self.result.links += 1
+
+    def _hardlink(self, dest: Path, rel: PurePosixPath, info: tarfile.TarInfo) -> None:
+        try:
+            src_rel = _clean_name(info.linkname)
+        except _Refused as exc:
+            raise _Refused(f"a hard link to {info.linkname!r} ({exc})") from None
+        if str(src_rel) in self.excluded:
+            self.excluded.add(str(rel))
+            return
+        src = self.root / src_rel
+        src_real = _real(str(src))
+        if not _inside(self.root_real, src_real):
+            raise _Refused(f"a hard link pointing outside the target ({rel} -> {info.linkname})")
+        try:
+            st = os.lstat(src_real)
+        except FileNotFoundError:
+            raise _Refused(f"a hard link to {info.linkname!r}, not extracted before it") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise _Refused(f"a hard link to {info.linkname!r}, which is not a regular file")
+        self._make_parents(dest)
+        self._clear(dest)
+        os.link(src_real, dest, follow_symlinks=False)
+        self.result.links += 1
+
+    def _file(self, dest: Path, info: tarfile.TarInfo) -> None:
+        self.result.bytes += info.size
+        if self.result.bytes > self.max_bytes:
+            raise _Refused(f"more than {self.max_bytes} bytes of content")
+        self._make_parents(dest)
+        self._clear(dest)
+        src = self.tar.extractfile(info)
+        if src is None:  # cannot happen for a regular file
+            raise _Refused("an unreadable file member")
+        # O_EXCL|O_NOFOLLOW: never write through a link created in between.
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out, src:
+            shutil.copyfileobj(src, out, COPY_CHUNK)
+        os.chmod(dest, info.mode & 0o777)
+        os.utime(dest, (info.mtime, info.mtime), follow_symlinks=False)
+        if self.keep_xattrs:
+            self._xattrs(dest, info)
+        self.result.files += 1
+
+    def _xattrs(self, dest: Path, info: tarfile.TarInfo) -> None:
+        for key, value in info.pax_headers.items():
+            if not key.startswith(_XATTR_PREFIX):
+                continue
+            name = key[len(_XATTR_PREFIX):]
+            raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+            try:
+                os.setxattr(dest, name, raw, follow_symlinks=False)
+            except OSError as exc:
+                log.warning("xattr_not_set", path=str(dest), xattr=name, error=str(exc))
+
+    def finish(self) -> None:
+        # A later member may have turned a link's path into one that escapes.
+        for target, link in self.symlinks:
+            if link.is_symlink() and os.readlink(link) == target:
+                resolved = _real(os.path.join(_real(str(link.parent)), target))
+                if not _inside(self.root_real, resolved):
+                    rel = link.relative_to(self.root)
+                    raise _Refused(f"a symlink pointing outside the target ({rel} -> {target})")
+        for path, mode in reversed(self.dir_modes):
+            os.chmod(path, mode)
+        self.result.skipped = sorted(self.excluded)
+
+
+def exclude_patterns(patterns: Iterable[str]) -> Callable[[str], bool]:
+    """A member filter from shell patterns on the member path (``usr/lib64/rustlib*``)."""
+    pats = tuple(patterns)
+
+    def excluded(rel: str) -> bool:
+        return any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(rel, p + "/*") for p in pats)
+
+    return excluded
+
+
+def extract(
+    archive: Path,
+    target: Path,
+    *,
+    label: str | None = None,
+    keep_xattrs: bool = False,
+    exclude: Callable[[str], bool] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> ExtractResult:
+    """Unpack ``archive`` into ``target`` (which must not exist yet); see the module doc.
+
+    Raises IntegrityError (exit 6) for an unsafe member or a corrupt archive;
+    ``target`` and the temporary directory are then left absent.
+    """
+    archive, target = Path(archive), Path(target)
+    label = label or archive.name
+    if target.exists() or target.is_symlink():
+        raise FileExistsError(f"extraction target {target} already exists")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = target.with_name(f".{target.name}.extracting")
+    if work.exists() or work.is_symlink():
+        remove_tree(work)
+    work.mkdir(mode=0o755)
+    member_name = None
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            ex = _Extractor(tar, work, keep_xattrs=keep_xattrs, exclude=exclude,
+                            max_bytes=max_bytes)
+            for info in tar:
+                member_name = info.name
+                ex.member(info)
+            member_name = None
+            ex.finish()
+        os.replace(work, target)
+    except _Refused as exc:
+        remove_tree(work)
+        where = f" member {member_name!r}" if member_name is not None else ""
+        raise IntegrityError(
+            f"unsafe archive {label}:{where} has {exc}; nothing was extracted",
+            hint="the artifact is corrupt or has been tampered with; check its source",
+            path=str(archive),
+            member=member_name,
+        ) from None
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
+        remove_tree(work)
+        if isinstance(exc, OSError) and not isinstance(exc, EOFError) and exc.errno is not None:
+            raise  # a real filesystem problem (disk full, permissions), not a bad archive
+        raise IntegrityError(
+            f"corrupt archive {label}: {exc}",
+            hint="the download is damaged or truncated: re-run to fetch it again",
+            path=str(archive),
+        ) from exc
+    except BaseException:
+        remove_tree(work)
+        raise
+    ex.result.root = target
+    log.info("archive_extracted", archive=label, target=str(target), files=ex.result.files,
+             dirs=ex.result.dirs, links=ex.result.links, mb=round(ex.result.bytes / 1e6, 1),
+             skipped=len(ex.result.skipped))
+    return ex.result
+
+
+def remove_tree(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        # Directories extracted read-only must be writable to be removed.
+        for dirpath, _dirs, _files in os.walk(path):
+            with contextlib.suppress(OSError):
+                os.chmod(dirpath, 0o700)
+        shutil.rmtree(path, ignore_errors=True)

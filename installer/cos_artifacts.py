@@ -1,0 +1,287 @@
+"""The artifacts Google publishes for each COS build (DESIGN §6), and driver version aliases.
+
+Layout under the artifacts URL of a build (``--cos-artifacts-url`` /
+``COS_DOWNLOAD_GCS``, a template with ``{build_id}`` and ``{board}``):
+``kernel-headers.tgz``, ``toolchain.tar.xz`` or ``toolchain_url``,
+``toolchain_env``, ``gpu_default_version``, ``gpu_latest_version``,
+``gpu_<alias>_version`` and prebuilt signed modules ``nvidia-drivers-<V>.tgz``.
+
+Everything is fetched anonymously: no metadata-server token is ever added
+(public buckets answer 401 to a bad one, cos-gpu-installer#80). Credentials
+reach a request only if the operator configured them (a proxy, ``.netrc``, a
+signed URL).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import structlog
+
+from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
+from installer.osinfo import parse_env_file
+
+log = structlog.get_logger(__name__)
+
+KERNEL_HEADERS = "kernel-headers.tgz"
+TOOLCHAIN_ARCHIVE = "toolchain.tar.xz"
+TOOLCHAIN_URL_FILE = "toolchain_url"
+TOOLCHAIN_ENV_FILE = "toolchain_env"
+# What both Google installers use when a build has no toolchain_env.
+DEFAULT_TOOLCHAIN_ENV = {"CC": "x86_64-cros-linux-gnu-gcc", "CXX": "x86_64-cros-linux-gnu-g++"}
+GCS_HTTPS = "https://storage.googleapis.com/"
+
+DEFAULT_ALIAS = "default"
+LATEST_ALIAS = "latest"
+_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
+_BRANCH_RE = re.compile(r"^[Rr](\d{3,})$")
+_MAJOR_RE = re.compile(r"^(\d{3,})$")
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+
+
+class MissingArtifactError(DownloadError):
+    """The build publishes no such artifact (a 404), as opposed to a network failure."""
+
+
+def prebuilt_modules_name(version: str) -> str:
+    return f"nvidia-drivers-{version}.tgz"
+
+
+def version_file_name(alias: str) -> str:
+    return f"gpu_{alias}_version"
+
+
+def artifacts_base(template: str, *, build_id: str, board: str | None) -> str:
+    """Fill ``{build_id}`` and ``{board}`` into the artifacts URL template."""
+    def fill(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name == "build_id":
+            return build_id
+        if name == "board":
+            if not board:
+                # The host, not the flag, lacks what the template needs.
+                raise UnsupportedHostError(
+                    "the COS artifacts URL needs {board}, but the host's /etc/lsb-release "
+                    "has no CHROMEOS_RELEASE_BOARD",
+                    hint="use an artifacts URL without {board} (--cos-artifacts-url / "
+                    "COS_DOWNLOAD_GCS), or check --host-root",
+                    path="/etc/lsb-release",
+                )
+            return board
+        raise UsageError(
+            f"unknown placeholder {{{name}}} in the COS artifacts URL {template!r}",
+            hint="only {build_id} and {board} are filled in",
+        )
+
+    return _PLACEHOLDER_RE.sub(fill, template).rstrip("/")
+
+
+def join(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name.lstrip('/')}"
+
+
+# --------------------------------------------------------------------------- versions
+
+
+@dataclass(frozen=True)
+class Requested:
+    """What ``--driver-version`` asked for: a concrete version or an alias file to read."""
+
+    raw: str
+    version: str | None = None  # set for an explicit version
+    alias: str | None = None  # "default", "latest", "R535"
+
+
+def parse_requested(raw: str | None) -> Requested:
+    """``None``/empty -> ``default``; ``R535``/``r535``/``535`` -> ``R535``; versions as given."""
+    value = (raw or "").strip() or DEFAULT_ALIAS
+    low = value.lower()
+    if low in (DEFAULT_ALIAS, LATEST_ALIAS):
+        return Requested(value, alias=low)
+    if _VERSION_RE.match(value):
+        return Requested(value, version=value)
+    m = _BRANCH_RE.match(value) or _MAJOR_RE.match(value)
+    if m:
+        return Requested(value, alias=f"R{m.group(1)}")
+    raise UsageError(
+        f"--driver-version {value!r} is neither a driver version nor a COS alias",
+        hint="use a version such as 535.183.01, or default, latest, or a branch such as R535",
+    )
+
+
+@dataclass(frozen=True)
+class Resolved:
+    version: str
+    requested: str
+    alias: str | None = None
+    source_url: str | None = None  # the gpu_*_version file it came from
+
+    def describe(self) -> dict[str, str | None]:
+        return {"requested_version": self.requested, "version_alias": self.alias,
+                "version_source": self.source_url}
+
+
+def resolve_version(
+    requested: Requested,
+    fetch: Callable[[str], str | None],
+    *,
+    base: str,
+    build_id: str,
+) -> Resolved:
+    """The concrete version; alias files are read through ``fetch(name)`` (None: absent)."""
+    if requested.version is not None:
+        return Resolved(requested.version, requested.raw)
+    assert requested.alias is not None
+    name = version_file_name(requested.alias)
+    url = join(base, name)
+    text = fetch(name)
+    if text is None:
+        # Exit 5 (download), not 2 (usage): a missing alias file is a 404 at a URL,
+        # and from here "this build offers no such branch" cannot be told apart
+        # from "the artifacts URL is wrong, or not published yet, or a mirror is
+        # incomplete". The operator's next step is the same as for any missing
+        # artifact: look at that URL. Malformed alias *syntax* is refused as
+        # usage (exit 2) before any request.
+        raise MissingArtifactError(
+            f"COS build {build_id} publishes no {requested.alias!r} driver version: "
+            f"{name} not found at {url}",
+            hint=(
+                "pick an explicit --driver-version, or an alias this build offers "
+                "(default, latest, R<branch>); check --cos-artifacts-url (COS_DOWNLOAD_GCS) "
+                "if no alias resolves"
+            ),
+            url=url,
+            build_id=build_id,
+            alias=requested.alias,
+        )
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    version = lines[0] if lines else ""
+    if not _VERSION_RE.match(version):
+        raise IntegrityError(
+            f"{name} of COS build {build_id} does not hold a driver version: {text[:80]!r}",
+            hint="the artifact is corrupt, or the URL does not serve COS artifacts",
+            url=url,
+            build_id=build_id,
+            alias=requested.alias,
+        )
+    log.info("driver_version_resolved", alias=requested.alias, version=version, url=url)
+    return Resolved(version, requested.raw, requested.alias, url)
+
+
+# --------------------------------------------------------------------------- toolchain
+
+
+def parse_toolchain_env(text: str | None) -> dict[str, str]:
+    """``toolchain_env`` (``CC=…``/``CXX=…`` shell lines); defaults when the build has none."""
+    if text is None:
+        return dict(DEFAULT_TOOLCHAIN_ENV)
+    env = parse_env_file(text)
+    return {**DEFAULT_TOOLCHAIN_ENV, **{k: v for k, v in env.items() if v}}
+
+
+def toolchain_location(text: str | None, base: str) -> str:
+    """Where the toolchain archive is: ``toolchain_url``'s content, else ``toolchain.tar.xz``.
+
+    ``toolchain_url`` holds one URL; ``gs://bucket/obj`` is read over HTTPS,
+    and a relative path is taken relative to the build's artifacts (so a
+    mirror can point at its own copy).
+    """
+    if text is None:
+        return join(base, TOOLCHAIN_ARCHIVE)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    if not lines:
+        raise IntegrityError(
+            f"{TOOLCHAIN_URL_FILE} at {join(base, TOOLCHAIN_URL_FILE)} is empty",
+            url=join(base, TOOLCHAIN_URL_FILE),
+        )
+    loc = lines[0]
+    scheme = urlsplit(loc).scheme.lower()
+    if scheme == "gs":
+        return GCS_HTTPS + loc[len("gs://"):]
+    if scheme:
+        return loc
+    return join(base, loc)
+
+
+# --------------------------------------------------------------------------- access
+
+
+class Artifacts:
+    """The artifacts of one build, read over HTTP(S) or from ``file://``."""
+
+    def __init__(self, base: str, build_id: str, board: str | None, session,
+                 *, allow_insecure_http: bool, policy=None) -> None:
+        from installer.download import check_url_scheme
+
+        check_url_scheme(base + "/", allow_insecure_http=allow_insecure_http)
+        self.base = base
+        self.build_id = build_id
+        self.board = board
+        self.session = session
+        self.allow_insecure_http = allow_insecure_http
+        self.policy = policy
+
+    def url(self, name: str) -> str:
+        return join(self.base, name)
+
+    def fetch_text(self, name: str) -> str | None:
+        from installer.download import fetch_text
+
+        return fetch_text(self.session, self.url(name),
+                          allow_insecure_http=self.allow_insecure_http, policy=self.policy)
+
+    def exists(self, name: str) -> bool:
+        return url_exists(self.session, self.url(name),
+                          allow_insecure_http=self.allow_insecure_http, policy=self.policy)
+
+    def resolve(self, requested: Requested) -> Resolved:
+        return resolve_version(requested, self.fetch_text, base=self.base, build_id=self.build_id)
+
+
+def url_exists(session, url: str, *, allow_insecure_http: bool, policy=None) -> bool:
+    """Whether ``url`` names an object, without fetching it (HEAD; a 1-byte GET if HEAD is
+    not allowed). 404/403/410 -> False; transient errors are retried; others raise."""
+    import requests
+
+    from installer import retry
+    from installer.download import check_url_scheme, redact_url
+
+    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    shown = redact_url(url)
+    if urlsplit(url).scheme.lower() == "file":
+        return Path(urllib.request.url2pathname(urlsplit(url).path)).is_file()
+    policy = policy or retry.policy_from_env()
+
+    def attempt() -> bool:
+        resp = session.head(url, timeout=policy.timeout, allow_redirects=True)
+        if resp.status_code in (405, 501):
+            resp = session.get(url, headers={"Range": "bytes=0-0", "Accept-Encoding": "identity"},
+                               timeout=policy.timeout, stream=True)
+            resp.close()
+        status = resp.status_code
+        if resp.url and resp.url.lower().startswith("http://") and not allow_insecure_http:
+            raise DownloadError(f"{shown} redirected to a plain http URL", url=shown)
+        if status in (200, 206):
+            return True
+        if status in (403, 404, 410):
+            # GCS answers 403 for a missing object in a bucket one cannot list.
+            return False
+        if status == 429 or 500 <= status <= 599:
+            raise retry.TransientHTTPError(status, resp.reason or "",
+                                           retry_after=retry.parse_retry_after(
+                                               resp.headers.get("Retry-After")))
+        raise DownloadError(f"HTTP {status} {resp.reason or ''} for {shown}".strip(), url=shown,
+                            status=status)
+
+    try:
+        found = retry.network_retryer(policy, url=shown)(attempt)
+    except requests.RequestException as exc:
+        raise DownloadError(f"cannot reach {shown}: {retry.describe_cause(exc)}",
+                            url=shown) from exc
+    log.info("artifact_probe", url=shown, exists=found)
+    return found

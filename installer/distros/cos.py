@@ -1,0 +1,550 @@
+"""Container-Optimized OS: prebuilt signed modules when the build has them, else a build
+with the build's own kernel headers and cross toolchain.
+
+Decisions are made when the plan is built (it may read the build's small
+metadata files: version aliases, ``toolchain_url``, ``toolchain_env``, and
+probe whether prebuilt modules exist); big artifacts are fetched by steps, in
+parallel, only after the signature policy allowed it.
+
+- **prebuilt** (``nvidia-drivers-<V>.tgz`` exists, preferred): its signed (open)
+  modules go into ``drivers/`` and the NVIDIA installer runs for user space
+  only (``--no-kernel-module``). Flavour ``prebuilt-open``.
+- **compiled**: ``kernel-headers.tgz`` and the toolchain, cached on the host
+  under the tools dir, then the shared nvidia-installer build with
+  ``--kernel-source-path`` and the toolchain's CC/CXX/PATH. Flavour
+  ``compiled-proprietary``. Refused with exit 10 before any big download if
+  the kernel only loads signed modules.
+- **cached**: same build, version and intact files: load and verify.
+- **preload** (``--preload``): fetch and cache the toolchain and headers only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import structlog
+
+from installer import archive, cache, headers, steps, toolchain
+from installer.cache import CacheKey
+from installer.context import Context
+from installer.cos_artifacts import (
+    KERNEL_HEADERS,
+    TOOLCHAIN_ENV_FILE,
+    TOOLCHAIN_URL_FILE,
+    Artifacts,
+    MissingArtifactError,
+    Resolved,
+    artifacts_base,
+    parse_requested,
+    parse_toolchain_env,
+    prebuilt_modules_name,
+    toolchain_location,
+)
+from installer.distros.base import Distro
+from installer.errors import BuildError, DownloadError, IntegrityError, SecureBootError
+from installer.installdir import Tree
+from installer.kernel import KernelState, cmdline_enforces_signatures
+from installer.modinfo import read_modinfo
+from installer.plan import Plan, Step
+from installer.retry import RetryPolicy
+from installer.toolchain import BuildTools
+
+log = structlog.get_logger(__name__)
+
+FLAVOR_PREBUILT = "prebuilt-open"
+FLAVOR_COMPILED = "compiled-proprietary"  # "compiled-open" when the open modules are built
+# When a cached install of this build exists, an unreachable artifacts server
+# should not hold up the restart for the full download policy.
+QUICK_POLICY = RetryPolicy(attempts=2, wait_initial=1.0, wait_max=2.0, total_timeout=20.0,
+                           connect_timeout=5.0, read_timeout=10.0)
+
+
+# --------------------------------------------------------------------------- kernel policy
+
+
+@dataclass(frozen=True)
+class SigningPolicy:
+    reasons: tuple[str, ...]  # why only signed modules load (empty: unsigned ones load)
+    loadpin_blocks: bool  # LoadPin refuses modules from outside the root filesystem
+
+    @property
+    def enforced(self) -> bool:
+        return bool(self.reasons)
+
+
+def signing_policy(kernel: KernelState) -> SigningPolicy:
+    reasons = []
+    cmdline = kernel.cmdline()
+    if cmdline_enforces_signatures(cmdline):
+        reasons.append("module.sig_enforce=1 is on the kernel command line")
+    elif kernel.signatures_enforced():
+        reasons.append("/sys/module/module/parameters/sig_enforce is Y")
+    lockdown = kernel.lockdown()
+    if lockdown != "none":
+        reasons.append(f"kernel lockdown is {lockdown!r}")
+    words = cmdline.split()
+    excluded = any(
+        w.startswith("loadpin.exclude=") and "kernel-module" in w.partition("=")[2].split(",")
+        for w in words
+    )
+    return SigningPolicy(tuple(reasons), "loadpin.enforce=1" in words and not excluded)
+
+
+@dataclass(frozen=True)
+class ModuleDecision:
+    use_prebuilt: bool
+    compiled_type: str  # what a compile builds: "open" or "proprietary"
+    installer_type: str | None  # --kernel-module-type for the compile (None: NVIDIA's default)
+    notes: tuple[str, ...] = ()
+
+
+def decide_modules(gpus_found: list, version: str, requested: str,
+                   prebuilt_available: bool) -> ModuleDecision:
+    """Prebuilt (open, signed) modules when the build has them and every GPU here can use
+    the open modules and the open flavour was not refused; else what a compile builds.
+
+    COS prefers its prebuilt modules whenever they can work (as Google's installer
+    does); ``--kernel-module-type proprietary`` opts out of them.
+    """
+    from installer import gpus
+
+    notes: list[str] = []
+    legacy = [g for g in gpus_found if g.model and g.model.open_modules == "no"]
+    use_prebuilt = prebuilt_available and requested != "proprietary" and not legacy
+    if prebuilt_available and legacy:
+        notes.append(f"prebuilt modules are open modules, which {legacy[0].name} "
+                     f"({legacy[0].model.arch}) cannot use")
+    if prebuilt_available and requested == "proprietary":
+        notes.append("prebuilt modules are open modules: not used (--kernel-module-type "
+                      "proprietary)")
+    choice = gpus.choose_module_type(gpus_found, version, requested)
+    notes += choice.problems
+    branch = gpus.branch_of(version)
+    # --kernel-module-type exists from R560; before it nvidia-installer builds
+    # proprietary modules unless told otherwise, which is what auto picks there.
+    explicit = requested != "auto" or (branch is not None and branch >= gpus.OPEN_DEFAULT_SINCE)
+    return ModuleDecision(use_prebuilt, choice.module_type,
+                          choice.module_type if explicit else None, tuple(notes))
+
+
+# --------------------------------------------------------------------------- steps
+
+
+@dataclass(frozen=True)
+class Fetch:
+    fact: str  # ctx.facts key receiving the Downloaded result
+    url: str
+    where: str  # "staging" (the install dir's .staging) or "tools" (the build tools dir)
+    label: str
+    sha256: str | None = None
+
+
+def _file_name(url: str, fallback: str) -> str:
+    name = unquote(urlsplit(url).path).rstrip("/").rsplit("/", 1)[-1]
+    return name if name and name not in (".", "..") else fallback
+
+
+def fetch_artifacts(fetches: tuple[Fetch, ...], tools: BuildTools | None) -> Step:
+    """Download everything the plan needs at once (download_all: parallel, first failure
+    cancels the rest)."""
+
+    def run(ctx: Context) -> None:
+        from installer.download import DownloadJob, download_all
+
+        jobs = []
+        for f in fetches:
+            if f.where == "staging":
+                staging: Tree = ctx.facts["staging"]
+                base = staging.root / "downloads"
+            else:
+                assert tools is not None
+                base = tools.downloads
+            jobs.append(DownloadJob(
+                url=f.url, dest=base / _file_name(f.url, f.label), expected_sha256=f.sha256,
+                label=f.label, allow_insecure_http=ctx.settings.allow_insecure_http,
+            ))
+        results = download_all(ctx.http, jobs)
+        for f, result in zip(fetches, results, strict=True):
+            ctx.facts[f.fact] = result
+        if "driver_download" in ctx.facts:
+            ctx.facts["run_file"] = ctx.facts["driver_download"].path
+            ctx.facts["run_sha256"] = ctx.facts["driver_download"].sha256
+
+    detail = "in parallel: " + ", ".join(f.url for f in fetches)
+    return Step("fetch_artifacts", run, detail)
+
+
+def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: str,
+                  prebuilt_url: str) -> Step:
+    """Exit 10 before any big download when the modules we would use cannot load."""
+
+    def run(ctx: Context) -> None:
+        policy = signing_policy(ctx.kernel)
+        if policy.loadpin_blocks:
+            raise SecureBootError(
+                "LoadPin is enforced for kernel modules (loadpin.enforce=1 without "
+                "loadpin.exclude=kernel-module): no module from the install dir can load",
+                hint="use a COS image whose kernel command line has "
+                "loadpin.exclude=kernel-module (current COS images do); this installer "
+                "never edits boot config or reboots",
+                kernel_release=ctx.host_info.kernel_release,
+            )
+        if policy.enforced and not prebuilt:
+            raise SecureBootError(
+                f"this node only loads signed kernel modules ({'; '.join(policy.reasons)}) "
+                f"and COS build {build_id} offers no signed prebuilt modules for driver "
+                f"{version} ({prebuilt_url} not found); compiled modules would be rejected",
+                hint="choose a driver version this build ships prebuilt modules for "
+                "(--driver-version=default or latest usually do), or run on a node pool "
+                "without module signature enforcement; this installer never edits boot "
+                "config or reboots",
+                url=prebuilt_url,
+                kernel_release=ctx.host_info.kernel_release,
+                build_id=build_id,
+            )
+        if policy.enforced:
+            log.info("module_signing_enforced", reasons=list(policy.reasons),
+                     using="signed prebuilt modules")
+
+    return Step("check_module_signing", run, policy_note)
+
+
+def prepare_kernel_headers(tools: BuildTools, release: str, preset: Path | None) -> Step:
+    def run(ctx: Context) -> None:
+        if preset is not None:
+            ctx.facts["kernel_source"] = preset
+            return
+        got = ctx.facts.get("headers_download")
+        if got is not None:
+            toolchain.install_archive(got.path, tools.headers, source_url=got.url,
+                                      sha256=got.sha256, label=KERNEL_HEADERS)
+        elif not tools.headers_ready():
+            raise BuildError(f"kernel headers missing from {tools.headers}", path=str(tools.headers))
+        ctx.facts["kernel_source"] = toolchain.find_kernel_tree(tools.headers, release)
+        log.info("kernel_headers_ready", path=str(ctx.facts["kernel_source"]),
+                 cached=got is None)
+
+    where = str(preset) if preset else f"{tools.headers} (safe extraction, reused when present)"
+    return Step("prepare_kernel_headers", run, where)
+
+
+def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
+    def run(ctx: Context) -> None:
+        from installer.sandbox import SANDBOX_PATH
+
+        got = ctx.facts.get("toolchain_download")
+        if got is not None:
+            toolchain.install_archive(got.path, tools.toolchain, source_url=got.url,
+                                      sha256=got.sha256, label="COS toolchain",
+                                      exclude_patterns=toolchain.TOOLCHAIN_EXCLUDES)
+        elif not toolchain.read_marker(tools.toolchain):
+            raise BuildError(f"toolchain missing from {tools.toolchain}", path=str(tools.toolchain))
+        toolchain.ensure_exec(tools.root, ctx.runner)
+        linker = toolchain.link_ld(tools.toolchain, env)
+        toolchain.check_compiler(tools.toolchain, env)
+        ctx.facts["build_env"] = toolchain.compile_env(tools.toolchain, env, SANDBOX_PATH)
+        # The sandbox is an overlay of the container's root: a separately mounted
+        # tools dir (/build/cos-tools) must be bound into it.
+        ctx.facts["build_binds"] = [(str(tools.root), str(tools.root))]
+        toolchain.prune_other_builds(tools.tools_dir, tools.build_id)
+        log.info("toolchain_ready", path=str(tools.toolchain), cc=env.get("CC"),
+                 cxx=env.get("CXX"), ld=str(linker) if linker else None, cached=got is None)
+
+    return Step("prepare_toolchain", run,
+                f"{tools.toolchain}: CC={env.get('CC')} CXX={env.get('CXX')}, bin/ first on PATH, "
+                "bin/ld -> cross linker (reused when present)")
+
+
+def unpack_prebuilt(version: str) -> Step:
+    """Extract nvidia-drivers-<V>.tgz safely into the staging area and check it."""
+
+    def run(ctx: Context) -> None:
+        staging: Tree = ctx.facts["staging"]
+        got = ctx.facts["prebuilt_download"]
+        dest = staging.root / "prebuilt"
+        archive.extract(got.path, dest, label=prebuilt_modules_name(version), keep_xattrs=True)
+        got.path.unlink(missing_ok=True)
+        modules = _prebuilt_modules(dest)
+        if "nvidia.ko" not in modules:
+            raise IntegrityError(
+                f"{prebuilt_modules_name(version)} holds no nvidia.ko",
+                hint="the artifact is incomplete; check the COS artifacts URL",
+                url=got.url,
+            )
+        built = read_modinfo(modules["nvidia.ko"]).get("version")
+        if built and built != version:
+            raise IntegrityError(
+                f"{prebuilt_modules_name(version)} holds nvidia.ko version {built}, not {version}",
+                url=got.url,
+            )
+        ctx.facts["prebuilt_dir"] = dest
+        log.info("prebuilt_modules_unpacked", modules=sorted(modules), version=version)
+
+    return Step("unpack_prebuilt", run, f"{prebuilt_modules_name(version)} -> <staging>/prebuilt "
+                "(safe extraction, xattrs kept)")
+
+
+def _prebuilt_modules(root: Path) -> dict[str, Path]:
+    preferred = {p.name: p for p in sorted((root / "drivers").glob("*.ko")) if not p.is_symlink()}
+    if preferred:
+        return preferred
+    return {p.name: p for p in sorted(root.rglob("*.ko")) if not p.is_symlink()}
+
+
+def place_prebuilt() -> Step:
+    """After the user-space install: the signed modules into drivers/, firmware merged in."""
+
+    def run(ctx: Context) -> None:
+        staging: Tree = ctx.facts["staging"]
+        src: Path = ctx.facts["prebuilt_dir"]
+        for name, path in _prebuilt_modules(src).items():
+            os.chmod(path, 0o644)
+            os.replace(path, staging.drivers / name)
+        firmware = src / "firmware"
+        if firmware.is_dir():
+            for dirpath, _dirs, files in os.walk(firmware):
+                rel = Path(dirpath).relative_to(firmware)
+                (staging.firmware / rel).mkdir(parents=True, exist_ok=True)
+                for f in files:
+                    os.replace(Path(dirpath) / f, staging.firmware / rel / f)
+        archive.remove_tree(src)
+
+    return Step("place_prebuilt", run, "<staging>/prebuilt -> drivers/ and firmware/")
+
+
+def preload_finished(tools: BuildTools) -> Step:
+    def run(ctx: Context) -> None:
+        log.info("preload_done", tools_dir=str(tools.root),
+                 toolchain=str(tools.toolchain), kernel_headers=str(tools.headers))
+
+    return Step("preload_finished", run, f"toolchain and headers cached in {tools.root}")
+
+
+# --------------------------------------------------------------------------- the distro
+
+
+class Cos(Distro):
+    name = "cos"
+
+    # -- inputs
+
+    def _artifacts(self, ctx: Context, policy: RetryPolicy | None = None) -> Artifacts:
+        info = ctx.host_info
+        assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
+        base = artifacts_base(ctx.settings.cos_artifacts_url, build_id=info.build_id,
+                              board=info.board)
+        return Artifacts(base, info.build_id, info.board, ctx.http,
+                         allow_insecure_http=ctx.settings.allow_insecure_http, policy=policy)
+
+    def _tools(self, ctx: Context) -> BuildTools:
+        assert ctx.host_info.build_id is not None
+        tools_dir = toolchain.default_tools_dir(ctx.settings.toolchain_dir,
+                                                ctx.host)
+        return BuildTools(tools_dir, ctx.host_info.build_id)
+
+    def _usable_cache(self, ctx: Context) -> cache.CacheRecord | None:
+        """The .cache record of an intact install for this build, if any."""
+        if ctx.settings.force:
+            return None
+        record = cache.read(ctx.install.cache_file)
+        if (record is None or record.build_id != ctx.host_info.build_id
+                or not record.driver_version
+                or cache.check_files(record, ctx.install.root) is not None):
+            return None
+        return record
+
+    def resolve(self, ctx: Context) -> Resolved:
+        requested = parse_requested(ctx.settings.driver_version)
+        if requested.version is not None:
+            return Resolved(requested.version, requested.raw)
+        record = self._usable_cache(ctx)
+        arts = self._artifacts(ctx, QUICK_POLICY if record else None)
+        try:
+            return arts.resolve(requested)
+        except MissingArtifactError:
+            raise
+        except DownloadError as exc:
+            if record is None:
+                raise
+            # An alias of a given build names one version; the cached install of
+            # this build is what it resolved to when the server was reachable.
+            log.warning("driver_version_alias_unreachable", alias=requested.alias,
+                        error=exc.message, using_cached=record.driver_version)
+            return Resolved(record.driver_version, requested.raw, requested.alias,
+                            "(cached install of this build; artifacts unreachable)")
+
+    def driver_version(self, ctx: Context) -> str:
+        return self.resolve(ctx).version
+
+    def cache_key(self, ctx: Context, version: str, flavor: str | None = None) -> CacheKey:
+        return CacheKey(version, build_id=ctx.host_info.build_id, flavor=flavor)
+
+    # -- plans
+
+    def plan(self, ctx: Context) -> Plan:
+        if ctx.settings.preload:
+            return self._preload_plan(ctx)
+        arts = self._artifacts(ctx)
+        resolved = self.resolve(ctx)
+        version = resolved.version
+        summary: dict[str, object] = {
+            "driver_version": version,
+            **resolved.describe(),
+            "build_id": ctx.host_info.build_id,
+            "board": ctx.host_info.board,
+            "milestone": ctx.host_info.version_id,
+            "artifacts_url": arts.base,
+        }
+        # Any intact install of this build and version is a hit, whatever its
+        # flavour: no network needed to restart a node.
+        if self.cache_hit(ctx, self.cache_key(ctx, version)):
+            record = cache.read(ctx.install.cache_file)
+            summary["flavor"] = record.flavor if record else None
+            return Plan("cached", (
+                steps.clear_leftovers(),
+                steps.check_loaded_driver(version),
+                steps.unload_other_driver(version),
+                steps.load_modules(from_staging=False),
+                steps.device_nodes(from_staging=False),
+                steps.container_ld_cache(),
+                steps.host_ld_cache(),
+                steps.verify_install(version),
+            ), summary)
+
+        from installer.distros.ubuntu import driver_url
+
+        run_url = driver_url(ctx, version)
+        prebuilt_name = prebuilt_modules_name(version)
+        prebuilt_url = arts.url(prebuilt_name)
+        from installer import gpus
+
+        gpus_found = gpus.scan(ctx.kernel.sys_dir)
+        decision = decide_modules(gpus_found, version, ctx.settings.kernel_module_type,
+                                  arts.exists(prebuilt_name))
+        for note in decision.notes:
+            log.warning("kernel_module_choice", note=note)
+        prebuilt = decision.use_prebuilt
+        policy = signing_policy(ctx.kernel)
+        flavor = FLAVOR_PREBUILT if prebuilt else f"compiled-{decision.compiled_type}"
+        key = self.cache_key(ctx, version, flavor)
+        summary.update({
+            "flavor": flavor,
+            "driver_url": run_url,
+            "prebuilt_modules_url": prebuilt_url,
+            "prebuilt_modules_used": prebuilt,
+            "gpus": [g.describe() for g in gpus_found],
+            "signatures_enforced": policy.enforced,
+            "signature_enforcement": list(policy.reasons),
+        })
+        if decision.notes:
+            summary["kernel_module_notes"] = list(decision.notes)
+        if policy.loadpin_blocks or (policy.enforced and not prebuilt):
+            summary["blocked"] = "module signature policy: the install would stop with exit 10"
+        note = ("signed prebuilt modules: allowed" if prebuilt else
+                "compiled modules are unsigned: refused if signatures are enforced")
+        sign_step = check_signing(note, prebuilt=prebuilt, version=version,
+                                  build_id=arts.build_id, prebuilt_url=prebuilt_url)
+        tail = (
+            steps.unload_other_driver(version),
+            steps.load_modules(from_staging=True),
+            steps.device_nodes(from_staging=True),
+            steps.verify_staged(version),
+            steps.promote(),
+            steps.container_ld_cache(),
+            steps.host_ld_cache(),
+            steps.verify_install(version),
+            steps.record_cache(key),
+        )
+        run_fetch = Fetch("driver_download", run_url, "staging", "driver",
+                          ctx.settings.driver_sha256)
+        if prebuilt:
+            fetches = (run_fetch,
+                       Fetch("prebuilt_download", prebuilt_url, "staging", "prebuilt modules"))
+            return Plan("fresh", (
+                sign_step,
+                steps.check_loaded_driver(version),
+                steps.prepare_staging(),
+                fetch_artifacts(fetches, None),
+                unpack_prebuilt(version),
+                steps.extract_driver(),
+                steps.build_driver(userspace_only=True),
+                place_prebuilt(),
+                *tail,
+            ), summary)
+
+        tools = self._tools(ctx)
+        tc_env, tc_url = self._toolchain_source(ctx, arts)
+        headers_preset = self._host_headers(ctx)
+        fetches = [run_fetch]
+        headers_url = arts.url(KERNEL_HEADERS)
+        if headers_preset is None and not tools.headers_ready():
+            fetches.append(Fetch("headers_download", headers_url, "tools", "kernel headers"))
+        if not tools.toolchain_ready(tc_env["CC"]):
+            fetches.append(Fetch("toolchain_download", tc_url, "tools", "toolchain"))
+        summary.update({
+            "kernel_headers_url": headers_url if headers_preset is None else None,
+            "kernel_source_path": str(headers_preset) if headers_preset else None,
+            "toolchain_url": tc_url,
+            "toolchain_env": {k: tc_env[k] for k in ("CC", "CXX") if k in tc_env},
+            "tools_dir": str(tools.root),
+        })
+        return Plan("fresh", (
+            sign_step,
+            steps.check_loaded_driver(version),
+            steps.prepare_staging(),
+            fetch_artifacts(tuple(fetches), tools),
+            prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
+            prepare_toolchain(tools, tc_env),
+            steps.extract_driver(),
+            steps.build_driver(kernel_module_type=decision.installer_type),
+            *tail,
+        ), summary)
+
+    def _toolchain_source(self, ctx: Context, arts: Artifacts) -> tuple[dict[str, str], str]:
+        env = parse_toolchain_env(arts.fetch_text(TOOLCHAIN_ENV_FILE))
+        url = toolchain_location(arts.fetch_text(TOOLCHAIN_URL_FILE), arts.base)
+        from installer.download import check_url_scheme
+
+        check_url_scheme(url, allow_insecure_http=ctx.settings.allow_insecure_http)
+        return env, url
+
+    def _host_headers(self, ctx: Context) -> Path | None:
+        """--kernel-source-path, or headers already on the host; None: use kernel-headers.tgz."""
+        release = ctx.host_info.kernel_release
+        path, tried = headers.find_on_host(ctx.host, release, ctx.settings.kernel_source_path)
+        if path is None and ctx.settings.kernel_source_path is not None:
+            raise headers.not_found(release, tried)
+        return path
+
+    def _preload_plan(self, ctx: Context) -> Plan:
+        arts = self._artifacts(ctx)
+        tools = self._tools(ctx)
+        tc_env, tc_url = self._toolchain_source(ctx, arts)
+        headers_url = arts.url(KERNEL_HEADERS)
+        fetches = []
+        if not tools.headers_ready():
+            fetches.append(Fetch("headers_download", headers_url, "tools", "kernel headers"))
+        if not tools.toolchain_ready(tc_env["CC"]):
+            fetches.append(Fetch("toolchain_download", tc_url, "tools", "toolchain"))
+        plan_steps: list[Step] = []
+        if fetches:
+            plan_steps.append(fetch_artifacts(tuple(fetches), tools))
+        plan_steps += [
+            prepare_kernel_headers(tools, ctx.host_info.kernel_release, None),
+            prepare_toolchain(tools, tc_env),
+            preload_finished(tools),
+        ]
+        return Plan("preload", tuple(plan_steps), {
+            "driver_version": None,
+            "build_id": ctx.host_info.build_id,
+            "board": ctx.host_info.board,
+            "artifacts_url": arts.base,
+            "kernel_headers_url": headers_url,
+            "toolchain_url": tc_url,
+            "toolchain_env": {k: tc_env[k] for k in ("CC", "CXX") if k in tc_env},
+            "tools_dir": str(tools.root),
+            "already_cached": not fetches,
+        })

@@ -1,0 +1,288 @@
+"""The COS build tools cache: the cross toolchain and kernel headers of a build, on the host.
+
+GKE mounts the host's ``/var/lib/cos-tools`` at ``/build/cos-tools`` so the
+tools survive pod restarts. We keep one directory per COS build in it::
+
+    <tools-dir>/<BUILD_ID>/toolchain/        the cross toolchain (bin/, usr/...)
+    <tools-dir>/<BUILD_ID>/kernel-headers/   kernel-headers.tgz, extracted
+    <tools-dir>/<BUILD_ID>/.downloads/       archives while they are fetched
+
+A tree is used only when its marker file (written last) exists, so a run
+killed while extracting leaves nothing a later run trusts. When the current
+build's tools are ready, directories of other builds we made (after a node
+upgrade) are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from installer import __version__, archive
+from installer.errors import BuildError
+from installer.fsutil import remove_tree, write_atomic
+from installer.hostroot import HostRoot
+from installer.runner import CommandError, Runner
+
+log = structlog.get_logger(__name__)
+
+TOOLS_DIR_CONTAINER = Path("/build/cos-tools")
+TOOLS_DIR_HOST = "/var/lib/cos-tools"
+MARKER = ".nvidia-driver-installer.json"
+# Rust parts of the COS toolchain are large and never needed for modules
+# (Google's installers skip them too).
+TOOLCHAIN_EXCLUDES = (
+    "usr/lib64/rustlib*",
+    "usr/lib64/libstd-*.so",
+    "lib/libstd-*.so",
+    "lib/librustc*",
+    "usr/lib64/librustc*",
+)
+# Only these toolchain_env keys reach the NVIDIA installer's environment.
+COMPILE_ENV_KEYS = ("CC", "CXX", "LD", "AR", "NM", "OBJCOPY", "OBJDUMP", "STRIP",
+                    "HOSTCC", "HOSTCXX", "LLVM", "LLVM_IAS", "CROSS_COMPILE", "KCFLAGS")
+_BUILD_DIR_RE = re.compile(r"^\d+(\.\d+)+$")
+_COMPILER_SUFFIXES = ("gcc", "cc", "clang", "g++", "c++", "clang++")
+
+
+def default_tools_dir(explicit: Path | None, host: HostRoot) -> Path:
+    """``--toolchain-dir``, else ``/build/cos-tools`` if mounted, else the host's dir."""
+    if explicit is not None:
+        return explicit
+    if TOOLS_DIR_CONTAINER.is_dir():
+        return TOOLS_DIR_CONTAINER
+    return host.path(TOOLS_DIR_HOST)
+
+
+@dataclass(frozen=True)
+class BuildTools:
+    """The tools of one COS build under the tools dir."""
+
+    tools_dir: Path
+    build_id: str
+
+    @property
+    def root(self) -> Path:
+        return self.tools_dir / self.build_id
+
+    @property
+    def toolchain(self) -> Path:
+        return self.root / "toolchain"
+
+    @property
+    def headers(self) -> Path:
+        return self.root / "kernel-headers"
+
+    @property
+    def downloads(self) -> Path:
+        return self.root / ".downloads"
+
+    def toolchain_ready(self, cc: str) -> bool:
+        return read_marker(self.toolchain) is not None and compiler_path(self.toolchain, cc).exists()
+
+    def headers_ready(self) -> bool:
+        return read_marker(self.headers) is not None
+
+
+def read_marker(tree: Path) -> dict | None:
+    try:
+        return json.loads((tree / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def install_archive(
+    archive_path: Path,
+    dest: Path,
+    *,
+    source_url: str,
+    sha256: str | None,
+    label: str,
+    exclude_patterns: tuple[str, ...] = (),
+) -> archive.ExtractResult:
+    """Extract ``archive_path`` safely into ``dest`` (replacing an incomplete one), mark it."""
+    if dest.exists() or dest.is_symlink():
+        log.info("build_tools_replaced", path=str(dest), reason="incomplete or stale")
+        remove_tree(dest)
+    result = archive.extract(
+        archive_path, dest, label=label,
+        exclude=archive.exclude_patterns(exclude_patterns) if exclude_patterns else None,
+    )
+    write_atomic(dest / MARKER, json.dumps({
+        "source_url": source_url,
+        "sha256": sha256,
+        "files": result.files,
+        "skipped": len(result.skipped),
+        "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "installer_version": __version__,
+    }, indent=2) + "\n")
+    archive_path.unlink(missing_ok=True)
+    return result
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def find_kernel_tree(headers_root: Path, release: str) -> Path:
+    """The kernel build tree inside extracted ``kernel-headers.tgz``.
+
+    COS ships ``usr/src/linux-headers-<release>/``; an archive holding the tree
+    at its top level is accepted too.
+    """
+    exact = headers_root / "usr/src" / f"linux-headers-{release}"
+    if (exact / "Makefile").is_file():
+        return exact
+    found = sorted(p.parent for p in headers_root.glob("usr/src/*/Makefile"))
+    if len(found) == 1:
+        log.warning("kernel_headers_release_differs", path=str(found[0]), kernel_release=release)
+        return found[0]
+    if not found and (headers_root / "Makefile").is_file():
+        return headers_root
+    what = ", ".join(p.name for p in found) if found else "no kernel tree"
+    raise BuildError(
+        f"kernel-headers.tgz of this build has no headers for kernel {release} ({what})",
+        hint="the artifacts do not match the running kernel; check --cos-artifacts-url, "
+        "or pass --kernel-source-path",
+        path=str(headers_root),
+        kernel_release=release,
+    )
+
+
+# --------------------------------------------------------------------------- toolchain
+
+
+def _first_word(value: str) -> str:
+    return value.split()[0] if value.split() else ""
+
+
+def compiler_path(toolchain: Path, cc: str) -> Path:
+    word = _first_word(cc)
+    return Path(word) if os.path.isabs(word) else toolchain / "bin" / word
+
+
+def _target_prefix(cc: str) -> str:
+    """``x86_64-cos-linux-gnu-clang`` -> ``x86_64-cos-linux-gnu-``."""
+    name = os.path.basename(_first_word(cc))
+    head, sep, tail = name.rpartition("-")
+    return head + sep if sep and tail in _COMPILER_SUFFIXES else ""
+
+
+def cross_linker(toolchain: Path, env: Mapping[str, str]) -> Path | None:
+    """The toolchain's linker for CC's target (``LD`` from toolchain_env when given)."""
+    bin_dir = toolchain / "bin"
+    if env.get("LD"):
+        cands = [_first_word(env["LD"])]
+    else:
+        prefix = _target_prefix(env.get("CC", ""))
+        clang = "clang" in os.path.basename(_first_word(env.get("CC", "")))
+        lld = [f"{prefix}ld.lld", "ld.lld"]
+        bfd = [f"{prefix}ld", f"{prefix}ld.bfd"] if prefix else []
+        cands = lld + bfd if clang else bfd + lld
+    for cand in cands:
+        path = Path(cand) if os.path.isabs(cand) else bin_dir / cand
+        if path.exists() and path.name != "ld":
+            return path
+    return None
+
+
+def link_ld(toolchain: Path, env: Mapping[str, str]) -> Path | None:
+    """``bin/ld`` -> the cross linker, so nvidia-installer (which runs ``ld``) uses it.
+
+    A real ``bin/ld`` shipped by the toolchain is left alone; our own link is
+    refreshed. Returns the linker ``ld`` resolves to, or None if there is none.
+    """
+    ld = toolchain / "bin" / "ld"
+    if ld.exists() and not ld.is_symlink():
+        return ld
+    target = cross_linker(toolchain, env)
+    if target is None:
+        log.warning("toolchain_without_cross_linker", toolchain=str(toolchain),
+                    cc=env.get("CC"), hint="nvidia-installer will use the container's ld")
+        return None
+    rel = os.path.relpath(target, ld.parent)
+    if ld.is_symlink():
+        if os.readlink(ld) == rel:
+            return target
+        ld.unlink()
+    os.symlink(rel, ld)
+    log.info("toolchain_ld_linked", link=str(ld), target=rel)
+    return target
+
+
+def compile_env(toolchain: Path, env: Mapping[str, str], base_path: str) -> dict[str, str]:
+    """The environment nvidia-installer builds with: CC/CXX from toolchain_env, the
+    toolchain's bin first on PATH, SYSROOT when the toolchain has one."""
+    out = {k: env[k] for k in COMPILE_ENV_KEYS if env.get(k)}
+    ignored = sorted(set(env) - set(COMPILE_ENV_KEYS))
+    if ignored:
+        log.info("toolchain_env_ignored", keys=ignored)
+    out["PATH"] = f"{toolchain / 'bin'}:{base_path}"
+    sysroots = sorted(p for p in (toolchain / "usr").glob("*-linux-gnu") if p.is_dir())
+    if sysroots:
+        out["SYSROOT"] = str(sysroots[0])
+    # COS kernels are built without module versioning (no Module.symvers to check).
+    out["IGNORE_MISSING_MODULE_SYMVERS"] = "1"
+    return out
+
+
+def check_compiler(toolchain: Path, env: Mapping[str, str]) -> None:
+    cc = compiler_path(toolchain, env.get("CC", ""))
+    if not cc.exists():
+        raise BuildError(
+            f"the COS toolchain has no compiler {env.get('CC')!r} (looked for {cc})",
+            hint="toolchain_env and the toolchain archive of this build disagree; "
+            "remove the tools dir to fetch them again",
+            path=str(cc),
+        )
+    if not os.access(cc, os.X_OK):
+        raise BuildError(f"the COS compiler {cc} is not executable", path=str(cc))
+
+
+def ensure_exec(path: Path, runner: Runner) -> None:
+    """The toolchain runs from the tools dir: clear ``noexec`` on its mount if set
+    (hostPath mounts of /var on COS are noexec)."""
+    try:
+        noexec = bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
+    except OSError:
+        return
+    if not noexec:
+        return
+    log.info("tools_dir_remount_exec", path=str(path))
+    try:
+        runner.run(["mount", "--bind", path, path])
+        runner.run(["mount", "-o", "remount,bind,exec", path])
+    except CommandError as exc:
+        raise BuildError(
+            f"{path} is on a noexec mount and cannot be remounted exec: {exc.stderr_tail(2)}",
+            hint="mount the COS tools dir without noexec, or point --toolchain-dir "
+            "(COS_TOOLS_DIR_CONTAINER) at an exec mount",
+            path=str(path),
+        ) from exc
+
+
+def prune_other_builds(tools_dir: Path, keep_build_id: str) -> list[str]:
+    """Remove tools of other COS builds that we made (a node upgrade leaves them behind)."""
+    removed = []
+    try:
+        entries = list(tools_dir.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.name == keep_build_id or not _BUILD_DIR_RE.match(entry.name):
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        ours = any((entry / sub / MARKER).exists() for sub in ("toolchain", "kernel-headers"))
+        if ours:
+            remove_tree(entry)
+            removed.append(entry.name)
+    if removed:
+        log.info("build_tools_pruned", builds=removed, kept=keep_build_id)
+    return removed
