@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import asdict
 
 import structlog
 
-from installer import distros, status
+from installer import __version__, distros, readiness, status
 from installer.context import Context
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
@@ -18,7 +19,7 @@ from installer.kernel import KernelState
 from installer.lock import LOCK_HOST_PATH, HostLock
 from installer.osinfo import HostInfo, host_info_from_text
 from installer.plan import StepTiming, execute
-from installer.runner import Runner
+from installer.runner import CommandError, Runner
 from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -59,10 +60,14 @@ def run(settings: Settings) -> dict[str, object]:
     if settings.dry_run:
         plan = distro.plan(ctx)
         doc = {"dry_run": True, "host": ctx.host_info.to_dict(),
-               "install_dir": str(ctx.install.root), **plan.describe()}
+               "install_dir": str(ctx.install.root), **plan.describe(),
+               "readiness_file": str(readiness.READY_HOST_PATH)}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return {"outcome": "dry_run", "plan": plan.kind}
     with HostLock(ctx.host.path(LOCK_HOST_PATH), settings.lock_timeout_s):
+        # Consumers waiting on driver-ready must not start while the driver may change.
+        readiness.clear(ctx.host)
+        started_wall = time.time()
         timings: list[StepTiming] = []
         plan = None
         try:
@@ -71,14 +76,91 @@ def run(settings: Settings) -> dict[str, object]:
                      **plan.summary)
             execute(plan, ctx, timings)
         except InstallerError as exc:
+            exc.context.update(failure_details(ctx, exc.error_class, started_wall))
             _record(ctx, started, timings, plan, outcome="error", error_class=exc.error_class,
                     exit_code=int(exc.exit_code), message=exc.message, hint=exc.hint,
                     context=exc.context)
             raise
+        except Exception as exc:  # a bug: still leave a status a person can find
+            _record(ctx, started, timings, plan, outcome="error", error_class="internal",
+                    exit_code=1, message=f"{type(exc).__name__}: {exc}",
+                    hint="this is a bug in the installer: report it with the traceback")
+            raise
         gpus = ctx.facts.get("gpus", [])
         outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
                           gpus=[asdict(g) for g in gpus])
+        if "gpus" in ctx.facts:  # set by the verify step: no readiness for --preload
+            _write_ready(ctx, plan, len(gpus))
     return outcome
+
+
+def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
+    """driver-ready, written last: everything above verified the driver."""
+    module_type = ctx.facts.get("kernel_module_type") or plan.summary.get("kernel_module_type")
+    readiness.write(ctx.host, readiness.ready_fields(
+        driver_version=plan.summary.get("driver_version"),
+        install_dir_host=ctx.install.host_path,
+        kernel_release=ctx.host_info.kernel_release,
+        plan=plan.kind,
+        module_type=module_type,
+        gpu_count=gpu_count,
+        persistence_mode=ctx.facts.get("persistence_mode", "off"),
+        installer_version=__version__,
+    ))
+
+
+# Failure classes where the kernel's own log usually says why.
+KERNEL_LOG_CLASSES = {"module_load", "verify", "secure_boot", "build", "internal"}
+KERNEL_LOG_PATTERN = re.compile(
+    r"nvidia|nvrm|xid|module|lockdown|secure ?boot|signature|taint|firmware", re.IGNORECASE)
+TAIL_LINES = 20
+
+
+def installer_log_tail(ctx: Context, since_wall: float) -> list[str]:
+    """Last lines of the nvidia-installer.log this run wrote (not an older run's)."""
+    install = ctx.install
+    candidates = [install.staging_dir / "nvidia-installer.log",
+                  install.installer_log.with_name("nvidia-installer.failed.log"),
+                  install.installer_log,
+                  install.staging_dir / "installer-output.log"]
+    fresh = []
+    for path in candidates:
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        if mtime >= since_wall - 1:
+            fresh.append((mtime, path))
+    if not fresh:
+        return []
+    path = max(fresh)[1]
+    lines = path.read_text(errors="replace").rstrip().splitlines()[-TAIL_LINES:]
+    return [f"({path.name})", *lines]
+
+
+def kernel_log_tail(runner: Runner) -> list[str]:
+    """The kernel log's relevant tail (``dmesg --ctime``), or why it cannot be read."""
+    try:
+        result = runner.run(["dmesg", "--ctime"], timeout=10, check=False)
+    except CommandError as exc:
+        return [f"(kernel log not readable: {exc.reason})"]
+    if result.returncode != 0:
+        why = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
+        return [f"(kernel log not readable: {why})"]
+    lines = result.stdout.rstrip().splitlines()
+    relevant = [ln for ln in lines if KERNEL_LOG_PATTERN.search(ln)]
+    return relevant[-TAIL_LINES:] if relevant else lines[-10:]
+
+
+def failure_details(ctx: Context, error_class: str, since_wall: float) -> dict[str, list[str]]:
+    """What goes into the final event and status.json next to the error itself."""
+    details: dict[str, list[str]] = {}
+    tail = installer_log_tail(ctx, since_wall)
+    if tail:
+        details["installer_log_tail"] = tail
+    if error_class in KERNEL_LOG_CLASSES:
+        details["kernel_log_tail"] = kernel_log_tail(ctx.runner)
+    return details
 
 
 def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fields) -> dict:
@@ -94,4 +176,10 @@ def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fie
     }
     if ctx.install.root.is_dir():
         status.write(ctx.install.status_file, **doc)
+    if ctx.settings.metrics_file is not None:
+        readiness.write_metrics(ctx.host, ctx.settings.metrics_file, readiness.format_metrics(
+            outcome=doc["outcome"], exit_code=doc["exit_code"], duration_s=doc["duration_s"],
+            driver_version=doc["driver_version"], plan=doc["plan"],
+            kernel_release=ctx.host_info.kernel_release, error_class=doc.get("error_class"),
+        ))
     return doc
