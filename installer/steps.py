@@ -141,8 +141,9 @@ def device_nodes(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
         tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
         verify.create_device_nodes(tree, ctx.kernel, ctx.runner)
+        _create_dev_char_links(ctx)
 
-    return Step("device_nodes", run, "nvidia-modprobe -c0 -u -m")
+    return Step("device_nodes", run, "nvidia-modprobe -c0 -u -m; /dev/char/<major>:<minor> links")
 
 
 def verify_staged(version: str | None = None) -> Step:
@@ -233,21 +234,18 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
                 "kernel modules")
 
 
-def dev_char_symlinks() -> Step:
-    def run(ctx: Context) -> None:
-        try:
-            devchar.create(ctx.kernel.dev_dir)
-        except OSError as exc:
-            raise VerifyError(
-                f"could not create the /dev/char symlinks: {exc}",
-                hint="the container needs the host's /dev mounted read-write; without the links "
-                "GPU containers lose access after a systemctl daemon-reload "
-                "(\"Failed to initialize NVML: Unknown Error\")",
-                path=str(ctx.kernel.dev_dir / "char"),
-            ) from exc
-
-    return Step("dev_char_symlinks", run,
-                "/dev/char/<major>:<minor> -> ../nvidia* (keeps NVML working after daemon-reload)")
+def _create_dev_char_links(ctx: Context) -> None:
+    """Part of every device_nodes step, so every flow gets them (NVML after daemon-reload)."""
+    try:
+        devchar.create(ctx.kernel.dev_dir)
+    except OSError as exc:
+        raise VerifyError(
+            f"could not create the /dev/char symlinks: {exc}",
+            hint="the container needs the host's /dev mounted read-write; without the links "
+            "GPU containers lose access after a systemctl daemon-reload "
+            "(\"Failed to initialize NVML: Unknown Error\")",
+            path=str(ctx.kernel.dev_dir / "char"),
+        ) from exc
 
 
 def persistence_mode() -> Step:
