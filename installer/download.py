@@ -1,0 +1,885 @@
+"""Artifact downloads: stream, sha256 while streaming, resume with Range, temp + rename.
+
+``download()`` fetches one artifact to ``dest``:
+
+- ``https://`` (``http://`` only with ``allow_insecure_http``): a streamed GET
+  with ``Accept-Encoding: identity`` and the policy's connect/read timeouts;
+  each chunk is hashed and written to ``.<name>.part`` next to ``dest``. When
+  the body is complete the file is fsynced, its sha256 checked against
+  ``expected_sha256`` (if given) and only then renamed onto ``dest``; the
+  directory is fsynced too. So ``dest`` is either absent, the previous file,
+  or the complete verified new file -- never a partial one.
+- A connection lost mid-body is resumed with ``Range: bytes=<n>-`` (plus
+  ``If-Range`` when the server gave a validator). Only a 206 whose
+  ``Content-Range`` starts at ``n`` (and agrees on the total) is appended; the
+  running sha256 carries on, so nothing is re-read. A 200 to a Range request
+  (the server ignores ranges, or the resource changed) restarts cleanly from 0
+  on that same response; a 416 or a mismatched ``Content-Range`` restarts
+  from 0 with a fresh request.
+- Transient failures are retried per :mod:`installer.retry`; 401/403/404 and
+  other 4xx fail at once with :class:`DownloadError`.
+- ``file://`` URLs (air-gapped nodes, pre-staged artifacts) are copied and
+  hashed in one pass, with the same temp + verify + rename.
+
+Disk: when the size is known, free space in ``dest``'s directory must cover
+what is still to come plus ``min_free_bytes`` (:class:`DiskSpaceError`,
+exit 11); ENOSPC while writing is a ``DiskSpaceError`` too. Any failure
+removes the ``.part`` file.
+
+URLs are logged and put in error messages with credentials removed
+(``https://***@host/path?sig=***``, see :func:`redact_url`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import shutil
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+import requests
+import requests.adapters
+import structlog
+
+from installer import __version__, retry
+from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
+from installer.progress import Progress
+from installer.retry import IncompleteBodyError, RetryPolicy, TransientHTTPError
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "CHUNK_SIZE",
+    "DownloadJob",
+    "Downloaded",
+    "check_url_scheme",
+    "download",
+    "download_all",
+    "fetch_text",
+    "make_session",
+    "redact_url",
+]
+
+#: Bytes read, hashed and written per step (see bench/download.py for the choice).
+CHUNK_SIZE = 1 << 20
+#: Upper bound of one socket read (a TLS record is at most 16 KiB anyway).
+_READ_SIZE = 64 * 1024
+
+MB = 1e6
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    """A complete, verified artifact at ``path``.
+
+    ``resumed_bytes``: bytes kept from earlier attempts instead of fetched again
+    (the sum of the offsets of accepted Range resumes; 0 without a resume).
+    ``url`` is the redacted URL.
+    """
+
+    path: Path
+    sha256: str
+    size: int
+    url: str
+    resumed_bytes: int
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class DownloadJob:
+    """One artifact for :func:`download_all` (the extra fields default as in ``download``)."""
+
+    url: str
+    dest: Path
+    expected_sha256: str | None = None
+    label: str | None = None
+    allow_insecure_http: bool = False
+    policy: RetryPolicy | None = None
+    min_free_bytes: int = 0
+
+
+# --------------------------------------------------------------------------- URLs
+
+
+def redact_url(url: str) -> str:
+    """``url`` without secrets: userinfo becomes ``***@``, query values ``***``, no fragment."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        netloc = "***@" + host + (f":{port}" if port is not None else "")
+    query = parts.query
+    if query:
+        query = "&".join(
+            (piece.split("=", 1)[0] + "=***") if "=" in piece else piece for piece in query.split("&")
+        )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _scrubber(url: str) -> Callable[[str], str]:
+    """A function removing ``url``'s secrets from any text (e.g. an exception message)."""
+    secrets: list[str] = []
+    try:
+        parts = urlsplit(url)
+        if parts.query:
+            secrets.append(parts.query)
+            secrets.append(unquote(parts.query))
+            for _, value in parse_qsl(parts.query, keep_blank_values=False):
+                secrets.append(value)
+            for piece in parts.query.split("&"):
+                if "=" in piece:
+                    secrets.append(piece.split("=", 1)[1])
+        if parts.password:
+            secrets += [parts.password, unquote(parts.password)]
+        if parts.username:  # a user name, or a token passed as one
+            secrets += [parts.username, unquote(parts.username)]
+    except ValueError:
+        pass
+    pairs = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+
+    def scrub(text: str) -> str:
+        for secret in pairs:
+            text = text.replace(secret, "***")
+        return text
+
+    return scrub
+
+
+def _local_path(url: str) -> Path:
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise UsageError(
+            f"file URL {redact_url(url)} names host {parts.netloc!r}",
+            hint="use file:///absolute/path (three slashes)",
+            url=redact_url(url),
+        )
+    return Path(urllib.request.url2pathname(parts.path))
+
+
+def check_url_scheme(url: str, *, allow_insecure_http: bool) -> None:
+    """Accept ``https://`` and ``file://``; ``http://`` only when allowed; refuse the rest."""
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError as exc:
+        raise UsageError(f"invalid URL {shown}: {exc}", url=shown) from exc
+    scheme = parts.scheme.lower()
+    if scheme == "https":
+        if not host:
+            raise UsageError(f"URL {shown} has no host", url=shown)
+        return
+    if scheme == "file":
+        _local_path(url)
+        return
+    if scheme == "http":
+        if not allow_insecure_http:
+            raise UsageError(
+                f"refusing plain http URL {shown}: use https:// or pass "
+                "--allow-insecure-http (ALLOW_INSECURE_HTTP=1)",
+                hint="artifacts fetched over http can be altered in transit; "
+                "prefer https, or pin --driver-sha256",
+                url=shown,
+            )
+        if not host:
+            raise UsageError(f"URL {shown} has no host", url=shown)
+        return
+    hint = "use an https:// or file:// URL"
+    if scheme == "gs":
+        hint = "use https://storage.googleapis.com/<bucket>/<object> instead of gs://"
+    what = f"scheme {scheme}://" if scheme else "no scheme"
+    raise UsageError(f"unsupported URL {shown} ({what})", hint=hint, url=shown)
+
+
+def _normalize_sha256(value: str | None) -> str | None:
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v.startswith("sha256:"):
+        v = v[len("sha256:") :]
+    if not _SHA256_RE.match(v):
+        raise UsageError(
+            f"expected sha256 {value!r} is not 64 hex digits",
+            hint="pass the hex SHA-256 of the file (sha256sum output, first column)",
+        )
+    return v
+
+
+# --------------------------------------------------------------------------- session
+
+
+def make_session(*, user_agent: str | None = None) -> requests.Session:
+    """A ``requests.Session`` for artifact downloads.
+
+    Honours ``HTTPS_PROXY``/``NO_PROXY`` and ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
+    as ``requests`` does (``trust_env``). ``requests`` ignores ``SSL_CERT_FILE``
+    (it uses certifi), so when neither of its own variables is set, a
+    ``SSL_CERT_FILE`` (or ``SSL_CERT_DIR``) is used as the trust store.
+    No adapter-level retries: :mod:`installer.retry` decides.
+    """
+    session = requests.Session()
+    session.trust_env = True
+    session.headers["User-Agent"] = (
+        user_agent or f"nvidia-driver-installer/{__version__} {requests.utils.default_user_agent()}"
+    )
+    if not (os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")):
+        for var in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+            value = os.environ.get(var)
+            if value and os.path.exists(value):
+                session.verify = value
+                break
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    return session
+
+
+# --------------------------------------------------------------------------- internals
+
+
+class _Cancelled(Exception):
+    """Another job of a :func:`download_all` failed; this one stops."""
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _mb(n: float) -> float:
+    return round(n / MB, 1)
+
+
+def _check_space(directory: Path, needed: int, min_free_bytes: int, *, shown: str) -> None:
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return  # cannot tell; ENOSPC while writing still gets caught
+    want = max(needed, 0) + max(min_free_bytes, 0)
+    if free < want:
+        raise DiskSpaceError(
+            f"not enough disk space in {directory} for {shown}: "
+            f"need {_mb(want)} MB ({_mb(needed)} MB download + {_mb(min_free_bytes)} MB reserve), "
+            f"{_mb(free)} MB available",
+            hint="free space on the node (or point the install dir elsewhere) and retry",
+            path=str(directory),
+            url=shown,
+            needed_bytes=want,
+            available_bytes=free,
+        )
+
+
+def _open_part(path: Path) -> BinaryIO:
+    """The temp file, truncated (a stale one from a killed run is discarded)."""
+    return open(path, "wb", buffering=0)  # noqa: SIM115 - closed by _Transfer
+
+
+class _Transfer:
+    """The temp file and running hash of one download, kept across attempts."""
+
+    def __init__(self, part: Path, dest: Path, shown: str) -> None:
+        self.part = part
+        self.dest = dest
+        self.shown = shown
+        self.fh = _open_part(part)
+        self.hasher = hashlib.sha256()
+        self.offset = 0
+        self.total: int | None = None
+        self.validator: str | None = None
+        self.resumed_bytes = 0
+
+    def reset(self) -> None:
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.hasher = hashlib.sha256()
+        self.offset = 0
+        self.total = None
+        self.validator = None
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        self.hasher.update(chunk)
+        view = memoryview(chunk)
+        try:
+            while view:
+                n = self.fh.write(view)
+                if n is None or n <= 0:  # cannot happen on a regular file; be safe
+                    raise OSError(errno.EIO, "short write")
+                view = view[n:]
+        except OSError as exc:
+            raise self._write_error(exc) from exc
+        self.offset += len(chunk)
+
+    def _write_error(self, exc: OSError) -> Exception:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return DiskSpaceError(
+                f"disk full while writing {self.dest} from {self.shown} after {_mb(self.offset)} MB",
+                hint="free space on the node and retry",
+                path=str(self.dest),
+                url=self.shown,
+            )
+        return DownloadError(
+            f"cannot write {self.part}: {exc.strerror or exc}", path=str(self.part), url=self.shown
+        )
+
+    def finish(self) -> str:
+        try:
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+        except OSError as exc:
+            raise self._write_error(exc) from exc
+        self.fh.close()
+        return self.hasher.hexdigest()
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self.fh.close()
+        try:
+            self.part.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("download_part_not_removed", path=str(self.part), error=str(exc))
+
+
+def _http_error(resp: requests.Response, shown: str) -> DownloadError:
+    status = resp.status_code
+    reason = resp.reason or ""
+    hint = None
+    if status == 404:
+        hint = "check the driver version and the URL (is that version published for this host?)"
+    elif status in (401, 403):
+        hint = "the server refused access: check the URL, its credentials or signature"
+    elif 300 <= status < 400:
+        hint = "the server answered with a redirect that was not followed"
+    return DownloadError(
+        f"HTTP {status} {reason} for {shown}".replace("  ", " "),
+        hint=hint,
+        url=shown,
+        status=status,
+    )
+
+
+def _check_final_url(resp: requests.Response, allow_insecure_http: bool, shown: str) -> None:
+    final = resp.url or ""
+    if final.lower().startswith("http://") and not allow_insecure_http:
+        raise DownloadError(
+            f"{shown} redirected to plain http URL {redact_url(final)}",
+            hint="use a URL that stays on https, or pass --allow-insecure-http",
+            url=shown,
+        )
+
+
+def _transient(resp: requests.Response) -> TransientHTTPError:
+    return TransientHTTPError(
+        resp.status_code,
+        resp.reason or "",
+        retry_after=retry.parse_retry_after(resp.headers.get("Retry-After")),
+    )
+
+
+def _content_length(resp: requests.Response) -> int | None:
+    enc = resp.headers.get("Content-Encoding", "identity").strip().lower()
+    if enc not in ("", "identity"):
+        return None
+    raw = resp.headers.get("Content-Length")
+    if raw is None or not raw.strip().isdigit():
+        return None
+    return int(raw)
+
+
+def _validator(resp: requests.Response) -> str | None:
+    etag = resp.headers.get("ETag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return resp.headers.get("Last-Modified")
+
+
+def _stream_body(
+    resp: requests.Response,
+    st: _Transfer,
+    progress: Progress,
+    cancel: threading.Event | None,
+) -> None:
+    """Copy the body into the temp file, CHUNK_SIZE bytes per hash+write.
+
+    Reads with ``read1`` (one socket read at a time) into a reused buffer, and
+    writes out whatever arrived even when the read fails, so a resume starts
+    exactly where the data ends (``iter_content`` would drop a partial chunk).
+    """
+    raw = resp.raw
+    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+    decode = encoding not in ("", "identity")
+    read1 = getattr(raw, "read1", None)
+    if read1 is None:  # pragma: no cover - urllib3 1.x: smaller chunks lose less on a drop
+        for chunk in resp.iter_content(_READ_SIZE):
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled()
+            st.write(chunk)
+            progress.advance(len(chunk))
+        return
+    buf = bytearray(CHUNK_SIZE)
+    view = memoryview(buf)
+    while True:
+        pos = 0
+        eof = False
+        try:
+            while pos < CHUNK_SIZE:
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled()
+                data = read1(min(CHUNK_SIZE - pos, _READ_SIZE), decode_content=decode)
+                if not data:
+                    eof = True
+                    break
+                n = len(data)
+                view[pos : pos + n] = data
+                pos += n
+        finally:
+            if pos:
+                st.write(view[:pos])
+                progress.advance(pos)
+        if eof:
+            return
+
+
+def _attempt_http(
+    session: requests.Session,
+    url: str,
+    st: _Transfer,
+    *,
+    policy: RetryPolicy,
+    progress: Progress,
+    cancel: threading.Event | None,
+    min_free_bytes: int,
+    allow_insecure_http: bool,
+) -> None:
+    """One attempt: one request (two if the server's answer forces a restart from 0)."""
+    shown = st.shown
+    for _ in range(2):
+        if cancel is not None and cancel.is_set():
+            raise _Cancelled()
+        asked = st.offset
+        headers = {"Accept-Encoding": "identity"}
+        if asked > 0:
+            headers["Range"] = f"bytes={asked}-"
+            if st.validator:
+                headers["If-Range"] = st.validator
+        resp = session.get(url, headers=headers, stream=True, timeout=policy.timeout)
+        with resp:
+            _check_final_url(resp, allow_insecure_http, shown)
+            status = resp.status_code
+            if status == 429 or 500 <= status <= 599:
+                raise _transient(resp)
+            if status == 416 and asked > 0:
+                log.warning("download_restart", url=shown, reason="range_not_satisfiable", offset=asked)
+                st.reset()
+                continue
+            if status == 200:
+                if asked > 0:
+                    log.warning("download_restart", url=shown, reason="range_ignored", offset=asked)
+                    st.reset()
+                total = _content_length(resp)
+                body_end = total
+                st.validator = _validator(resp)
+            elif status == 206:
+                m = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
+                start = int(m.group(1)) if m else -1
+                full = int(m.group(3)) if m and m.group(3) != "*" else None
+                if start != asked or (full is not None and st.total is not None and full != st.total):
+                    log.warning(
+                        "download_restart",
+                        url=shown,
+                        reason="content_range_mismatch",
+                        offset=asked,
+                        content_range=resp.headers.get("Content-Range"),
+                    )
+                    st.reset()
+                    continue
+                assert m is not None
+                body_end = int(m.group(2)) + 1
+                total = full if full is not None else st.total
+                if asked > 0:
+                    st.resumed_bytes += asked
+                    log.info("download_resumed", url=shown, offset=asked, total=total)
+            else:
+                raise _http_error(resp, shown)
+            st.total = total
+            if total is not None:
+                _check_space(st.dest.parent, total - st.offset, min_free_bytes, shown=shown)
+            progress.begin(offset=st.offset, total=total)
+            _stream_body(resp, st, progress, cancel)
+            if body_end is not None and st.offset < body_end:
+                raise IncompleteBodyError(st.offset, body_end)
+            if total is not None and st.offset < total:
+                # A 206 covering less than the rest: carry on from here next attempt.
+                raise IncompleteBodyError(st.offset, total)
+            if total is not None and st.offset > total:
+                st.reset()
+                raise IncompleteBodyError(st.offset, total)
+            return
+    raise DownloadError(
+        f"{shown}: the server answered a plain request with a partial response",
+        url=shown,
+    )
+
+
+def _finish(st: _Transfer, expected: str | None, *, label: str, started: float) -> Downloaded:
+    actual = st.finish()
+    if expected is not None and actual != expected:
+        raise IntegrityError(
+            f"sha256 mismatch for {st.shown}: expected {expected}, got {actual}",
+            hint="the file is corrupt or not the one expected; check the URL and --driver-sha256",
+            url=st.shown,
+            path=str(st.dest),
+            expected_sha256=expected,
+            actual_sha256=actual,
+        )
+    os.replace(st.part, st.dest)
+    _fsync_dir(st.dest.parent)
+    elapsed = time.monotonic() - started
+    result = Downloaded(
+        path=st.dest,
+        sha256=actual,
+        size=st.offset,
+        url=st.shown,
+        resumed_bytes=st.resumed_bytes,
+        elapsed_s=elapsed,
+    )
+    fetched = st.offset  # rate of what this run moved (not counting kept bytes)
+    log.info(
+        "download_finished",
+        url=st.shown,
+        label=label,
+        path=str(st.dest),
+        size=st.offset,
+        sha256=actual,
+        seconds=round(elapsed, 3),
+        mb_per_s=round(fetched / MB / elapsed, 2) if elapsed > 0 else None,
+        resumed_bytes=st.resumed_bytes,
+    )
+    return result
+
+
+def _copy_local(
+    src: Path,
+    st: _Transfer,
+    progress: Progress,
+    cancel: threading.Event | None,
+    min_free_bytes: int,
+) -> None:
+    try:
+        fh = open(src, "rb", buffering=0)  # noqa: SIM115
+    except FileNotFoundError as exc:
+        raise DownloadError(
+            f"{src} does not exist ({st.shown})",
+            hint="pre-stage the artifact at that path, or use an https:// URL",
+            path=str(src),
+            url=st.shown,
+        ) from exc
+    except OSError as exc:
+        raise DownloadError(f"cannot read {src}: {exc.strerror or exc}", path=str(src), url=st.shown) from exc
+    with fh:
+        try:
+            size = os.fstat(fh.fileno()).st_size
+            if not os.path.isfile(src):
+                raise IsADirectoryError(errno.EISDIR, "not a regular file")
+            _check_space(st.dest.parent, size, min_free_bytes, shown=st.shown)
+            st.total = size
+            progress.begin(offset=0, total=size)
+            buf = bytearray(CHUNK_SIZE)
+            view = memoryview(buf)
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled()
+                n = fh.readinto(buf)
+                if not n:
+                    break
+                st.write(view[:n])
+                progress.advance(n)
+        except (DiskSpaceError, DownloadError, _Cancelled):
+            raise
+        except OSError as exc:
+            raise DownloadError(
+                f"cannot read {src}: {exc.strerror or exc}", path=str(src), url=st.shown
+            ) from exc
+
+
+def _download(
+    session: requests.Session | None,
+    url: str,
+    dest: Path,
+    *,
+    expected_sha256: str | None,
+    allow_insecure_http: bool,
+    policy: RetryPolicy | None,
+    min_free_bytes: int,
+    label: str | None,
+    cancel: threading.Event | None,
+) -> Downloaded:
+    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    expected = _normalize_sha256(expected_sha256)
+    dest = Path(dest)
+    shown = redact_url(url)
+    label = label or dest.name
+    scheme = urlsplit(url).scheme.lower()
+    if policy is None:
+        policy = retry.policy_from_env()
+    started = time.monotonic()
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DownloadError(
+            f"cannot create {dest.parent}: {exc.strerror or exc}", path=str(dest.parent)
+        ) from exc
+    part = dest.with_name(f".{dest.name}.part")
+    log.info("download_started", url=shown, label=label, dest=str(dest), expected_sha256=expected)
+    try:
+        st = _Transfer(part, dest, shown)
+    except OSError as exc:
+        raise DownloadError(
+            f"cannot create {part}: {exc.strerror or exc}", path=str(part), url=shown
+        ) from exc
+    progress = Progress(label=label, url=shown)
+    try:
+        if scheme == "file":
+            _copy_local(_local_path(url), st, progress, cancel, min_free_bytes)
+        else:
+            if session is None:
+                raise UsageError("an HTTP session is needed for " + shown)
+            scrub = _scrubber(url)
+            retryer = retry.network_retryer(
+                policy,
+                url=shown,
+                redact=scrub,
+                sleep_fn=(lambda s: cancel.wait(s)) if cancel is not None else None,
+            )
+            try:
+                retryer(
+                    _attempt_http,
+                    session,
+                    url,
+                    st,
+                    policy=policy,
+                    progress=progress,
+                    cancel=cancel,
+                    min_free_bytes=min_free_bytes,
+                    allow_insecure_http=allow_insecure_http,
+                )
+            except requests.RequestException as exc:
+                # Not transient (e.g. an untrusted certificate, too many redirects).
+                raise _request_error(exc, shown, scrub) from exc
+        progress.close()
+        return _finish(st, expected, label=label, started=started)
+    except BaseException:
+        progress.close()
+        st.discard()
+        raise
+
+
+def _request_error(exc: BaseException, shown: str, scrub: Callable[[str], str]) -> DownloadError:
+    cause = retry.describe_cause(exc, scrub)
+    hint = None
+    if isinstance(exc, requests.exceptions.SSLError):
+        hint = (
+            "the server's certificate is not trusted: set REQUESTS_CA_BUNDLE "
+            "(or SSL_CERT_FILE) to the CA bundle that signs it"
+        )
+    elif isinstance(exc, requests.exceptions.TooManyRedirects):
+        hint = "the URL redirects in a loop"
+    return DownloadError(f"download of {shown} failed: {cause}", hint=hint, url=shown)
+
+
+# --------------------------------------------------------------------------- API
+
+
+def download(
+    session: requests.Session,
+    url: str,
+    dest: Path,
+    *,
+    expected_sha256: str | None = None,
+    allow_insecure_http: bool = False,
+    policy: RetryPolicy | None = None,
+    min_free_bytes: int = 0,
+    label: str | None = None,
+) -> Downloaded:
+    """Fetch ``url`` to ``dest`` (see the module docstring). ``policy=None``: the
+    environment-adjusted :data:`installer.retry.NETWORK`."""
+    return _download(
+        session,
+        url,
+        dest,
+        expected_sha256=expected_sha256,
+        allow_insecure_http=allow_insecure_http,
+        policy=policy,
+        min_free_bytes=min_free_bytes,
+        label=label,
+        cancel=None,
+    )
+
+
+def fetch_text(
+    session: requests.Session,
+    url: str,
+    *,
+    allow_insecure_http: bool = False,
+    policy: RetryPolicy | None = None,
+    max_bytes: int = 1 << 20,
+) -> str | None:
+    """A small text document (e.g. a COS ``gpu_default_version`` file), or None on 404.
+
+    A missing ``file://`` path is None too. Larger than ``max_bytes``, not UTF-8,
+    or any other failure: :class:`DownloadError`.
+    """
+    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    shown = redact_url(url)
+    if urlsplit(url).scheme.lower() == "file":
+        path = _local_path(url)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(max_bytes + 1)
+        except FileNotFoundError:
+            log.info("fetch_text_missing", url=shown)
+            return None
+        except OSError as exc:
+            raise DownloadError(
+                f"cannot read {path}: {exc.strerror or exc}", path=str(path), url=shown
+            ) from exc
+        return _decode_text(data, max_bytes, shown)
+
+    if policy is None:
+        policy = retry.policy_from_env()
+    scrub = _scrubber(url)
+
+    def attempt() -> bytes | None:
+        resp = session.get(url, stream=True, timeout=policy.timeout)
+        with resp:
+            _check_final_url(resp, allow_insecure_http, shown)
+            status = resp.status_code
+            if status == 404:
+                return None
+            if status == 429 or 500 <= status <= 599:
+                raise _transient(resp)
+            if status != 200:
+                raise _http_error(resp, shown)
+            buf = bytearray()
+            for chunk in resp.iter_content(64 * 1024):
+                buf += chunk
+                if len(buf) > max_bytes:
+                    break
+            return bytes(buf)
+
+    try:
+        data = retry.network_retryer(policy, url=shown, redact=scrub)(attempt)
+    except requests.RequestException as exc:
+        raise _request_error(exc, shown, scrub) from exc
+    if data is None:
+        log.info("fetch_text_missing", url=shown, status=404)
+        return None
+    return _decode_text(data, max_bytes, shown)
+
+
+def _decode_text(data: bytes, max_bytes: int, shown: str) -> str:
+    if len(data) > max_bytes:
+        raise DownloadError(
+            f"{shown} is larger than {max_bytes} bytes; expected a small text file", url=shown
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DownloadError(f"{shown} is not UTF-8 text", url=shown) from exc
+
+
+def download_all(
+    session: requests.Session, jobs: Sequence[DownloadJob], *, max_workers: int = 4
+) -> list[Downloaded]:
+    """Run independent downloads in parallel threads; results in ``jobs`` order.
+
+    The first failure stops the others (queued jobs never start; running ones
+    stop at their next chunk or wait, removing their temp files) and is raised.
+    """
+    jobs = list(jobs)
+    if not jobs:
+        return []
+    dests = [Path(j.dest).resolve() for j in jobs]
+    if len(set(dests)) != len(dests):
+        raise UsageError(
+            "two downloads target the same file",
+            path=str(next(d for d in dests if dests.count(d) > 1)),
+        )
+    cancel = threading.Event()
+    lock = threading.Lock()
+    errors: list[BaseException] = []  # errors[0]: the first real failure
+
+    def run(job: DownloadJob) -> Downloaded:
+        # Checked here too: a worker freed by the failing job must not start the next one.
+        if cancel.is_set():
+            raise _Cancelled()
+        try:
+            return _download(
+                session,
+                job.url,
+                Path(job.dest),
+                expected_sha256=job.expected_sha256,
+                allow_insecure_http=job.allow_insecure_http,
+                policy=job.policy,
+                min_free_bytes=job.min_free_bytes,
+                label=job.label,
+                cancel=cancel,
+            )
+        except _Cancelled:
+            raise
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+                cancel.set()  # before this future completes, so nothing new starts
+            raise
+
+    workers = max(1, min(max_workers, len(jobs)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="download") as pool:
+        futures = [pool.submit(run, job) for job in jobs]
+        try:
+            for fut in as_completed(futures):
+                if fut.exception() is not None:
+                    break
+        except BaseException as exc:  # e.g. KeyboardInterrupt in the waiting thread
+            with lock:
+                errors.insert(0, exc)
+                cancel.set()
+        if cancel.is_set():
+            for fut in futures:
+                fut.cancel()
+            log.warning(
+                "download_all_cancelled",
+                failed=type(errors[0]).__name__ if errors else None,
+                pending=sum(1 for f in futures if not f.done()),
+            )
+    if errors:
+        raise errors[0]
+    return [fut.result() for fut in futures]

@@ -1,0 +1,392 @@
+"""Named retry policies for network I/O (tenacity), transient failures only.
+
+A :class:`RetryPolicy` says how often and how long to try; :func:`network_retryer`
+turns one into a ``tenacity.Retrying`` that retries only what can succeed on a
+second try:
+
+- connection errors (refused, reset, DNS, proxy), TLS errors other than a
+  certificate that does not verify, connect and read timeouts, a body cut
+  short (``ChunkedEncodingError``, incomplete body);
+- HTTP 429 and 5xx (:class:`TransientHTTPError`), waiting what ``Retry-After``
+  asks (delta-seconds or an HTTP-date), capped by ``wait_max``.
+
+Never retried: other 4xx, checksum mismatches, full disks, usage errors, i.e.
+every :class:`~installer.errors.InstallerError`. Those propagate unchanged.
+
+Between attempts the wait grows exponentially from ``wait_initial`` up to
+``wait_max`` with jitter, and an event ``download_retry`` (attempt, wait_s,
+cause) is logged. Giving up raises :class:`~installer.errors.DownloadError`
+saying which limit ran out (attempts or total time) and the last cause.
+
+``total_timeout`` bounds when a *new* attempt may start (no attempt begins,
+and no wait is slept, past it); an attempt that is streaming data is not cut
+off by it -- a stalled one is cut off by ``read_timeout``.
+
+Environment knobs (read when a default policy is asked for, i.e. each call to
+:func:`policy_from_env`; ``download(policy=None)`` does that):
+
+``DOWNLOAD_RETRIES``
+    number of attempts (an integer >= 1) instead of ``NETWORK.attempts``.
+``DOWNLOAD_TIMEOUT``
+    total seconds (a number > 0) instead of ``NETWORK.total_timeout``.
+
+Invalid values raise :class:`~installer.errors.UsageError` (exit 2).
+:data:`NETWORK` itself is the environment-adjusted policy as seen at import
+(plain defaults if the variables were invalid then).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import requests
+import structlog
+import tenacity
+import urllib3.exceptions
+
+from installer.errors import DownloadError, InstallerError, UsageError
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "NETWORK",
+    "NETWORK_DEFAULTS",
+    "IncompleteBodyError",
+    "RetryPolicy",
+    "TransientHTTPError",
+    "describe_cause",
+    "is_transient",
+    "network_retryer",
+    "parse_retry_after",
+    "policy_from_env",
+]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to try a network operation (all times in seconds)."""
+
+    attempts: int
+    wait_initial: float
+    wait_max: float
+    total_timeout: float
+    connect_timeout: float
+    read_timeout: float
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
+        for name in ("wait_initial", "wait_max", "total_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        for name in ("connect_timeout", "read_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+    @property
+    def timeout(self) -> tuple[float, float]:
+        """``(connect, read)`` as ``requests`` takes it."""
+        return (self.connect_timeout, self.read_timeout)
+
+
+NETWORK_DEFAULTS = RetryPolicy(
+    attempts=6,
+    wait_initial=1.0,
+    wait_max=30.0,
+    total_timeout=600.0,
+    connect_timeout=10.0,
+    read_timeout=60.0,
+)
+
+ENV_RETRIES = "DOWNLOAD_RETRIES"
+ENV_TIMEOUT = "DOWNLOAD_TIMEOUT"
+
+
+def policy_from_env(
+    base: RetryPolicy = NETWORK_DEFAULTS, environ: Mapping[str, str] | None = None
+) -> RetryPolicy:
+    """``base`` with ``DOWNLOAD_RETRIES`` / ``DOWNLOAD_TIMEOUT`` applied.
+
+    Raises UsageError naming the variable when a value is not valid.
+    """
+    env = os.environ if environ is None else environ
+    changes: dict[str, Any] = {}
+    raw = env.get(ENV_RETRIES, "").strip()
+    if raw:
+        try:
+            attempts = int(raw)
+        except ValueError:
+            attempts = 0
+        if attempts < 1:
+            raise UsageError(
+                f"{ENV_RETRIES}={raw!r} is not a valid number of attempts",
+                hint="set it to an integer >= 1 (1 means no retry)",
+            )
+        changes["attempts"] = attempts
+    raw = env.get(ENV_TIMEOUT, "").strip()
+    if raw:
+        try:
+            total = float(raw)
+        except ValueError:
+            total = -1.0
+        if not total > 0 or total == float("inf"):
+            raise UsageError(
+                f"{ENV_TIMEOUT}={raw!r} is not a valid total timeout",
+                hint="set it to a number of seconds > 0",
+            )
+        changes["total_timeout"] = total
+    return replace(base, **changes) if changes else base
+
+
+def _network_at_import() -> RetryPolicy:
+    try:
+        return policy_from_env()
+    except UsageError:
+        return NETWORK_DEFAULTS
+
+
+NETWORK: RetryPolicy = _network_at_import()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class TransientHTTPError(Exception):
+    """A 429 or 5xx answer: worth another try, after ``retry_after`` if given."""
+
+    def __init__(self, status: int, reason: str = "", *, retry_after: float | None = None):
+        self.status = status
+        self.reason = reason
+        self.retry_after = retry_after
+        text = f"HTTP {status}"
+        if reason:
+            text += f" {reason}"
+        if retry_after is not None:
+            text += f" (Retry-After {retry_after:g}s)"
+        super().__init__(text)
+
+
+class IncompleteBodyError(Exception):
+    """The connection ended before the announced length was received."""
+
+    def __init__(self, received: int, expected: int):
+        self.received = received
+        self.expected = expected
+        super().__init__(f"body ended after {received} of {expected} bytes")
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date).
+
+    None when absent or unparseable; never negative.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    current = now if now is not None else datetime.now(UTC)
+    return max(0.0, (when - current).total_seconds())
+
+
+def _cert_verify_failure(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ssl.SSLCertVerificationError):
+            return True
+        if "CERTIFICATE_VERIFY_FAILED" in str(cur):
+            return True
+        for arg in getattr(cur, "args", ()):
+            if isinstance(arg, BaseException) and id(arg) not in seen and _cert_verify_failure(arg):
+                return True
+            reason = getattr(arg, "reason", None)
+            if isinstance(reason, BaseException) and _cert_verify_failure(reason):
+                return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures that another attempt may get past."""
+    if isinstance(exc, InstallerError):
+        return False
+    if isinstance(exc, (TransientHTTPError, IncompleteBodyError)):
+        return True
+    if isinstance(exc, (requests.exceptions.SSLError, urllib3.exceptions.SSLError, ssl.SSLError)):
+        # An untrusted certificate will not become trusted by waiting.
+        return not _cert_verify_failure(exc)
+    if isinstance(
+        exc,
+        (
+            requests.exceptions.ConnectionError,  # includes ProxyError, ConnectTimeout
+            requests.exceptions.Timeout,
+            requests.exceptions.ChunkedEncodingError,
+            # Raised by reads from the body (resp.raw) directly:
+            urllib3.exceptions.ProtocolError,
+            urllib3.exceptions.ReadTimeoutError,
+            urllib3.exceptions.IncompleteRead,
+        ),
+    ):
+        return True
+    # A socket reset surfacing raw from a read.
+    return isinstance(exc, (ConnectionResetError, ConnectionAbortedError, TimeoutError))
+
+
+def describe_cause(exc: BaseException, redact: Callable[[str], str] | None = None) -> str:
+    """One line naming the failure (``ReadTimeout: ...``), secrets removed by ``redact``."""
+    text = str(exc) or exc.__class__.__name__
+    text = " ".join(text.split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    if redact is not None:
+        text = redact(text)
+    if isinstance(exc, TransientHTTPError):
+        return text
+    return f"{exc.__class__.__name__}: {text}"
+
+
+# --------------------------------------------------------------------------- retryer
+
+
+def sleep(seconds: float) -> None:
+    """The sleep between attempts (tests replace this module attribute)."""
+    time.sleep(seconds)
+
+
+class _Wait:
+    """Exponential backoff with jitter; ``Retry-After`` wins when the server sent one."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        p = self.policy
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None and outcome.failed else None
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            return float(min(max(retry_after, 0.0), p.wait_max))
+        n = max(retry_state.attempt_number, 1)
+        base = min(p.wait_max, p.wait_initial * (2 ** (n - 1)))
+        # "Equal jitter": at least half the backoff, spread over the other half.
+        return base / 2 + random.uniform(0, base / 2)  # noqa: S311 - not crypto
+
+
+class _Stop:
+    """Stop when the attempts are used up, or when the next attempt would start too late."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+
+    def limit_reached(self, retry_state: tenacity.RetryCallState) -> str | None:
+        p = self.policy
+        if retry_state.attempt_number >= p.attempts:
+            return "attempts"
+        elapsed = retry_state.seconds_since_start or 0.0
+        upcoming = getattr(retry_state, "upcoming_sleep", 0.0) or 0.0
+        if elapsed + upcoming >= p.total_timeout:
+            return "total_timeout"
+        return None
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.limit_reached(retry_state) is not None
+
+
+def network_retryer(
+    policy: RetryPolicy,
+    *,
+    url: str | None = None,
+    redact: Callable[[str], str] | None = None,
+    sleep_fn: Callable[[float], Any] | None = None,
+) -> tenacity.Retrying:
+    """A ``tenacity.Retrying`` for ``policy`` that retries transient failures only.
+
+    ``url`` (already redacted, or give ``redact``) is named in the log events and
+    in the final error. ``sleep_fn`` replaces the sleep between attempts (e.g. an
+    ``Event.wait`` so a cancelled job stops waiting).
+    """
+    shown_url = redact(url) if (url is not None and redact is not None) else url
+    stop = _Stop(policy)
+
+    def before_sleep(retry_state: tenacity.RetryCallState) -> None:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        log.warning(
+            "download_retry",
+            url=shown_url,
+            attempt=retry_state.attempt_number,
+            attempts=policy.attempts,
+            wait_s=round(retry_state.upcoming_sleep, 3),
+            cause=describe_cause(exc, redact) if exc is not None else None,
+        )
+
+    def give_up(retry_state: tenacity.RetryCallState) -> Any:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        which = stop.limit_reached(retry_state) or "attempts"
+        elapsed = retry_state.seconds_since_start or 0.0
+        cause = describe_cause(exc, redact) if exc is not None else "unknown"
+        if which == "attempts":
+            limit = f"attempt limit reached ({policy.attempts} attempts, {ENV_RETRIES})"
+        else:
+            limit = (
+                f"total timeout reached ({policy.total_timeout:g}s, {ENV_TIMEOUT}) "
+                f"after {retry_state.attempt_number} attempts"
+            )
+        target = f" {shown_url}" if shown_url else ""
+        hint = None
+        if isinstance(exc, TransientHTTPError):
+            hint = "the server keeps failing; try again later or use a mirror"
+        elif exc is not None:
+            hint = "check network access, proxy settings (HTTPS_PROXY) and DNS from the node"
+        log.error(
+            "download_gave_up",
+            url=shown_url,
+            limit=which,
+            attempts=retry_state.attempt_number,
+            elapsed_s=round(elapsed, 3),
+            cause=cause,
+        )
+        raise DownloadError(
+            f"giving up on{target}: {limit}; last error: {cause}",
+            hint=hint,
+            url=shown_url,
+            limit=which,
+            attempts=retry_state.attempt_number,
+        ) from exc
+
+    def do_sleep(seconds: float) -> None:
+        if sleep_fn is not None:
+            sleep_fn(seconds)
+        else:
+            sleep(seconds)  # looked up at call time, so tests can replace it
+
+    return tenacity.Retrying(
+        stop=stop,
+        wait=_Wait(policy),
+        retry=tenacity.retry_if_exception(is_transient),
+        before_sleep=before_sleep,
+        retry_error_callback=give_up,
+        sleep=do_sleep,
+        reraise=True,
+    )

@@ -1,0 +1,871 @@
+"""installer.download against a real HTTPS server on 127.0.0.1 (private trustme CA).
+
+The server is pytest-httpserver (werkzeug) with TLS; Range answers come from
+werkzeug's own ``make_conditional``. Drops are a response body generator that
+raises after N bytes (the server closes the connection mid-body); stalls are a
+generator that sleeps past the client's read timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import ssl
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import trustme
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pytest_httpserver import HTTPServer
+from structlog.testing import capture_logs
+from werkzeug import Request, Response
+
+from installer import download as dl
+from installer import retry
+from installer.download import DownloadJob, check_url_scheme, download, download_all, fetch_text
+from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
+from installer.progress import Progress
+from installer.retry import RetryPolicy
+
+REPO = Path(__file__).resolve().parent.parent
+
+FAST = RetryPolicy(
+    attempts=4,
+    wait_initial=0.01,
+    wait_max=0.05,
+    total_timeout=30,
+    connect_timeout=3,
+    read_timeout=3,
+)
+
+PAYLOAD = random.Random(1234).randbytes(300_000)
+PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
+
+_ENV_TO_CLEAR = (
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "DOWNLOAD_RETRIES",
+    "DOWNLOAD_TIMEOUT",
+)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def ca_bundle(ca, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ca") / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def https_server(ca):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
+    server = HTTPServer(host="127.0.0.1", port=0, ssl_context=ctx, threaded=True)
+    server.start()
+    yield server
+    server.clear()
+    server.stop()
+
+
+@pytest.fixture
+def server(https_server):
+    https_server.clear()
+    yield https_server
+    https_server.clear()
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in _ENV_TO_CLEAR:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def session(clean_env, ca_bundle):
+    s = dl.make_session()
+    s.verify = str(ca_bundle)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def no_sleep(monkeypatch):
+    """Record the waits the retryer asks for instead of sleeping them."""
+    waits: list[float] = []
+    monkeypatch.setattr(retry, "sleep", waits.append)
+    return waits
+
+
+def ranged(request: Request, payload: bytes = PAYLOAD) -> Response:
+    """werkzeug's own Range handling (206 + Content-Range, 416)."""
+    return Response(payload, mimetype="application/octet-stream").make_conditional(
+        request, accept_ranges=True, complete_length=len(payload)
+    )
+
+
+def dropping(payload: bytes, drop_at: int, *, start: int = 0, stall_s: float = 0.0) -> Response:
+    """A body announced in full that stops after ``drop_at`` bytes (connection closed)."""
+
+    def body():
+        yield payload[start:drop_at]
+        if stall_s:
+            time.sleep(stall_s)
+        raise ConnectionAbortedError("test server: dropping the connection")
+
+    headers = {"Content-Length": str(len(payload) - start), "Accept-Ranges": "bytes"}
+    status = 200
+    if start:
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{len(payload) - 1}/{len(payload)}"
+    return Response(body(), status=status, headers=headers, direct_passthrough=True)
+
+
+def seen(server) -> list[Request]:
+    return [req for req, _resp in server.log]
+
+
+def no_part_files(directory: Path) -> bool:
+    return not [p for p in directory.iterdir() if p.name.endswith(".part")]
+
+
+# --------------------------------------------------------------------------- success
+
+
+def test_download_is_byte_identical_with_correct_sha256(server, session, tmp_path):
+    server.expect_request("/drv/file.run").respond_with_handler(ranged)
+    dest = tmp_path / "out" / "file.run"
+
+    with capture_logs() as logs:
+        got = download(
+            session,
+            server.url_for("/drv/file.run"),
+            dest,
+            expected_sha256=PAYLOAD_SHA.upper(),
+            policy=FAST,
+        )
+
+    assert dest.read_bytes() == PAYLOAD
+    assert got.sha256 == PAYLOAD_SHA == hashlib.sha256(dest.read_bytes()).hexdigest()
+    assert (got.path, got.size, got.resumed_bytes) == (dest, len(PAYLOAD), 0)
+    assert got.elapsed_s > 0
+    reqs = seen(server)
+    assert len(reqs) == 1
+    assert reqs[0].headers.get("Accept-Encoding") == "identity"
+    assert "Range" not in reqs[0].headers
+    assert reqs[0].headers["User-Agent"].startswith("nvidia-driver-installer/")
+    assert no_part_files(dest.parent)
+    finished = [e for e in logs if e["event"] == "download_finished"]
+    assert len(finished) == 1
+    assert finished[0]["sha256"] == PAYLOAD_SHA and finished[0]["size"] == len(PAYLOAD)
+    assert finished[0]["resumed_bytes"] == 0 and finished[0]["mb_per_s"] > 0
+    assert any(e["event"] == "download_started" for e in logs)
+
+
+def test_sha256_mismatch_leaves_nothing_and_keeps_previous_file(server, session, tmp_path):
+    server.expect_request("/f").respond_with_handler(ranged)
+    dest = tmp_path / "f"
+    dest.write_bytes(b"previous good file")
+    wrong = "0" * 64
+
+    with pytest.raises(IntegrityError) as info:
+        download(session, server.url_for("/f"), dest, expected_sha256=wrong, policy=FAST)
+
+    err = info.value
+    assert err.exit_code == 6
+    assert server.url_for("/f") in err.message
+    assert wrong in err.message and PAYLOAD_SHA in err.message
+    assert dest.read_bytes() == b"previous good file"
+    assert no_part_files(tmp_path)
+    assert len(seen(server)) == 1  # a checksum mismatch is not retried
+
+
+def test_bad_expected_sha256_is_a_usage_error(server, session, tmp_path):
+    with pytest.raises(UsageError):
+        download(session, server.url_for("/f"), tmp_path / "f", expected_sha256="abc")
+    assert seen(server) == []
+
+
+def test_unknown_length_chunked_body(server, session, tmp_path):
+    def chunked(request):
+        return Response(PAYLOAD[i : i + 7000] for i in range(0, len(PAYLOAD), 7000))
+
+    server.expect_request("/f").respond_with_handler(chunked)
+    got = download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
+    assert "Content-Length" not in server.log[0][1].headers
+    assert got.sha256 == PAYLOAD_SHA and (tmp_path / "f").read_bytes() == PAYLOAD
+
+
+# --------------------------------------------------------------------------- HTTP errors
+
+
+def test_503_twice_then_200_succeeds_after_three_requests(server, session, tmp_path, no_sleep):
+    answers = iter([503, 503])
+
+    def handler(request):
+        status = next(answers, None)
+        return Response("busy", status=status) if status else ranged(request)
+
+    server.expect_request("/f").respond_with_handler(handler)
+    got = download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
+
+    assert got.sha256 == PAYLOAD_SHA
+    assert len(seen(server)) == 3
+    assert len(no_sleep) == 2
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 410])
+def test_client_errors_fail_at_once(server, session, tmp_path, status, no_sleep):
+    server.expect_request("/drivers/550.54.15/NVIDIA.run").respond_with_data("no", status=status)
+    url = server.url_for("/drivers/550.54.15/NVIDIA.run")
+
+    with pytest.raises(DownloadError) as info:
+        download(session, url, tmp_path / "NVIDIA.run", policy=FAST)
+
+    assert len(seen(server)) == 1
+    assert no_sleep == []
+    assert info.value.exit_code == 5
+    assert url in info.value.message and str(status) in info.value.message
+    if status == 404:
+        assert "driver version" in info.value.hint
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_retries_exhausted_names_the_attempt_limit(server, session, tmp_path, no_sleep):
+    server.expect_request("/f").respond_with_data("down", status=503)
+    policy = RetryPolicy(3, 0.01, 0.02, 30, 3, 3)
+
+    with pytest.raises(DownloadError) as info:
+        download(session, server.url_for("/f"), tmp_path / "f", policy=policy)
+
+    msg = info.value.message
+    assert len(seen(server)) == 3
+    assert "attempt limit reached (3 attempts" in msg
+    assert "HTTP 503" in msg and server.url_for("/f") in msg
+    assert isinstance(info.value.__cause__, retry.TransientHTTPError)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_retries_exhausted_names_the_total_timeout(server, session, tmp_path):
+    server.expect_request("/f").respond_with_data("down", status=502)
+    policy = RetryPolicy(1000, 0.05, 0.05, 0.4, 3, 3)  # real (tiny) sleeps
+
+    with pytest.raises(DownloadError) as info:
+        download(session, server.url_for("/f"), tmp_path / "f", policy=policy)
+
+    assert "total timeout reached (0.4s" in info.value.message
+    assert "HTTP 502" in info.value.message
+    assert 2 <= len(seen(server)) < 1000
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_dropped_connection_resumes_with_range_for_the_missing_bytes_only(server, session, tmp_path):
+    drop_at = 123_457
+    state = {"dropped": False}
+
+    def handler(request):
+        if not state["dropped"]:
+            state["dropped"] = True
+            return dropping(PAYLOAD, drop_at)
+        return ranged(request)
+
+    server.expect_request("/f").respond_with_handler(handler)
+    with capture_logs() as logs:
+        got = download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
+
+    assert (tmp_path / "f").read_bytes() == PAYLOAD
+    assert got.sha256 == PAYLOAD_SHA
+    reqs = seen(server)
+    assert [r.headers.get("Range") for r in reqs] == [None, f"bytes={drop_at}-"]
+    second = server.log[1][1]
+    assert second.status_code == 206
+    assert int(second.headers["Content-Length"]) == len(PAYLOAD) - drop_at
+    assert got.resumed_bytes == drop_at
+    retries = [e for e in logs if e["event"] == "download_retry"]
+    assert len(retries) == 1 and retries[0]["attempt"] == 1
+    assert "wait_s" in retries[0] and "Connection broken" in retries[0]["cause"]
+
+
+def test_server_ignoring_range_restarts_cleanly(server, session, tmp_path):
+    state = {"dropped": False}
+
+    def handler(request):
+        if not state["dropped"]:
+            state["dropped"] = True
+            return dropping(PAYLOAD, 100_000)
+        return Response(PAYLOAD)  # 200, whole body, Range ignored
+
+    server.expect_request("/f").respond_with_handler(handler)
+    with capture_logs() as logs:
+        got = download(
+            session, server.url_for("/f"), tmp_path / "f", expected_sha256=PAYLOAD_SHA, policy=FAST
+        )
+
+    assert (tmp_path / "f").read_bytes() == PAYLOAD
+    assert got.resumed_bytes == 0
+    assert [r.headers.get("Range") for r in seen(server)] == [None, "bytes=100000-"]
+    restarts = [e for e in logs if e["event"] == "download_restart"]
+    assert [e["reason"] for e in restarts] == ["range_ignored"]
+
+
+def test_416_restarts_from_zero(server, session, tmp_path):
+    state = {"dropped": False}
+
+    def handler(request):
+        if not state["dropped"]:
+            state["dropped"] = True
+            return dropping(PAYLOAD, 50_000)
+        if request.headers.get("Range"):
+            return Response("", status=416)
+        return Response(PAYLOAD)
+
+    server.expect_request("/f").respond_with_handler(handler)
+    got = download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
+
+    assert got.sha256 == PAYLOAD_SHA and (tmp_path / "f").read_bytes() == PAYLOAD
+    assert [r.headers.get("Range") for r in seen(server)] == [None, "bytes=50000-", None]
+
+
+def test_206_at_the_wrong_offset_is_not_appended(server, session, tmp_path):
+    state = {"n": 0}
+
+    def handler(request):
+        state["n"] += 1
+        if state["n"] == 1:
+            return dropping(PAYLOAD, 70_000)
+        if request.headers.get("Range"):
+            return dropping(PAYLOAD, len(PAYLOAD), start=60_000)  # overlaps: wrong start
+        return Response(PAYLOAD)
+
+    server.expect_request("/f").respond_with_handler(handler)
+    with capture_logs() as logs:
+        got = download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
+
+    assert (tmp_path / "f").read_bytes() == PAYLOAD and got.sha256 == PAYLOAD_SHA
+    assert [r.headers.get("Range") for r in seen(server)] == [None, "bytes=70000-", None]
+    assert [e["reason"] for e in logs if e["event"] == "download_restart"] == ["content_range_mismatch"]
+
+
+def test_if_range_sent_when_server_gave_a_validator(server, session, tmp_path):
+    state = {"dropped": False}
+
+    def handler(request):
+        if not state["dropped"]:
+            state["dropped"] = True
+            resp = dropping(PAYLOAD, 40_000)
+            resp.headers["ETag"] = '"v1"'
+            return resp
+        resp = Response(PAYLOAD)
+        resp.set_etag("v1")
+        return resp.make_conditional(request, accept_ranges=True, complete_length=len(PAYLOAD))
+
+    server.expect_request("/f").respond_with_handler(handler)
+    got = download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
+
+    assert got.sha256 == PAYLOAD_SHA and got.resumed_bytes == 40_000
+    assert seen(server)[1].headers.get("If-Range") == '"v1"'
+
+
+def test_stalled_body_hits_read_timeout_and_resumes(server, session, tmp_path):
+    state = {"stalled": False}
+
+    def handler(request):
+        if not state["stalled"]:
+            state["stalled"] = True
+            return dropping(PAYLOAD, 80_000, stall_s=1.5)
+        return ranged(request)
+
+    server.expect_request("/f").respond_with_handler(handler)
+    policy = RetryPolicy(3, 0.01, 0.02, 30, 2, 0.3)
+    with capture_logs() as logs:
+        got = download(session, server.url_for("/f"), tmp_path / "f", policy=policy)
+
+    assert got.sha256 == PAYLOAD_SHA
+    assert [r.headers.get("Range") for r in seen(server)] == [None, "bytes=80000-"]
+    (retry_event,) = [e for e in logs if e["event"] == "download_retry"]
+    assert "timed out" in retry_event["cause"].lower()
+
+
+DROP_PAYLOAD = random.Random(99).randbytes(64 * 1024 + 17)
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(drop_at=st.integers(min_value=1, max_value=len(DROP_PAYLOAD) - 1))
+def test_resume_property_any_drop_offset(server, session, tmp_path, drop_at):
+    server.clear()
+    state = {"dropped": False}
+
+    def handler(request):
+        if not state["dropped"]:
+            state["dropped"] = True
+            return dropping(DROP_PAYLOAD, drop_at)
+        return ranged(request, DROP_PAYLOAD)
+
+    server.expect_request("/p").respond_with_handler(handler)
+    dest = tmp_path / f"p-{drop_at}"
+    got = download(session, server.url_for("/p"), dest, policy=FAST)
+
+    assert dest.read_bytes() == DROP_PAYLOAD
+    assert got.sha256 == hashlib.sha256(DROP_PAYLOAD).hexdigest()
+    assert [r.headers.get("Range") for r in seen(server)] == [None, f"bytes={drop_at}-"]
+    assert got.resumed_bytes == drop_at
+    dest.unlink()
+
+
+# --------------------------------------------------------------------------- schemes
+
+
+def test_http_refused_unless_allowed(clean_env, tmp_path):
+    plain = HTTPServer(host="127.0.0.1", port=0)
+    plain.start()
+    try:
+        plain.expect_request("/f").respond_with_handler(ranged)
+        url = plain.url_for("/f")
+        assert url.startswith("http://")
+
+        with pytest.raises(UsageError) as info:
+            check_url_scheme(url, allow_insecure_http=False)
+        assert url in info.value.message and "--allow-insecure-http" in info.value.message
+
+        s = dl.make_session()
+        with pytest.raises(UsageError):
+            download(s, url, tmp_path / "f", policy=FAST)
+        assert plain.log == []  # refused before any request
+
+        got = download(s, url, tmp_path / "f", allow_insecure_http=True, policy=FAST)
+        assert got.sha256 == PAYLOAD_SHA and len(plain.log) == 1
+    finally:
+        plain.stop()
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://example.com/x", "gs://bucket/obj", "example.com/x", "https:///nohost"]
+)
+def test_other_schemes_are_usage_errors(url):
+    with pytest.raises(UsageError) as info:
+        check_url_scheme(url, allow_insecure_http=True)
+    assert info.value.exit_code == 2
+    if url.startswith("gs://"):
+        assert "storage.googleapis.com" in info.value.hint
+
+
+def test_https_and_file_schemes_accepted():
+    check_url_scheme("https://example.com/a.run", allow_insecure_http=False)
+    check_url_scheme("file:///srv/a.run", allow_insecure_http=False)
+    check_url_scheme("HTTPS://example.com/a.run", allow_insecure_http=False)
+
+
+def test_file_url_copies_with_sha256(tmp_path):
+    src = tmp_path / "staged" / "NVIDIA.run"
+    src.parent.mkdir()
+    src.write_bytes(PAYLOAD * 5)  # > CHUNK_SIZE is not needed; several reads are
+    dest = tmp_path / "out" / "NVIDIA.run"
+
+    got = download(None, src.as_uri(), dest, expected_sha256=hashlib.sha256(PAYLOAD * 5).hexdigest())
+
+    assert dest.read_bytes() == PAYLOAD * 5
+    assert got.size == len(PAYLOAD) * 5 and got.resumed_bytes == 0
+    assert no_part_files(dest.parent)
+
+    with pytest.raises(IntegrityError):
+        download(None, src.as_uri(), tmp_path / "out" / "other", expected_sha256="1" * 64)
+    assert not (tmp_path / "out" / "other").exists() and no_part_files(dest.parent)
+
+
+def test_file_url_missing_file_names_the_path(tmp_path):
+    missing = tmp_path / "nope" / "NVIDIA.run"
+    with pytest.raises(DownloadError) as info:
+        download(None, missing.as_uri(), tmp_path / "out")
+    assert str(missing) in info.value.message and info.value.exit_code == 5
+    assert not (tmp_path / "out").exists() and no_part_files(tmp_path)
+
+
+# --------------------------------------------------------------------------- disk space
+
+
+def test_disk_space_checked_against_content_length(server, session, tmp_path, monkeypatch):
+    server.expect_request("/f").respond_with_handler(ranged)
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(dl.shutil, "disk_usage", lambda p: Usage(10**9, 10**9, 200_000))
+
+    with pytest.raises(DiskSpaceError) as info:
+        download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
+
+    err = info.value
+    assert err.exit_code == 11
+    assert "0.3 MB" in err.message and "0.2 MB available" in err.message
+    assert len(seen(server)) == 1  # not retried
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_space_includes_min_free_bytes(server, session, tmp_path, monkeypatch):
+    server.expect_request("/f").respond_with_handler(ranged)
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(dl.shutil, "disk_usage", lambda p: Usage(10**9, 0, len(PAYLOAD) + 1000))
+
+    with pytest.raises(DiskSpaceError):
+        download(session, server.url_for("/f"), tmp_path / "f", min_free_bytes=5000, policy=FAST)
+    got = download(session, server.url_for("/f"), tmp_path / "f", min_free_bytes=500, policy=FAST)
+    assert got.size == len(PAYLOAD)
+
+
+def test_enospc_while_writing_is_disk_space_error(server, session, tmp_path, monkeypatch):
+    """Injected ENOSPC (runs everywhere; the tmpfs test below is the real thing)."""
+    server.expect_request("/f").respond_with_handler(ranged)
+    opened: list[Path] = []
+    real_open = dl._open_part
+
+    class Filling:
+        def __init__(self, fh):
+            self.fh, self.written = fh, 0
+
+        def write(self, data):
+            if self.written + len(data) > 100_000:
+                raise OSError(28, "No space left on device")
+            self.written += len(data)
+            return self.fh.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+    def fake_open(path):
+        opened.append(path)
+        return Filling(real_open(path))
+
+    monkeypatch.setattr(dl, "_open_part", fake_open)
+    with pytest.raises(DiskSpaceError) as info:
+        download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
+
+    assert "disk full" in info.value.message
+    assert opened and not opened[0].exists()
+    assert len(seen(server)) == 1
+
+
+ENOSPC_CHILD = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path.insert(0, sys.argv[1])
+    from pathlib import Path
+    from installer import download as dl
+    from installer.retry import RetryPolicy
+    url, ca, target = sys.argv[2], sys.argv[3], Path(sys.argv[4])
+    s = dl.make_session()
+    s.verify = ca
+    out = {"free": os.statvfs(target).f_bavail * os.statvfs(target).f_frsize}
+    try:
+        dl.download(s, url, target / "big.bin", policy=RetryPolicy(2, 0.01, 0.01, 10, 3, 3))
+        out["error"] = None
+    except Exception as exc:
+        import traceback; traceback.print_exc()
+        out.update(error=type(exc).__name__, exit_code=int(getattr(exc, "exit_code", -1)),
+                   message=str(exc))
+    out["left"] = sorted(os.listdir(target))
+    print(json.dumps(out))
+    """
+)
+
+
+def _can_unshare_mount() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, timeout=10
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare_mount(), reason="needs root and unshare --mount")
+@pytest.mark.parametrize("with_length", [False, True], ids=["chunked-enospc", "precheck"])
+def test_real_full_tmpfs(server, clean_env, ca_bundle, tmp_path, with_length):
+    big = random.Random(7).randbytes(4 * 1024 * 1024)
+    if with_length:
+        server.expect_request("/big").respond_with_handler(lambda r: ranged(r, big))
+    else:
+
+        def chunked(request):
+            def body():
+                for i in range(0, len(big), 256 * 1024):
+                    yield big[i : i + 256 * 1024]
+
+            return Response(body())  # no Content-Length: chunked, size unknown up front
+
+        server.expect_request("/big").respond_with_handler(chunked)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(ENOSPC_CHILD)
+    cmd = (
+        f"mount -t tmpfs -o size=1m tmpfs {mnt} && "
+        f"exec {sys.executable} {script} {REPO} {server.url_for('/big')} {ca_bundle} {mnt}"
+    )
+    res = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", cmd],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["free"] <= 1024 * 1024
+    assert out["error"] == "DiskSpaceError", res.stderr
+    assert out["error"] == "DiskSpaceError" and out["exit_code"] == 11
+    assert out["left"] == []  # temp file removed, nothing at dest
+    if with_length:
+        assert "available" in out["message"]
+        assert len(seen(server)) == 1
+    else:
+        assert "disk full" in out["message"]
+
+
+# --------------------------------------------------------------------------- parallel
+
+
+def test_download_all_runs_jobs_concurrently(server, session, tmp_path):
+    spans: dict[str, list[float]] = {}
+    lock = threading.Lock()
+
+    def slow(request):
+        t0 = time.monotonic()
+        time.sleep(0.4)
+        with lock:
+            spans[request.path] = [t0, time.monotonic()]
+        return Response(request.path.encode() * 1000)
+
+    for name in ("a", "b", "c"):
+        server.expect_request(f"/{name}").respond_with_handler(slow)
+    jobs = [DownloadJob(server.url_for(f"/{n}"), tmp_path / n, label=n, policy=FAST) for n in ("a", "b", "c")]
+
+    results = download_all(session, jobs, max_workers=3)
+
+    assert [r.path for r in results] == [tmp_path / n for n in ("a", "b", "c")]
+    for n, r in zip("abc", results, strict=True):
+        assert r.path.read_bytes() == f"/{n}".encode() * 1000
+    starts = [s[0] for s in spans.values()]
+    ends = [s[1] for s in spans.values()]
+    assert len(spans) == 3
+    assert max(starts) < min(ends), "the three requests were not in flight at the same time"
+
+
+def test_download_all_first_failure_cancels_the_rest(server, session, tmp_path):
+    progress = {"chunks": 0, "completed": False}
+
+    def slow_stream(request):
+        def body():
+            for _ in range(100):
+                progress["chunks"] += 1
+                yield b"x" * 65536
+                time.sleep(0.05)
+            progress["completed"] = True
+
+        return Response(body(), headers={"Content-Length": str(100 * 65536)})
+
+    def fail_later(request):
+        time.sleep(0.3)
+        return Response("gone", status=404)
+
+    server.expect_request("/slow").respond_with_handler(slow_stream)
+    server.expect_request("/missing").respond_with_handler(fail_later)
+    jobs = [
+        DownloadJob(server.url_for("/slow"), tmp_path / "slow", policy=FAST),
+        DownloadJob(server.url_for("/missing"), tmp_path / "missing", policy=FAST),
+        DownloadJob(server.url_for("/slow"), tmp_path / "queued", policy=FAST),
+    ]
+
+    with pytest.raises(DownloadError) as info:
+        download_all(session, jobs, max_workers=2)
+
+    assert "404" in info.value.message and "/missing" in info.value.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no dest, no .part
+    assert not progress["completed"]
+    assert [r.path for r in seen(server)].count("/slow") == 1  # the queued job never started
+
+
+def test_download_all_rejects_duplicate_destinations(session, tmp_path):
+    jobs = [DownloadJob("https://a/x", tmp_path / "x"), DownloadJob("https://b/x", tmp_path / "x")]
+    with pytest.raises(UsageError):
+        download_all(session, jobs)
+    assert download_all(session, []) == []
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def test_credentials_never_logged_or_in_errors(server, session, tmp_path):
+    server.expect_request("/f").respond_with_data("no", status=404)
+    port = server.port
+    url = f"https://alice:hunter2secret@127.0.0.1:{port}/f?X-Goog-Signature=deadbeefcafe&v=2"
+
+    with capture_logs() as logs, pytest.raises(DownloadError) as info:
+        download(session, url, tmp_path / "f", policy=FAST)
+
+    text = json.dumps([{k: str(v) for k, v in e.items()} for e in logs]) + str(info.value)
+    text += json.dumps({k: str(v) for k, v in info.value.context.items()})
+    assert "hunter2secret" not in text and "deadbeefcafe" not in text and "alice" not in text
+    assert f"https://***@127.0.0.1:{port}/f?X-Goog-Signature=***&v=***" in info.value.message
+    assert seen(server)[0].headers.get("Authorization", "").startswith("Basic ")
+
+
+def test_credentials_scrubbed_from_connection_error_causes(clean_env, tmp_path, no_sleep):
+    # Nothing listens on this port: urllib3's message repeats the path and query.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"https://127.0.0.1:{port}/f?token=topsecretvalue"
+    with capture_logs() as logs, pytest.raises(DownloadError) as info:
+        download(dl.make_session(), url, tmp_path / "f", policy=RetryPolicy(2, 0, 0, 10, 1, 1))
+    text = str(info.value) + json.dumps([{k: str(v) for k, v in e.items()} for e in logs])
+    assert "topsecretvalue" not in text
+    assert "attempt limit reached (2 attempts" in str(info.value)
+    assert "ConnectionError" in str(info.value)
+
+
+def test_redact_url():
+    assert dl.redact_url("https://u:p@h:8443/a/b?sig=abc&x=1#frag") == "https://***@h:8443/a/b?sig=***&x=***"
+    assert dl.redact_url("https://h/a") == "https://h/a"
+    assert dl.redact_url("file:///x/y") == "file:///x/y"
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def test_make_session_honours_ssl_cert_file(server, clean_env, ca_bundle, monkeypatch, tmp_path):
+    server.expect_request("/f").respond_with_handler(ranged)
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_bundle))
+    got = download(dl.make_session(), server.url_for("/f"), tmp_path / "f", policy=FAST)
+    assert got.sha256 == PAYLOAD_SHA
+
+
+def test_make_session_honours_requests_ca_bundle(server, clean_env, ca_bundle, monkeypatch, tmp_path):
+    server.expect_request("/f").respond_with_handler(ranged)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca_bundle))
+    got = download(dl.make_session(), server.url_for("/f"), tmp_path / "f", policy=FAST)
+    assert got.sha256 == PAYLOAD_SHA
+
+
+def test_untrusted_certificate_fails_without_retry(server, clean_env, tmp_path, no_sleep):
+    server.expect_request("/f").respond_with_handler(ranged)
+    with capture_logs() as logs, pytest.raises(DownloadError) as info:
+        download(dl.make_session(), server.url_for("/f"), tmp_path / "f", policy=FAST)
+    assert "REQUESTS_CA_BUNDLE" in info.value.hint
+    assert no_sleep == [] and not [e for e in logs if e["event"] == "download_retry"]
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- fetch_text
+
+
+def test_fetch_text(server, session, tmp_path, no_sleep):
+    server.expect_request("/gpu_default_version").respond_with_data("535.183.01\n")
+    answers = iter([503])
+    server.expect_request("/flaky").respond_with_handler(lambda r: Response("x", status=next(answers, 200)))
+    server.expect_request("/huge").respond_with_data("9" * 5000)
+    server.expect_request("/forbidden").respond_with_data("", status=403)
+    server.expect_request("/gpu_nope_version").respond_with_data("Not Found", status=404)
+
+    assert fetch_text(session, server.url_for("/gpu_default_version"), policy=FAST) == "535.183.01\n"
+    assert fetch_text(session, server.url_for("/gpu_nope_version"), policy=FAST) is None
+    assert fetch_text(session, server.url_for("/flaky"), policy=FAST) == "x"
+    assert len(no_sleep) == 1
+    with pytest.raises(DownloadError, match="larger than 1000 bytes"):
+        fetch_text(session, server.url_for("/huge"), policy=FAST, max_bytes=1000)
+    with pytest.raises(DownloadError, match="403"):
+        fetch_text(session, server.url_for("/forbidden"), policy=FAST)
+    local = tmp_path / "v"
+    local.write_text("R535\n")
+    assert fetch_text(session, local.as_uri()) == "R535\n"
+    assert fetch_text(session, (tmp_path / "absent").as_uri()) is None
+    with pytest.raises(UsageError):
+        fetch_text(session, "http://127.0.0.1/x")
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_progress_logs_sparsely_when_not_a_terminal():
+    now = [0.0]
+
+    class NotTty:
+        def isatty(self):
+            return False
+
+    p = Progress(label="drv", url="https://h/x", stream=NotTty(), clock=lambda: now[0])
+    assert p.interactive is False
+    with capture_logs() as logs:
+        p.begin(offset=0, total=10**9)
+        for _ in range(100):  # 10 MB per 0.1 s: 10 s in all
+            now[0] += 0.1
+            p.advance(10**7)
+        p.close()
+    events = [e for e in logs if e["event"] == "download_progress"]
+    pcts = [e["percent"] for e in events]
+    # 25/50/75 % milestones plus one "5 s passed" event at 50 % (the same moment).
+    assert {25.0, 50.0, 75.0} <= set(pcts)
+    assert len(events) <= 5
+    assert all(e["mb_per_s"] == pytest.approx(100.0) for e in events)
+    assert events[0]["eta_s"] == pytest.approx(7.5, abs=0.2)
+
+
+def test_progress_draws_one_line_on_a_terminal():
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    now = [0.0]
+    p = Progress(label="drv", url="u", stream=out, clock=lambda: now[0])
+    with capture_logs() as logs:
+        p.begin(offset=0, total=10_000_000)
+        for _ in range(10):
+            now[0] += 0.5
+            p.advance(1_000_000)
+        p.close()
+    text = out.getvalue()
+    assert "\n" not in text and text.count("\r") >= 10
+    assert "100.0%" in text and "MB/s" in text and "ETA" in text
+    assert text.endswith("\r\x1b[K")
+    assert not [e for e in logs if e["event"] == "download_progress"]
+
+
+def test_large_download_logs_progress_events(server, session, tmp_path, monkeypatch):
+    big = random.Random(3).randbytes(4 * dl.CHUNK_SIZE)
+    server.expect_request("/big").respond_with_handler(lambda r: ranged(r, big))
+    with capture_logs() as logs:
+        download(session, server.url_for("/big"), tmp_path / "big", policy=FAST)
+    events = [e for e in logs if e["event"] == "download_progress"]
+    assert [e["percent"] for e in events] == [25.0, 50.0, 75.0]
