@@ -8,8 +8,9 @@ recognised (``CACHE_BUILD_ID=`` / ``CACHE_KERNEL_VERSION=`` and
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from installer.fsutil import sha256_file, write_atomic
@@ -18,6 +19,12 @@ from installer.osinfo import parse_env_file
 CACHE_FORMAT = "2"
 # A record without hashes (written by GKE's installers) is trusted only if these exist.
 REQUIRED_FILES = ("drivers/nvidia.ko", "bin/nvidia-smi", "lib64/libnvidia-ml.so.1")
+
+
+def stat_signature(path: Path) -> tuple[int, int, int, int]:
+    """(size, mtime_ns, ctime_ns, inode): what changes when a file is written or replaced."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,10 @@ class CacheRecord:
     flavor: str | None
     file_hashes: dict[str, str] = field(default_factory=dict)
     fields: dict[str, str] = field(default_factory=dict)
+    # The stat signature of each hashed file when the record was written, and the
+    # record file's own mtime (set by read()): see check_files' fast path.
+    file_stats: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    written_ns: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> CacheRecord:
@@ -51,6 +62,11 @@ class CacheRecord:
             rel, _, digest = item.rpartition(":")
             if rel and digest:
                 hashes[rel] = digest
+        stats = {}
+        for item in f.get("CACHE_FILE_STAT", "").split():
+            parts = item.rsplit(":", 4)
+            if len(parts) == 5 and parts[0] and all(p.isdigit() for p in parts[1:]):
+                stats[parts[0]] = tuple(int(p) for p in parts[1:])
         return cls(
             driver_version=f.get("CACHE_NVIDIA_DRIVER_VERSION") or f.get("DRIVER_VERSION"),
             kernel_release=f.get("CACHE_KERNEL_VERSION"),
@@ -58,6 +74,7 @@ class CacheRecord:
             flavor=f.get("CACHE_FLAVOR"),
             file_hashes=hashes,
             fields=f,
+            file_stats=stats,
         )
 
     def mismatch(self, key: CacheKey) -> str | None:
@@ -87,9 +104,33 @@ def hashed_files(install_dir: Path) -> list[str]:
 
 def read(cache_file: Path) -> CacheRecord | None:
     try:
-        return CacheRecord.parse(cache_file.read_text(errors="replace"))
+        with open(cache_file, "rb") as f:
+            written_ns = os.fstat(f.fileno()).st_mtime_ns
+            record = CacheRecord.parse(f.read().decode(errors="replace"))
     except FileNotFoundError:
         return None
+    return replace(record, written_ns=written_ns)
+
+
+def _unchanged(record: CacheRecord, rel: str, path: Path) -> bool:
+    """True when ``path`` provably still is the file that was hashed (no need to re-hash).
+
+    Its size, mtime, ctime and inode must equal those recorded, and both times
+    must be strictly older than the record file's mtime (same filesystem, same
+    clock granularity). A later write or rename sets the ctime to at least that
+    mtime, so it cannot go unnoticed; a file changed within the same clock tick
+    as the record ("racily clean", as git calls it) is hashed instead.
+    """
+    recorded = record.file_stats.get(rel)
+    if recorded is None or record.written_ns is None:
+        return False
+    _size, mtime_ns, ctime_ns, _ino = recorded
+    if mtime_ns >= record.written_ns or ctime_ns >= record.written_ns:
+        return False
+    try:
+        return stat_signature(path) == recorded
+    except OSError:
+        return False
 
 
 def check_files(record: CacheRecord, install_dir: Path) -> str | None:
@@ -103,13 +144,19 @@ def check_files(record: CacheRecord, install_dir: Path) -> str | None:
         path = install_dir / rel
         if not path.is_file():
             return f"{rel} is missing"
+        if _unchanged(record, rel, path):
+            continue  # hashing a 100 MB nvidia.ko costs ~0.6 s per boot; stat costs ~20 us
         if sha256_file(path) != digest:
             return f"{rel} has changed since it was installed"
     return None
 
 
 def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version: str) -> None:
-    hashes = " ".join(f"{rel}:{sha256_file(install_dir / rel)}" for rel in hashed_files(install_dir))
+    rels = hashed_files(install_dir)
+    # Stat before hashing: a change while hashing then shows as a stat mismatch.
+    stats = " ".join(
+        f"{rel}:{':'.join(map(str, stat_signature(install_dir / rel)))}" for rel in rels)
+    hashes = " ".join(f"{rel}:{sha256_file(install_dir / rel)}" for rel in rels)
     lines = [
         f"# written by nvidia-driver-installer {installer_version}; shell syntax, do not edit",
         f"CACHE_FORMAT={CACHE_FORMAT}",
@@ -123,5 +170,6 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
         f"CACHE_FLAVOR={key.flavor or 'compiled-proprietary'}",
         f"CACHE_INSTALLED_AT={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
         f"CACHE_FILE_SHA256='{hashes}'",
+        f"CACHE_FILE_STAT='{stats}'",
     ]
     write_atomic(cache_file, "\n".join(lines) + "\n")

@@ -62,3 +62,55 @@ def test_mismatch_reasons():
     assert rec.mismatch(KEY) == "cached driver 535.1, want 550.54.14"
     rec = CacheRecord.parse("CACHE_KERNEL_VERSION=5.15.0-1\nCACHE_NVIDIA_DRIVER_VERSION=550.54.14\n")
     assert rec.mismatch(KEY) == "cached for kernel 5.15.0-1, host runs 5.15.0-1049-gke"
+
+
+def _age_record(cache_file, seconds=5):
+    """Make the record's mtime clearly later than the files' times (as after a real install)."""
+    import os
+
+    future = cache_file.stat().st_mtime_ns + seconds * 10**9
+    os.utime(cache_file, ns=(future, future))
+
+
+def test_unchanged_files_are_not_rehashed(tmp_path, monkeypatch):
+    import os
+
+    root = _install(tmp_path)
+    cache.write(root / ".cache", KEY, root, "test")
+    assert "CACHE_FILE_STAT=" in (root / ".cache").read_text()
+    _age_record(root / ".cache")
+    record = cache.read(root / ".cache")
+    assert set(record.file_stats) == set(record.file_hashes)
+    hashed = []
+    real_sha = cache.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda p: hashed.append(p) or real_sha(p))
+    assert cache.check_files(record, root) is None
+    assert hashed == []  # size, mtime, ctime and inode unchanged: stat is enough
+
+    # Same size, old mtime put back: the ctime still moves, so it is hashed and caught.
+    ko = root / "drivers/nvidia-uvm.ko"
+    st = ko.stat()
+    ko.write_bytes(b"UVM")
+    os.utime(ko, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert cache.check_files(record, root) == "drivers/nvidia-uvm.ko has changed since it was installed"
+    assert hashed == [ko]
+
+
+def test_racily_clean_files_are_hashed(tmp_path, monkeypatch):
+    root = _install(tmp_path)
+    cache.write(root / ".cache", KEY, root, "test")
+    record = cache.read(root / ".cache")
+    # The record is as new as the files' own times: a same-tick change could hide.
+    ctime = max(s[2] for s in record.file_stats.values())
+    record = cache.replace(record, written_ns=ctime)
+    hashed = []
+    real_sha = cache.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda p: hashed.append(p) or real_sha(p))
+    assert cache.check_files(record, root) is None
+    assert len(hashed) >= 1
+    # A record without stats (older format, or GKE's) is always hashed.
+    hashed.clear()
+    old = cache.CacheRecord.parse((root / ".cache").read_text().replace("CACHE_FILE_STAT", "X"))
+    assert old.file_stats == {}
+    assert cache.check_files(old, root) is None
+    assert len(hashed) == len(old.file_hashes)
