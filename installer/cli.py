@@ -57,6 +57,8 @@ def _settings(**opts: Any) -> Settings:
 
     configure(opts.pop("log_format", "auto"), "debug" if opts.pop("verbose", False) else "info")
     opts["install_dir_host"] = PurePosixPath(opts["install_dir_host"])
+    if opts.get("metrics_file"):
+        opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
     return Settings(**{k: v for k, v in opts.items() if v is not None}).resolved()
 
 
@@ -117,6 +119,16 @@ def cli() -> None:
               envvar="COS_TOOLS_DIR_CONTAINER", show_envvar=True,
               help="COS: where the toolchain and kernel headers are cached [default: "
               "/build/cos-tools if it exists, else <host-root>/var/lib/cos-tools].")
+@click.option("--kernel-module-type", type=click.Choice(["auto", "open", "proprietary"]),
+              envvar="NVIDIA_KERNEL_MODULE_TYPE", default="auto", show_default=True,
+              show_envvar=True,
+              help="NVIDIA kernel modules to build; auto: by GPU generation (pre-Turing: "
+              "proprietary, Blackwell: open, else NVIDIA's default for the branch).")
+@click.option("--persistence-mode", is_flag=True, envvar="NVIDIA_PERSISTENCE_MODE",
+              show_envvar=True, help="After verifying, enable persistence mode (nvidia-smi -pm 1).")
+@click.option("--metrics-file", envvar="NVIDIA_INSTALLER_METRICS_FILE", show_envvar=True,
+              help="Host path of a node_exporter textfile (*.prom) to write the outcome, "
+              "duration and driver version to.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 def install(**opts: Any) -> None:
     """Install (or load the cached) driver, then verify it with nvidia-smi."""
@@ -215,6 +227,80 @@ def verify(**opts: Any) -> None:
     click.echo(json.dumps([g.__dict__ for g in gpus], indent=2))
 
 
+@cli.command()
+@_host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON (for tools).")
+def doctor(as_json: bool, **opts: Any) -> int:
+    """Check this node's driver set-up; print each finding with a fix.
+
+    Exit 0 when no check fails (warnings allowed), 9 when any fails.
+    """
+    from installer import doctor as doctor_mod
+
+    report = doctor_mod.run(_settings(**opts))
+    click.echo(doctor_mod.render_json(report) if as_json else doctor_mod.render_text(report),
+               nl=False)
+    # A failed check means the installed driver is not verified working: the verify
+    # class (9), as for `verify`. The other codes name why an install run stopped
+    # (download, build, lock ...); doctor runs nothing, so 9 is the honest one, and
+    # the finding names the cause (including an earlier run's own exit code).
+    return 0 if report.healthy else int(ExitCode.VERIFY)
+
+
+@cli.command()
+@_host_options
+@click.option("--lock-timeout", "lock_timeout_s", type=click.FloatRange(min=0),
+              envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,
+              help="Seconds to wait for another installer's lock (0: fail at once, exit 4).")
+def uninstall(**opts: Any) -> None:
+    """Unload the NVIDIA modules and remove the install (logs and status.json stay).
+
+    Idempotent. Exit 8 without changing anything if the driver is in use.
+    """
+    from installer import uninstall as uninstall_mod
+
+    uninstall_mod.run(_settings(**opts))
+
+
+# What to do next, per failure class, when the error carries no hint of its own.
+NEXT_STEP = {
+    "usage": "fix the option or environment variable named above and re-run",
+    "unsupported_host": "run this installer on Container-Optimized OS or Ubuntu nodes",
+    "locked": "another installer is running on this node: let it finish, or raise --lock-timeout",
+    "download": "check the node can reach the URL above (proxy, firewall, version exists), "
+                "then re-run",
+    "integrity": "re-run to download again; if it persists, check the mirror and --driver-sha256",
+    "build": "read the nvidia-installer.log lines above; check the headers match the kernel",
+    "module_load": "read the kernel log lines above; drain GPU workloads if the driver is in use",
+    "verify": "run `nvidia-driver-installer doctor` on the node for a full check",
+    "secure_boot": "disable Secure Boot / module.sig_enforce on the node pool, or use signed modules",
+    "disk_space": "free disk space on the node and re-run",
+}
+TAIL_FIELDS = ("installer_log_tail", "kernel_log_tail")
+
+
+def failure_message(exc: InstallerError) -> str:
+    """The last line, in words: what happened and what to do next."""
+    step = exc.context.get("step")
+    where = f" in step {step}" if step else ""
+    nxt = exc.hint or NEXT_STEP.get(exc.error_class, "see the log above")
+    return (f"FAILED{where} ({exc.error_class}, exit {int(exc.exit_code)}): {exc.message}. "
+            f"What to do: {nxt}.")
+
+
+def _command_name(argv: list[str] | None) -> str:
+    args = sys.argv[1:] if argv is None else argv
+    names = set(cli.list_commands(click.Context(cli)))
+    return next((a for a in args if a in names), "command")
+
+
+def _json_logging() -> bool:
+    import structlog
+
+    processors = structlog.get_config().get("processors") or []
+    return bool(processors) and isinstance(processors[-1], structlog.processors.JSONRenderer)
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="nvidia-driver-installer", standalone_mode=False)
@@ -225,12 +311,17 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except InstallerError as exc:
-        _report_failure(exc)
+        _report_failure(exc, _command_name(argv))
         sys.exit(int(exc.exit_code))
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-def _report_failure(exc: InstallerError) -> None:
+def _report_failure(exc: InstallerError, command: str = "install") -> None:
+    """One final event: class, exit code, error, hint, log tails and a sentence.
+
+    JSON logs: that event is the last line. Console: the log tails are printed as
+    indented blocks before it, and the sentence is repeated as the very last line.
+    """
     import structlog
 
     if not structlog.is_configured():
@@ -238,11 +329,24 @@ def _report_failure(exc: InstallerError) -> None:
 
         configure("auto")
     log = structlog.get_logger("installer")
+    message = failure_message(exc)
+    context = dict(exc.context)
+    console = not _json_logging()
+    if console:
+        for key in TAIL_FIELDS:
+            lines = context.pop(key, None)
+            if lines:
+                title = key.replace("_tail", "").replace("_", " ")
+                click.echo(f"last lines of the {title}:", err=True)
+                click.echo("\n".join("    " + ln for ln in lines), err=True)
     log.error(
-        "install_failed",
+        f"{command}_failed",
         error_class=exc.error_class,
         exit_code=int(exc.exit_code),
         error=exc.message,
         hint=exc.hint,
-        **exc.context,
+        **context,
+        message=message,
     )
+    if console:
+        click.echo(message, err=True)

@@ -1,0 +1,519 @@
+"""``doctor``: check a node's GPU driver set-up and say what to fix.
+
+Read-only: no lock, nothing written. Each check gives a verdict (ok, warn,
+fail), a one-line detail with the facts, and for warn/fail the fix. A check
+that crashes becomes a failed finding, so one odd file never hides the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import textwrap
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+
+from installer import cache, devchar, gpus, modules, readiness
+from installer import status as status_file
+from installer.errors import InstallerError
+from installer.hostroot import HostRoot
+from installer.installdir import InstallDir
+from installer.kernel import KernelState
+from installer.osinfo import HostInfo
+from installer.runner import CommandError, Runner
+from installer.settings import Settings
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
+DEVICE_PLUGIN_DIR = PurePosixPath("/var/lib/kubelet/device-plugins")
+SECURE_BOOT_EFIVAR = "firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+# A fresh install downloads the .run (~400 MB), extracts it (~1 GB) and builds.
+FREE_FOR_INSTALL = 2 << 30
+FREE_MINIMUM = 256 << 20
+DRAIN = ("drain GPU workloads from the node (kubectl drain <node> --ignore-daemonsets "
+         "--delete-emptydir-data), then re-run install")
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    verdict: str  # ok | warn | fail
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Node:
+    """Everything the checks read, resolved once."""
+
+    settings: Settings
+    host: HostRoot
+    kernel: KernelState
+    install: InstallDir
+    runner: Runner
+    host_info: HostInfo | None = None
+    host_error: str | None = None
+    kernel_release: str = ""
+    status: dict | None = None
+    record: cache.CacheRecord | None = None
+    pci: list[gpus.PciGpu] = field(default_factory=list)
+
+    @property
+    def loaded_version(self) -> str | None:
+        return modules.loaded_driver_version(self.kernel)
+
+
+def _load(settings: Settings) -> Node:
+    from installer.install import detect
+
+    assert settings.install_dir is not None
+    kernel = KernelState()
+    node = Node(settings=settings, host=HostRoot(settings.host_root), kernel=kernel,
+                install=InstallDir(settings.install_dir, settings.install_dir_host),
+                runner=Runner())
+    node.kernel_release = settings.kernel_release or kernel.release()
+    try:
+        node.host_info = detect(node.host, node.kernel_release)
+    except InstallerError as exc:
+        node.host_error = exc.message
+    node.status = status_file.read(node.install.status_file)
+    node.record = cache.read(node.install.cache_file)
+    node.pci = gpus.scan(kernel.sys_dir)
+    return node
+
+
+# -- the checks, in the order a person would look ---------------------------
+
+
+def check_host(n: Node) -> Finding:
+    if n.host_info is None:
+        return Finding("host", FAIL, f"cannot tell the host OS: {n.host_error}",
+                       "check --host-root points at the node's / (ROOT_MOUNT_DIR) and that "
+                       "it has /etc/os-release")
+    h = n.host_info
+    what = f"{h.pretty_name or h.os_id}, kernel {n.kernel_release}"
+    if h.build_id:
+        what += f", build {h.build_id}"
+    return Finding("host", OK, what)
+
+
+def check_gpus(n: Node) -> Finding:
+    if not n.pci:
+        return Finding("gpus", FAIL,
+                       f"no NVIDIA GPU on the PCI bus ({n.kernel.sys_dir}/bus/pci/devices)",
+                       "check a GPU is attached to this VM/node; if one was, it may have fallen "
+                       "off the bus (dmesg: Xid 79): reboot or replace the node")
+    detail = f"{len(n.pci)} GPU(s): " + "; ".join(g.describe() for g in n.pci)
+    version = n.loaded_version if n.loaded_version not in (None, "unknown") else (
+        n.record.driver_version if n.record else None)
+    problems = gpus.branch_problems(n.pci, version) if version else []
+    if problems:
+        lo, hi = gpus.allowed_branches(n.pci)
+        return Finding("gpus", FAIL, detail + ". " + "; ".join(problems),
+                       f"install a driver these GPUs support ({gpus.describe_range(lo, hi)}): "
+                       "unset NVIDIA_DRIVER_VERSION to get a supported default, or set one")
+    return Finding("gpus", OK, detail)
+
+
+def _secure_boot(kernel: KernelState) -> bool | None:
+    try:
+        data = (kernel.sys_dir / SECURE_BOOT_EFIVAR).read_bytes()
+    except OSError:
+        return None
+    return bool(data) and data[-1] == 1  # 4 bytes of attributes, then the value
+
+
+def check_module_signing(n: Node) -> Finding:
+    reasons = []
+    if _secure_boot(n.kernel):
+        reasons.append("Secure Boot is on")
+    lockdown = n.kernel.lockdown()
+    if lockdown != "none":
+        reasons.append(f"kernel lockdown={lockdown}")
+    if n.kernel.signatures_enforced():
+        reasons.append("module.sig_enforce is on")
+    if not reasons:
+        return Finding("module_signing", OK, "unsigned modules may load (no Secure Boot, "
+                       "lockdown or module.sig_enforce)")
+    why = ", ".join(reasons)
+    if n.loaded_version is not None:
+        return Finding("module_signing", OK, f"{why}; the loaded NVIDIA modules were accepted "
+                       "(they are signed)")
+    if n.host_info is not None and n.host_info.family == "cos":
+        return Finding("module_signing", WARN, f"{why}: only signed modules load; COS installs "
+                       "use NVIDIA's signed prebuilt modules",
+                       "run install: it fetches the signed modules for this COS build; if there "
+                       "are none for the driver version, pick one that has them (default/latest)")
+    return Finding("module_signing", FAIL,
+                   f"{why}: the kernel only loads signed modules and this node's flow builds "
+                   "unsigned ones (install exits 10)",
+                   "use a node pool without Secure Boot (e.g. --shielded-secure-boot off), or an "
+                   "image with signed NVIDIA modules; the installer never edits boot settings")
+
+
+def check_installer_status(n: Node) -> Finding:
+    s = n.status
+    where = n.install.status_file
+    if s is None:
+        return Finding("installer_status", WARN, f"no status.json in {n.install.root}: the "
+                       "installer has not run with this install dir",
+                       "run install, or check --install-dir / NVIDIA_INSTALL_DIR_CONTAINER "
+                       "points at the host's install dir")
+    when = s.get("finished_at", "?")
+    if s.get("outcome") == "ok":
+        return Finding("installer_status", OK, f"last run ok at {when}: driver "
+                       f"{s.get('driver_version')} ({s.get('plan')} plan, {s.get('duration_s')}s)")
+    if s.get("outcome") == "uninstalled":
+        return Finding("installer_status", WARN, f"the driver was uninstalled at {when}",
+                       "run install to install it again")
+    ctx = s.get("context") or {}
+    step = f" in step {ctx['step']}" if ctx.get("step") else ""
+    return Finding("installer_status", FAIL,
+                   f"last run FAILED at {when}{step}: {s.get('error_class')} (exit "
+                   f"{s.get('exit_code')}) installing driver {s.get('driver_version')}: "
+                   f"{s.get('message')}",
+                   (s.get("hint") or "see the installer's log") + f" (details: {where})")
+
+
+def check_cache(n: Node) -> Finding:
+    r = n.record
+    if r is None:
+        return Finding("cache", FAIL, f"no .cache record in {n.install.root}: no complete, "
+                       "verified install here",
+                       "run install (a killed or failed run leaves no record on purpose)")
+    target = (f"build {r.build_id}" if r.build_id else f"kernel {r.kernel_release}")
+    what = f"driver {r.driver_version} for {target} ({r.flavor or 'flavour not recorded'})"
+    info = n.host_info
+    if r.build_id and info is not None and info.build_id and r.build_id != info.build_id:
+        return Finding("cache", FAIL, f"stale: {what}, but the node runs build {info.build_id} "
+                       "(node image upgraded?)",
+                       "re-run install (restart the installer pod): it reinstalls for this build")
+    if not r.build_id and r.kernel_release and r.kernel_release != n.kernel_release:
+        return Finding("cache", FAIL, f"stale: {what}, but the node runs kernel "
+                       f"{n.kernel_release} (kernel updated?)",
+                       "re-run install (restart the installer pod): it rebuilds for the running "
+                       "kernel")
+    broken = cache.check_files(r, n.install.root)
+    if broken:
+        return Finding("cache", FAIL, f"{what}, but {broken}",
+                       "re-run install with --force (FORCE_REINSTALL=1) to reinstall")
+    return Finding("cache", OK, what)
+
+
+def check_install_dir(n: Node) -> Finding:
+    root = n.install.root
+    if not root.is_dir():
+        return Finding("install_dir", FAIL, f"{root} does not exist "
+                       f"(host: {n.install.host_path})", "run install")
+    missing = []
+    for rel in ("bin/nvidia-smi", "bin/nvidia-modprobe"):
+        p = root / rel
+        if not (p.is_file() and os.access(p, os.X_OK)):
+            missing.append(rel)
+    for lib in LIBS:
+        if not (root / "lib64" / lib).exists():  # follows the SONAME link
+            missing.append(f"lib64/{lib}")
+    counts = ", ".join(f"{d}/ {_count(root / d)} files" for d in ("bin", "lib64", "drivers"))
+    if missing:
+        return Finding("install_dir", FAIL, f"missing or broken: {', '.join(missing)} "
+                       f"({counts})", "re-run install with --force (FORCE_REINSTALL=1)")
+    return Finding("install_dir", OK, f"{n.install.host_path}: {counts}; workloads mount bin/ "
+                   "and lib64/ at /usr/local/nvidia")
+
+
+def _count(d: Path) -> int:
+    try:
+        return sum(1 for _ in d.iterdir())
+    except OSError:
+        return 0
+
+
+def check_kernel_modules(n: Node) -> Finding:
+    loaded = n.kernel.modules()
+    ours = [m for m in modules.NVIDIA_MODULES if m in loaded]
+    version = n.loaded_version
+    if version is None:
+        return Finding("kernel_modules", FAIL, "no NVIDIA kernel module is loaded",
+                       "run install (after a reboot it loads the cached driver in seconds)")
+    busy = modules.users(n.kernel)
+    held = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
+    detail = f"{', '.join(ours)} loaded, driver {version}" + (f"; in use by {held}" if held else
+                                                              "; not in use")
+    cached = n.record.driver_version if n.record else None
+    wanted = (n.status or {}).get("driver_version")
+    for other, label in ((cached, "the install dir holds"), (wanted, "the last run wanted")):
+        if other and version != other:
+            fix = (DRAIN if busy else "re-run install: the old driver is unused, so it is "
+                   "unloaded and replaced")
+            return Finding("kernel_modules", FAIL, f"{detail}, but {label} {other}: "
+                           "libraries and kernel module differ (NVML: Driver/library version "
+                           "mismatch)", fix)
+    if "nvidia_uvm" not in loaded:
+        return Finding("kernel_modules", FAIL, f"{detail}; nvidia_uvm is not loaded: CUDA "
+                       "cannot start", "re-run install (it loads nvidia-uvm)")
+    return Finding("kernel_modules", OK, detail)
+
+
+def check_device_nodes(n: Node) -> Finding:
+    dev = n.kernel.dev_dir
+    wanted = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+    wanted += [f"nvidia{i}" for i in range(max(len(n.pci), 1))]
+    if "nvidia_modeset" in n.kernel.modules():
+        wanted.append("nvidia-modeset")
+    present = {d.rel: d for d in devchar.nvidia_char_devices(dev)}
+    missing = [w for w in wanted if w not in present]
+    not_chr = [w for w in missing if (dev / w).exists()]
+    closed = [d.rel for d in present.values() if d.mode & 0o666 != 0o666]
+    caps = sorted(r for r in present if r.startswith(devchar.CAPS_DIR + "/"))
+    detail = ", ".join(f"/dev/{r}" for r in sorted(present) if "/" not in r) or "none"
+    if caps:
+        detail += f"; {len(caps)} MIG capability node(s) in /dev/nvidia-caps"
+    if missing:
+        what = ", ".join(f"/dev/{m}" for m in missing)
+        if not_chr:
+            what += f" ({', '.join(not_chr)} exist but are not character devices)"
+        return Finding("device_nodes", FAIL, f"missing: {what} (present: {detail})",
+                       "re-run install, or on the node: nvidia-modprobe -c0 -u -m (and "
+                       "nvidia-smi once as root for /dev/nvidia1..N)")
+    if closed:
+        return Finding("device_nodes", WARN, f"{detail}; not mode 0666: "
+                       f"{', '.join('/dev/' + c for c in closed)}",
+                       "containers not running as root cannot open them: chmod 0666, or set "
+                       "nvidia.NVreg_DeviceFileMode=0666 with --module-arg")
+    return Finding("device_nodes", OK, f"{detail} (mode 0666)")
+
+
+def check_dev_char(n: Node) -> Finding:
+    states = devchar.check(n.kernel.dev_dir)
+    if not states:
+        return Finding("dev_char_symlinks", WARN, "no NVIDIA device nodes to link",
+                       "fix device_nodes first")
+    bad = [s for s in states if s.problem]
+    if bad:
+        listed = ", ".join(f"/dev/char/{s.device.link_name} ({s.device.rel}) {s.problem}"
+                           for s in bad)
+        return Finding("dev_char_symlinks", FAIL, listed,
+                       "re-run install (it creates them), or: nvidia-ctk system "
+                       "create-dev-char-symlinks --create-all; without them GPU containers fail "
+                       "with 'Failed to initialize NVML: Unknown Error' after systemctl "
+                       "daemon-reload")
+    return Finding("dev_char_symlinks", OK, f"{len(states)} link(s) in /dev/char")
+
+
+def check_nvidia_smi(n: Node) -> Finding:
+    from installer.verify import check_driver_version, nvidia_smi
+
+    if not (n.install.bin / "nvidia-smi").is_file():
+        return Finding("nvidia_smi", FAIL, "not run: no bin/nvidia-smi in the install dir",
+                       "fix install_dir first")
+    if n.loaded_version is None:
+        return Finding("nvidia_smi", FAIL, "not run: the nvidia module is not loaded",
+                       "fix kernel_modules first")
+    try:
+        found = nvidia_smi(n.install, n.kernel, n.runner, lib_dir=n.install.lib64)
+        if n.record and n.record.driver_version:
+            check_driver_version(found, n.record.driver_version)
+    except InstallerError as exc:
+        return Finding("nvidia_smi", FAIL, exc.message, exc.hint or "")
+    names = ", ".join(f"{g.name} ({g.bus_id})" for g in found)
+    return Finding("nvidia_smi", OK, f"driver {found[0].driver_version if found else '?'}: "
+                   f"{names or 'no GPUs listed'}")
+
+
+_LDCONFIG_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
+
+
+def parse_ldconfig_p(text: str) -> dict[str, list[str]]:
+    """``ldconfig -p`` output -> soname: [paths of 64-bit entries, in lookup order]."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = _LDCONFIG_LINE.match(line)
+        if m and "64" in m.group(2):  # libc6,x86-64 / libc6,AArch64, not 32-bit libc6
+            out.setdefault(m.group(1), []).append(m.group(3))
+    return out
+
+
+def check_host_ld_cache(n: Node) -> Finding:
+    cache_file = n.host.path("/etc/ld.so.cache")
+    lib_dir = n.install.lib64_host()
+    fix = (f"re-run install: it puts {lib_dir} in /etc/ld.so.conf.d/nvidia.conf and runs "
+           "ldconfig -r on the host; workloads can also set "
+           "LD_LIBRARY_PATH=/usr/local/nvidia/lib64")
+    if not cache_file.is_file():
+        return Finding("host_ld_cache", FAIL, "the host has no /etc/ld.so.cache", fix)
+    try:
+        result = n.runner.run(["ldconfig", "-p", "-C", str(cache_file)], timeout=30)
+    except CommandError as exc:
+        return Finding("host_ld_cache", FAIL, f"cannot read the host ld cache: "
+                       f"{exc.stderr_tail(2)}", fix)
+    entries = parse_ldconfig_p(result.stdout)
+    problems, good = [], []
+    for lib in LIBS:
+        paths = entries.get(lib, [])
+        ours = [p for p in paths if PurePosixPath(p).parent == lib_dir]
+        if not paths:
+            problems.append(f"{lib} is not in the host ld cache")
+        elif not ours:
+            problems.append(f"{lib} resolves to {paths[0]}, not {lib_dir}")
+        elif paths[0] not in ours:
+            problems.append(f"{lib} resolves to {paths[0]} before {ours[0]}")
+        elif not n.host.resolve(ours[0]).exists():
+            problems.append(f"{lib} => {ours[0]}, which does not exist")
+        else:
+            good.append(f"{lib} => {ours[0]}")
+    if problems:
+        return Finding("host_ld_cache", FAIL, "; ".join(problems + good), fix)
+    return Finding("host_ld_cache", OK, "; ".join(good))
+
+
+def check_readiness(n: Node) -> Finding:
+    fields = readiness.read(n.host)
+    path = readiness.READY_HOST_PATH
+    if fields is None:
+        return Finding("readiness", WARN, f"{path} is absent: components waiting for it (device "
+                       "plugin, toolkit) stay blocked",
+                       "run install: it writes the file only after the driver is verified")
+    version = fields.get("NVIDIA_DRIVER_VERSION")
+    loaded = n.loaded_version
+    if loaded and version and loaded != version:
+        return Finding("readiness", WARN, f"{path} says driver {version} but {loaded} is loaded",
+                       "re-run install to replace the loaded driver and refresh the file")
+    return Finding("readiness", OK, f"{path}: driver {version}, ready at {fields.get('READY_AT')}")
+
+
+def check_device_plugin(n: Node) -> Finding:
+    plugin_dir = n.host.path(DEVICE_PLUGIN_DIR)
+    socks = sorted(plugin_dir.glob("nvidia*.sock")) if plugin_dir.is_dir() else []
+    live = [s for s in socks if stat.S_ISSOCK(s.lstat().st_mode)]
+    fix = ("check the NVIDIA device plugin DaemonSet (kube-system nvidia-gpu-device-plugin on "
+           "GKE): it registers once the driver is ready; pods cannot request nvidia.com/gpu "
+           "until then")
+    if live:
+        return Finding("device_plugin", OK, "registered: " + ", ".join(
+            str(DEVICE_PLUGIN_DIR / s.name) for s in live))
+    if socks:
+        return Finding("device_plugin", WARN, f"{', '.join(s.name for s in socks)} in "
+                       f"{DEVICE_PLUGIN_DIR} but not a socket (stale)", fix)
+    return Finding("device_plugin", WARN, f"no nvidia*.sock in {DEVICE_PLUGIN_DIR}", fix)
+
+
+def check_disk(n: Node) -> Finding:
+    path = n.install.root
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    free = shutil.disk_usage(path).free
+    mib = free >> 20
+    if free < FREE_MINIMUM:
+        return Finding("disk_space", FAIL, f"{mib} MiB free in {path}",
+                       "free disk space on the node (the install exits 11 when it runs out)")
+    if free < FREE_FOR_INSTALL:
+        return Finding("disk_space", WARN, f"{mib} MiB free in {path}: enough to load the cached "
+                       f"driver, not for a new install (needs ~{FREE_FOR_INSTALL >> 20} MiB)",
+                       "free disk space before changing the driver version or kernel")
+    return Finding("disk_space", OK, f"{mib} MiB free in {path}")
+
+
+CHECKS: tuple[tuple[str, Callable[[Node], Finding]], ...] = (
+    ("host", check_host),
+    ("gpus", check_gpus),
+    ("module_signing", check_module_signing),
+    ("installer_status", check_installer_status),
+    ("cache", check_cache),
+    ("install_dir", check_install_dir),
+    ("kernel_modules", check_kernel_modules),
+    ("device_nodes", check_device_nodes),
+    ("dev_char_symlinks", check_dev_char),
+    ("nvidia_smi", check_nvidia_smi),
+    ("host_ld_cache", check_host_ld_cache),
+    ("readiness", check_readiness),
+    ("device_plugin", check_device_plugin),
+    ("disk_space", check_disk),
+)
+
+
+@dataclass
+class Report:
+    node: dict[str, object]
+    findings: list[Finding]
+
+    @property
+    def failed(self) -> list[Finding]:
+        return [f for f in self.findings if f.verdict == FAIL]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.verdict == WARN]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, object]:
+        return {"healthy": self.healthy, "node": self.node,
+                "summary": self.summary(),
+                "findings": [asdict(f) for f in self.findings]}
+
+    def summary(self) -> str:
+        if self.healthy:
+            extra = f" ({len(self.warnings)} warning(s))" if self.warnings else ""
+            return f"HEALTHY: the NVIDIA driver is installed, loaded and verified{extra}"
+        first = self.failed[0]
+        return (f"UNHEALTHY: {len(self.failed)} check(s) failed "
+                f"({', '.join(f.check for f in self.failed)}). Start with {first.check}: "
+                f"{first.fix or first.detail}")
+
+
+def run(settings: Settings) -> Report:
+    node = _load(settings)
+    findings = []
+    for name, check in CHECKS:
+        try:
+            findings.append(check(node))
+        except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others
+            findings.append(Finding(name, FAIL, f"the check itself failed: "
+                                    f"{type(exc).__name__}: {exc}",
+                                    "report this as an installer bug; check by hand meanwhile"))
+    info = node.host_info
+    return Report(
+        node={
+            "os": info.os_id if info else None,
+            "kernel_release": node.kernel_release,
+            "build_id": info.build_id if info else None,
+            "install_dir": str(node.install.root),
+            "install_dir_host": str(node.install.host_path),
+            "gpus": [g.to_dict() for g in node.pci],
+            "loaded_driver_version": node.loaded_version,
+        },
+        findings=findings,
+    )
+
+
+def render_text(report: Report, width: int | None = None) -> str:
+    """The table: one row per check, the fix under each warn/fail row."""
+    width = width or max(80, min(shutil.get_terminal_size((120, 24)).columns, 140))
+    name_w = max(len(f.check) for f in report.findings)
+    verdict_w = 4
+    indent = 2 + verdict_w + 2 + name_w + 2
+    body_w = max(30, width - indent)
+    n = report.node
+    lines = [f"nvidia-driver-installer doctor: {n['os'] or 'unknown OS'}, kernel "
+             f"{n['kernel_release']}, install dir {n['install_dir_host']}", ""]
+    lines.append(f"  {'':{verdict_w}}  {'CHECK':{name_w}}  DETAIL")
+    for f in report.findings:
+        label = {OK: "ok", WARN: "WARN", FAIL: "FAIL"}[f.verdict]
+        detail = textwrap.wrap(f.detail, body_w) or [""]
+        lines.append(f"  {label:{verdict_w}}  {f.check:{name_w}}  {detail[0]}")
+        lines += [" " * indent + d for d in detail[1:]]
+        if f.verdict != OK and f.fix:
+            fix = textwrap.wrap("fix: " + f.fix, body_w)
+            lines += [" " * indent + d for d in fix]
+    lines += ["", report.summary()]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(report.to_dict(), indent=2) + "\n"
