@@ -130,8 +130,10 @@ class _Extractor:
         if self.exclude is not None and rel != PurePosixPath(".") and self.exclude(str(rel)):
             self.excluded.add(str(rel))
             return
-        if info.isdev() or info.isfifo():
-            raise _Refused("a device file" if info.isdev() else "a FIFO")
+        if info.isfifo():
+            raise _Refused("a FIFO")
+        if info.ischr() or info.isblk():
+            raise _Refused("a device file")
         dest = self.root / rel
         if info.isdir():
             self._dir(dest, info)

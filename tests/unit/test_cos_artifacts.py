@@ -1,0 +1,200 @@
+"""COS artifacts: URL templating, version aliases, toolchain location, existence probes."""
+
+from __future__ import annotations
+
+import pytest
+
+from installer import cos_artifacts as ca
+from installer.errors import (
+    DownloadError,
+    ExitCode,
+    IntegrityError,
+    UnsupportedHostError,
+    UsageError,
+)
+
+BUILD = "17801.218.41"
+BASE = f"https://storage.googleapis.com/cos-tools/{BUILD}"
+
+
+# --------------------------------------------------------------------------- templating
+
+
+@pytest.mark.parametrize("template, board, expected", [
+    ("https://storage.googleapis.com/cos-tools/{build_id}", "lakitu", BASE),
+    ("https://storage.googleapis.com/cos-tools/{build_id}/", None, BASE),
+    ("https://mirror.example/cos/{board}/{build_id}", "lakitu",
+     f"https://mirror.example/cos/lakitu/{BUILD}"),
+    ("https://mirror.example/fixed", None, "https://mirror.example/fixed"),
+    ("file:///srv/cos/{build_id}", None, f"file:///srv/cos/{BUILD}"),
+])
+def test_artifacts_base(template, board, expected):
+    assert ca.artifacts_base(template, build_id=BUILD, board=board) == expected
+
+
+def test_board_placeholder_without_board_is_a_host_problem():
+    with pytest.raises(UnsupportedHostError, match="CHROMEOS_RELEASE_BOARD") as err:
+        ca.artifacts_base("https://m.example/{board}/{build_id}", build_id=BUILD, board=None)
+    assert err.value.exit_code == ExitCode.UNSUPPORTED_HOST
+    assert err.value.context["path"] == "/etc/lsb-release"
+
+
+def test_unknown_placeholder_is_usage():
+    with pytest.raises(UsageError, match=r"\{milestone\}"):
+        ca.artifacts_base("https://m.example/{milestone}/{build_id}", build_id=BUILD, board="x")
+
+
+def test_artifact_names():
+    assert ca.prebuilt_modules_name("535.183.01") == "nvidia-drivers-535.183.01.tgz"
+    assert ca.version_file_name("R535") == "gpu_R535_version"
+    assert ca.join(BASE + "/", "/kernel-headers.tgz") == f"{BASE}/kernel-headers.tgz"
+
+
+# --------------------------------------------------------------------------- versions
+
+
+@pytest.mark.parametrize("raw, version, alias", [
+    (None, None, "default"),
+    ("", None, "default"),
+    ("default", None, "default"),
+    ("DEFAULT", None, "default"),
+    ("latest", None, "latest"),
+    ("R535", None, "R535"),
+    ("r470", None, "R470"),
+    ("535", None, "R535"),
+    ("535.183.01", "535.183.01", None),
+    ("550.54", "550.54", None),
+])
+def test_parse_requested(raw, version, alias):
+    req = ca.parse_requested(raw)
+    assert (req.version, req.alias) == (version, alias)
+
+
+@pytest.mark.parametrize("raw", ["newest", "R", "5x5.1", "535.183.01; rm -rf /", "../gpu"])
+def test_bad_requests_are_usage_errors(raw):
+    with pytest.raises(UsageError, match="neither a driver version nor a COS alias"):
+        ca.parse_requested(raw)
+
+
+def _fetcher(files: dict[str, str]):
+    asked = []
+
+    def fetch(name):
+        asked.append(name)
+        return files.get(name)
+
+    fetch.asked = asked
+    return fetch
+
+
+@pytest.mark.parametrize("raw, expected, file", [
+    ("default", "535.183.01", "gpu_default_version"),
+    (None, "535.183.01", "gpu_default_version"),
+    ("latest", "550.54.14", "gpu_latest_version"),
+    ("R550", "550.54.14", "gpu_R550_version"),
+    ("535", "535.183.01", "gpu_R535_version"),
+])
+def test_alias_resolution(raw, expected, file):
+    fetch = _fetcher({"gpu_default_version": "535.183.01\n", "gpu_latest_version": "550.54.14",
+                      "gpu_R535_version": " 535.183.01 \n", "gpu_R550_version": "550.54.14\n"})
+    resolved = ca.resolve_version(ca.parse_requested(raw), fetch, base=BASE, build_id=BUILD)
+    assert resolved.version == expected
+    assert resolved.source_url == f"{BASE}/{file}"
+    assert fetch.asked == [file]
+
+
+def test_explicit_version_reads_nothing():
+    fetch = _fetcher({})
+    resolved = ca.resolve_version(ca.parse_requested("535.104.05"), fetch, base=BASE,
+                                  build_id=BUILD)
+    assert resolved.version == "535.104.05" and resolved.alias is None
+    assert fetch.asked == []
+
+
+def test_missing_alias_names_build_alias_and_url():
+    with pytest.raises(ca.MissingArtifactError) as err:
+        ca.resolve_version(ca.parse_requested("R470"), _fetcher({}), base=BASE, build_id=BUILD)
+    exc = err.value
+    assert isinstance(exc, DownloadError) and exc.exit_code == ExitCode.DOWNLOAD == 5
+    assert BUILD in exc.message and "'R470'" in exc.message
+    assert f"{BASE}/gpu_R470_version" in exc.message
+    assert exc.context == {"url": f"{BASE}/gpu_R470_version", "build_id": BUILD, "alias": "R470"}
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "<html>NoSuchKey</html>", "latest"])
+def test_malformed_alias_file_is_integrity(content):
+    with pytest.raises(IntegrityError, match="does not hold a driver version"):
+        ca.resolve_version(ca.parse_requested("default"),
+                           _fetcher({"gpu_default_version": content}), base=BASE, build_id=BUILD)
+
+
+# --------------------------------------------------------------------------- toolchain
+
+
+def test_toolchain_location():
+    assert ca.toolchain_location(None, BASE) == f"{BASE}/toolchain.tar.xz"
+    url = "https://storage.googleapis.com/chromiumos-sdk/2023/x86_64-cros-linux-gnu-2023.tar.xz"
+    assert ca.toolchain_location(url + "\n", BASE) == url
+    assert ca.toolchain_location("gs://chromiumos-sdk/a/tc.tar.xz", BASE) == \
+        "https://storage.googleapis.com/chromiumos-sdk/a/tc.tar.xz"
+    assert ca.toolchain_location("# comment\n../shared/tc.tar.xz\n", BASE) == \
+        f"{BASE}/../shared/tc.tar.xz"
+    with pytest.raises(IntegrityError, match="empty"):
+        ca.toolchain_location("\n  \n", BASE)
+
+
+def test_toolchain_env():
+    assert ca.parse_toolchain_env(None) == ca.DEFAULT_TOOLCHAIN_ENV
+    env = ca.parse_toolchain_env('CC="x86_64-cros-linux-gnu-clang"\nCXX=x86_64-cros-linux-gnu-clang++\n'
+                                 "LD=x86_64-cros-linux-gnu-ld.lld\n# c\n")
+    assert env == {"CC": "x86_64-cros-linux-gnu-clang", "CXX": "x86_64-cros-linux-gnu-clang++",
+                   "LD": "x86_64-cros-linux-gnu-ld.lld"}
+
+
+# --------------------------------------------------------------------------- access
+
+
+def test_file_artifacts(tmp_path):
+    build = tmp_path / BUILD
+    build.mkdir()
+    (build / "gpu_latest_version").write_text("550.54.14\n")
+    (build / "nvidia-drivers-550.54.14.tgz").write_bytes(b"x")
+    arts = ca.Artifacts(ca.artifacts_base(f"file://{tmp_path}/{{build_id}}", build_id=BUILD,
+                                          board=None), BUILD, None, None,
+                        allow_insecure_http=False)
+    assert arts.resolve(ca.parse_requested("latest")).version == "550.54.14"
+    assert arts.exists("nvidia-drivers-550.54.14.tgz")
+    assert not arts.exists("nvidia-drivers-535.183.01.tgz")
+    assert arts.fetch_text("toolchain_url") is None
+    with pytest.raises(ca.MissingArtifactError):
+        arts.resolve(ca.parse_requested("R470"))
+
+
+def test_plain_http_artifacts_refused_unless_allowed():
+    with pytest.raises(UsageError, match="plain http"):
+        ca.Artifacts("http://mirror.example/cos/1.2.3", BUILD, None, None,
+                     allow_insecure_http=False)
+    ca.Artifacts("http://mirror.example/cos/1.2.3", BUILD, None, None, allow_insecure_http=True)
+
+
+def test_url_exists_over_https(artifact_server, monkeypatch):
+    from installer.download import make_session
+
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", artifact_server.ca_bundle_path)
+    artifact_server.serve("/b/nvidia-drivers-1.2.3.tgz", b"data")
+    artifact_server.fault("/b/flaky", statuses=[503, 200])
+    artifact_server.serve("/b/flaky", b"data")
+    session = make_session()
+    from installer.retry import RetryPolicy
+
+    quick = RetryPolicy(attempts=3, wait_initial=0.0, wait_max=0.0, total_timeout=30,
+                        connect_timeout=5, read_timeout=5)
+    assert ca.url_exists(session, artifact_server.url_for("/b/nvidia-drivers-1.2.3.tgz"),
+                         allow_insecure_http=False, policy=quick)
+    assert not ca.url_exists(session, artifact_server.url_for("/b/missing.tgz"),
+                             allow_insecure_http=False, policy=quick)
+    assert ca.url_exists(session, artifact_server.url_for("/b/flaky"),
+                         allow_insecure_http=False, policy=quick)
+    # Probes never download the body.
+    assert {r.method for r in artifact_server.requests} == {"HEAD"}
+    assert all(r.body_bytes == 0 for r in artifact_server.requests)

@@ -1,0 +1,400 @@
+"""The COS distro's plans (compile, prebuilt, cached, preload) and their early steps,
+against a fixture COS node, a fake kernel and a file:// bucket (no root, no network)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from installer import cache
+from installer.cache import CacheKey
+from installer.context import Context
+from installer.distros import for_host
+from installer.distros.cos import Cos, decide_modules, signing_policy
+from installer.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
+from installer.hostroot import HostRoot
+from installer.install import detect
+from installer.installdir import InstallDir
+from installer.kernel import KernelState
+from installer.runner import Runner
+from installer.settings import Settings
+from tests.cosbucket import CC, CXX, DEFAULT_V, LATEST_V, TRIPLE, Bucket
+from tests.fixtures.kernel import FakeKernel
+from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, build_cos_node
+
+COMPILE_STEPS = [
+    "check_module_signing", "check_loaded_driver", "prepare_staging", "fetch_artifacts",
+    "prepare_kernel_headers", "prepare_toolchain", "extract_driver", "build_driver",
+    "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
+    "container_ld_cache", "host_ld_cache", "verify", "record_cache",
+]
+PREBUILT_STEPS = [
+    "check_module_signing", "check_loaded_driver", "prepare_staging", "fetch_artifacts",
+    "unpack_prebuilt", "extract_driver", "build_driver", "place_prebuilt",
+    "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
+    "container_ld_cache", "host_ld_cache", "verify", "record_cache",
+]
+CACHED_STEPS = [
+    "clear_leftovers", "check_loaded_driver", "unload_other_driver", "load_modules",
+    "device_nodes", "container_ld_cache", "host_ld_cache", "verify",
+]
+
+
+class Env:
+    def __init__(self, tmp_path: Path):
+        self.tmp = tmp_path
+        self.node = build_cos_node(tmp_path / "node")
+        self.kernel = FakeKernel(tmp_path / "kernel", COS_KERNEL)
+        self.kernel.add_gpu()  # an L4: open modules are fine
+        self.bucket = Bucket(tmp_path / "bucket")
+        self.tools_dir = tmp_path / "tools"
+        self.tesla = tmp_path / "tesla"
+
+    def ctx(self, **settings) -> Context:
+        self.bucket.write()
+        s = Settings(
+            host_root=self.node.root,
+            install_dir=self.node.install_dir,
+            cos_artifacts_url=self.bucket.file_url(),
+            driver_base_url=f"file://{self.tesla}",
+            toolchain_dir=self.tools_dir,
+            **settings,
+        ).resolved()
+        host = HostRoot(s.host_root)
+        kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)
+        return Context(settings=s, host=host, kernel=kernel, runner=Runner(),
+                       install=InstallDir(s.install_dir, s.install_dir_host),
+                       host_info=detect(host, COS_KERNEL))
+
+
+@pytest.fixture
+def env(tmp_path):
+    return Env(tmp_path)
+
+
+def names(plan) -> list[str]:
+    return [s.name for s in plan.steps]
+
+
+def step(plan, name):
+    return next(s for s in plan.steps if s.name == name)
+
+
+def test_registry_and_detection(env):
+    ctx = env.ctx()
+    assert ctx.host_info.build_id == COS_BUILD_ID and ctx.host_info.board == "lakitu"
+    assert isinstance(for_host(ctx.host_info), Cos)
+
+
+def test_compile_plan(env):
+    ctx = env.ctx()
+    plan = Cos().plan(ctx)
+    assert plan.kind == "fresh"
+    assert names(plan) == COMPILE_STEPS
+    base = f"file://{env.bucket.root}/{COS_BUILD_ID}"
+    s = plan.summary
+    assert s["driver_version"] == DEFAULT_V and s["version_alias"] == "default"
+    assert s["version_source"] == f"{base}/gpu_default_version"
+    assert s["flavor"] == "compiled-proprietary"
+    assert s["artifacts_url"] == base
+    assert s["driver_url"] == f"file://{env.tesla}/{DEFAULT_V}/NVIDIA-Linux-x86_64-{DEFAULT_V}.run"
+    assert s["kernel_headers_url"] == f"{base}/kernel-headers.tgz"
+    assert s["toolchain_url"] == f"{base}/toolchain.tar.xz"
+    assert s["toolchain_env"] == {"CC": CC, "CXX": CXX}
+    assert s["prebuilt_modules_url"] == f"{base}/nvidia-drivers-{DEFAULT_V}.tgz"
+    assert s["prebuilt_modules_used"] is False and s["signatures_enforced"] is False
+    assert s["tools_dir"] == str(env.tools_dir / COS_BUILD_ID)
+    fetch = step(plan, "fetch_artifacts").detail
+    for url in (s["driver_url"], s["kernel_headers_url"], s["toolchain_url"]):
+        assert url in fetch
+    # Planning wrote nothing (dry-run safety).
+    assert not env.tools_dir.exists()
+    assert not (env.node.install_dir / ".staging").exists()
+    json.dumps(plan.describe())  # what --dry-run prints is JSON
+
+
+def test_prebuilt_plan_is_preferred(env):
+    env.bucket.prebuilt_versions = (LATEST_V,)
+    plan = Cos().plan(env.ctx(driver_version="latest"))
+    assert names(plan) == PREBUILT_STEPS
+    s = plan.summary
+    assert s["driver_version"] == LATEST_V and s["flavor"] == "prebuilt-open"
+    assert s["prebuilt_modules_used"] is True
+    assert "toolchain_url" not in s  # no toolchain needed
+    fetch = step(plan, "fetch_artifacts").detail
+    assert f"nvidia-drivers-{LATEST_V}.tgz" in fetch and "toolchain" not in fetch
+    assert "kernel-headers" not in fetch
+
+
+def test_proprietary_request_skips_prebuilt_open_modules(env):
+    env.bucket.prebuilt_versions = (LATEST_V,)
+    plan = Cos().plan(env.ctx(driver_version="latest", kernel_module_type="proprietary"))
+    assert names(plan) == COMPILE_STEPS
+    assert plan.summary["flavor"] == "compiled-proprietary"
+    assert any("proprietary" in n for n in plan.summary["kernel_module_notes"])
+
+
+def test_pre_turing_gpu_skips_prebuilt_open_modules(env):
+    for dev in (env.kernel.sys_dir / "bus/pci/devices").iterdir():
+        (dev / "device").write_text("0x1db1\n")  # V100
+    env.bucket.prebuilt_versions = (LATEST_V,)
+    plan = Cos().plan(env.ctx(driver_version="latest"))
+    assert names(plan) == COMPILE_STEPS
+    assert any("V100" in n for n in plan.summary["kernel_module_notes"])
+
+
+def test_branch_alias_and_explicit_version(env):
+    plan = Cos().plan(env.ctx(driver_version="R550"))
+    assert plan.summary["driver_version"] == LATEST_V
+    assert plan.summary["version_source"].endswith("/gpu_R550_version")
+    plan = Cos().plan(env.ctx(driver_version="535.104.05"))
+    assert plan.summary["driver_version"] == "535.104.05"
+    assert plan.summary["version_source"] is None
+
+
+def test_missing_alias_is_exit_5_with_url(env):
+    with pytest.raises(DownloadError) as err:
+        Cos().plan(env.ctx(driver_version="R470"))
+    assert err.value.exit_code == 5
+    assert err.value.context["url"].endswith(f"{COS_BUILD_ID}/gpu_R470_version")
+    assert COS_BUILD_ID in err.value.message and "R470" in err.value.message
+
+
+def test_no_toolchain_env_uses_cros_defaults_and_toolchain_url(env):
+    env.bucket.toolchain_env = None
+    env.bucket.toolchain_via_url = "../toolchain-elsewhere.tar.xz"
+    s = Cos().plan(env.ctx()).summary
+    assert s["toolchain_env"] == {"CC": "x86_64-cros-linux-gnu-gcc",
+                                  "CXX": "x86_64-cros-linux-gnu-g++"}
+    assert s["toolchain_url"] == (f"file://{env.bucket.root}/{COS_BUILD_ID}/"
+                                  "../toolchain-elsewhere.tar.xz")
+
+
+def _install_files(root: Path, version: str):
+    for rel, data in {"drivers/nvidia.ko": b"ko", "bin/nvidia-smi": b"smi",
+                      f"lib64/libnvidia-ml.so.{version}": b"nvml"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (root / "lib64/libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{version}")
+
+
+def test_cached_plan_needs_build_and_version(env):
+    ctx = env.ctx()
+    _install_files(env.node.install_dir, DEFAULT_V)
+    cache.write(ctx.install.cache_file, CacheKey(DEFAULT_V, build_id=COS_BUILD_ID,
+                                                 flavor="prebuilt-open"),
+                ctx.install.root, "test")
+    text = ctx.install.cache_file.read_text()
+    assert f"CACHE_BUILD_ID={COS_BUILD_ID}" in text and "CACHE_FLAVOR=prebuilt-open" in text
+    plan = Cos().plan(ctx)
+    assert plan.kind == "cached" and names(plan) == CACHED_STEPS
+    assert plan.summary["flavor"] == "prebuilt-open"
+    # Another version: fresh.
+    assert Cos().plan(env.ctx(driver_version="latest")).kind == "fresh"
+    # --force: fresh.
+    assert Cos().plan(env.ctx(force=True)).kind == "fresh"
+
+
+def test_gke_v1_cache_record_is_recognised(env):
+    ctx = env.ctx()
+    _install_files(env.node.install_dir, DEFAULT_V)
+    ctx.install.cache_file.write_text(
+        f"CACHE_BUILD_ID={COS_BUILD_ID}\nCACHE_NVIDIA_DRIVER_VERSION={DEFAULT_V}\n")
+    assert Cos().plan(ctx).kind == "cached"
+    ctx.install.cache_file.write_text(
+        f"CACHE_BUILD_ID=17800.1.1\nCACHE_NVIDIA_DRIVER_VERSION={DEFAULT_V}\n")
+    assert Cos().plan(ctx).kind == "fresh"
+
+
+def test_alias_falls_back_to_cache_when_artifacts_unreachable(env):
+    ctx = env.ctx()
+    _install_files(env.node.install_dir, DEFAULT_V)
+    cache.write(ctx.install.cache_file, CacheKey(DEFAULT_V, build_id=COS_BUILD_ID),
+                ctx.install.root, "test")
+    # Nothing listens on port 9: connection refused, fast.
+    ctx = env.ctx()
+    object.__setattr__(ctx.settings, "cos_artifacts_url", "https://127.0.0.1:9/{build_id}")
+    plan = Cos().plan(ctx)
+    assert plan.kind == "cached" and plan.summary["driver_version"] == DEFAULT_V
+    assert "cached install" in plan.summary["version_source"]
+
+
+def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
+    import installer.distros.cos as cos_mod
+    from installer.retry import RetryPolicy
+
+    ctx = env.ctx()
+    object.__setattr__(ctx.settings, "cos_artifacts_url", "https://127.0.0.1:9/{build_id}")
+    monkeypatch.setenv("DOWNLOAD_RETRIES", "1")
+    monkeypatch.setattr(cos_mod, "QUICK_POLICY", RetryPolicy(1, 0, 0, 5, 2, 2))
+    with pytest.raises(DownloadError) as err:
+        Cos().plan(ctx)
+    assert err.value.exit_code == 5 and "127.0.0.1:9" in err.value.message
+
+
+# --------------------------------------------------------------------------- signing
+
+
+def test_signing_policy_reads_cmdline_param_lockdown_loadpin(env):
+    k = env.kernel
+    state = KernelState(k.proc_dir, k.sys_dir, k.dev_dir)
+    assert signing_policy(state).enforced is False
+    k.set_cmdline("console=ttyS0 module.sig_enforce=1 loadpin.exclude=kernel-module "
+                  "modules-load=loadpin_trigger loadpin.enforce=1")
+    p = signing_policy(state)
+    assert p.enforced and not p.loadpin_blocks
+    assert p.reasons == ("module.sig_enforce=1 is on the kernel command line",)
+    k.set_cmdline("console=ttyS0 loadpin.enforce=1")
+    k.set_sig_enforce(True)
+    k.set_lockdown("integrity")
+    p = signing_policy(state)
+    assert p.loadpin_blocks
+    assert p.reasons == ("/sys/module/module/parameters/sig_enforce is Y",
+                         "kernel lockdown is 'integrity'")
+
+
+def test_enforced_signatures_without_prebuilt_stop_first_with_exit_10(env):
+    env.kernel.set_cmdline("module.sig_enforce=1")
+    ctx = env.ctx()
+    plan = Cos().plan(ctx)
+    assert plan.summary["signatures_enforced"] is True and "blocked" in plan.summary
+    first = plan.steps[0]
+    assert first.name == "check_module_signing"
+    with pytest.raises(SecureBootError) as err:
+        first.run(ctx)
+    exc = err.value
+    assert exc.exit_code == ExitCode.SECURE_BOOT == 10
+    assert COS_BUILD_ID in exc.message and DEFAULT_V in exc.message
+    assert exc.context["url"].endswith(f"nvidia-drivers-{DEFAULT_V}.tgz")
+    assert "never edits boot config" in exc.hint
+
+
+def test_enforced_signatures_with_prebuilt_pass(env):
+    env.kernel.set_lockdown("integrity")
+    env.bucket.prebuilt_versions = (DEFAULT_V,)
+    ctx = env.ctx()
+    plan = Cos().plan(ctx)
+    assert plan.summary["flavor"] == "prebuilt-open" and "blocked" not in plan.summary
+    plan.steps[0].run(ctx)  # no error
+
+
+def test_decide_modules_matrix():
+    from installer import gpus
+
+    l4 = gpus.PciGpu("0000:00:04.0", "0x27b8", "0x030200", model=gpus.MODELS["0x27b8"])
+    v100 = gpus.PciGpu("0000:00:05.0", "0x1db1", "0x030200", model=gpus.MODELS["0x1db1"])
+    d = decide_modules([l4], "535.183.01", "auto", True)
+    assert d.use_prebuilt and d.installer_type is None
+    d = decide_modules([l4], "535.183.01", "auto", False)
+    assert not d.use_prebuilt and d.compiled_type == "proprietary" and d.installer_type is None
+    d = decide_modules([l4], "570.133.20", "auto", False)
+    assert d.compiled_type == "open" and d.installer_type == "open"
+    d = decide_modules([v100], "570.133.20", "auto", True)
+    assert not d.use_prebuilt and d.installer_type == "proprietary" and d.notes
+    d = decide_modules([], "535.183.01", "open", False)
+    assert d.installer_type == "open"
+    d = decide_modules([l4], "535.183.01", "proprietary", True)
+    assert not d.use_prebuilt
+
+
+# --------------------------------------------------------------------------- preload
+
+
+def test_preload_plan_and_run(env):
+    ctx = env.ctx(preload=True)
+    plan = Cos().plan(ctx)
+    assert plan.kind == "preload"
+    assert names(plan) == ["fetch_artifacts", "prepare_kernel_headers", "prepare_toolchain",
+                           "preload_finished"]
+    assert plan.summary["already_cached"] is False and plan.summary["driver_version"] is None
+    for s in plan.steps:
+        s.run(ctx)
+    tools = env.tools_dir / COS_BUILD_ID
+    headers = tools / f"kernel-headers/usr/src/linux-headers-{COS_KERNEL}"
+    assert (headers / "Makefile").is_file()
+    assert ctx.facts["kernel_source"] == headers
+    tc = tools / "toolchain"
+    assert os.access(tc / f"bin/{CC}", os.X_OK)
+    assert os.readlink(tc / "bin/ld") == f"{TRIPLE}-ld.lld"
+    assert not (tc / "usr/lib64/rustlib").exists()
+    assert not list((tc / "usr/lib64").glob("librustc*"))
+    assert not (tools / ".downloads/kernel-headers.tgz").exists()  # archives removed
+    env_ = ctx.facts["build_env"]
+    assert env_["CC"] == CC and env_["CXX"] == CXX
+    assert env_["PATH"].split(":")[0] == str(tc / "bin")
+    assert env_["SYSROOT"] == str(tc / f"usr/{TRIPLE}")
+    assert ctx.facts["build_binds"] == [(str(tools), str(tools))]
+    marker = json.loads((tc / ".nvidia-driver-installer.json").read_text())
+    assert marker["source_url"].endswith("/toolchain.tar.xz") and len(marker["sha256"]) == 64
+    # Nothing was installed; the install dir is untouched.
+    assert not any(env.node.install_dir.iterdir())
+
+    # Second preload: everything is cached, nothing to fetch.
+    plan2 = Cos().plan(env.ctx(preload=True))
+    assert plan2.summary["already_cached"] is True
+    assert names(plan2) == ["prepare_kernel_headers", "prepare_toolchain", "preload_finished"]
+    # And the compile plan reuses them: only the .run is fetched.
+    plan3 = Cos().plan(env.ctx())
+    fetch = step(plan3, "fetch_artifacts").detail
+    assert "toolchain" not in fetch and "kernel-headers" not in fetch
+
+
+def test_preload_prunes_other_builds_it_made(env):
+    old = env.tools_dir / "17800.1.1"
+    (old / "toolchain").mkdir(parents=True)
+    (old / "toolchain/.nvidia-driver-installer.json").write_text("{}")
+    foreign = env.tools_dir / "17700.9.9"
+    foreign.mkdir()
+    (foreign / "keep").write_text("not ours")
+    ctx = env.ctx(preload=True)
+    for s in Cos().plan(ctx).steps:
+        s.run(ctx)
+    assert not old.exists() and foreign.exists()
+
+
+def test_malicious_headers_refused_during_preload(env, tmp_path):
+    env.bucket.evil_headers = "symlink_out"
+    ctx = env.ctx(preload=True)
+    plan = Cos().plan(ctx)
+    step(plan, "fetch_artifacts").run(ctx)
+    with pytest.raises(IntegrityError, match="symlink pointing outside") as err:
+        step(plan, "prepare_kernel_headers").run(ctx)
+    assert err.value.exit_code == 6
+    headers = env.tools_dir / COS_BUILD_ID / "kernel-headers"
+    assert not headers.exists()
+    assert not list((env.tools_dir / COS_BUILD_ID).glob(".kernel-headers*"))
+
+
+def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys):
+    """`install --dry-run` end to end in-process: nothing written, plan on stdout."""
+    from installer.cli import main
+
+    env.bucket.write()
+    argv = ["install", "--dry-run", "--host-root", str(env.node.root),
+            "--install-dir", str(env.node.install_dir), "--toolchain-dir", str(env.tools_dir),
+            "--cos-artifacts-url", env.bucket.file_url(),
+            "--driver-base-url", f"file://{env.tesla}", "--log-format", "json"]
+    old = {k: os.environ.get(k) for k in env.kernel.env()}
+    os.environ.update(env.kernel.env())
+    os.environ["KERNEL_RELEASE"] = COS_KERNEL
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.environ.pop("KERNEL_RELEASE", None)
+    assert exit_.value.code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dry_run"] is True and doc["kind"] == "fresh"
+    assert doc["driver_version"] == DEFAULT_V and doc["build_id"] == COS_BUILD_ID
+    assert doc["kernel_headers_url"].endswith("/kernel-headers.tgz")
+    assert [s["name"] for s in doc["steps"]] == COMPILE_STEPS
+    assert not env.tools_dir.exists()
+    assert not any(env.node.install_dir.iterdir())
