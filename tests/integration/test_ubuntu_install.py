@@ -47,8 +47,9 @@ def ok(proc):
 
 
 def loads(kernel) -> list[str]:
-    return [" ".join(Path(a).name for a in c["argv"][:2]) for c in kernel.calls()
-            if c["tool"] in ("insmod", "modprobe", "rmmod")]
+    """'insmod nvidia.ko', 'modprobe drm_kms_helper', 'rmmod nvidia_drm' in call order."""
+    return [f"{c['tool']} {Path(c['argv'][-1] if c['tool'] == 'modprobe' else c['argv'][0]).name}"
+            for c in kernel.calls() if c["tool"] in ("insmod", "modprobe", "rmmod")]
 
 
 def test_fresh_install_lays_out_the_host(node, pod, kernel, server):
@@ -73,7 +74,9 @@ def test_fresh_install_lays_out_the_host(node, pod, kernel, server):
 
     # Modules went in in dependency order, the in-tree drm helper via modprobe -d <host root>.
     assert loads(kernel) == ["insmod nvidia.ko", "insmod nvidia-uvm.ko", "insmod nvidia-modeset.ko",
-                             "modprobe -d", "insmod nvidia-drm.ko"]
+                             "modprobe drm", "modprobe drm_kms_helper", "insmod nvidia-drm.ko"]
+    modprobe = kernel.calls("modprobe")[0]["argv"]
+    assert modprobe[:2] == ["-d", str(node.root)]
     assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
     assert (kernel.dev_dir / "nvidiactl").exists() and (kernel.dev_dir / "nvidia-uvm").exists()
 
