@@ -292,6 +292,14 @@ class _Wait:
         return base / 2 + random.uniform(0, base / 2)  # noqa: S311 - not crypto
 
 
+def _upcoming_sleep(retry_state: tenacity.RetryCallState) -> float:
+    """The wait before the next attempt (tenacity >= 8.3 computes it before ``stop``)."""
+    value = getattr(retry_state, "upcoming_sleep", None)
+    if value is None and retry_state.next_action is not None:  # older tenacity
+        value = retry_state.next_action.sleep
+    return float(value or 0.0)
+
+
 class _Stop:
     """Stop when the attempts are used up, or when the next attempt would start too late."""
 
@@ -303,7 +311,7 @@ class _Stop:
         if retry_state.attempt_number >= p.attempts:
             return "attempts"
         elapsed = retry_state.seconds_since_start or 0.0
-        upcoming = getattr(retry_state, "upcoming_sleep", 0.0) or 0.0
+        upcoming = _upcoming_sleep(retry_state)
         if elapsed + upcoming >= p.total_timeout:
             return "total_timeout"
         return None
@@ -336,7 +344,7 @@ def network_retryer(
             url=shown_url,
             attempt=retry_state.attempt_number,
             attempts=policy.attempts,
-            wait_s=round(retry_state.upcoming_sleep, 3),
+            wait_s=round(_upcoming_sleep(retry_state), 3),
             cause=describe_cause(exc, redact) if exc is not None else None,
         )
 
