@@ -133,12 +133,11 @@ def cli() -> None:
 def install(**opts: Any) -> None:
     """Install (or load the cached) driver, then verify it with nvidia-smi."""
     from installer import install as install_flow
-    from installer.download import check_url_scheme
 
     started = time.monotonic()
     settings = _settings(**opts)
     for url in filter(None, (settings.driver_url, settings.driver_base_url)):
-        check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
+        _check_url(url, allow_insecure_http=settings.allow_insecure_http)
     outcome = install_flow.run(settings)
     _final_log().info(
         "install_finished",
@@ -148,6 +147,24 @@ def install(**opts: Any) -> None:
         duration_s=round(time.monotonic() - started, 3),
         message=_success_message(outcome),
     )
+
+
+def _check_url(url: str, *, allow_insecure_http: bool) -> None:
+    """``download.check_url_scheme``, without importing requests for a plain https URL.
+
+    installer.download imports requests (~100 ms); a cache hit downloads nothing.
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.scheme.lower() == "https" and parts.hostname:
+            return  # what check_url_scheme accepts for https
+    except ValueError:
+        pass
+    from installer.download import check_url_scheme
+
+    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
 
 
 def _success_message(outcome: dict[str, Any]) -> str:
@@ -236,8 +253,12 @@ def doctor(as_json: bool, **opts: Any) -> int:
     Exit 0 when no check fails (warnings allowed), 9 when any fails.
     """
     from installer import doctor as doctor_mod
+    from installer.log import configure
 
-    report = doctor_mod.run(_settings(**opts))
+    log_format, verbose = opts.get("log_format", "auto"), opts.get("verbose", False)
+    settings = _settings(**opts)
+    configure(log_format, "debug" if verbose else "warning")  # the report is the output
+    report = doctor_mod.run(settings)
     click.echo(doctor_mod.render_json(report) if as_json else doctor_mod.render_text(report),
                nl=False)
     # A failed check means the installed driver is not verified working: the verify

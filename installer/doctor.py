@@ -241,21 +241,21 @@ def check_kernel_modules(n: Node) -> Finding:
                        "run install (after a reboot it loads the cached driver in seconds)")
     busy = modules.users(n.kernel)
     held = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
-    detail = f"{', '.join(ours)} loaded, driver {version}" + (f"; in use by {held}" if held else
-                                                              "; not in use")
+    detail = f"driver {version} loaded ({', '.join(ours)})"
+    use = f"in use by {held}" if held else "not in use"
     cached = n.record.driver_version if n.record else None
     wanted = (n.status or {}).get("driver_version")
     for other, label in ((cached, "the install dir holds"), (wanted, "the last run wanted")):
         if other and version != other:
             fix = (DRAIN if busy else "re-run install: the old driver is unused, so it is "
                    "unloaded and replaced")
-            return Finding("kernel_modules", FAIL, f"{detail}, but {label} {other}: "
-                           "libraries and kernel module differ (NVML: Driver/library version "
-                           "mismatch)", fix)
+            return Finding("kernel_modules", FAIL, f"{detail}, but {label} {other} (libraries "
+                           f"and kernel module differ: NVML 'Driver/library version mismatch'); "
+                           f"{use}", fix)
     if "nvidia_uvm" not in loaded:
         return Finding("kernel_modules", FAIL, f"{detail}; nvidia_uvm is not loaded: CUDA "
                        "cannot start", "re-run install (it loads nvidia-uvm)")
-    return Finding("kernel_modules", OK, detail)
+    return Finding("kernel_modules", OK, f"{detail}; {use}")
 
 
 def check_device_nodes(n: Node) -> Finding:
@@ -500,19 +500,23 @@ def render_text(report: Report, width: int | None = None) -> str:
     indent = 2 + verdict_w + 2 + name_w + 2
     body_w = max(30, width - indent)
     n = report.node
-    lines = [f"nvidia-driver-installer doctor: {n['os'] or 'unknown OS'}, kernel "
-             f"{n['kernel_release']}, install dir {n['install_dir_host']}", ""]
+    lines = [*_wrap(f"nvidia-driver-installer doctor: {n['os'] or 'unknown OS'}, kernel "
+                    f"{n['kernel_release']}, install dir {n['install_dir_host']}", width), ""]
     lines.append(f"  {'':{verdict_w}}  {'CHECK':{name_w}}  DETAIL")
     for f in report.findings:
         label = {OK: "ok", WARN: "WARN", FAIL: "FAIL"}[f.verdict]
-        detail = textwrap.wrap(f.detail, body_w) or [""]
+        detail = _wrap(f.detail, body_w)
         lines.append(f"  {label:{verdict_w}}  {f.check:{name_w}}  {detail[0]}")
         lines += [" " * indent + d for d in detail[1:]]
         if f.verdict != OK and f.fix:
-            fix = textwrap.wrap("fix: " + f.fix, body_w)
+            fix = _wrap("fix: " + f.fix, body_w)
             lines += [" " * indent + d for d in fix]
-    lines += ["", report.summary()]
+    lines += ["", *_wrap(report.summary(), width)]
     return "\n".join(lines) + "\n"
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False) or [""]
 
 
 def render_json(report: Report) -> str:

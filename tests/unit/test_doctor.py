@@ -1,0 +1,434 @@
+"""doctor against fake node trees: one healthy node, then one thing broken at a time.
+
+The node is a host root (install dir, real ld.so.cache from the real ldconfig,
+status.json, .cache, readiness file, device plugin socket) plus fake proc/sys/dev
+trees behind the kernel seams. Each test breaks one thing and checks the finding
+that names it, its fix, and the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from installer import cache, cli, doctor
+from installer.cache import CacheKey
+
+RELEASE = "5.15.0-1049-gke"
+V = "550.54.14"
+INSTALL_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
+HEALTHY_MODULES = (
+    "nvidia_drm 16384 0 - Live 0x0 (POE)\n"
+    "nvidia_modeset 16384 1 nvidia_drm, Live 0x0 (POE)\n"
+    "nvidia_uvm 16384 0 - Live 0x0 (POE)\n"
+    "nvidia 16384 2 nvidia_uvm,nvidia_modeset, Live 0x0 (POE)\n"
+)
+NODES = {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (511, 0),
+         "nvidia-uvm-tools": (511, 1), "nvidia-modeset": (195, 254)}
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of char devices needs root")
+pytestmark = [needs_root,
+              pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc for real .so files")]
+
+
+@pytest.fixture(scope="session")
+def libs(tmp_path_factory):
+    """Real shared libraries with the SONAMEs ldconfig must see."""
+    out = tmp_path_factory.mktemp("libs")
+    src = out / "x.c"
+    src.write_text("int nv_fake(void) { return 0; }\n")
+    for stem in ("libcuda", "libnvidia-ml"):
+        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{stem}.so.1", "-o",
+                        str(out / f"{stem}.so.{V}"), str(src)], check=True)
+    return out
+
+
+class FakeNode:
+    def __init__(self, tmp: Path, libs: Path):
+        self.root = tmp / "host"
+        self.proc, self.sys, self.dev = tmp / "proc", tmp / "sys", tmp / "dev"
+        self.install = self.root / INSTALL_HOST.relative_to("/")
+        self.libs = libs
+
+    # -- building blocks ---------------------------------------------------
+
+    def write(self, path: Path, text: str, mode: int = 0o644) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(mode)
+        return path
+
+    def set_smi(self, line: str, rc: int = 0) -> None:
+        self.write(self.install / "bin/nvidia-smi", f"#!/bin/sh\necho '{line}'\nexit {rc}\n", 0o755)
+
+    def build(self) -> FakeNode:
+        w = self.write
+        w(self.root / "etc/os-release", 'ID=ubuntu\nVERSION_ID="22.04"\n'
+          'PRETTY_NAME="Ubuntu 22.04.4 LTS"\n')
+        w(self.root / "etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+        w(self.root / "etc/ld.so.conf.d/nvidia.conf", f"{INSTALL_HOST}/lib64\n")
+        self.set_smi(f"NVIDIA L4, {V}, 00000000:00:04.0")
+        w(self.install / "bin/nvidia-modprobe", "#!/bin/sh\nexit 0\n", 0o755)
+        lib64 = self.install / "lib64"
+        lib64.mkdir(parents=True)
+        for stem in ("libcuda", "libnvidia-ml"):
+            shutil.copy(self.libs / f"{stem}.so.{V}", lib64)
+            os.symlink(f"{stem}.so.{V}", lib64 / f"{stem}.so.1")
+        w(self.install / "drivers/nvidia.ko", "FAKEKO1\nname=nvidia\n")
+        self.ldconfig()
+        cache.write(self.install / ".cache", CacheKey(V, kernel_release=RELEASE,
+                                                      flavor="compiled-proprietary"),
+                    self.install, "test")
+        self.set_status(outcome="ok", exit_code=0, driver_version=V, plan="fresh",
+                        duration_s=42.0)
+        w(self.root / "run/nvidia/validations/driver-ready",
+          f"IS_HOST_DRIVER=true\nNVIDIA_DRIVER_VERSION={V}\nREADY_AT=2026-01-01T00:00:00Z\n")
+        self.plugin_socket()
+        # kernel
+        w(self.proc / "sys/kernel/osrelease", RELEASE + "\n")
+        w(self.proc / "cmdline", "BOOT_IMAGE=/vmlinuz ro\n")
+        w(self.proc / "modules", HEALTHY_MODULES)
+        for name in ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"):
+            (self.sys / "module" / name).mkdir(parents=True)
+        w(self.sys / "module/nvidia/version", V + "\n")
+        w(self.sys / "module/module/parameters/sig_enforce", "N\n")
+        w(self.sys / "kernel/security/lockdown", "[none] integrity confidentiality\n")
+        self.add_gpu("0000:00:04.0", "0x27b8")
+        self.dev.mkdir()
+        for name, (major, minor) in NODES.items():
+            os.mknod(self.dev / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+            os.chmod(self.dev / name, 0o666)
+            (self.dev / "char").mkdir(exist_ok=True)
+            os.symlink(f"../{name}", self.dev / "char" / f"{major}:{minor}")
+        return self
+
+    def ldconfig(self) -> None:
+        subprocess.run(["ldconfig", "-r", str(self.root)], check=True, capture_output=True)
+
+    def set_status(self, **fields) -> None:
+        self.write(self.install / "status.json", json.dumps(
+            {"finished_at": "2026-01-01T00:00:00Z", **fields}))
+
+    def plugin_socket(self) -> None:
+        d = self.root / "var/lib/kubelet/device-plugins"
+        d.mkdir(parents=True)
+        cwd = os.getcwd()
+        os.chdir(d)  # AF_UNIX paths are limited to 108 bytes: bind relative
+        try:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.bind("nvidia-gpu.sock")
+        finally:
+            os.chdir(cwd)
+
+    def add_gpu(self, addr: str, device: str) -> None:
+        base = self.sys / "bus/pci/devices" / addr
+        for name, value in (("vendor", "0x10de"), ("device", device), ("class", "0x030200")):
+            self.write(base / name, value + "\n")
+
+    # -- running doctor ----------------------------------------------------
+
+    def doctor(self, *extra: str, capsys) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["doctor", "--host-root", str(self.root), "--install-dir",
+                      str(self.install), "--log-format", "json", *extra])
+        return exit_.value.code, capsys.readouterr().out
+
+    def findings(self, capsys) -> tuple[int, dict[str, dict]]:
+        code, out = self.doctor("--json", capsys=capsys)
+        doc = json.loads(out)
+        assert doc["healthy"] is (code == 0)
+        return code, {f["check"]: f for f in doc["findings"]}
+
+
+@pytest.fixture
+def node(tmp_path, libs, monkeypatch):
+    n = FakeNode(tmp_path, libs).build()
+    for name, path in (("PROC", n.proc), ("SYS", n.sys), ("DEV", n.dev)):
+        monkeypatch.setenv(f"NVIDIA_INSTALLER_{name}_DIR", str(path))
+    monkeypatch.setattr(doctor.shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(100 << 30, 50 << 30, 50 << 30))
+    yield n
+    n.sock.close()
+
+
+def test_healthy_node_passes_every_check(node, capsys):
+    code, found = node.findings(capsys)
+    assert code == 0
+    assert {k: f["verdict"] for k, f in found.items()} == {k: "ok" for k, _ in doctor.CHECKS}
+    assert "NVIDIA L4 at 0000:00:04.0" in found["gpus"]["detail"]
+    assert f"libcuda.so.1 => {INSTALL_HOST}/lib64/libcuda.so.1" in found["host_ld_cache"]["detail"]
+    assert "5 link(s)" in found["dev_char_symlinks"]["detail"]
+    assert "nvidia-gpu.sock" in found["device_plugin"]["detail"]
+
+
+def test_healthy_table_is_readable(node, capsys):
+    code, out = node.doctor(capsys=capsys)
+    lines = out.rstrip().splitlines()
+    assert code == 0
+    assert lines[0].startswith("nvidia-driver-installer doctor: ubuntu, kernel " + RELEASE)
+    assert lines[-2] == "" and lines[-1].startswith("HEALTHY")
+    assert not [ln for ln in lines if ln.strip().startswith("fix:")]
+
+
+def test_missing_device_nodes(node, capsys):
+    for name in ("nvidia-uvm", "nvidia-uvm-tools"):
+        (node.dev / name).unlink()
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["device_nodes"]
+    assert f["verdict"] == "fail"
+    assert "/dev/nvidia-uvm, /dev/nvidia-uvm-tools" in f["detail"]
+    assert "nvidia-modprobe -c0 -u -m" in f["fix"]
+
+
+def test_missing_dev_char_links(node, capsys):
+    shutil.rmtree(node.dev / "char")
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["dev_char_symlinks"]
+    assert f["verdict"] == "fail" and "/dev/char/195:0 (nvidia0) missing" in f["detail"]
+    assert "Failed to initialize NVML: Unknown Error" in f["fix"]
+
+
+def test_device_nodes_not_world_accessible(node, capsys):
+    os.chmod(node.dev / "nvidia0", 0o660)
+    code, found = node.findings(capsys)
+    assert code == 0  # a warning, not a failure
+    assert found["device_nodes"]["verdict"] == "warn"
+    assert "/dev/nvidia0" in found["device_nodes"]["detail"]
+
+
+def test_stale_cache_after_kernel_update(node, capsys):
+    node.write(node.proc / "sys/kernel/osrelease", "5.15.0-1050-gke\n")
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["cache"]
+    assert f["verdict"] == "fail"
+    assert f"for kernel {RELEASE}" in f["detail"] and "runs kernel 5.15.0-1050-gke" in f["detail"]
+    assert "rebuilds" in f["fix"]
+
+
+def test_tampered_install_files(node, capsys):
+    (node.install / "drivers/nvidia.ko").write_text("corrupt")
+    code, found = node.findings(capsys)
+    assert code == 9
+    assert "drivers/nvidia.ko has changed" in found["cache"]["detail"]
+    assert "--force" in found["cache"]["fix"]
+
+
+def test_loaded_version_differs_and_in_use(node, capsys):
+    node.write(node.sys / "module/nvidia/version", "535.183.01\n")
+    node.write(node.proc / "modules", HEALTHY_MODULES.replace(
+        "nvidia 16384 2 nvidia_uvm", "nvidia 16384 4 nvidia_uvm"))  # 2 open handles
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["kernel_modules"]
+    assert f["verdict"] == "fail"
+    assert "driver 535.183.01" in f["detail"] and f"the install dir holds {V}" in f["detail"]
+    assert "in use by nvidia: 2 open handle(s)" in f["detail"]
+    assert "kubectl drain" in f["fix"]
+
+
+def test_loaded_version_differs_not_in_use(node, capsys):
+    node.write(node.sys / "module/nvidia/version", "535.183.01\n")
+    code, found = node.findings(capsys)
+    assert code == 9
+    assert "unloaded and replaced" in found["kernel_modules"]["fix"]
+
+
+def test_nothing_loaded(node, capsys):
+    node.write(node.proc / "modules", "")
+    code, found = node.findings(capsys)
+    assert code == 9
+    assert found["kernel_modules"]["detail"] == "no NVIDIA kernel module is loaded"
+    assert found["nvidia_smi"]["verdict"] == "fail"
+    assert found["readiness"]["verdict"] == "ok"  # stale file, but nothing loaded to compare
+
+
+def test_k80_with_a_too_new_driver(node, capsys):
+    shutil.rmtree(node.sys / "bus/pci/devices/0000:00:04.0")
+    node.add_gpu("0000:00:05.0", "0x102d")
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["gpus"]
+    assert f["verdict"] == "fail"
+    assert "too new for Tesla K80" in f["detail"] and "R470 or older" in f["detail"]
+
+
+def test_no_gpu_on_the_bus(node, capsys):
+    shutil.rmtree(node.sys / "bus/pci/devices")
+    code, found = node.findings(capsys)
+    assert code == 9
+    assert "no NVIDIA GPU on the PCI bus" in found["gpus"]["detail"]
+    assert "fallen off the bus" in found["gpus"]["fix"]
+
+
+@pytest.mark.parametrize("how", ["efivar", "sig_enforce", "lockdown"])
+def test_secure_boot_blocks_unsigned_modules(node, capsys, how):
+    node.write(node.proc / "modules", "")  # nothing loaded: the build would be refused
+    if how == "efivar":
+        efivar = node.sys / doctor.SECURE_BOOT_EFIVAR
+        efivar.parent.mkdir(parents=True)
+        efivar.write_bytes(b"\x06\x00\x00\x00\x01")
+    elif how == "sig_enforce":
+        node.write(node.sys / "module/module/parameters/sig_enforce", "Y\n")
+    else:
+        node.write(node.sys / "kernel/security/lockdown", "none [integrity] confidentiality\n")
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["module_signing"]
+    assert f["verdict"] == "fail" and "only loads signed modules" in f["detail"]
+    assert {"efivar": "Secure Boot is on", "sig_enforce": "module.sig_enforce",
+            "lockdown": "lockdown=integrity"}[how] in f["detail"]
+
+
+def test_secure_boot_off_efivar(node, capsys):
+    efivar = node.sys / doctor.SECURE_BOOT_EFIVAR
+    efivar.parent.mkdir(parents=True)
+    efivar.write_bytes(b"\x06\x00\x00\x00\x00")
+    _, found = node.findings(capsys)
+    assert found["module_signing"]["verdict"] == "ok"
+    assert "unsigned modules may load" in found["module_signing"]["detail"]
+
+
+def test_secure_boot_with_signed_modules_loaded_is_fine(node, capsys):
+    node.write(node.sys / "module/module/parameters/sig_enforce", "Y\n")
+    code, found = node.findings(capsys)
+    assert code == 0
+    assert "were accepted" in found["module_signing"]["detail"]
+
+
+def test_missing_ld_cache_entry(node, capsys):
+    (node.root / "etc/ld.so.conf.d/nvidia.conf").unlink()
+    node.ldconfig()
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["host_ld_cache"]
+    assert f["verdict"] == "fail"
+    assert "libcuda.so.1 is not in the host ld cache" in f["detail"]
+    assert "libnvidia-ml.so.1 is not in the host ld cache" in f["detail"]
+    assert "ld.so.conf.d/nvidia.conf" in f["fix"]
+
+
+def test_ld_cache_resolving_another_copy_first(node, capsys):
+    other = node.root / "usr/lib/x86_64-linux-gnu"
+    other.mkdir(parents=True)
+    shutil.copy(node.libs / f"libcuda.so.{V}", other)
+    node.write(node.root / "etc/ld.so.conf", "/usr/lib/x86_64-linux-gnu\n"
+               "include /etc/ld.so.conf.d/*.conf\n")
+    node.ldconfig()
+    code, found = node.findings(capsys)
+    assert code == 9
+    detail = found["host_ld_cache"]["detail"]
+    assert "libcuda.so.1 resolves to /usr/lib/x86_64-linux-gnu/libcuda.so.1 before" in detail
+
+
+def test_no_host_ld_cache_at_all(node, capsys):
+    (node.root / "etc/ld.so.cache").unlink()
+    code, found = node.findings(capsys)
+    assert code == 9 and "no /etc/ld.so.cache" in found["host_ld_cache"]["detail"]
+
+
+def test_failed_last_run_is_reported_with_its_hint(node, capsys):
+    node.set_status(outcome="error", exit_code=8, error_class="module_load",
+                    driver_version="535.183.01", message="NVIDIA driver 550.54.14 is loaded and "
+                    "in use (nvidia: 1 open handle(s))", hint="drain GPU workloads",
+                    context={"step": "check_loaded_driver"})
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["installer_status"]
+    assert f["verdict"] == "fail"
+    assert "in step check_loaded_driver: module_load (exit 8)" in f["detail"]
+    assert f["fix"].startswith("drain GPU workloads")
+    # The loaded driver is not the one the last run wanted.
+    assert "the last run wanted 535.183.01" in found["kernel_modules"]["detail"]
+
+
+def test_never_ran_and_not_ready_are_warnings(node, capsys):
+    (node.install / "status.json").unlink()
+    (node.root / "run/nvidia/validations/driver-ready").unlink()
+    node.sock.close()
+    (node.root / "var/lib/kubelet/device-plugins/nvidia-gpu.sock").unlink()
+    code, found = node.findings(capsys)
+    assert code == 0
+    for check in ("installer_status", "readiness", "device_plugin"):
+        assert found[check]["verdict"] == "warn", check
+    assert "driver-ready is absent" in found["readiness"]["detail"]
+
+
+def test_stale_plugin_file_is_a_warning(node, capsys):
+    node.sock.close()
+    sock = node.root / "var/lib/kubelet/device-plugins/nvidia-gpu.sock"
+    sock.unlink()
+    sock.write_text("")
+    _, found = node.findings(capsys)
+    assert found["device_plugin"]["verdict"] == "warn"
+    assert "not a socket" in found["device_plugin"]["detail"]
+
+
+def test_missing_library_in_install_dir(node, capsys):
+    (node.install / f"lib64/libnvidia-ml.so.{V}").unlink()  # the SONAME link dangles
+    code, found = node.findings(capsys)
+    assert code == 9
+    assert "lib64/libnvidia-ml.so.1" in found["install_dir"]["detail"]
+
+
+def test_nvidia_smi_failure_is_explained(node, capsys):
+    node.set_smi("Failed to initialize NVML: Driver/library version mismatch", rc=18)
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["nvidia_smi"]
+    assert "version mismatch" in f["detail"] and "different driver version" in f["fix"]
+
+
+@pytest.mark.parametrize(("free", "verdict"), [(100 << 20, "fail"), (1 << 30, "warn")])
+def test_low_disk(node, capsys, monkeypatch, free, verdict):
+    monkeypatch.setattr(doctor.shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(100 << 30, 100 << 30, free))
+    code, found = node.findings(capsys)
+    assert found["disk_space"]["verdict"] == verdict
+    assert code == (9 if verdict == "fail" else 0)
+
+
+def test_a_crashing_check_does_not_hide_the_others(node, capsys, monkeypatch):
+    def boom(n):
+        raise RuntimeError("unexpected layout")
+
+    monkeypatch.setattr(doctor, "CHECKS", (("gpus", boom), *doctor.CHECKS[2:]))
+    code, found = node.findings(capsys)
+    assert code == 9
+    assert found["gpus"]["detail"] == "the check itself failed: RuntimeError: unexpected layout"
+    assert found["disk_space"]["verdict"] == "ok"
+
+
+def test_unreadable_host_still_reports(node, capsys):
+    (node.root / "etc/os-release").unlink()
+    code, found = node.findings(capsys)
+    assert code == 9
+    assert found["host"]["verdict"] == "fail" and "os-release" in found["host"]["fix"]
+    assert found["gpus"]["verdict"] == "ok"
+
+
+def test_table_puts_the_fix_under_each_failure(node, capsys):
+    (node.dev / "nvidia-uvm").unlink()
+    node.write(node.proc / "sys/kernel/osrelease", "5.15.0-1050-gke\n")
+    code, out = node.doctor(capsys=capsys)
+    lines = out.rstrip().splitlines()
+    assert code == 9
+    fail_rows = [i for i, ln in enumerate(lines) if ln.startswith("  FAIL")]
+    assert len(fail_rows) == 2
+    for i in fail_rows:
+        following = lines[i + 1:]
+        fix_at = next(j for j, ln in enumerate(following) if ln.strip().startswith("fix:"))
+        assert not any(ln.startswith("  FAIL") or ln.startswith("  ok")
+                       for ln in following[:fix_at])
+    summary = " ".join(lines[len(lines) - lines[::-1].index(""):])  # after the last blank line
+    assert "UNHEALTHY: 2 check(s) failed (cache, device_nodes). Start with cache:" in summary
+    assert max(len(ln) for ln in lines) <= 140

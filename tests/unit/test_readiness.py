@@ -1,0 +1,200 @@
+"""driver-ready: cleared at the start of every install, written only after verification."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from installer import install, readiness
+from installer.errors import BuildError
+from installer.hostroot import HostRoot
+from installer.plan import Plan, Step
+from installer.settings import Settings
+
+INSTALL_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    root = tmp_path / "host"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text('ID=ubuntu\nVERSION_ID="22.04"\nPRETTY_NAME="Ubuntu 22.04"\n')
+    (root / INSTALL_HOST.relative_to("/")).mkdir(parents=True)
+    for name in ("proc", "sys", "dev"):
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv(f"NVIDIA_INSTALLER_{name.upper()}_DIR", str(tmp_path / name))
+    (tmp_path / "proc/modules").write_text("")
+    return HostRoot(root)
+
+
+def settings_for(host: HostRoot, **kw) -> Settings:
+    return Settings(host_root=host.root, kernel_release="5.15.0-1049-gke", **kw).resolved()
+
+
+def test_fields_round_trip(host):
+    fields = readiness.ready_fields(
+        driver_version="550.54.14", install_dir_host=INSTALL_HOST, kernel_release="5.15.0",
+        plan="fresh", module_type="proprietary", gpu_count=2, persistence_mode="on",
+        installer_version="0.1")
+    path = readiness.write(host, fields)
+    assert path == host.root / "run/nvidia/validations/driver-ready"
+    got = readiness.read(host)
+    assert got["IS_HOST_DRIVER"] == "true"
+    assert got["NVIDIA_DRIVER_VERSION"] == "550.54.14"
+    assert got["NVIDIA_LIB_DIR_HOST"] == "/home/kubernetes/bin/nvidia/lib64"
+    assert got["GPU_COUNT"] == "2" and got["PERSISTENCE_MODE"] == "on"
+    assert all("=" in line for line in path.read_text().splitlines())
+    assert [p.name for p in path.parent.iterdir()] == ["driver-ready"]  # no temp file left
+
+
+def test_multi_line_values_are_refused():
+    with pytest.raises(ValueError):
+        readiness.format_fields({"A": "x\ny"})
+
+
+def test_clear_reports_whether_there_was_a_file(host):
+    assert readiness.clear(host) is False
+    readiness.write(host, {"A": 1})
+    assert readiness.clear(host) is True
+    assert readiness.read(host) is None
+
+
+def test_metrics_text_format():
+    text = readiness.format_metrics(outcome="error", exit_code=7, duration_s=12.5,
+                                    driver_version='5"50', plan="fresh", kernel_release="5.15",
+                                    error_class="build", finished_at=1700000000)
+    assert "nvidia_driver_installer_success 0" in text
+    assert "nvidia_driver_installer_exit_code 7" in text
+    assert "nvidia_driver_installer_duration_seconds 12.500" in text
+    assert 'driver_version="5\\"50"' in text and 'error_class="build"' in text
+    assert "nvidia_driver_installer_last_run_timestamp_seconds 1700000000" in text
+    assert text.count("# TYPE") == 5
+
+
+def test_metrics_write_failure_is_not_fatal(host):
+    (host.root / "var").write_text("a file where a directory should be")
+    assert readiness.write_metrics(host, PurePosixPath("/var/lib/x.prom"), "x 1\n") is None
+
+
+class FakeDistro:
+    name = "fake"
+
+    def __init__(self, steps, kind="fresh"):
+        self.steps, self.kind = steps, kind
+
+    def plan(self, ctx):
+        return Plan(self.kind, tuple(self.steps), {"driver_version": "550.54.14",
+                                                   "kernel_module_type": "proprietary"})
+
+
+def run_with(monkeypatch, host, steps, kind="fresh", **kw):
+    monkeypatch.setattr(install.distros, "for_host", lambda info: FakeDistro(steps, kind))
+    return install.run(settings_for(host, **kw))
+
+
+def test_readiness_absent_during_the_run_and_written_after_verify(host, monkeypatch):
+    readiness.write(host, {"NVIDIA_DRIVER_VERSION": "535.183.01"})  # the previous run's
+    seen = []
+
+    def look(ctx):
+        seen.append(readiness.read(ctx.host))
+
+    def verified(ctx):
+        ctx.facts["gpus"] = []
+
+    run_with(monkeypatch, host, [Step("look", look), Step("verify", verified)])
+    assert seen == [None]
+    got = readiness.read(host)
+    assert got["NVIDIA_DRIVER_VERSION"] == "550.54.14"
+    assert got["INSTALL_PLAN"] == "fresh" and got["NVIDIA_KERNEL_MODULE_TYPE"] == "proprietary"
+
+
+def test_failed_run_leaves_no_readiness_and_records_failure(host, monkeypatch):
+    readiness.write(host, {"NVIDIA_DRIVER_VERSION": "535.183.01"})
+
+    def fail(ctx):
+        raise BuildError("nvidia-installer failed (exit 1)")
+
+    with pytest.raises(BuildError) as err:
+        run_with(monkeypatch, host, [Step("build_driver", fail)],
+                 metrics_file=PurePosixPath("/var/lib/node_exporter/nvidia.prom"))
+    assert readiness.read(host) is None
+    assert "kernel_log_tail" in err.value.context  # build failures carry the kernel log
+    status = json.loads((host.root / INSTALL_HOST.relative_to("/") / "status.json").read_text())
+    assert status["outcome"] == "error" and status["error_class"] == "build"
+    assert status["context"]["step"] == "build_driver"
+    metrics = (host.root / "var/lib/node_exporter/nvidia.prom").read_text()
+    assert "nvidia_driver_installer_success 0" in metrics
+    assert "nvidia_driver_installer_exit_code 7" in metrics
+
+
+def test_run_without_verification_writes_no_readiness(host, monkeypatch):
+    run_with(monkeypatch, host, [Step("preload_finished", lambda ctx: None)], kind="preload")
+    assert readiness.read(host) is None
+
+
+def test_installer_log_tail_only_from_this_run(host, monkeypatch, tmp_path):
+    install_dir = host.root / INSTALL_HOST.relative_to("/")
+    old = install_dir / "nvidia-installer.log"
+    old.write_text("an old successful install\n")
+    import os
+    os.utime(old, (1, 1))
+
+    def fail(ctx):
+        (install_dir / "nvidia-installer.failed.log").write_text(
+            "".join(f"line {i}\n" for i in range(40)) + "ERROR: Unable to build the module\n")
+        raise BuildError("nvidia-installer failed (exit 1)")
+
+    with pytest.raises(BuildError) as err:
+        run_with(monkeypatch, host, [Step("build_driver", fail)])
+    tail = err.value.context["installer_log_tail"]
+    assert tail[0] == "(nvidia-installer.failed.log)"
+    assert tail[-1] == "ERROR: Unable to build the module" and len(tail) == 21
+    assert "an old successful install" not in tail
+
+
+def test_download_failure_has_no_stale_installer_log(host, monkeypatch):
+    from installer.errors import DownloadError
+
+    (host.root / INSTALL_HOST.relative_to("/") / "nvidia-installer.log").write_text("old\n")
+    import os
+    os.utime(host.root / INSTALL_HOST.relative_to("/") / "nvidia-installer.log", (1, 1))
+
+    def fail(ctx):
+        raise DownloadError("HTTP 404")
+
+    with pytest.raises(DownloadError) as err:
+        run_with(monkeypatch, host, [Step("download_driver", fail)])
+    assert "installer_log_tail" not in err.value.context
+    assert "kernel_log_tail" not in err.value.context
+
+
+def test_kernel_log_tail_when_dmesg_is_unreadable(monkeypatch, tmp_path):
+    from installer.runner import Runner
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dmesg").write_text("#!/bin/sh\necho 'dmesg: read kernel buffer failed: "
+                                   "Operation not permitted' >&2\nexit 1\n")
+    (bin_dir / "dmesg").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path('/usr/bin')}:/bin")
+    assert install.kernel_log_tail(Runner()) == [
+        "(kernel log not readable: dmesg: read kernel buffer failed: Operation not permitted)"]
+
+
+def test_kernel_log_tail_keeps_relevant_lines(monkeypatch, tmp_path):
+    from installer.runner import Runner
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dmesg").write_text(
+        "#!/bin/sh\necho '[Mon] eth0: link up'\n"
+        "echo '[Mon] NVRM: API mismatch: the client has the version 550.54.14'\n"
+        "echo '[Mon] Loading of unsigned module is rejected'\necho '[Mon] usb 1-1: new device'\n")
+    (bin_dir / "dmesg").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert install.kernel_log_tail(Runner()) == [
+        "[Mon] NVRM: API mismatch: the client has the version 550.54.14",
+        "[Mon] Loading of unsigned module is rejected"]
