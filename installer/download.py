@@ -571,7 +571,6 @@ def _finish(st: _Transfer, expected: str | None, *, label: str, started: float) 
         resumed_bytes=st.resumed_bytes,
         elapsed_s=elapsed,
     )
-    fetched = st.offset  # rate of what this run moved (not counting kept bytes)
     log.info(
         "download_finished",
         url=st.shown,
@@ -580,7 +579,7 @@ def _finish(st: _Transfer, expected: str | None, *, label: str, started: float) 
         size=st.offset,
         sha256=actual,
         seconds=round(elapsed, 3),
-        mb_per_s=round(fetched / MB / elapsed, 2) if elapsed > 0 else None,
+        mb_per_s=round(st.offset / MB / elapsed, 2) if elapsed > 0 else None,  # size / wall time
         resumed_bytes=st.resumed_bytes,
     )
     return result
