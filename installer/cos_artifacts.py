@@ -120,10 +120,14 @@ class Resolved:
     requested: str
     alias: str | None = None
     source_url: str | None = None  # the gpu_*_version file it came from
+    note: str | None = None  # why it is not what the alias first named
 
     def describe(self) -> dict[str, str | None]:
-        return {"requested_version": self.requested, "version_alias": self.alias,
-                "version_source": self.source_url}
+        doc = {"requested_version": self.requested, "version_alias": self.alias,
+               "version_source": self.source_url}
+        if self.note:
+            doc["version_note"] = self.note
+        return doc
 
 
 def resolve_version(

@@ -31,11 +31,14 @@ from installer import archive, cache, headers, steps, toolchain
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.cos_artifacts import (
+    DEFAULT_ALIAS,
     KERNEL_HEADERS,
+    LATEST_ALIAS,
     TOOLCHAIN_ENV_FILE,
     TOOLCHAIN_URL_FILE,
     Artifacts,
     MissingArtifactError,
+    Requested,
     Resolved,
     artifacts_base,
     parse_requested,
@@ -97,17 +100,18 @@ def signing_policy(kernel: KernelState) -> SigningPolicy:
 class ModuleDecision:
     use_prebuilt: bool
     compiled_type: str  # what a compile builds: "open" or "proprietary"
-    installer_type: str | None  # --kernel-module-type for the compile (None: NVIDIA's default)
+    compile_flags: tuple[str, ...]  # nvidia-installer flags selecting it
     notes: tuple[str, ...] = ()
 
 
 def decide_modules(gpus_found: list, version: str, requested: str,
                    prebuilt_available: bool) -> ModuleDecision:
-    """Prebuilt (open, signed) modules when the build has them and every GPU here can use
-    the open modules and the open flavour was not refused; else what a compile builds.
+    """Prebuilt (open, signed) modules when the build has them, every GPU here can use
+    the open modules and the open flavour was not refused; else what a compile builds
+    (the shared choice: the GPUs' needs, then NVIDIA's default for the branch).
 
-    COS prefers its prebuilt modules whenever they can work (as Google's installer
-    does); ``--kernel-module-type proprietary`` opts out of them.
+    COS prefers its prebuilt modules whenever they can work, as Google's
+    installer does; ``--kernel-module-type proprietary`` opts out of them.
     """
     from installer import gpus
 
@@ -121,13 +125,20 @@ def decide_modules(gpus_found: list, version: str, requested: str,
         notes.append("prebuilt modules are open modules: not used (--kernel-module-type "
                       "proprietary)")
     choice = gpus.choose_module_type(gpus_found, version, requested)
-    notes += choice.problems
-    branch = gpus.branch_of(version)
-    # --kernel-module-type exists from R560; before it nvidia-installer builds
-    # proprietary modules unless told otherwise, which is what auto picks there.
-    explicit = requested != "auto" or (branch is not None and branch >= gpus.OPEN_DEFAULT_SINCE)
-    return ModuleDecision(use_prebuilt, choice.module_type,
-                          choice.module_type if explicit else None, tuple(notes))
+    flags = tuple(gpus.module_type_flags(choice.module_type, version))
+    return ModuleDecision(use_prebuilt, choice.module_type, flags, tuple(notes))
+
+
+def fallback_alias(gpus_found: list, version: str) -> list[str]:
+    """Branch aliases (newest first) to try when ``version`` cannot drive these GPUs
+    (K80 on a build whose default is R535: R470), as Google's installer falls back."""
+    from installer import gpus
+
+    if not gpus.branch_problems(gpus_found, version):
+        return []
+    branches = [gpus.branch_of(v) for v in gpus.FALLBACK_VERSIONS]
+    return [f"R{b}" for b in branches
+            if b is not None and not gpus.branch_problems(gpus_found, f"{b}.0")]
 
 
 # --------------------------------------------------------------------------- steps
@@ -175,6 +186,23 @@ def fetch_artifacts(fetches: tuple[Fetch, ...], tools: BuildTools | None) -> Ste
 
     detail = "in parallel: " + ", ".join(f.url for f in fetches)
     return Step("fetch_artifacts", run, detail)
+
+
+def check_gpus(version: str, requested: str, module_type: str | None) -> Step:
+    """The shared GPU check; the module type we know (prebuilt or cached flavour) is what
+    gets reported, not the one a compile would pick."""
+    inner = steps.check_gpus(version, requested)
+
+    def run(ctx: Context) -> None:
+        inner.run(ctx)
+        if module_type:
+            ctx.facts["kernel_module_type"] = module_type
+
+    return Step(inner.name, run, inner.detail)
+
+
+def _flavor_module_type(flavor: str | None) -> str | None:
+    return flavor.rsplit("-", 1)[-1] if flavor and flavor.count("-") == 1 else None
 
 
 def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: str,
@@ -363,7 +391,7 @@ class Cos(Distro):
         record = self._usable_cache(ctx)
         arts = self._artifacts(ctx, QUICK_POLICY if record else None)
         try:
-            return arts.resolve(requested)
+            resolved = arts.resolve(requested)
         except MissingArtifactError:
             raise
         except DownloadError as exc:
@@ -375,6 +403,29 @@ class Cos(Distro):
                         error=exc.message, using_cached=record.driver_version)
             return Resolved(record.driver_version, requested.raw, requested.alias,
                             "(cached install of this build; artifacts unreachable)")
+        if requested.alias in (DEFAULT_ALIAS, LATEST_ALIAS):
+            resolved = self._gpu_fallback(ctx, arts, resolved)
+        return resolved
+
+    def _gpu_fallback(self, ctx: Context, arts: Artifacts, resolved: Resolved) -> Resolved:
+        """default/latest name a branch these GPUs cannot use: the newest branch alias
+        of this build that they can (an explicit version or branch is never changed)."""
+        from installer import gpus
+
+        found = gpus.scan(ctx.kernel.sys_dir)
+        for alias in fallback_alias(found, resolved.version):
+            try:
+                alt = arts.resolve(Requested(alias, alias=alias))
+            except MissingArtifactError:
+                continue
+            if gpus.branch_problems(found, alt.version):
+                continue
+            why = (f"{resolved.alias} names {resolved.version}, which "
+                   f"{', '.join(sorted({g.name for g in found if g.model}))} cannot use; "
+                   f"using {alias} = {alt.version}")
+            log.warning("driver_version_fallback", driver_version=alt.version, reason=why)
+            return Resolved(alt.version, resolved.requested, alias, alt.source_url, why)
+        return resolved
 
     def driver_version(self, ctx: Context) -> str:
         return self.resolve(ctx).version
@@ -403,7 +454,10 @@ class Cos(Distro):
         if self.cache_hit(ctx, self.cache_key(ctx, version)):
             record = cache.read(ctx.install.cache_file)
             summary["flavor"] = record.flavor if record else None
+            cached_type = _flavor_module_type(summary["flavor"])
+            summary["kernel_module_type"] = cached_type
             return Plan("cached", (
+                check_gpus(version, ctx.settings.kernel_module_type, cached_type),
                 steps.clear_leftovers(),
                 steps.check_loaded_driver(version),
                 steps.unload_other_driver(version),
@@ -412,6 +466,7 @@ class Cos(Distro):
                 steps.container_ld_cache(),
                 steps.host_ld_cache(),
                 steps.verify_install(version),
+                *self._after_load(ctx),
             ), summary)
 
         from installer.distros.ubuntu import driver_url
@@ -432,6 +487,7 @@ class Cos(Distro):
         key = self.cache_key(ctx, version, flavor)
         summary.update({
             "flavor": flavor,
+            "kernel_module_type": "open" if prebuilt else decision.compiled_type,
             "driver_url": run_url,
             "prebuilt_modules_url": prebuilt_url,
             "prebuilt_modules_used": prebuilt,
@@ -457,6 +513,7 @@ class Cos(Distro):
             steps.host_ld_cache(),
             steps.verify_install(version),
             steps.record_cache(key),
+            *self._after_load(ctx),
         )
         run_fetch = Fetch("driver_download", run_url, "staging", "driver",
                           ctx.settings.driver_sha256)
@@ -464,6 +521,7 @@ class Cos(Distro):
             fetches = (run_fetch,
                        Fetch("prebuilt_download", prebuilt_url, "staging", "prebuilt modules"))
             return Plan("fresh", (
+                check_gpus(version, ctx.settings.kernel_module_type, "open"),
                 sign_step,
                 steps.check_loaded_driver(version),
                 steps.prepare_staging(),
@@ -492,6 +550,7 @@ class Cos(Distro):
             "tools_dir": str(tools.root),
         })
         return Plan("fresh", (
+            check_gpus(version, ctx.settings.kernel_module_type, decision.compiled_type),
             sign_step,
             steps.check_loaded_driver(version),
             steps.prepare_staging(),
@@ -499,9 +558,12 @@ class Cos(Distro):
             prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
             prepare_toolchain(tools, tc_env),
             steps.extract_driver(),
-            steps.build_driver(kernel_module_type=decision.installer_type),
+            steps.build_driver(extra_args=decision.compile_flags),
             *tail,
         ), summary)
+
+    def _after_load(self, ctx: Context) -> tuple[Step, ...]:
+        return (steps.persistence_mode(),) if ctx.settings.persistence_mode else ()
 
     def _toolchain_source(self, ctx: Context, arts: Artifacts) -> tuple[dict[str, str], str]:
         env = parse_toolchain_env(arts.fetch_text(TOOLCHAIN_ENV_FILE))

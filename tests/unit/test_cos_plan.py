@@ -26,19 +26,22 @@ from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, build_cos_node
 
 COMPILE_STEPS = [
-    "check_module_signing", "check_loaded_driver", "prepare_staging", "fetch_artifacts",
+    "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
+    "fetch_artifacts",
     "prepare_kernel_headers", "prepare_toolchain", "extract_driver", "build_driver",
     "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
     "container_ld_cache", "host_ld_cache", "verify", "record_cache",
 ]
 PREBUILT_STEPS = [
-    "check_module_signing", "check_loaded_driver", "prepare_staging", "fetch_artifacts",
+    "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
+    "fetch_artifacts",
     "unpack_prebuilt", "extract_driver", "build_driver", "place_prebuilt",
     "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
     "container_ld_cache", "host_ld_cache", "verify", "record_cache",
 ]
 CACHED_STEPS = [
-    "clear_leftovers", "check_loaded_driver", "unload_other_driver", "load_modules",
+    "check_gpu_compatibility", "clear_leftovers", "check_loaded_driver", "unload_other_driver",
+    "load_modules",
     "device_nodes", "container_ld_cache", "host_ld_cache", "verify",
 ]
 
@@ -261,10 +264,11 @@ def test_enforced_signatures_without_prebuilt_stop_first_with_exit_10(env):
     ctx = env.ctx()
     plan = Cos().plan(ctx)
     assert plan.summary["signatures_enforced"] is True and "blocked" in plan.summary
-    first = plan.steps[0]
-    assert first.name == "check_module_signing"
+    plan.steps[0].run(ctx)  # the GPU check passes
+    sign = plan.steps[1]
+    assert sign.name == "check_module_signing"
     with pytest.raises(SecureBootError) as err:
-        first.run(ctx)
+        sign.run(ctx)
     exc = err.value
     assert exc.exit_code == ExitCode.SECURE_BOOT == 10
     assert COS_BUILD_ID in exc.message and DEFAULT_V in exc.message
@@ -278,7 +282,9 @@ def test_enforced_signatures_with_prebuilt_pass(env):
     ctx = env.ctx()
     plan = Cos().plan(ctx)
     assert plan.summary["flavor"] == "prebuilt-open" and "blocked" not in plan.summary
-    plan.steps[0].run(ctx)  # no error
+    plan.steps[0].run(ctx)
+    plan.steps[1].run(ctx)  # no error
+    assert ctx.facts["kernel_module_type"] == "open"
 
 
 def test_decide_modules_matrix():
@@ -287,17 +293,35 @@ def test_decide_modules_matrix():
     l4 = gpus.PciGpu("0000:00:04.0", "0x27b8", "0x030200", model=gpus.MODELS["0x27b8"])
     v100 = gpus.PciGpu("0000:00:05.0", "0x1db1", "0x030200", model=gpus.MODELS["0x1db1"])
     d = decide_modules([l4], "535.183.01", "auto", True)
-    assert d.use_prebuilt and d.installer_type is None
+    assert d.use_prebuilt
     d = decide_modules([l4], "535.183.01", "auto", False)
-    assert not d.use_prebuilt and d.compiled_type == "proprietary" and d.installer_type is None
+    assert not d.use_prebuilt and d.compiled_type == "proprietary" and d.compile_flags == ()
     d = decide_modules([l4], "570.133.20", "auto", False)
-    assert d.compiled_type == "open" and d.installer_type == "open"
+    assert d.compiled_type == "open" and d.compile_flags == ("--kernel-module-type=open",)
     d = decide_modules([v100], "570.133.20", "auto", True)
-    assert not d.use_prebuilt and d.installer_type == "proprietary" and d.notes
+    assert not d.use_prebuilt and d.compile_flags == ("--kernel-module-type=proprietary",)
+    assert d.notes
     d = decide_modules([], "535.183.01", "open", False)
-    assert d.installer_type == "open"
+    assert d.compile_flags == ("--kernel-module-build-directory=kernel-open",)
     d = decide_modules([l4], "535.183.01", "proprietary", True)
     assert not d.use_prebuilt
+
+
+def test_default_alias_falls_back_to_a_branch_the_gpu_supports(env):
+    for dev in (env.kernel.sys_dir / "bus/pci/devices").iterdir():
+        (dev / "device").write_text("0x102d\n")  # K80: R470 at most
+    env.bucket.aliases["R470"] = "470.256.02"
+    plan = Cos().plan(env.ctx())
+    s = plan.summary
+    assert s["driver_version"] == "470.256.02" and s["version_alias"] == "R470"
+    assert "K80" in s["version_note"] and s["requested_version"] == "default"
+    # An explicit branch is never changed: the GPU check refuses it (exit 2).
+    ctx = env.ctx(driver_version="R535")
+    plan = Cos().plan(ctx)
+    assert plan.summary["driver_version"] == DEFAULT_V
+    from installer.errors import UsageError
+    with pytest.raises(UsageError, match="too new"):
+        plan.steps[0].run(ctx)
 
 
 # --------------------------------------------------------------------------- preload
