@@ -108,8 +108,10 @@ def check_gpus(n: Node) -> Finding:
                        "check a GPU is attached to this VM/node; if one was, it may have fallen "
                        "off the bus (dmesg: Xid 79): reboot or replace the node")
     detail = f"{len(n.pci)} GPU(s): " + "; ".join(g.describe() for g in n.pci)
-    version = n.loaded_version if n.loaded_version not in (None, "unknown") else (
-        n.record.driver_version if n.record else None)
+    # The driver that is loaded, else installed, else the one the last run tried.
+    candidates = [n.loaded_version, n.record.driver_version if n.record else None,
+                  (n.status or {}).get("driver_version")]
+    version = next((v for v in candidates if v and v != "unknown"), None)
     problems = gpus.branch_problems(n.pci, version) if version else []
     if problems:
         lo, hi = gpus.allowed_branches(n.pci)

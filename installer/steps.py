@@ -34,10 +34,14 @@ def check_module_signing(need_signed: str) -> Step:
     """Stop before any big download when the kernel would reject our unsigned modules."""
 
     def run(ctx: Context) -> None:
-        if ctx.kernel.signatures_enforced():
+        # Lockdown (integrity or confidentiality; Ubuntu turns it on with Secure Boot)
+        # refuses unsigned modules just as module.sig_enforce does.
+        lockdown = ctx.kernel.lockdown()
+        if ctx.kernel.signatures_enforced() or lockdown != "none":
+            why = ("module signature enforcement is on" if ctx.kernel.signatures_enforced()
+                   else f"kernel lockdown is {lockdown}, as with Secure Boot")
             raise SecureBootError(
-                f"this kernel only loads signed modules (module signature enforcement is on) "
-                f"and {need_signed}",
+                f"this kernel only loads signed modules ({why}) and {need_signed}",
                 hint="disable Secure Boot / module.sig_enforce on this node pool, or use a "
                 "driver version with signed prebuilt modules",
                 kernel_release=ctx.host_info.kernel_release,
