@@ -43,7 +43,7 @@ class StepTiming:
 
 def execute(plan: Plan, ctx: Context, timings: list[StepTiming]) -> None:
     for step in plan.steps:
-        log.info("step_started", step=step.name)
+        log.debug("step_started", step=step.name)
         start = time.monotonic()
         try:
             step.run(ctx)
