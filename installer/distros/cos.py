@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 import structlog
@@ -52,17 +53,24 @@ from installer.installdir import Tree
 from installer.kernel import KernelState, cmdline_enforces_signatures
 from installer.modinfo import read_modinfo
 from installer.plan import Plan, Step
-from installer.retry import RetryPolicy
 from installer.toolchain import BuildTools
+
+if TYPE_CHECKING:
+    from installer.retry import RetryPolicy
 
 log = structlog.get_logger(__name__)
 
 FLAVOR_PREBUILT = "prebuilt-open"
 FLAVOR_COMPILED = "compiled-proprietary"  # "compiled-open" when the open modules are built
-# When a cached install of this build exists, an unreachable artifacts server
-# should not hold up the restart for the full download policy.
-QUICK_POLICY = RetryPolicy(attempts=2, wait_initial=1.0, wait_max=2.0, total_timeout=20.0,
-                           connect_timeout=5.0, read_timeout=10.0)
+
+
+def quick_policy() -> RetryPolicy:
+    """When a cached install of this build exists, an unreachable artifacts server
+    should not hold up the restart for the full download policy."""
+    from installer.retry import RetryPolicy
+
+    return RetryPolicy(attempts=2, wait_initial=1.0, wait_max=2.0, total_timeout=20.0,
+                       connect_timeout=5.0, read_timeout=10.0)
 
 
 # --------------------------------------------------------------------------- kernel policy
@@ -359,12 +367,16 @@ class Cos(Distro):
 
     # -- inputs
 
+    def _base(self, ctx: Context) -> str:
+        info = ctx.host_info
+        assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
+        return artifacts_base(ctx.settings.cos_artifacts_url, build_id=info.build_id,
+                              board=info.board)
+
     def _artifacts(self, ctx: Context, policy: RetryPolicy | None = None) -> Artifacts:
         info = ctx.host_info
         assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
-        base = artifacts_base(ctx.settings.cos_artifacts_url, build_id=info.build_id,
-                              board=info.board)
-        return Artifacts(base, info.build_id, info.board, ctx.http,
+        return Artifacts(self._base(ctx), info.build_id, info.board, ctx.http,
                          allow_insecure_http=ctx.settings.allow_insecure_http, policy=policy)
 
     def _tools(self, ctx: Context) -> BuildTools:
@@ -389,7 +401,7 @@ class Cos(Distro):
         if requested.version is not None:
             return Resolved(requested.version, requested.raw)
         record = self._usable_cache(ctx)
-        arts = self._artifacts(ctx, QUICK_POLICY if record else None)
+        arts = self._artifacts(ctx, quick_policy() if record else None)
         try:
             resolved = arts.resolve(requested)
         except MissingArtifactError:
@@ -438,7 +450,6 @@ class Cos(Distro):
     def plan(self, ctx: Context) -> Plan:
         if ctx.settings.preload:
             return self._preload_plan(ctx)
-        arts = self._artifacts(ctx)
         resolved = self.resolve(ctx)
         version = resolved.version
         summary: dict[str, object] = {
@@ -447,7 +458,7 @@ class Cos(Distro):
             "build_id": ctx.host_info.build_id,
             "board": ctx.host_info.board,
             "milestone": ctx.host_info.version_id,
-            "artifacts_url": arts.base,
+            "artifacts_url": self._base(ctx),
         }
         # Any intact install of this build and version is a hit, whatever its
         # flavour: no network needed to restart a node.
@@ -470,6 +481,8 @@ class Cos(Distro):
             ), summary)
 
         from installer.distros.ubuntu import driver_url
+
+        arts = self._artifacts(ctx)
 
         run_url = driver_url(ctx, version)
         prebuilt_name = prebuilt_modules_name(version)
