@@ -173,6 +173,9 @@ def fetch_artifacts(fetches: tuple[Fetch, ...], tools: BuildTools | None) -> Ste
     def run(ctx: Context) -> None:
         from installer.download import DownloadJob, download_all
 
+        if tools is not None and any(f.where == "tools" for f in fetches):
+            # Archives a failed run left (extracted trees are kept only when complete).
+            archive.remove_tree(tools.downloads)
         jobs = []
         for f in fetches:
             if f.where == "staging":
@@ -397,6 +400,11 @@ class Cos(Distro):
         return record
 
     def resolve(self, ctx: Context) -> Resolved:
+        if ctx.settings.driver_url and not ctx.settings.driver_version:
+            # The .run named explicitly says which version it is (as on Ubuntu).
+            from installer.nvidia_run import version_from_url
+
+            return Resolved(version_from_url(ctx.settings.driver_url), "(from --driver-url)")
         requested = parse_requested(ctx.settings.driver_version)
         if requested.version is not None:
             return Resolved(requested.version, requested.raw)

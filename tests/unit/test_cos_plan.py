@@ -422,3 +422,24 @@ def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys):
     assert [s["name"] for s in doc["steps"]] == COMPILE_STEPS
     assert not env.tools_dir.exists()
     assert not any(env.node.install_dir.iterdir())
+
+
+def test_driver_url_names_the_version(env):
+    url = "https://mirror.example/nvidia/NVIDIA-Linux-x86_64-550.90.07.run"
+    plan = Cos().plan(env.ctx(driver_url=url))
+    assert plan.summary["driver_version"] == "550.90.07"
+    assert plan.summary["driver_url"] == url
+    # An explicit version or alias still wins over the URL's name.
+    plan = Cos().plan(env.ctx(driver_url=url, driver_version="latest"))
+    assert plan.summary["driver_version"] == LATEST_V
+
+
+def test_stale_downloads_are_cleared_before_fetching(env):
+    ctx = env.ctx(preload=True)
+    stale = env.tools_dir / COS_BUILD_ID / ".downloads/x86_64-cros-linux-gnu-2023.tar.xz"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"half a toolchain from a killed run")
+    plan = Cos().plan(ctx)
+    step(plan, "fetch_artifacts").run(ctx)
+    assert not stale.exists()
+    assert (env.tools_dir / COS_BUILD_ID / ".downloads/toolchain.tar.xz").is_file()
