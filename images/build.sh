@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Build both installer images without a Docker engine or a registry:
+#
+#   1. a local Debian bookworm base made with `debootstrap --variant=minbase`,
+#      cached under $NDI_IMAGE_CACHE keyed by date and arguments;
+#   2. that base tagged, in a private buildah storage, under the real base names
+#      the Dockerfiles use (docker.io/library/debian:12-slim and
+#      docker.io/library/ubuntu:22.04), so the Dockerfiles stay the real ones;
+#   3. `buildah bud --isolation chroot --pull-never` for images/cos and
+#      images/ubuntu.
+#
+# Both flavours are therefore built FROM the bookworm base here: the Ubuntu
+# image is a check of the Dockerfile and of the package inside it, not an
+# Ubuntu userland. A real build (registry reachable) uses the real bases.
+#
+# Usage: images/build.sh [FLAVOR...]          (default: cos ubuntu; needs root)
+# Environment:
+#   NDI_IMAGE_CACHE     base cache dir               (/var/cache/ndi-images)
+#   NDI_BUILDAH_ROOT    buildah storage root         ($NDI_IMAGE_CACHE/storage)
+#   NDI_BUILDAH_RUNROOT buildah run root             (/run/ndi-images)
+#   NDI_DEBIAN_MIRROR   Debian mirror for debootstrap (default: from apt sources)
+#   NDI_BASE_DATE       cache key date               (today, UTC)
+#   NDI_IMAGE_TAG       image tag                    (the package version)
+#   NDI_EXPORT_DIR      also write <dir>/nvidia-driver-installer-<flavor>.oci.tar
+#
+# Use the images with the same storage, e.g.
+#   buildah --root "$NDI_BUILDAH_ROOT" --runroot "$NDI_BUILDAH_RUNROOT" images
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${NDI_IMAGE_CACHE:-/var/cache/ndi-images}
+STORAGE_ROOT=${NDI_BUILDAH_ROOT:-$CACHE/storage}
+RUNROOT=${NDI_BUILDAH_RUNROOT:-/run/ndi-images}
+SUITE=bookworm
+VARIANT=minbase
+BASE_NAMES=(docker.io/library/debian:12-slim docker.io/library/ubuntu:22.04)
+FLAVORS=("$@")
+((${#FLAVORS[@]})) || FLAVORS=(cos ubuntu)
+
+log() { printf '[images] %s\n' "$*" >&2; }
+die() { printf '[images] error: %s\n' "$*" >&2; exit 1; }
+bah() { buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" "$@"; }
+
+for f in "${FLAVORS[@]}"; do
+  [[ -f $REPO/images/$f/Dockerfile ]] || die "no images/$f/Dockerfile (flavors: cos ubuntu)"
+done
+((EUID == 0)) || die "run as root (debootstrap and buildah's chroot isolation need it)"
+
+# --- tools ---------------------------------------------------------------------
+need=()
+command -v buildah >/dev/null || need+=(buildah)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+if ((${#need[@]})); then
+  log "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# --- the Debian mirror, from this machine's apt sources ---------------------------
+# The first source serving the plain "$SUITE" suite (not -updates/-security),
+# from deb822 *.sources files or one-line *.list files.
+find_mirror() {
+  /usr/bin/python3 - "$SUITE" <<'PY'
+import glob, re, sys
+suite = sys.argv[1]
+files = sorted(glob.glob("/etc/apt/sources.list.d/*.sources"))
+lists = ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list"))
+for path in files:
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError:
+        continue
+    for stanza in re.split(r"\n\s*\n", text):
+        fields = {}
+        for line in stanza.splitlines():
+            if line.startswith("#") or ":" not in line or line[:1].isspace():
+                continue
+            key, _, value = line.partition(":")
+            fields[key.strip().lower()] = value.split()
+        if fields.get("enabled", ["yes"])[0].lower() == "no":
+            continue
+        if "deb" in fields.get("types", []) and suite in fields.get("suites", []):
+            for uri in fields.get("uris", []):
+                if uri.startswith(("http://", "https://")):
+                    print(uri); sys.exit(0)
+for path in lists:
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+        if len(words) >= 3 and words[0] == "deb" and words[2] == suite \
+                and words[1].startswith(("http://", "https://")):
+            print(words[1]); sys.exit(0)
+sys.exit(1)
+PY
+}
+MIRROR=${NDI_DEBIAN_MIRROR:-$(find_mirror)} ||
+  die "no apt source for '$SUITE' in /etc/apt/sources.list{,.d/*}; set NDI_DEBIAN_MIRROR"
+
+# --- the base: debootstrap once per day and arguments -------------------------------
+INCLUDE=ca-certificates
+RECIPE=3  # bump when the base preparation below changes
+DATE=${NDI_BASE_DATE:-$(date -u +%Y-%m-%d)}
+KEY=$(printf '%s\n' "$SUITE" "$VARIANT" "$INCLUDE" "$MIRROR" "$DATE" "$RECIPE" | sha256sum | cut -c1-12)
+BASE_TAR=$CACHE/$SUITE-$VARIANT-$DATE-$KEY.tar
+BASE_IMAGE=localhost/ndi-base:$SUITE-$KEY
+mkdir -p "$CACHE" "$STORAGE_ROOT" "$RUNROOT"
+T0=$SECONDS
+
+if [[ ! -s $BASE_TAR ]]; then
+  # The rootfs must sit on a real filesystem (not tmpfs) big enough for ~200 MB.
+  work=$(mktemp -d "$CACHE/debootstrap.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  log "debootstrap --variant=$VARIANT $SUITE (mirror from apt sources) ..."
+  debootstrap --variant="$VARIANT" --include="$INCLUDE" "$SUITE" "$work/rootfs" "$MIRROR" \
+    >"$work/debootstrap.log" 2>&1 || { tail -20 "$work/debootstrap.log" >&2; die "debootstrap failed"; }
+  # Slim it like the official -slim images: no docs, man pages or locales
+  # (now, and for every package the Dockerfiles install), no .debs, no apt
+  # lists (the Dockerfiles' RUN steps run apt-get update).
+  r=$work/rootfs
+  cat >"$r/etc/dpkg/dpkg.cfg.d/ndi-slim" <<'CFG'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/groff/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+path-exclude /usr/share/lintian/*
+path-exclude /usr/share/linda/*
+CFG
+  find "$r/usr/share/doc" -mindepth 1 ! -name copyright ! -type d -delete 2>/dev/null || true
+  find "$r/usr/share/doc" -mindepth 1 -type d -empty -delete 2>/dev/null || true
+  rm -rf "$r/usr/share/man/"* "$r/usr/share/info/"* "$r/usr/share/locale/"* \
+    "$r/usr/share/groff/"* "$r/usr/share/lintian/"*
+  # apt settings of the official images: drop .debs after every install, no
+  # binary package caches, no translations.
+  cat >"$r/etc/apt/apt.conf.d/docker-clean" <<'CFG'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+CFG
+  echo 'Acquire::Languages "none";' >"$r/etc/apt/apt.conf.d/docker-no-languages"
+  rm -rf "$r/var/cache/apt/archives/"*.deb "$r/var/cache/apt/"*.bin "$r/var/lib/apt/lists/"*
+  # RUN steps need name resolution; buildah bind-mounts its own resolv.conf.
+  : >"$work/rootfs/etc/resolv.conf"
+  tar --numeric-owner --xattrs -C "$work/rootfs" -cf "$work/base.tar" .
+  mv "$work/base.tar" "$BASE_TAR"
+  rm -rf "$work"; trap - EXIT
+  # Keep only the newest few bases.
+  find "$CACHE" -maxdepth 1 -name "$SUITE-$VARIANT-*.tar" -printf '%T@ %p\n' |
+    sort -rn | tail -n +4 | cut -d' ' -f2- | xargs -r -d '\n' rm -f
+  log "base rootfs cached: $BASE_TAR ($((SECONDS - T0)) s)"
+else
+  log "base rootfs from cache: $BASE_TAR"
+fi
+
+if ! bah inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
+  ctr=$(bah from --pull-never scratch)
+  bah add "$ctr" "$BASE_TAR" / >/dev/null
+  bah config --cmd /bin/bash --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --label org.opencontainers.image.description="local debootstrap $SUITE $VARIANT base ($DATE)" \
+    "$ctr"
+  bah commit --rm -q "$ctr" "$BASE_IMAGE" >/dev/null
+  log "base image $BASE_IMAGE committed"
+fi
+# Older bases (another day or recipe) are no longer needed.
+bah images --format '{{.Name}}:{{.Tag}}' --filter reference=localhost/ndi-base 2>/dev/null |
+  grep -vxF "$BASE_IMAGE" | xargs -r buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" rmi -f >/dev/null 2>&1 || true
+for name in "${BASE_NAMES[@]}"; do
+  bah tag "$BASE_IMAGE" "$name"
+done
+log "mapped ${BASE_NAMES[*]} -> $BASE_IMAGE (debootstrap $SUITE):" \
+    "BOTH flavours are built FROM the bookworm base here"
+
+# --- build context: only what the Dockerfiles COPY ------------------------------------
+ctx=$(mktemp -d "$CACHE/context.XXXXXX")
+trap 'rm -rf "$ctx"' EXIT
+cp "$REPO/pyproject.toml" "$ctx/"
+if [[ -f $REPO/README.md ]]; then
+  cp "$REPO/README.md" "$ctx/"
+else
+  log "README.md missing: using a stub for the wheel's long description"
+  echo "# nvidia-driver-installer" >"$ctx/README.md"
+fi
+tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' -cf - installer | tar -C "$ctx" -xf -
+
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$REPO/installer/__init__.py")
+[[ -n $VERSION ]] || die "cannot read __version__ from installer/__init__.py"
+TAG=${NDI_IMAGE_TAG:-$(printf '%s' "$VERSION" | tr -c 'A-Za-z0-9_.-' '-')}
+REVISION=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)
+# The commit's time, not now: an unchanged tree rebuilds to the same image.
+CREATED=$(TZ=UTC git -C "$REPO" log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null ||
+  date -u +%Y-%m-%dT%H:%M:%SZ)
+
+# RUN steps share the host network (chroot isolation). When this machine's
+# egress re-signs TLS with its own CA, give pip inside the build that bundle;
+# it is mounted only during RUN steps and is not part of any layer.
+build_args=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION" --build-arg "CREATED=$CREATED")
+volumes=()
+host_ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
+if [[ -s $host_ca ]]; then
+  volumes+=(--volume "$host_ca:/run/ndi-build-ca.pem:ro")
+  build_args+=(--build-arg PIP_CERT=/run/ndi-build-ca.pem)
+fi
+
+for flavor in "${FLAVORS[@]}"; do
+  image=localhost/nvidia-driver-installer-$flavor:$TAG
+  t=$SECONDS
+  log "building $image from images/$flavor/Dockerfile ..."
+  bah bud --isolation chroot --pull-never --layers --quiet \
+    "${volumes[@]}" "${build_args[@]}" \
+    -f "$REPO/images/$flavor/Dockerfile" -t "$image" "$ctx" >/dev/null
+  log "built $image ($(bah images --format '{{.ID}}, {{.Size}}' "$image"), $((SECONDS - t)) s)"
+  if [[ -n ${NDI_EXPORT_DIR:-} ]]; then
+    mkdir -p "$NDI_EXPORT_DIR"
+    out=$NDI_EXPORT_DIR/nvidia-driver-installer-$flavor.oci.tar
+    rm -f "$out"
+    bah push -q "$image" "oci-archive:$out:$image" >/dev/null
+    log "exported $out"
+  fi
+done
+
+log "done in $((SECONDS - T0)) s; images in buildah storage $STORAGE_ROOT:"
+bah images --filter reference='localhost/nvidia-driver-installer-*' >&2

@@ -1,0 +1,610 @@
+"""DaemonSet manifests: rendered from jinja2 templates shipped in the package.
+
+``nvidia-driver-installer manifests render`` writes one DaemonSet per OS flavour
+(``daemonset-cos.yaml``, ``daemonset-ubuntu.yaml``) following the pod contract
+of DESIGN.md section 2. The defaults are committed under ``manifests/`` and a
+test fails when they drift from a fresh render (``make manifests`` fixes it).
+
+Everything a user can pass is validated here, before any template is touched,
+so a bad value is a usage error (exit 2) and never a manifest the API server
+or the installer would reject later. jinja2 is imported lazily: the CLI's
+``--help`` must not pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from installer import __version__
+
+# Every environment variable the installer reads (DESIGN.md section 3). This is
+# the single source of truth: the manifests may only set these (plus the proxy
+# and CA variables below), and a test checks that each is the envvar of some
+# option of ``install``.
+INSTALLER_ENV_VARS: tuple[str, ...] = (
+    "ROOT_MOUNT_DIR",
+    "NVIDIA_INSTALL_DIR_HOST",
+    "NVIDIA_INSTALL_DIR_CONTAINER",
+    "NVIDIA_DRIVER_VERSION",
+    "NVIDIA_DRIVER_DOWNLOAD_URL",
+    "NVIDIA_DRIVER_BASE_URL",
+    "NVIDIA_DRIVER_SHA256",
+    "COS_DOWNLOAD_GCS",
+    "KERNEL_RELEASE",
+    "KERNEL_SOURCE_PATH",
+    "FORCE_REINSTALL",
+    "LOCK_TIMEOUT",
+    "LOG_FORMAT",
+    "ALLOW_INSECURE_HTTP",
+    "PRELOAD",
+    "NVIDIA_PERSISTENCE_MODE",
+    "NVIDIA_MODULE_ARGS",
+)
+
+# Read by ``requests`` rather than by our options (DESIGN.md section 3:
+# downloads honour proxies and REQUESTS_CA_BUNDLE / SSL_CERT_FILE).
+PASSTHROUGH_ENV_VARS: tuple[str, ...] = (
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "NO_PROXY",
+    "https_proxy",
+    "http_proxy",
+    "no_proxy",
+    "REQUESTS_CA_BUNDLE",
+    "SSL_CERT_FILE",
+)
+
+FLAVORS: tuple[str, ...] = ("cos", "ubuntu")
+FLAVOR_TITLES = {"cos": "Container-Optimized OS", "ubuntu": "Ubuntu"}
+
+# The pod contract (DESIGN.md section 2). Fixed: the mounts and these env
+# values must agree, so ``--env`` cannot change them.
+HOST_ROOT_CONTAINER = "/root"
+INSTALL_DIR_HOST = "/home/kubernetes/bin/nvidia"
+INSTALL_DIR_CONTAINER = "/usr/local/nvidia"
+COS_TOOLS_DIR_HOST = "/var/lib/cos-tools"
+COS_TOOLS_DIR_CONTAINER = "/build/cos-tools"
+CONTRACT_ENV: dict[str, str] = {
+    "ROOT_MOUNT_DIR": HOST_ROOT_CONTAINER,
+    "NVIDIA_INSTALL_DIR_HOST": INSTALL_DIR_HOST,
+    "NVIDIA_INSTALL_DIR_CONTAINER": INSTALL_DIR_CONTAINER,
+}
+# hostPath -> (mountPath, hostPath type) for every flavour, plus COS's cache.
+CONTRACT_MOUNTS: dict[str, tuple[str, str]] = {
+    "/": (HOST_ROOT_CONTAINER, "Directory"),
+    "/dev": ("/dev", "Directory"),
+    INSTALL_DIR_HOST: (INSTALL_DIR_CONTAINER, "DirectoryOrCreate"),
+}
+COS_MOUNTS: dict[str, tuple[str, str]] = {
+    COS_TOOLS_DIR_HOST: (COS_TOOLS_DIR_CONTAINER, "DirectoryOrCreate"),
+}
+
+DEFAULT_DRIVER_VERSION = {"cos": "default", "ubuntu": "550.127.05"}
+DEFAULT_IMAGE_REPO = "ghcr.io/nvidia-driver-installer/nvidia-driver-installer-{flavor}"
+DEFAULT_PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+DEFAULT_NAMESPACE = "kube-system"
+DEFAULT_LOG_FORMAT = "json"
+# Wait up to 10 minutes for another installer (GKE's own, or a previous pod
+# still finishing) instead of failing at once and crash-looping.
+DEFAULT_LOCK_TIMEOUT = "600"
+AFFINITY_MODES: tuple[str, ...] = ("gke", "label", "none")
+# Set by NVIDIA's GPU feature discovery / the GPU operator's NFD rule, and by
+# Node Feature Discovery's "system" source: present on GPU nodes of most
+# non-GKE clusters. ``{flavor}`` is replaced per DaemonSet so the COS and the
+# Ubuntu DaemonSet never land on the same node.
+DEFAULT_NODE_LABELS: tuple[str, ...] = (
+    "nvidia.com/gpu.present=true",
+    "feature.node.kubernetes.io/system-os_release.ID={flavor}",
+)
+# Values of GKE's cloud.google.com/gke-os-distribution label per flavour
+# (the *_containerd names are the image-type spellings GKE has also used).
+GKE_OS_DISTRIBUTIONS = {"cos": ("cos", "cos_containerd"), "ubuntu": ("ubuntu", "ubuntu_containerd")}
+
+TEMPLATE_PACKAGE = "installer"
+TEMPLATE_DIR = "templates"
+DAEMONSET_TEMPLATE = "daemonset.yaml.j2"
+KUSTOMIZATION_TEMPLATE = "kustomization.yaml.j2"
+
+
+def daemonset_filename(flavor: str) -> str:
+    return f"daemonset-{flavor}.yaml"
+
+
+# --- validation (pure; raises ValueError with a one-line reason) -------------
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
+# A container image reference, as the distribution "reference" grammar has it.
+_REF_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# A registry host: "localhost", a dotted name or any name with a port.
+_REF_DOMAIN = (
+    r"(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::[0-9]+)?|[A-Za-z0-9-]+:[0-9]+)"
+)
+_IMAGE_REF = re.compile(
+    rf"^(?:{_REF_DOMAIN}/)?{_REF_COMPONENT}(?:/{_REF_COMPONENT})*"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
+)
+_DRIVER_VERSION = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+_COS_DRIVER_ALIAS = re.compile(r"^(default|latest|R[0-9]+)$")
+
+
+def _check_len(value: str, limit: int, what: str) -> None:
+    if len(value) > limit:
+        raise ValueError(f"{what} {value!r} is longer than {limit} characters")
+
+
+def validate_namespace(value: str) -> str:
+    _check_len(value, 63, "namespace")
+    if not _DNS_LABEL.match(value):
+        raise ValueError(f"namespace {value!r} is not a DNS-1123 label (lower case, digits, '-')")
+    return value
+
+
+def validate_label_key(key: str) -> str:
+    prefix, sep, name = key.rpartition("/")
+    if sep:
+        _check_len(prefix, 253, "label key prefix")
+        if not _DNS_SUBDOMAIN.match(prefix):
+            raise ValueError(f"label key prefix {prefix!r} is not a DNS subdomain")
+    _check_len(name, 63, "label name")
+    if not _LABEL_NAME.match(name):
+        raise ValueError(f"label name {name!r} is not a valid Kubernetes label name")
+    return key
+
+
+def validate_label_value(value: str) -> str:
+    _check_len(value, 63, "label value")
+    if value and not _LABEL_NAME.match(value):
+        raise ValueError(f"label value {value!r} is not a valid Kubernetes label value")
+    return value
+
+
+def parse_image(ref: str, *, what: str = "image", require_tag: bool = True) -> str:
+    m = _IMAGE_REF.match(ref)
+    if not m:
+        raise ValueError(f"{what} {ref!r} is not a valid image reference")
+    if require_tag:
+        if m.group("digest"):
+            raise ValueError(
+                f"{what} {ref!r}: give the tag here and the digest with --image-digest"
+            )
+        if not m.group("tag"):
+            raise ValueError(f"{what} {ref!r} has no tag (pin it, e.g. ':{image_tag()}')")
+    elif not (m.group("tag") or m.group("digest")):
+        raise ValueError(f"{what} {ref!r} has neither a tag nor a digest")
+    return ref
+
+
+def validate_digest(value: str) -> str:
+    if not _DIGEST.match(value):
+        raise ValueError(f"digest {value!r} is not 'sha256:' followed by 64 lower-case hex digits")
+    return value
+
+
+def validate_driver_version(flavor: str, value: str) -> str:
+    if _DRIVER_VERSION.match(value):
+        return value
+    if flavor == "cos" and _COS_DRIVER_ALIAS.match(value):
+        return value
+    if flavor == "cos":
+        raise ValueError(
+            f"driver version {value!r} for cos is neither a version (e.g. 550.127.05) "
+            "nor an alias (default, latest, R535)"
+        )
+    raise ValueError(
+        f"driver version {value!r} for {flavor} must be an explicit version (e.g. 550.127.05); "
+        "aliases exist only on COS"
+    )
+
+
+def parse_env(items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings -> an ordered mapping; refuses names the installer
+    does not read and the names fixed by the pod contract."""
+    env: dict[str, str] = {}
+    allowed = set(INSTALLER_ENV_VARS) | set(PASSTHROUGH_ENV_VARS)
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        if key in CONTRACT_ENV:
+            raise ValueError(
+                f"{key} is fixed by the pod contract (it must match the volume mounts)"
+            )
+        if key == "NVIDIA_DRIVER_VERSION":
+            raise ValueError("set NVIDIA_DRIVER_VERSION with --driver-version")
+        if key not in allowed:
+            raise ValueError(
+                f"{key} is not read by the installer; known: " + ", ".join(sorted(allowed))
+            )
+        if key in env:
+            raise ValueError(f"{key} is given twice")
+        if key == "LOG_FORMAT" and value not in ("auto", "json", "console"):
+            raise ValueError(f"LOG_FORMAT={value!r}: expected auto, json or console")
+        if key == "LOCK_TIMEOUT" and not value.isdigit():
+            raise ValueError(f"LOCK_TIMEOUT={value!r}: expected a whole number of seconds")
+        env[key] = value
+    return env
+
+
+def parse_node_label(item: str, flavor: str) -> tuple[str, str | None]:
+    """``key=value`` (or bare ``key``: label must exist) with ``{flavor}`` filled in."""
+    key, sep, value = item.partition("=")
+    key = key.replace("{flavor}", flavor)
+    validate_label_key(key)
+    if not sep:
+        return key, None
+    value = value.replace("{flavor}", flavor)
+    validate_label_value(value)
+    return key, value
+
+
+def image_tag() -> str:
+    # Image tags allow [A-Za-z0-9_.-]: a local version ("0.1.0+g1234") becomes "0.1.0-g1234".
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", __version__)
+
+
+def label_version() -> str:
+    v = re.sub(r"[^A-Za-z0-9_.-]", "-", __version__)[:63]
+    return v.strip("-_.") or "unknown"
+
+
+def default_image(flavor: str) -> str:
+    return f"{DEFAULT_IMAGE_REPO.format(flavor=flavor)}:{image_tag()}"
+
+
+# --- rendering ----------------------------------------------------------------
+
+_PLAIN_SCALAR = re.compile(r"^[A-Za-z/][A-Za-z0-9._/@+-]*(?::[A-Za-z0-9._/@+-]+)*$")
+_YAML11_SPECIAL = re.compile(r"^(?:y|yes|n|no|true|false|on|off|null|~)$", re.IGNORECASE)
+
+
+def yaml_str(value: Any) -> str:
+    """A YAML string scalar: plain when that is unambiguous, else double-quoted.
+
+    JSON string syntax is a subset of YAML's double-quoted style, so any text
+    (newlines, quotes, non-ASCII) round-trips.
+    """
+    s = str(value)
+    if _PLAIN_SCALAR.match(s) and not _YAML11_SPECIAL.match(s):
+        return s
+    return json.dumps(s)
+
+
+def yaml_quoted(value: Any) -> str:
+    """Always double-quoted (env values and label values: always strings)."""
+    return json.dumps(str(value))
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """What ``manifests render`` was asked for, already validated per flavour."""
+
+    image: str | None = None  # may hold "{flavor}"
+    image_digests: Mapping[str, str] = field(default_factory=dict)  # flavor -> digest
+    pause_image: str = DEFAULT_PAUSE_IMAGE
+    driver_version: str | None = None
+    namespace: str = DEFAULT_NAMESPACE
+    affinity: str = "gke"
+    node_labels: Sequence[str] = DEFAULT_NODE_LABELS
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def _match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
+    if opts.affinity == "none":
+        return []
+    if opts.affinity == "gke":
+        return [
+            {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
+            # Nodes whose driver GKE installs itself (gpu-driver-version set at
+            # node-pool creation) are left to GKE, as GKE's own manifests do.
+            {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
+            {
+                "key": "cloud.google.com/gke-os-distribution",
+                "operator": "In",
+                "values": list(GKE_OS_DISTRIBUTIONS[flavor]),
+            },
+        ]
+    if opts.affinity == "label":
+        exprs = []
+        for item in opts.node_labels:
+            key, value = parse_node_label(item, flavor)
+            if value is None:
+                exprs.append({"key": key, "operator": "Exists"})
+            else:
+                exprs.append({"key": key, "operator": "In", "values": [value]})
+        return exprs
+    raise ValueError(f"unknown affinity mode {opts.affinity!r}")
+
+
+def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
+    driver_version = opts.driver_version or DEFAULT_DRIVER_VERSION[flavor]
+    validate_driver_version(flavor, driver_version)
+    env: dict[str, str] = dict(CONTRACT_ENV)
+    env["NVIDIA_DRIVER_VERSION"] = driver_version
+    env["LOG_FORMAT"] = DEFAULT_LOG_FORMAT
+    env["LOCK_TIMEOUT"] = DEFAULT_LOCK_TIMEOUT
+    for key, value in opts.extra_env.items():
+        if key == "COS_DOWNLOAD_GCS" and flavor != "cos":
+            continue  # COS artifacts mean nothing to the Ubuntu flow
+        env[key] = value
+    return list(env.items())
+
+
+def _image(flavor: str, opts: RenderOptions) -> str:
+    ref = opts.image.replace("{flavor}", flavor) if opts.image else default_image(flavor)
+    parse_image(ref)
+    digest = opts.image_digests.get(flavor)
+    return f"{ref}@{validate_digest(digest)}" if digest else ref
+
+
+def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
+    if flavor not in FLAVORS:
+        raise ValueError(f"unknown flavor {flavor!r}")
+    validate_namespace(opts.namespace)
+    parse_image(opts.pause_image, what="pause image", require_tag=False)
+    name = f"nvidia-driver-installer-{flavor}"
+    selector = {
+        "app.kubernetes.io/name": "nvidia-driver-installer",
+        "app.kubernetes.io/instance": name,
+    }
+    labels = {
+        **selector,
+        "app.kubernetes.io/component": "driver-installer",
+        "app.kubernetes.io/part-of": "nvidia-driver-installer",
+        "app.kubernetes.io/version": label_version(),
+        "app.kubernetes.io/managed-by": "nvidia-driver-installer",
+    }
+    mounts = dict(CONTRACT_MOUNTS)
+    if flavor == "cos":
+        mounts.update(COS_MOUNTS)
+    return {
+        "flavor": flavor,
+        "flavor_title": FLAVOR_TITLES[flavor],
+        "name": name,
+        "namespace": opts.namespace,
+        "selector": selector,
+        "labels": labels,
+        "image": _image(flavor, opts),
+        "pause_image": opts.pause_image,
+        "env": _env(flavor, opts),
+        "affinity": opts.affinity,
+        "match_expressions": _match_expressions(flavor, opts),
+        "host_root": HOST_ROOT_CONTAINER,
+        "install_dir_host": INSTALL_DIR_HOST,
+        "install_dir_container": INSTALL_DIR_CONTAINER,
+        "cos_tools_dir_host": COS_TOOLS_DIR_HOST,
+        "cos_tools_dir_container": COS_TOOLS_DIR_CONTAINER,
+        "version": __version__,
+    }
+
+
+def _environment() -> Any:
+    import importlib.resources
+
+    import jinja2
+
+    root = importlib.resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_DIR)
+
+    def load(name: str) -> str:
+        return root.joinpath(name).read_text(encoding="utf-8")
+
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(load),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["yaml_str"] = yaml_str
+    env.filters["yaml_quoted"] = yaml_quoted
+    return env
+
+
+def render(flavor: str, opts: RenderOptions | None = None) -> str:
+    """The DaemonSet YAML for one flavour. Raises ValueError on a bad option."""
+    context = _context(flavor, opts or RenderOptions())
+    return _environment().get_template(DAEMONSET_TEMPLATE).render(**context)
+
+
+def render_kustomization(files: Sequence[str]) -> str:
+    return _environment().get_template(KUSTOMIZATION_TEMPLATE).render(resources=list(files))
+
+
+def render_files(flavors: Sequence[str], opts: RenderOptions | None = None) -> dict[str, str]:
+    """``{filename: text}`` for an output directory: one DaemonSet per flavour
+    plus a kustomization.yaml listing them."""
+    files = {daemonset_filename(f): render(f, opts) for f in flavors}
+    files["kustomization.yaml"] = render_kustomization(list(files))
+    return files
+
+
+def render_defaults() -> dict[str, str]:
+    """What ``make manifests`` writes to ``manifests/``."""
+    return render_files(FLAVORS)
+
+
+# --- CLI ----------------------------------------------------------------------
+
+
+def _bad(param: str, exc: ValueError) -> click.BadParameter:
+    return click.BadParameter(str(exc), param_hint=param)
+
+
+def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, str]:
+    digests: dict[str, str] = {}
+    for item in items:
+        flavor, sep, digest = item.rpartition("=")
+        try:
+            validate_digest(digest)
+        except ValueError as exc:
+            raise _bad("--image-digest", exc) from None
+        if sep:
+            if flavor not in flavors:
+                raise click.BadParameter(
+                    f"{flavor!r} is not one of the flavors rendered ({', '.join(flavors)})",
+                    param_hint="--image-digest",
+                )
+            targets = [flavor]
+        else:
+            if len(flavors) > 1:
+                raise click.BadParameter(
+                    "each flavor has its own image: give FLAVOR=sha256:... per flavor",
+                    param_hint="--image-digest",
+                )
+            targets = list(flavors)
+        for f in targets:
+            if f in digests:
+                raise click.BadParameter(f"digest for {f} given twice", param_hint="--image-digest")
+            digests[f] = digest
+    return digests
+
+
+@click.group("manifests")
+def manifests() -> None:
+    """Kubernetes manifests for the installer DaemonSet."""
+
+
+@manifests.command("render")
+@click.option(
+    "--flavor",
+    "flavors",
+    type=click.Choice(FLAVORS),
+    multiple=True,
+    help="OS flavour to render (repeatable). Default: all, as with --all.",
+)
+@click.option("--all", "all_flavors", is_flag=True, help="Render every flavour (cos, ubuntu).")
+@click.option(
+    "--image",
+    metavar="REF",
+    help="Installer image with a tag; '{flavor}' is replaced by the flavour. "
+    f"Default: {DEFAULT_IMAGE_REPO}:<package version>.",
+)
+@click.option(
+    "--image-digest",
+    "image_digests",
+    metavar="[FLAVOR=]sha256:HEX",
+    multiple=True,
+    help="Pin the image as REF@DIGEST. With several flavours, give FLAVOR=DIGEST each.",
+)
+@click.option(
+    "--pause-image",
+    metavar="REF",
+    default=DEFAULT_PAUSE_IMAGE,
+    show_default=True,
+    help="Main (pause) container image.",
+)
+@click.option(
+    "--driver-version",
+    metavar="V",
+    help="NVIDIA_DRIVER_VERSION. Default: 'default' on COS, "
+    f"{DEFAULT_DRIVER_VERSION['ubuntu']} on Ubuntu.",
+)
+@click.option("--namespace", default=DEFAULT_NAMESPACE, show_default=True)
+@click.option(
+    "--affinity",
+    type=click.Choice(AFFINITY_MODES),
+    default="gke",
+    show_default=True,
+    help="gke: GKE GPU nodes whose driver GKE does not manage; "
+    "label: nodes with the --node-label labels; none: no node affinity.",
+)
+@click.option(
+    "--node-label",
+    "node_labels",
+    metavar="KEY[=VALUE]",
+    multiple=True,
+    help="Node label required with --affinity label (repeatable; '{flavor}' is "
+    "replaced). Default: " + ", ".join(DEFAULT_NODE_LABELS) + ".",
+)
+@click.option(
+    "--env",
+    "extra_env",
+    metavar="KEY=VALUE",
+    multiple=True,
+    help="Extra installer environment variable (repeatable), e.g. FORCE_REINSTALL=1.",
+)
+@click.option(
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write daemonset-<flavor>.yaml and kustomization.yaml here instead of stdout.",
+)
+def render_command(
+    flavors: tuple[str, ...],
+    all_flavors: bool,
+    image: str | None,
+    image_digests: tuple[str, ...],
+    pause_image: str,
+    driver_version: str | None,
+    namespace: str,
+    affinity: str,
+    node_labels: tuple[str, ...],
+    extra_env: tuple[str, ...],
+    output_dir: Path | None,
+) -> None:
+    """Render the installer DaemonSet(s) as YAML."""
+    if all_flavors and flavors:
+        raise click.UsageError("give --flavor or --all, not both")
+    selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS
+    if node_labels and affinity != "label":
+        raise click.UsageError("--node-label only applies with --affinity label")
+    if image and len(selected) > 1 and "{flavor}" not in image:
+        raise click.BadParameter(
+            "each flavor has its own image: include '{flavor}' in REF or render one --flavor",
+            param_hint="--image",
+        )
+    try:
+        env = parse_env(extra_env)
+    except ValueError as exc:
+        raise _bad("--env", exc) from None
+    opts = RenderOptions(
+        image=image,
+        image_digests=_parse_digests(image_digests, selected),
+        pause_image=pause_image,
+        driver_version=driver_version,
+        namespace=namespace,
+        affinity=affinity,
+        node_labels=node_labels or DEFAULT_NODE_LABELS,
+        extra_env=env,
+    )
+    # Validate each option on its own first, so the error names the flag.
+    checks: list[tuple[str, Any]] = [
+        ("--namespace", lambda: validate_namespace(namespace)),
+        ("--pause-image", lambda: parse_image(pause_image, what="pause image", require_tag=False)),
+    ]
+    for f in selected:
+        checks.append(("--image", lambda f=f: _image(f, opts)))
+        if driver_version:
+            checks.append(
+                ("--driver-version", lambda f=f: validate_driver_version(f, driver_version))
+            )
+        checks.append(("--node-label", lambda f=f: _match_expressions(f, opts)))
+    for param, check in checks:
+        try:
+            check()
+        except ValueError as exc:
+            raise _bad(param, exc) from None
+    try:
+        if output_dir is None:
+            click.echo("".join(render(f, opts) for f in selected), nl=False)
+            return
+        files = render_files(selected, opts)
+    except ValueError as exc:  # pragma: no cover - every option was checked above
+        raise click.UsageError(str(exc)) from None
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        path = output_dir / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        click.echo(f"wrote {path}", err=True)

