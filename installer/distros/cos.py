@@ -217,7 +217,7 @@ def _flavor_module_type(flavor: str | None) -> str | None:
 
 
 def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: str,
-                  prebuilt_url: str) -> Step:
+                  prebuilt_url: str, unusable: tuple[str, ...] = ()) -> Step:
     """Exit 10 before any big download when the modules we would use cannot load."""
 
     def run(ctx: Context) -> None:
@@ -232,10 +232,13 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
                 kernel_release=ctx.host_info.kernel_release,
             )
         if policy.enforced and not prebuilt:
+            why = (f"the signed prebuilt modules of COS build {build_id} cannot be used here: "
+                   + "; ".join(unusable)) if unusable else (
+                   f"COS build {build_id} offers no signed prebuilt modules for driver "
+                   f"{version} ({prebuilt_url} not found)")
             raise SecureBootError(
                 f"this node only loads signed kernel modules ({'; '.join(policy.reasons)}) "
-                f"and COS build {build_id} offers no signed prebuilt modules for driver "
-                f"{version} ({prebuilt_url} not found); compiled modules would be rejected",
+                f"and {why}; compiled modules would be rejected",
                 hint="choose a driver version this build ships prebuilt modules for "
                 "(--driver-version=default or latest usually do), or run on a node pool "
                 "without module signature enforcement; this installer never edits boot "
@@ -522,8 +525,11 @@ class Cos(Distro):
             summary["blocked"] = "module signature policy: the install would stop with exit 10"
         note = ("signed prebuilt modules: allowed" if prebuilt else
                 "compiled modules are unsigned: refused if signatures are enforced")
-        sign_step = check_signing(note, prebuilt=prebuilt, version=version,
-                                  build_id=arts.build_id, prebuilt_url=prebuilt_url)
+        sign_step = check_signing(
+            note, prebuilt=prebuilt, version=version, build_id=arts.build_id,
+            prebuilt_url=prebuilt_url,
+            # Notes about prebuilt modules exist only when the build has them.
+            unusable=tuple(n for n in decision.notes if "prebuilt" in n))
         tail = (
             steps.unload_other_driver(version),
             steps.load_modules(from_staging=True),

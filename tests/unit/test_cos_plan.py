@@ -443,3 +443,12 @@ def test_stale_downloads_are_cleared_before_fetching(env):
     step(plan, "fetch_artifacts").run(ctx)
     assert not stale.exists()
     assert (env.tools_dir / COS_BUILD_ID / ".downloads/toolchain.tar.xz").is_file()
+
+
+def test_exit_10_says_why_existing_prebuilt_modules_are_not_used(env):
+    env.kernel.set_sig_enforce(True)
+    env.bucket.prebuilt_versions = (DEFAULT_V,)
+    ctx = env.ctx(kernel_module_type="proprietary")
+    plan = Cos().plan(ctx)
+    with pytest.raises(SecureBootError, match="cannot be used here: prebuilt modules are open"):
+        step(plan, "check_module_signing").run(ctx)
