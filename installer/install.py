@@ -12,7 +12,7 @@ import structlog
 
 from installer import __version__, distros, readiness, status
 from installer.context import Context
-from installer.errors import InstallerError
+from installer.errors import InstallerError, VerifyError
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
@@ -75,6 +75,8 @@ def run(settings: Settings) -> dict[str, object]:
             log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],
                      **plan.summary)
             execute(plan, ctx, timings)
+            if "gpus" in ctx.facts:  # set by the verify step: no readiness for --preload
+                _write_ready(ctx, plan, len(ctx.facts["gpus"]))
         except InstallerError as exc:
             exc.context.update(failure_details(ctx, exc.error_class, started_wall))
             _record(ctx, started, timings, plan, outcome="error", error_class=exc.error_class,
@@ -89,14 +91,24 @@ def run(settings: Settings) -> dict[str, object]:
         gpus = ctx.facts.get("gpus", [])
         outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
                           gpus=[asdict(g) for g in gpus])
-        if "gpus" in ctx.facts:  # set by the verify step: no readiness for --preload
-            _write_ready(ctx, plan, len(gpus))
     return outcome
 
 
 def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
     """driver-ready, written last: everything above verified the driver."""
     module_type = ctx.facts.get("kernel_module_type") or plan.summary.get("kernel_module_type")
+    try:
+        _write_ready_file(ctx, plan, gpu_count, module_type)
+    except OSError as exc:
+        raise VerifyError(
+            f"the driver works but the readiness file could not be written: {exc}",
+            hint="the host's /run must be writable from the installer (the pod mounts / at "
+            "/root); components waiting for driver-ready stay blocked until then",
+            path=str(readiness.READY_HOST_PATH),
+        ) from exc
+
+
+def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | None) -> None:
     readiness.write(ctx.host, readiness.ready_fields(
         driver_version=plan.summary.get("driver_version"),
         install_dir_host=ctx.install.host_path,

@@ -198,3 +198,18 @@ def test_kernel_log_tail_keeps_relevant_lines(monkeypatch, tmp_path):
     assert install.kernel_log_tail(Runner()) == [
         "[Mon] NVRM: API mismatch: the client has the version 550.54.14",
         "[Mon] Loading of unsigned module is rejected"]
+
+
+def test_unwritable_readiness_is_a_verify_failure(host, monkeypatch):
+    from installer.errors import VerifyError
+
+    (host.root / "run/nvidia").mkdir(parents=True)
+    (host.root / "run/nvidia/validations").write_text("a file, not a directory")
+
+    def verified(ctx):
+        ctx.facts["gpus"] = []
+
+    with pytest.raises(VerifyError, match="readiness file could not be written"):
+        run_with(monkeypatch, host, [Step("verify", verified)])
+    status = json.loads((host.root / INSTALL_HOST.relative_to("/") / "status.json").read_text())
+    assert status["outcome"] == "error" and status["exit_code"] == 9
