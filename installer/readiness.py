@@ -37,7 +37,7 @@ def clear(host: HostRoot) -> bool:
     path = ready_path(host)
     try:
         path.unlink()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
     log.info("readiness_cleared", path=str(READY_HOST_PATH))
     return True
