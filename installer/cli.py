@@ -186,7 +186,7 @@ def _final_log() -> Any:
 @_host_options
 def detect(**opts: Any) -> None:
     """Print the detected host as JSON."""
-    from installer import distros
+    from installer import distros, gpus
     from installer.install import make_context
     from installer.modules import loaded_driver_version
 
@@ -198,6 +198,7 @@ def detect(**opts: Any) -> None:
         "install_dir": str(ctx.install.root),
         "signatures_enforced": ctx.kernel.signatures_enforced(),
         "loaded_driver_version": loaded_driver_version(ctx.kernel),
+        "gpus": [g.to_dict() for g in gpus.scan(ctx.kernel.sys_dir)],
     }
     click.echo(json.dumps(doc, indent=2))
 
