@@ -67,9 +67,9 @@ def gets(server, suffix: str) -> list:
 
 
 def big_gets(server) -> list[str]:
+    """GETs of large artifacts: headers, toolchain, the .run, prebuilt modules."""
     return [r.path for r in server.requests
-            if r.method == "GET" and r.path.endswith(BIG) or (
-                r.method == "GET" and "/nvidia-drivers-" in r.path)]
+            if r.method == "GET" and (r.path.endswith(BIG) or "/nvidia-drivers-" in r.path)]
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -182,8 +182,8 @@ def test_dry_run_resolves_aliases_and_prints_urls(node, pod, kernel, server, req
 
 def test_compile_path_builds_with_the_builds_headers_and_toolchain(node, pod, kernel, server):
     for name in ("kernel-headers.tgz", "toolchain.tar.xz"):
-        server.fault(f"{BUILD}/{name}", delay=1.0)
-    server.fault(f"/tesla/{DEFAULT_V}/NVIDIA-Linux-x86_64-{DEFAULT_V}.run", delay=1.0)
+        server.fault(f"{BUILD}/{name}", delay=2.0)
+    server.fault(f"/tesla/{DEFAULT_V}/NVIDIA-Linux-x86_64-{DEFAULT_V}.run", delay=2.0)
     proc = ok(pod.run("install"))
     final = last_event(proc)
     assert final["event"] == "install_finished" and final["plan"] == "fresh"
@@ -225,12 +225,12 @@ def test_compile_path_builds_with_the_builds_headers_and_toolchain(node, pod, ke
     assert kernel.loaded()["nvidia"].version == DEFAULT_V
 
     # The three big artifacts were fetched once each, in parallel (each answer is
-    # delayed 1 s: one after the other would take 3 s).
+    # delayed 2 s: one after the other would take 6 s).
     for name in ("kernel-headers.tgz", "toolchain.tar.xz", f"NVIDIA-Linux-x86_64-{DEFAULT_V}.run"):
         assert len(gets(server, name)) == 1, name
     status = json.loads((install / "status.json").read_text())
     fetch = next(s for s in status["steps"] if s["name"] == "fetch_artifacts")
-    assert fetch["duration_s"] < 2.5, fetch
+    assert fetch["duration_s"] < 5.0, fetch
     # The host's ld cache knows the install dir (host view).
     assert (node.root / "etc/ld.so.conf.d/nvidia.conf").read_text() == f"{INSTALL_HOST}/lib64\n"
 
