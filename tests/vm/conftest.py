@@ -1,0 +1,182 @@
+"""Fixtures of the qemu tier: provisioning, the driver .run files, one guest node.
+
+The whole tier shares one guest ("node") and boots it twice: ``boot_install``
+(first install, cache hit, replacement, in-use refusals) and ``boot_reboot``
+(the same disk after a reboot: cache hit without rebuilding, wrong load
+order, a module built for another kernel). Each test asserts on the results
+of the steps those boots ran.
+
+Environment:
+  NDI_VM_SKIP=1        skip the tier
+  NDI_VM_REQUIRED=1    fail (instead of skip) when it cannot be provisioned (CI)
+  NDI_VM_BUILD_ALL=1   compile every driver version in the guest (slow: ~2 min each)
+  NDI_VM_CACHE=DIR     cache dir (default /var/cache/ndi-vm)
+  NDI_VM_KEEP=DIR      keep the guest's work dir (disk, serial logs) in DIR
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.vm import driver_run
+from tests.vm import provision as prov
+from tests.vm.harness import BootResult, GuestVM
+from tests.vm.scenario import VERSIONS, install_steps, reboot_steps
+
+TIMINGS: dict[str, float] = {}
+BOOTS: list[BootResult] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vm: boots a real kernel under qemu (slow tier)")
+
+
+@pytest.fixture(scope="session")
+def vm_assets() -> prov.VMAssets:
+    if os.environ.get("NDI_VM_SKIP"):
+        pytest.skip("NDI_VM_SKIP is set")
+    t0 = time.monotonic()
+    try:
+        assets = prov.provision()
+    except prov.ProvisionError as exc:
+        if os.environ.get("NDI_VM_REQUIRED"):
+            pytest.fail(f"cannot provision the qemu tier: {exc}")
+        pytest.skip(f"cannot provision the qemu tier: {exc}")
+    TIMINGS["provision"] = round(time.monotonic() - t0, 1)
+    return assets
+
+
+@pytest.fixture(scope="session")
+def vm_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    keep = os.environ.get("NDI_VM_KEEP")
+    if keep:
+        path = Path(keep)
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+        return path
+    return tmp_path_factory.mktemp("vm")
+
+
+@pytest.fixture(scope="session")
+def driver_files(vm_assets: prov.VMAssets, vm_workdir: Path):
+    """Files the guest gets under /ndi/files, per boot: .run per version, test modules.
+
+    Returns {"install": Future[dict], "reboot": Future[dict]}: what only the
+    second boot needs is built here while the first boot runs.
+    """
+    build_all = bool(os.environ.get("NDI_VM_BUILD_ALL"))
+    headers = vm_assets.headers_dir
+    release = vm_assets.kernel_release
+    fake_release = driver_run.other_release(release)
+    work = vm_workdir / "host-build"
+    runs = vm_workdir / "runs"
+    run_path = {k: runs / driver_run.run_name(v) for k, v in VERSIONS.items()}
+
+    def first_boot() -> dict[str, Path]:
+        t0 = time.monotonic()
+        b_build = driver_run.build_modules(headers, work / "b", VERSIONS["b"])
+        files = {
+            # a: the first install compiles in the guest, always.
+            run_path["a"].name: driver_run.build_run(runs, VERSIONS["a"]),
+            run_path["b"].name: driver_run.build_run(
+                runs, VERSIONS["b"], prebuilt=None if build_all else b_build
+            ),
+            # c is refused before it is downloaded; if it ever got further it
+            # would compile in the guest (slow, but right).
+            run_path["c"].name: driver_run.build_run(runs, VERSIONS["c"]),
+            # A module that links against nvidia.ko: loading it makes nvidia "in use".
+            "nvidia_holder.ko": driver_run.build_holder(headers, work / "holder", b_build / "Module.symvers"),
+        }
+        TIMINGS["host builds (boot install)"] = round(time.monotonic() - t0, 1)
+        return files
+
+    def second_boot() -> dict[str, Path]:
+        t0 = time.monotonic()
+        # d: modules built for another kernel release (vermagic and CRCs).
+        d_build = driver_run.build_modules(headers, work / "d", VERSIONS["d"])
+        for m in driver_run.MODULE_FILES:
+            driver_run.as_built_for(d_build / f"{m}.ko", release, fake_release)
+        files = {
+            run_path["d"].name: driver_run.build_run(
+                runs,
+                VERSIONS["d"],
+                prebuilt=None if build_all else d_build,
+                vermagic=fake_release if build_all else None,
+            ),
+            "other-kernel/nvidia.ko": d_build / "nvidia.ko",
+        }
+        TIMINGS["host builds (boot reboot, during boot install)"] = round(time.monotonic() - t0, 1)
+        return files
+
+    first = first_boot()
+    pool = ThreadPoolExecutor(max_workers=1)
+    second = pool.submit(second_boot)
+    yield {"install": first, "reboot": second}
+    pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="session")
+def node(vm_assets: prov.VMAssets, vm_workdir: Path) -> GuestVM:
+    return GuestVM(vm_assets, vm_workdir / "node")
+
+
+def _boot(node: GuestVM, name: str, steps, files) -> BootResult:
+    result = node.boot(name, steps, files=files)
+    BOOTS.append(result)
+    TIMINGS[f"boot {name}"] = result.seconds
+    if not result.finished:
+        pytest.fail(
+            f"the guest did not finish boot {name!r} (timed out: {result.timed_out}, "
+            f"qemu rc {result.qemu_rc}); serial log {result.serial_log}:\n" + result.serial[-6000:]
+        )
+    return result
+
+
+@pytest.fixture(scope="session")
+def boot_install(node: GuestVM, driver_files) -> BootResult:
+    return _boot(node, "install", install_steps(), driver_files["install"])
+
+
+@pytest.fixture(scope="session")
+def boot_reboot(node: GuestVM, boot_install: BootResult, driver_files) -> BootResult:
+    return _boot(node, "reboot", reboot_steps(), driver_files["reboot"].result())
+
+
+# Steps whose kernel messages go into the test log (the "make test-vm" output).
+KERNEL_LOG_STEPS = (
+    "install-a",
+    "install-b",
+    "install-c-held",
+    "wrong-order-uvm",
+    "wrong-order-drm",
+    "install-b-cached",
+    "install-d-other-kernel",
+    "kernel-rejects-other-kernel",
+)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
+    if not TIMINGS and not BOOTS:
+        return
+    tr = terminalreporter
+    tr.section("qemu tier")
+    for key, value in TIMINGS.items():
+        tr.write_line(f"{key}: {value} s")
+    for boot in BOOTS:
+        tr.write_line(f"serial log of boot {boot.name}: {boot.serial_log}")
+        for step in boot.steps.values():
+            tr.write_line(f"  step {step.name}: rc={step.rc} in {step.seconds} s")
+    for boot in BOOTS:
+        for name in KERNEL_LOG_STEPS:
+            step = boot.steps.get(name)
+            if step and step.dmesg:
+                tr.write_line(f"kernel messages during {name} (boot {boot.name}):")
+                for line in step.dmesg:
+                    tr.write_line(f"    {line}")

@@ -1,0 +1,76 @@
+"""What the guest runs in each boot of the qemu tier (see conftest.py).
+
+Every install is the real CLI on the guest's own root (``--host-root /``),
+the way it is run by hand on a node; the driver comes from a ``file://`` URL.
+"""
+
+from __future__ import annotations
+
+from tests.vm.driver_run import run_name
+from tests.vm.harness import Step
+
+VERSIONS = {
+    "a": "550.54.14",  # first install: compiled in the guest
+    "b": "550.90.07",  # replaces a while a is loaded and unused
+    "c": "560.35.03",  # refused while b is in use
+    "d": "535.183.01",  # modules built for another kernel release
+}
+PARAM = "from-qemu-test"
+INSTALL_DIR = "/home/kubernetes/bin/nvidia"
+DRIVERS = f"{INSTALL_DIR}/drivers"
+INSTALL = "nvidia-driver-installer install --host-root / --log-format json"
+PROBE = "python3 /ndi/probe.py"
+INSTALL_TIMEOUT = 900
+
+
+def install(key: str, *, url: str | None = None) -> str:
+    version = VERSIONS[key]
+    url = url or f"file:///ndi/files/{run_name(version)}"
+    return f"{INSTALL} --driver-version {version} --driver-url {url} --module-arg nvidia.NVreg_Test={PARAM}"
+
+
+def missing_url(key: str) -> str:
+    """A URL that cannot be fetched: a cache hit must not need it."""
+    return f"file:///nonexistent/{run_name(VERSIONS[key])}"
+
+
+def install_steps() -> list[Step]:
+    return [
+        Step("detect", "nvidia-driver-installer detect --host-root /"),
+        Step("install-a", install("a"), timeout=INSTALL_TIMEOUT),
+        Step("probe-a", PROBE),
+        Step("installer-log-a", f"cat {INSTALL_DIR}/nvidia-installer.log"),
+        Step("install-a-again", install("a"), timeout=INSTALL_TIMEOUT),
+        Step("probe-a-again", PROBE),
+        Step("install-b", install("b"), timeout=INSTALL_TIMEOUT),
+        Step("probe-b", PROBE),
+        # In use by a module that links against nvidia.ko.
+        Step("hold-module", "insmod /ndi/files/nvidia_holder.ko && cat /proc/modules"),
+        Step("install-c-held", install("c"), timeout=INSTALL_TIMEOUT),
+        Step("probe-held", PROBE),
+        Step("release-module", "rmmod nvidia_holder"),
+        # In use by a process with /dev/nvidia0 open.
+        Step(
+            "hold-handle",
+            "setsid sleep 900 < /dev/nvidia0 > /dev/null 2>&1 & sleep 1; grep '^nvidia ' /proc/modules",
+        ),
+        Step("install-c-handle", install("c"), timeout=INSTALL_TIMEOUT),
+        Step("probe-handle", PROBE),
+        Step("release-handle", "pkill -x sleep; sleep 1; grep '^nvidia ' /proc/modules"),
+    ]
+
+
+def reboot_steps() -> list[Step]:
+    return [
+        Step("probe-reboot", PROBE),
+        # The kernel itself refuses modules loaded before what they link against.
+        Step("wrong-order-uvm", f"insmod {DRIVERS}/nvidia-uvm.ko"),
+        Step("wrong-order-drm", f"modprobe drm && insmod {DRIVERS}/nvidia-drm.ko"),
+        Step("install-b-cached", install("b", url=missing_url("b")), timeout=INSTALL_TIMEOUT),
+        Step("probe-b-cached", PROBE),
+        Step("install-d-other-kernel", install("d"), timeout=INSTALL_TIMEOUT),
+        Step("probe-d", PROBE),
+        Step("kernel-rejects-other-kernel", "insmod /ndi/files/other-kernel/nvidia.ko"),
+        Step("install-b-recover", install("b", url=missing_url("b")), timeout=INSTALL_TIMEOUT),
+        Step("probe-recover", PROBE),
+    ]
