@@ -19,6 +19,7 @@ from installer.errors import BuildError, IntegrityError, UsageError
 from installer.installdir import Tree
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
+from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -34,6 +35,13 @@ _RUN_NAME = re.compile(r"NVIDIA-Linux-x86_64-(\d[\d.]*\d)(?:-[\w.]+)?\.run$")
 
 def run_file_name(version: str) -> str:
     return f"NVIDIA-Linux-x86_64-{version}.run"
+
+
+def driver_url(settings: Settings, version: str) -> str:
+    """--driver-url as given, else <base>/<V>/NVIDIA-Linux-x86_64-<V>.run."""
+    if settings.driver_url:
+        return settings.driver_url
+    return f"{settings.driver_base_url.rstrip('/')}/{version}/{run_file_name(version)}"
 
 
 def check_version(version: str) -> str:

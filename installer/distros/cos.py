@@ -52,6 +52,7 @@ from installer.errors import BuildError, DownloadError, IntegrityError, SecureBo
 from installer.installdir import Tree
 from installer.kernel import KernelState, cmdline_enforces_signatures
 from installer.modinfo import read_modinfo
+from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.toolchain import BuildTools
 
@@ -491,11 +492,9 @@ class Cos(Distro):
                 *self._after_load(ctx),
             ), summary)
 
-        from installer.distros.ubuntu import driver_url
-
         arts = self._artifacts(ctx)
 
-        run_url = driver_url(ctx, version)
+        run_url = driver_url(ctx.settings, version)
         prebuilt_name = prebuilt_modules_name(version)
         prebuilt_url = arts.url(prebuilt_name)
         from installer import gpus

@@ -10,22 +10,14 @@ from installer import gpus, headers, steps
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros.base import Distro
-from installer.nvidia_run import check_version, version_from_url
+from installer.errors import UsageError
+from installer.nvidia_run import check_version, driver_url, version_from_url
 from installer.plan import Plan, Step
 
 # A version tested with this installer; NVIDIA_DRIVER_VERSION picks another.
 DEFAULT_DRIVER_VERSION = "550.127.05"
 
 log = structlog.get_logger(__name__)
-
-
-def driver_url(ctx: Context, version: str) -> str:
-    s = ctx.settings
-    if s.driver_url:
-        return s.driver_url
-    from installer.nvidia_run import run_file_name
-
-    return f"{s.driver_base_url.rstrip('/')}/{version}/{run_file_name(version)}"
 
 
 def find_kernel_headers() -> Step:
@@ -70,6 +62,11 @@ class Ubuntu(Distro):
         return (steps.persistence_mode(),) if ctx.settings.persistence_mode else ()
 
     def plan(self, ctx: Context) -> Plan:
+        if ctx.settings.preload:
+            raise UsageError(
+                "--preload is for Container-Optimized OS (it warms the COS toolchain cache)",
+                hint="on Ubuntu, run a normal install; kernel headers come from the node or apt",
+            )
         version = self.driver_version(ctx)
         key = self.cache_key(ctx, version)
         module_type = key.flavor.removeprefix("compiled-") if key.flavor else "proprietary"
@@ -89,7 +86,7 @@ class Ubuntu(Distro):
                 steps.verify_install(version),
                 *self._after_load(ctx, version),
             ), summary)
-        url = driver_url(ctx, version)
+        url = driver_url(ctx.settings, version)
         return Plan("fresh", (
             check_gpus,
             steps.check_module_signing("this flow builds unsigned modules"),
