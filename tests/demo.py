@@ -67,7 +67,7 @@ def main() -> int:
             if first.returncode != 0:
                 print(f"install failed with exit code {first.returncode}")
                 return first.returncode
-            banner(f"the install dir the host sees at /home/kubernetes/bin/nvidia")
+            banner("the install dir the host sees at /home/kubernetes/bin/nvidia")
             for path in sorted(node.install_dir.rglob("*")):
                 rel = path.relative_to(node.install_dir)
                 if rel.parts[0] in ("bin", "lib64", "drivers") or rel.name in (".cache", "status.json"):

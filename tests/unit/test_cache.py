@@ -45,7 +45,8 @@ def test_written_record_is_valid_shell_with_gke_keys(tmp_path):
 
 
 def test_gke_written_records_are_recognised(tmp_path):
-    ubuntu = CacheRecord.parse("CACHE_KERNEL_VERSION=5.15.0-1049-gke\nCACHE_NVIDIA_DRIVER_VERSION=550.54.14\n")
+    ubuntu = CacheRecord.parse(
+        "CACHE_KERNEL_VERSION=5.15.0-1049-gke\nCACHE_NVIDIA_DRIVER_VERSION=550.54.14\n")
     assert ubuntu.mismatch(KEY) is None
     cos_v1 = CacheRecord.parse("CACHE_BUILD_ID=17801.218.41\nCACHE_NVIDIA_DRIVER_VERSION=535.183.01\n")
     assert cos_v1.mismatch(CacheKey("535.183.01", build_id="17801.218.41")) is None

@@ -1,6 +1,12 @@
 import struct
 
-from installer.kernel import KernelState, cmdline_enforces_signatures, module_name, parse_lockdown, parse_proc_modules
+from installer.kernel import (
+    KernelState,
+    cmdline_enforces_signatures,
+    module_name,
+    parse_lockdown,
+    parse_proc_modules,
+)
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
 from installer.modules import params_for, plan_loads, users
 

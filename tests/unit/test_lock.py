@@ -32,9 +32,8 @@ def holder(tmp_path):
 def test_second_installer_fails_at_once_naming_holder(holder):
     lock, proc = holder
     start = time.monotonic()
-    with pytest.raises(LockHeldError) as err:
-        with HostLock(lock, timeout_s=0):
-            pass
+    with pytest.raises(LockHeldError) as err, HostLock(lock, timeout_s=0):
+        pass
     assert time.monotonic() - start < 0.5
     assert f"(pid {proc.pid})" in err.value.message
     assert err.value.exit_code == 4

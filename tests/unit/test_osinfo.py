@@ -61,7 +61,8 @@ def test_cos_build_and_board():
     [
         pytest.param(None, "cannot read", id="missing"),
         pytest.param("NAME=foo\n", "no ID", id="no-id"),
-        pytest.param('ID=fedora\nPRETTY_NAME="Fedora Linux 40"\n', "unsupported host OS 'fedora'", id="unknown"),
+        pytest.param('ID=fedora\nPRETTY_NAME="Fedora Linux 40"\n', "unsupported host OS 'fedora'",
+                     id="unknown"),
         pytest.param(COS.replace("BUILD_ID=17801.218.41\n", ""), "no BUILD_ID", id="cos-no-build"),
         pytest.param(COS.replace("17801.218.41", "latest"), "malformed BUILD_ID", id="cos-bad-build"),
     ],
