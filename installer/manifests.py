@@ -510,7 +510,7 @@ def manifests() -> None:
     help="NVIDIA_DRIVER_VERSION. Default: 'default' on COS, "
     f"{DEFAULT_DRIVER_VERSION['ubuntu']} on Ubuntu.",
 )
-@click.option("--namespace", default=DEFAULT_NAMESPACE, show_default=True)
+@click.option("--namespace", metavar="NAME", default=DEFAULT_NAMESPACE, show_default=True)
 @click.option(
     "--affinity",
     type=click.Choice(AFFINITY_MODES),

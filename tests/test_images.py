@@ -128,8 +128,7 @@ class ImagePod:
 
     image: Image
     rootfs: Path  # the container's mounted rootfs (writable layer over the image)
-    node_root: Path
-    install_dir: Path
+    mounts: list[tuple[Path, str]]  # (source on this machine, mountPath), in manifest order
     fakebin: Path | None = None
     shared: list[Path] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -151,14 +150,14 @@ class ImagePod:
         r = q(str(self.rootfs))
         lines = [
             "mount --make-rprivate /",
-            f"mkdir -p {r}/root {r}/usr/local/nvidia {r}/usr/local/sbin {r}/dev {r}/proc {r}/sys",
-            # The pod contract (DESIGN §2).
-            f"mount --bind {q(str(self.node_root))} {r}/root",
-            f"mount --bind {q(str(self.install_dir))} {r}/usr/local/nvidia",
-            f"mount --rbind /dev {r}/dev",
-            f"mount -t proc proc {r}/proc",
-            f"mount --rbind /sys {r}/sys",
+            f"mkdir -p {r}/usr/local/sbin {r}/proc {r}/sys",
         ]
+        # The DaemonSet's hostPath mounts (the pod contract, DESIGN §2), then
+        # what a privileged pod gets: its own /proc, the host's /sys.
+        for source, target in self.mounts:
+            dest = r + q(target)
+            lines += [f"mkdir -p {dest}", f"mount --rbind {q(str(source))} {dest}"]
+        lines += [f"mount -t proc proc {r}/proc", f"mount --rbind /sys {r}/sys"]
         for path in self.shared:
             lines += [f"mkdir -p {r}{q(str(path))}", f"mount --bind {q(str(path))} {r}{q(str(path))}"]
         if self.fakebin:
@@ -176,13 +175,36 @@ class ImagePod:
         return "\n".join(lines)
 
 
-def manifest_env(flavor: str) -> dict[str, str]:
-    """The init container's env from the committed DaemonSet."""
+def committed_daemonset(flavor: str) -> tuple[dict, dict]:
+    """(pod spec, init container) of the committed DaemonSet."""
     yaml = pytest.importorskip("yaml")
     ds = yaml.safe_load((REPO / "manifests" / m.daemonset_filename(flavor)).read_text())
-    (init,) = ds["spec"]["template"]["spec"]["initContainers"]
+    spec = ds["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
     assert init["command"] == ["nvidia-driver-installer"] and init["args"] == ["install"]
+    return spec, init
+
+
+def manifest_env(flavor: str) -> dict[str, str]:
+    """The init container's env from the committed DaemonSet."""
+    _, init = committed_daemonset(flavor)
     return {e["name"]: e["value"] for e in init["env"]}
+
+
+def manifest_mounts(flavor: str, node_root: Path) -> list[tuple[Path, str]]:
+    """The init container's hostPath mounts from the committed DaemonSet, with the
+    fixture node standing in for the host (its /dev is this machine's)."""
+    spec, init = committed_daemonset(flavor)
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"]}
+    out = []
+    for vm in init["volumeMounts"]:
+        host = volumes[vm["name"]]
+        source = Path("/dev") if host["path"] == "/dev" else node_root / host["path"].lstrip("/")
+        if host.get("type") == "DirectoryOrCreate":
+            source.mkdir(parents=True, exist_ok=True)
+        assert source.is_dir(), f"hostPath {host['path']} ({host.get('type')}) missing on the node"
+        out.append((source, vm["mountPath"]))
+    return out
 
 
 def events(stderr: str) -> list[dict]:
@@ -260,9 +282,10 @@ def node(tmp_path, image, kernel):
 
 @pytest.fixture
 def pod(image, container, node, kernel):
-    return ImagePod(image=image, rootfs=container, node_root=node.root,
-                    install_dir=node.install_dir, fakebin=kernel.bin_dir, shared=[kernel.root],
-                    env={**manifest_env(flavor_of(image)), **kernel.env()})
+    flavor = flavor_of(image)
+    return ImagePod(image=image, rootfs=container, mounts=manifest_mounts(flavor, node.root),
+                    fakebin=kernel.bin_dir, shared=[kernel.root],
+                    env={**manifest_env(flavor), **kernel.env()})
 
 
 def test_entrypoint_help(pod):
@@ -326,6 +349,9 @@ def test_default_cmd_installs_on_the_fixture_node(pod, image, node, kernel, tmp_
         assert (install / rel).exists(), rel
     assert json.loads((install / "status.json").read_text())["outcome"] == "ok"
     assert {"nvidia", "nvidia_uvm"} <= set(kernel.loaded())
+    if flavor == "cos":
+        # The toolchain landed in the host's cache through the /build/cos-tools mount.
+        assert any((node.root / "var/lib/cos-tools").iterdir())
     assert (node.root / "etc/ld.so.conf.d/nvidia.conf").read_text() == \
         f"{m.INSTALL_DIR_HOST}/lib64\n"
     # The image's interpreter did it: nothing of this machine's venv was reachable.
