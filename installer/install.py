@@ -79,6 +79,7 @@ def run(settings: Settings) -> dict[str, object]:
                 _write_ready(ctx, plan, len(ctx.facts["gpus"]))
         except InstallerError as exc:
             exc.context.update(failure_details(ctx, exc.error_class, started_wall))
+            ctx.install.discard_staging()
             _record(ctx, started, timings, plan, outcome="error", error_class=exc.error_class,
                     exit_code=int(exc.exit_code), message=exc.message, hint=exc.hint,
                     context=exc.context)

@@ -82,6 +82,14 @@ class InstallDir(Tree):
                 log.info("leftover_removed", path=str(leftover))
                 remove_tree(leftover)
 
+    def discard_staging(self) -> None:
+        """After a failed run: the half-built install goes, the live one stays as it was."""
+        if self.staging_dir.exists():
+            try:
+                remove_tree(self.staging_dir)
+            except OSError as exc:  # the next run's clear_leftovers tries again
+                log.warning("staging_not_removed", path=str(self.staging_dir), error=str(exc))
+
     def new_staging(self) -> Tree:
         self.root.mkdir(parents=True, exist_ok=True)
         remove_tree(self.staging_dir)

@@ -10,12 +10,13 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import structlog
 
-from installer.errors import BuildError, IntegrityError, UsageError
+from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
 from installer.installdir import Tree
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
@@ -151,12 +152,41 @@ def installer_args(
     return args
 
 
+# Extracted payload plus what nvidia-installer writes is about this many times the .run.
+SPACE_FACTOR = 3
+_ENOSPC = "No space left on device"
+
+
+def check_space(run_file: Path, where: Path) -> None:
+    """Exit 11 before extracting when the install dir's filesystem cannot hold the build."""
+    needed = run_file.stat().st_size * SPACE_FACTOR
+    free = shutil.disk_usage(where).free
+    if free < needed:
+        raise DiskSpaceError(
+            f"not enough disk space in {where}: need about {needed / 2**20:.0f} MiB to extract "
+            f"and install {run_file.name}, {free / 2**20:.0f} MiB free",
+            hint="free space on the host filesystem holding the install dir",
+            path=str(where),
+        )
+
+
+def _out_of_space(where: Path, detail: str) -> DiskSpaceError:
+    return DiskSpaceError(
+        f"the disk filled up in {where}: {detail}",
+        hint="free space on the host filesystem holding the install dir and re-run",
+        path=str(where),
+    )
+
+
 def extract(runner: Runner, run_file: Path, target: Path) -> Path:
     """``sh NVIDIA-….run -x --target DIR``: the archive checks its own checksums first."""
+    check_space(run_file, target.parent)
     try:
         runner.run(["sh", run_file, "-x", "--target", target], timeout=EXTRACT_TIMEOUT_S)
     except CommandError as exc:
         detail = exc.stderr_tail(3) or tail(exc.stdout, 3)
+        if _ENOSPC in exc.stderr + exc.stdout:
+            raise _out_of_space(target.parent, detail) from exc
         if any(s in detail for s in ("checksum", "Checksum", "archive size", "integrity", "corrupt")):
             raise IntegrityError(
                 f"the driver package is corrupt: {detail}",
@@ -206,15 +236,19 @@ def build(
             timeout=BUILD_TIMEOUT_S,
         )
     except CommandError as exc:
+        if _ENOSPC in exc.stderr:
+            raise _out_of_space(staging.root, exc.stderr_tail(2)) from exc
         raise BuildError(
             f"could not run nvidia-installer in a private mount namespace: {exc.stderr_tail(3)}",
             hint="the installer container must be privileged (it mounts an overlay)",
         ) from exc
     result = json.loads((workdir / "result.json").read_text())
     if result["returncode"] != 0:
+        if any(_ENOSPC in text for text in _installer_texts(staging)):
+            raise _out_of_space(staging.root, installer_error(staging))
         raise BuildError(
             f"nvidia-installer failed (exit {result['returncode']}): {installer_error(staging)}",
-            hint=f"see {staging.root.parent / 'nvidia-installer.log'} for the full log",
+            hint=f"see {staging.root.parent / 'nvidia-installer.failed.log'} for the full log",
             kernel_release=kernel_release,
         )
     counts = result["harvested"]
@@ -225,13 +259,17 @@ def build(
     return counts
 
 
+def _installer_texts(staging: Tree) -> list[str]:
+    return [
+        path.read_text(errors="replace")
+        for path in (staging.root / "nvidia-installer.log", staging.root / "installer-output.log")
+        if path.is_file()
+    ]
+
+
 def installer_error(staging: Tree) -> str:
     """The most telling lines of a failed install: ERROR lines, else the output's tail."""
-    texts = []
-    for name in ("nvidia-installer.log", "installer-output.log"):
-        path = staging.root / name
-        if path.is_file():
-            texts.append(path.read_text(errors="replace"))
+    texts = _installer_texts(staging)
     errors = [ln.strip() for t in texts for ln in t.splitlines() if "ERROR" in ln or "error:" in ln]
     if errors:
         return " | ".join(dict.fromkeys(errors[-4:]))

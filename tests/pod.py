@@ -48,7 +48,14 @@ class Pod:
     shared: list[Path] = field(default_factory=list)
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 600,
-            chroot: bool = True) -> subprocess.CompletedProcess[str]:
+            chroot: bool = True, install_dir_tmpfs: str | None = None,
+            export_install_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run the CLI in the pod.
+
+        ``install_dir_tmpfs="300k"`` puts the install dir on a tmpfs of that size, seeded
+        with the node's install dir (a nearly full disk); ``export_install_dir`` receives
+        its contents after the run, since the tmpfs goes away with the namespace.
+        """
         full_env = {"PATH": POD_PATH, "LOG_FORMAT": "json", **self.env, **(env or {})}
         cli = [PYTHON, "-m", "installer", *args]
         if not chroot:
@@ -57,11 +64,26 @@ class Pod:
             return subprocess.run(cli, env=run_env, capture_output=True, text=True,
                                   timeout=timeout, cwd=Path(__file__).resolve().parents[1])
         return subprocess.run(
-            ["unshare", "--mount", "--pid", "--fork", "--", "sh", "-ec", self._script(cli, full_env)],
+            self._unshare(cli, full_env, install_dir_tmpfs, export_install_dir),
             capture_output=True, text=True, timeout=timeout, env={"PATH": POD_PATH},
         )
 
-    def _script(self, cli: list[str], env: dict[str, str]) -> str:
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start the CLI in the pod in its own process group (so a test can SIGKILL it all)."""
+        full_env = {"PATH": POD_PATH, "LOG_FORMAT": "json", **self.env, **(env or {})}
+        return subprocess.Popen(
+            self._unshare([PYTHON, "-m", "installer", *args], full_env, None, None),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"PATH": POD_PATH},
+            start_new_session=True,
+        )
+
+    def _unshare(self, cli: list[str], env: dict[str, str], tmpfs_size: str | None,
+                 export: Path | None) -> list[str]:
+        return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--", "sh", "-ec",
+                self._script(cli, env, tmpfs_size, export)]
+
+    def _script(self, cli: list[str], env: dict[str, str], tmpfs_size: str | None = None,
+                export: Path | None = None) -> str:
         s = self.scratch
         rootfs, layer = s / "rootfs", s / "layer"
         for d in (rootfs, layer):
@@ -76,6 +98,9 @@ class Pod:
             f"{q(str(rootfs))}",
             f"mkdir -p {rootfs}/root {rootfs}/usr/local/nvidia {rootfs}/usr/local/sbin",
             f"mount --bind {q(str(self.node_root))} {rootfs}/root",
+            (f"mount -t tmpfs -o size={tmpfs_size} tmpfs {rootfs}/usr/local/nvidia && "
+             f"cp -a {q(str(self.install_dir))}/. {rootfs}/usr/local/nvidia/")
+            if tmpfs_size else
             f"mount --bind {q(str(self.install_dir))} {rootfs}/usr/local/nvidia",
             f"mount --rbind /dev {rootfs}/dev",
             f"mount -t proc proc {rootfs}/proc",
@@ -90,8 +115,14 @@ class Pod:
         lines.append(f"chmod 755 {rootfs}/usr/local/sbin/apt-get")
         env_words = " ".join(q(f"{k}={v}") for k, v in env.items())
         lines.append(f"cd {q(str(repo))}")
-        lines.append(f"exec chroot {rootfs} env -i {env_words} sh -c "
-                     + q(f"cd {q(str(repo))} && exec " + " ".join(q(c) for c in cli)))
+        inner = q(f"cd {q(str(repo))} && exec " + " ".join(q(c) for c in cli))
+        if export is None:
+            lines.append(f"exec chroot {rootfs} env -i {env_words} sh -c {inner}")
+        else:
+            lines.append(f"rc=0; chroot {rootfs} env -i {env_words} sh -c {inner} || rc=$?")
+            lines.append(f"mkdir -p {q(str(export))} && cp -a {rootfs}/usr/local/nvidia/. "
+                         f"{q(str(export))}/")
+            lines.append("exit $rc")
         return "\n".join(lines)
 
 

@@ -1,0 +1,137 @@
+"""A node killed mid-install, a full disk, two installers at once: the last good install survives.
+
+Each kill is a real SIGKILL of the whole pod (its PID namespace) at a named point
+of a driver upgrade; afterwards the node must hold either the previous install,
+intact and recorded, or no record at all, and the next run must complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from installer import cache
+from tests.integration.test_ubuntu_install import V1, V2, last_event, ok, tree_digest
+from tests.pod import events
+
+pytestmark = pytest.mark.chroot
+
+LAYOUT = ("bin", "lib64", "drivers", "firmware", ".cache")
+
+
+def layout_digest(install_dir):
+    return {k: v for k, v in tree_digest(install_dir).items() if k.split("/")[0] in LAYOUT}
+
+
+def run_until(pod, marker: dict, *, env, deadline_s: float = 60) -> list[dict]:
+    """Start an install and SIGKILL the whole pod when an event matching ``marker`` is logged."""
+    proc = pod.start("install", "--verbose", env=env)
+    seen = []
+    stop = time.monotonic() + deadline_s
+    try:
+        for line in proc.stderr:
+            seen.extend(events(line))
+            event = seen[-1]
+            if all(event.get(k) == v for k, v in marker.items()):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            if time.monotonic() > stop:
+                pytest.fail(f"marker {marker} not seen in {deadline_s}s")
+        else:
+            pytest.fail(f"install ended before {marker}: {[e.get('event') for e in seen]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    return seen
+
+
+def assert_nothing_false_recorded(install_dir):
+    """A .cache left behind must describe files that are really there and unchanged."""
+    record = cache.read(install_dir / ".cache")
+    if record is not None:
+        assert cache.check_files(record, install_dir) is None
+        assert record.file_hashes, "our records always carry hashes"
+
+
+@pytest.mark.parametrize(
+    ("marker", "before_swap"),
+    [
+        pytest.param({"event": "download_started"}, True, id="downloading"),
+        pytest.param({"event": "step_started", "step": "extract_driver"}, True, id="extracting"),
+        pytest.param({"event": "nvidia_installer_started"}, True, id="nvidia-installer-running"),
+        pytest.param({"event": "install_promoted"}, False, id="just-swapped"),
+        pytest.param({"event": "step_started", "step": "record_cache"}, False,
+                     id="before-cache-record"),
+    ],
+)
+def test_sigkill_during_upgrade(node, pod, kernel, server, marker, before_swap):
+    ok(pod.run("install"))
+    good = layout_digest(node.install_dir)
+    # A slow download so the kill lands while it streams.
+    server.fault(f"/tesla/{V2}/NVIDIA-Linux-x86_64-{V2}.run", rate=40_000)
+    run_until(pod, marker, env={"NVIDIA_DRIVER_VERSION": V2})
+
+    assert_nothing_false_recorded(node.install_dir)
+    if before_swap:
+        # The previous install was never touched: same bytes, same record, still valid.
+        assert layout_digest(node.install_dir) == good
+        assert f"CACHE_NVIDIA_DRIVER_VERSION={V1}" in (node.install_dir / ".cache").read_text()
+    else:
+        assert not (node.install_dir / ".cache").exists()
+
+    server.fault(f"/tesla/{V2}/NVIDIA-Linux-x86_64-{V2}.run")  # clear the slow-down
+    proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
+    assert last_event(proc)["driver_version"] == V2
+    assert kernel.loaded()["nvidia"].version == V2
+    assert not (node.install_dir / ".staging").exists()
+    assert not (node.install_dir / ".previous").exists()
+
+
+@pytest.mark.parametrize("spare", [pytest.param(16 * 1024, id="no-room-to-download"),
+                                   pytest.param(160 * 1024, id="no-room-to-extract")])
+def test_full_disk_is_exit_11_and_keeps_the_last_install(node, pod, server, tmp_path, spare):
+    ok(pod.run("install"))
+    good = layout_digest(node.install_dir)
+    used = int(subprocess.run(["du", "-sk", "--apparent-size", str(node.install_dir)],
+                              capture_output=True, text=True, check=True).stdout.split()[0])
+    # tmpfs counts whole pages per file: leave room for the seeded copy plus `spare` bytes.
+    files = sum(1 for _ in node.install_dir.rglob("*"))
+    size = used * 1024 + files * 4096 + spare
+    out = tmp_path / "after"
+    proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2},
+                   install_dir_tmpfs=str(size), export_install_dir=out)
+    assert proc.returncode == 11, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert final["error_class"] == "disk_space" and "MiB" in final["error"] or "space" in final["error"]
+    assert "Traceback" not in proc.stderr
+    assert layout_digest(out) == good
+    assert not (out / ".staging").exists()
+
+
+def test_second_installer_exits_4_or_waits(node, pod, server):
+    server.fault(f"/tesla/{V1}/NVIDIA-Linux-x86_64-{V1}.run", rate=30_000)
+    first = pod.start("install")
+    try:
+        # Wait until the first one holds the lock (it logs the plan under the lock).
+        for line in first.stderr:
+            if '"plan_ready"' in line:
+                break
+        second = pod.run("install")
+        assert second.returncode == 4, second.stderr[-1500:]
+        final = last_event(second)
+        assert "another installer holds the host lock" in final["error"] and "pid" in final["error"]
+        waiting = pod.run("install", "--lock-timeout", "120")
+        assert waiting.returncode == 0, waiting.stderr[-1500:]
+        assert last_event(waiting)["plan"] == "cached"  # the first one finished the job
+    finally:
+        first.wait(timeout=120)
+    assert first.returncode == 0
+    status = json.loads((node.install_dir / "status.json").read_text())
+    assert status["outcome"] == "ok"
