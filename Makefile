@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install deps test test-vm demo lint manifests images images-test bench clean
+.PHONY: install deps test test-vm demo lint manifests images test-images bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON_BASE) -m venv $(VENV)
@@ -28,6 +28,7 @@ demo: install  ## a real install against a built-in fixture node, the way the po
 lint: install
 	$(VENV)/bin/ruff check installer tests bench
 	$(VENV)/bin/yamllint -s manifests
+	$(VENV)/bin/hadolint --config images/.hadolint.yaml images/cos/Dockerfile images/ubuntu/Dockerfile
 
 manifests: install  ## render the committed manifests from the templates
 	$(VENV)/bin/nvidia-driver-installer manifests render --all --output-dir manifests
@@ -35,7 +36,7 @@ manifests: install  ## render the committed manifests from the templates
 images: install  ## build both images with buildah from a local debootstrap base (slow tier)
 	bash images/build.sh
 
-images-test: install  ## build the images and run their install against the fixture node
+test-images: install  ## build both images and install from them on fixture nodes (slow tier, root, ~5 min fresh)
 	NDI_IMAGE_TESTS=1 $(PY) -m pytest tests/test_images.py $(PYTEST_ARGS)
 
 test-vm: install  ## module loading in a real kernel under qemu (slow tier, ~5 min budget)
