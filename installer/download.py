@@ -54,6 +54,7 @@ import structlog
 
 from installer import __version__, retry
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
+from installer.fsutil import fsync_dir
 from installer.progress import Progress
 from installer.retry import IncompleteBodyError, RetryPolicy, TransientHTTPError
 
@@ -258,19 +259,6 @@ def make_session(*, user_agent: str | None = None) -> requests.Session:
 
 class _Cancelled(Exception):
     """Another job of a :func:`download_all` failed; this one stops."""
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _mb(n: float) -> float:
@@ -561,7 +549,7 @@ def _finish(st: _Transfer, expected: str | None, *, label: str, started: float) 
             actual_sha256=actual,
         )
     os.replace(st.part, st.dest)
-    _fsync_dir(st.dest.parent)
+    fsync_dir(st.dest.parent)
     elapsed = time.monotonic() - started
     result = Downloaded(
         path=st.dest,

@@ -270,3 +270,39 @@ def persistence_mode() -> Step:
         log.info("persistence_mode_enabled")
 
     return Step("persistence_mode", run, "nvidia-smi -pm 1")
+
+
+def after_verify(ctx: Context) -> tuple[Step, ...]:
+    """What follows the final nvidia-smi: optional persistence mode."""
+    return (persistence_mode(),) if ctx.settings.persistence_mode else ()
+
+
+def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
+    """A cache hit in any flow: load what is installed, ld caches, verify."""
+    return (
+        clear_leftovers(),
+        check_loaded_driver(version),
+        unload_other_driver(version),
+        load_modules(from_staging=False),
+        device_nodes(from_staging=False),
+        container_ld_cache(),
+        host_ld_cache(),
+        verify_install(version),
+        *after_verify(ctx),
+    )
+
+
+def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ...]:
+    """A fresh build in any flow: load and verify it from staging, swap it in, record it last."""
+    return (
+        unload_other_driver(version),
+        load_modules(from_staging=True),
+        device_nodes(from_staging=True),
+        verify_staged(version),
+        promote(),
+        container_ld_cache(),
+        host_ld_cache(),
+        verify_install(version),
+        record_cache(key),
+        *after_verify(ctx),
+    )

@@ -10,6 +10,16 @@ import pytest
 pytest_plugins = ["tests.fixtures.pytest_plugin"]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_structlog():
+    """A test that runs the CLI in-process configures structlog (level, renderer): undo it,
+    so the next test's capture_logs() sees every event."""
+    yield
+    import structlog
+
+    structlog.reset_defaults()
+
+
 def pytest_collection_modifyitems(config, items):
     """Chroot tests need root (mounts) and unshare; say so instead of failing obscurely."""
     can_chroot = os.geteuid() == 0 and shutil.which("unshare") is not None

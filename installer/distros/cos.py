@@ -481,15 +481,7 @@ class Cos(Distro):
             summary["kernel_module_type"] = cached_type
             return Plan("cached", (
                 check_gpus(version, ctx.settings.kernel_module_type, cached_type),
-                steps.clear_leftovers(),
-                steps.check_loaded_driver(version),
-                steps.unload_other_driver(version),
-                steps.load_modules(from_staging=False),
-                steps.device_nodes(from_staging=False),
-                steps.container_ld_cache(),
-                steps.host_ld_cache(),
-                steps.verify_install(version),
-                *self._after_load(ctx),
+                *steps.load_cached(ctx, version),
             ), summary)
 
         arts = self._artifacts(ctx)
@@ -529,18 +521,7 @@ class Cos(Distro):
             prebuilt_url=prebuilt_url,
             # Notes about prebuilt modules exist only when the build has them.
             unusable=tuple(n for n in decision.notes if "prebuilt" in n))
-        tail = (
-            steps.unload_other_driver(version),
-            steps.load_modules(from_staging=True),
-            steps.device_nodes(from_staging=True),
-            steps.verify_staged(version),
-            steps.promote(),
-            steps.container_ld_cache(),
-            steps.host_ld_cache(),
-            steps.verify_install(version),
-            steps.record_cache(key),
-            *self._after_load(ctx),
-        )
+        tail = steps.activate_staged(ctx, version, key)
         run_fetch = Fetch("driver_download", run_url, "staging", "driver",
                           ctx.settings.driver_sha256)
         if prebuilt:
@@ -587,9 +568,6 @@ class Cos(Distro):
             steps.build_driver(extra_args=decision.compile_flags),
             *tail,
         ), summary)
-
-    def _after_load(self, ctx: Context) -> tuple[Step, ...]:
-        return (steps.persistence_mode(),) if ctx.settings.persistence_mode else ()
 
     def _toolchain_source(self, ctx: Context, arts: Artifacts) -> tuple[dict[str, str], str]:
         env = parse_toolchain_env(arts.fetch_text(TOOLCHAIN_ENV_FILE))

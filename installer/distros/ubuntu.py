@@ -57,10 +57,6 @@ class Ubuntu(Distro):
         flavor = f"compiled-{self.module_type(ctx, version)}"
         return CacheKey(version, kernel_release=ctx.host_info.kernel_release, flavor=flavor)
 
-    def _after_load(self, ctx: Context, version: str) -> tuple[Step, ...]:
-        """What follows the final nvidia-smi: optional persistence mode."""
-        return (steps.persistence_mode(),) if ctx.settings.persistence_mode else ()
-
     def plan(self, ctx: Context) -> Plan:
         if ctx.settings.preload:
             raise UsageError(
@@ -76,15 +72,7 @@ class Ubuntu(Distro):
         if self.cache_hit(ctx, key):
             return Plan("cached", (
                 check_gpus,
-                steps.clear_leftovers(),
-                steps.check_loaded_driver(version),
-                steps.unload_other_driver(version),
-                steps.load_modules(from_staging=False),
-                steps.device_nodes(from_staging=False),
-                steps.container_ld_cache(),
-                steps.host_ld_cache(),
-                steps.verify_install(version),
-                *self._after_load(ctx, version),
+                *steps.load_cached(ctx, version),
             ), summary)
         url = driver_url(ctx.settings, version)
         return Plan("fresh", (
@@ -96,14 +84,5 @@ class Ubuntu(Distro):
             steps.download_driver(url, ctx.settings.driver_sha256),
             steps.extract_driver(),
             steps.build_driver(extra_args=tuple(gpus.module_type_flags(module_type, version))),
-            steps.unload_other_driver(version),
-            steps.load_modules(from_staging=True),
-            steps.device_nodes(from_staging=True),
-            steps.verify_staged(version),
-            steps.promote(),
-            steps.container_ld_cache(),
-            steps.host_ld_cache(),
-            steps.verify_install(version),
-            steps.record_cache(key),
-            *self._after_load(ctx, version),
+            *steps.activate_staged(ctx, version, key),
         ), {**summary, "driver_url": url})
