@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from dataclasses import asdict
@@ -12,6 +11,7 @@ import structlog
 
 from installer import __version__, distros, readiness, status
 from installer.context import Context
+from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
@@ -19,7 +19,7 @@ from installer.kernel import KernelState
 from installer.lock import LOCK_HOST_PATH, HostLock
 from installer.osinfo import HostInfo, host_info_from_text
 from installer.plan import StepTiming, execute
-from installer.runner import CommandError, Runner
+from installer.runner import Runner
 from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -120,60 +120,6 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
         persistence_mode=ctx.facts.get("persistence_mode", "off"),
         installer_version=__version__,
     ))
-
-
-# Failure classes where the kernel's own log usually says why.
-KERNEL_LOG_CLASSES = {"module_load", "verify", "secure_boot", "build", "internal"}
-KERNEL_LOG_PATTERN = re.compile(
-    r"nvidia|nvrm|xid|module|lockdown|secure ?boot|signature|taint|firmware", re.IGNORECASE)
-TAIL_LINES = 20
-
-
-def installer_log_tail(ctx: Context, since_wall: float) -> list[str]:
-    """Last lines of the nvidia-installer.log this run wrote (not an older run's)."""
-    install = ctx.install
-    candidates = [install.staging_dir / "nvidia-installer.log",
-                  install.installer_log.with_name("nvidia-installer.failed.log"),
-                  install.installer_log,
-                  install.staging_dir / "installer-output.log"]
-    fresh = []
-    for path in candidates:
-        try:
-            mtime = path.stat().st_mtime
-        except OSError:
-            continue
-        if mtime >= since_wall - 1:
-            fresh.append((mtime, path))
-    if not fresh:
-        return []
-    path = max(fresh)[1]
-    lines = path.read_text(errors="replace").rstrip().splitlines()[-TAIL_LINES:]
-    return [f"({path.name})", *lines]
-
-
-def kernel_log_tail(runner: Runner) -> list[str]:
-    """The kernel log's relevant tail (``dmesg --ctime``), or why it cannot be read."""
-    try:
-        result = runner.run(["dmesg", "--ctime"], timeout=10, check=False)
-    except CommandError as exc:
-        return [f"(kernel log not readable: {exc.reason})"]
-    if result.returncode != 0:
-        why = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
-        return [f"(kernel log not readable: {why})"]
-    lines = result.stdout.rstrip().splitlines()
-    relevant = [ln for ln in lines if KERNEL_LOG_PATTERN.search(ln)]
-    return relevant[-TAIL_LINES:] if relevant else lines[-10:]
-
-
-def failure_details(ctx: Context, error_class: str, since_wall: float) -> dict[str, list[str]]:
-    """What goes into the final event and status.json next to the error itself."""
-    details: dict[str, list[str]] = {}
-    tail = installer_log_tail(ctx, since_wall)
-    if tail:
-        details["installer_log_tail"] = tail
-    if error_class in KERNEL_LOG_CLASSES:
-        details["kernel_log_tail"] = kernel_log_tail(ctx.runner)
-    return details
 
 
 def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fields) -> dict:

@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import install, readiness
+from installer import diagnostics, install, readiness
 from installer.errors import BuildError
 from installer.hostroot import HostRoot
 from installer.plan import Plan, Step
@@ -180,7 +180,7 @@ def test_kernel_log_tail_when_dmesg_is_unreadable(monkeypatch, tmp_path):
                                    "Operation not permitted' >&2\nexit 1\n")
     (bin_dir / "dmesg").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path('/usr/bin')}:/bin")
-    assert install.kernel_log_tail(Runner()) == [
+    assert diagnostics.kernel_log_tail(Runner()) == [
         "(kernel log not readable: dmesg: read kernel buffer failed: Operation not permitted)"]
 
 
@@ -195,7 +195,7 @@ def test_kernel_log_tail_keeps_relevant_lines(monkeypatch, tmp_path):
         "echo '[Mon] Loading of unsigned module is rejected'\necho '[Mon] usb 1-1: new device'\n")
     (bin_dir / "dmesg").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    assert install.kernel_log_tail(Runner()) == [
+    assert diagnostics.kernel_log_tail(Runner()) == [
         "[Mon] NVRM: API mismatch: the client has the version 550.54.14",
         "[Mon] Loading of unsigned module is rejected"]
 
