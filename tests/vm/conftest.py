@@ -1,13 +1,16 @@
 """Fixtures of the qemu tier: provisioning, the driver .run files, one guest node.
 
-The whole tier shares one guest ("node") and boots it twice: ``boot_install``
-(first install, cache hit, replacement, in-use refusals) and ``boot_reboot``
-(the same disk after a reboot: cache hit without rebuilding, wrong load
-order, a module built for another kernel). Each test asserts on the results
-of the steps those boots ran.
+The whole tier shares one guest ("node") and boots it three times:
+``boot_install`` (first install, cache hit, replacement, in-use refusals),
+``boot_reboot`` (the same disk after a reboot: cache hit without rebuilding,
+wrong load order, a module built for another kernel, an unresolved symbol)
+and ``boot_sig_enforce`` (module.sig_enforce=1). Each test asserts on the
+results of the steps those boots ran.
 
 Environment:
   NDI_VM_SKIP=1        skip the tier
+  NDI_VM=1             run it even when pytest is not pointed at tests/vm (plain
+                       ``pytest``/``make test`` skip it: it is ``make test-vm``'s)
   NDI_VM_REQUIRED=1    fail (instead of skip) when it cannot be provisioned (CI)
   NDI_VM_BUILD_ALL=1   compile every driver version in the guest (slow: ~2 min each)
   NDI_VM_CACHE=DIR     cache dir (default /var/cache/ndi-vm)
@@ -27,14 +30,45 @@ import pytest
 from tests.vm import driver_run
 from tests.vm import provision as prov
 from tests.vm.harness import BootResult, GuestVM
-from tests.vm.scenario import VERSIONS, install_steps, reboot_steps
+from tests.vm.scenario import (
+    SIG_ENFORCE,
+    VERSIONS,
+    install_steps,
+    reboot_steps,
+    sig_enforce_steps,
+)
 
 TIMINGS: dict[str, float] = {}
 BOOTS: list[BootResult] = []
 
 
+HERE = Path(__file__).resolve().parent
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vm: boots a real kernel under qemu (slow tier)")
+
+
+def _asked_for_vm(config: pytest.Config) -> bool:
+    """True when the command line names tests/vm (or something in it), or NDI_VM=1."""
+    if os.environ.get("NDI_VM") == "1":
+        return True
+    root = Path(str(config.invocation_params.dir))
+    for arg in config.args:
+        path = (root / arg.split("::", 1)[0]).resolve()
+        if path == HERE or HERE in path.parents:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The plain test run (pytest, make test) leaves this slow tier to make test-vm."""
+    if _asked_for_vm(config):
+        return
+    skip = pytest.mark.skip(reason="qemu tier: run `make test-vm` (or pytest tests/vm)")
+    for item in items:
+        if HERE in Path(str(item.path)).parents:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -112,6 +146,9 @@ def driver_files(vm_assets: prov.VMAssets, vm_workdir: Path):
             ),
             "other-kernel/nvidia.ko": d_build / "nvidia.ko",
         }
+        # e: an nvidia-uvm that needs a symbol its nvidia.ko does not export.
+        e_build = driver_run.build_modules(headers, work / "e", VERSIONS["e"], broken_uvm=True)
+        files[run_path["e"].name] = driver_run.build_run(runs, VERSIONS["e"], prebuilt=e_build)
         TIMINGS["host builds (boot reboot, during boot install)"] = round(time.monotonic() - t0, 1)
         return files
 
@@ -127,8 +164,8 @@ def node(vm_assets: prov.VMAssets, vm_workdir: Path) -> GuestVM:
     return GuestVM(vm_assets, vm_workdir / "node")
 
 
-def _boot(node: GuestVM, name: str, steps, files) -> BootResult:
-    result = node.boot(name, steps, files=files)
+def _boot(node: GuestVM, name: str, steps, files, cmdline: str = "") -> BootResult:
+    result = node.boot(name, steps, files=files, cmdline=cmdline)
     BOOTS.append(result)
     TIMINGS[f"boot {name}"] = result.seconds
     if not result.finished:
@@ -149,6 +186,11 @@ def boot_reboot(node: GuestVM, boot_install: BootResult, driver_files) -> BootRe
     return _boot(node, "reboot", reboot_steps(), driver_files["reboot"].result())
 
 
+@pytest.fixture(scope="session")
+def boot_sig_enforce(node: GuestVM, boot_reboot: BootResult) -> BootResult:
+    return _boot(node, "sig-enforce", sig_enforce_steps(), {}, cmdline=SIG_ENFORCE)
+
+
 # Steps whose kernel messages go into the test log (the "make test-vm" output).
 KERNEL_LOG_STEPS = (
     "install-a",
@@ -159,6 +201,8 @@ KERNEL_LOG_STEPS = (
     "install-b-cached",
     "install-d-other-kernel",
     "kernel-rejects-other-kernel",
+    "install-e-unknown-symbol",
+    "install-b-enforced",
 )
 
 

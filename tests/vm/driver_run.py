@@ -128,10 +128,18 @@ def kbuild(headers: Path, src: Path, *extra: str) -> None:
         raise RuntimeError(f"kbuild in {src} failed:\n{cp.stdout[-2000:]}\n{cp.stderr[-3000:]}")
 
 
-def build_modules(headers: Path, dest: Path, version: str, *, drm_dep: bool = True) -> Path:
-    """Build the four modules here against ``headers``; returns the build dir."""
+def build_modules(
+    headers: Path, dest: Path, version: str, *, drm_dep: bool = True, broken_uvm: bool = False
+) -> Path:
+    """Build the four modules here against ``headers``; returns the build dir.
+
+    ``broken_uvm``: nvidia-uvm needs a symbol no nvidia.ko exports.
+    """
     src = kernel_tree(dest, version)
-    kbuild(headers, src, f"NV_FAKE_DRM_DEP={1 if drm_dep else 0}")
+    extra = [f"NV_FAKE_DRM_DEP={1 if drm_dep else 0}"]
+    if broken_uvm:
+        extra += ["NV_FAKE_BROKEN_UVM=1", "KBUILD_MODPOST_WARN=1"]
+    kbuild(headers, src, *extra)
     return src
 
 

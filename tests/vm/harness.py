@@ -296,8 +296,12 @@ class GuestVM:
         files: dict[str, Path] | None = None,
         env: dict[str, str] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
+        cmdline: str = "",
     ) -> BootResult:
-        """Boot once, run ``steps`` in order, power off; ``files`` land in /ndi/files/."""
+        """Boot once, run ``steps`` in order, power off; ``files`` land in /ndi/files/.
+
+        ``cmdline``: more kernel command line (e.g. ``module.sig_enforce=1``).
+        """
         n = len(self.boots) + 1
         tag = f"{n}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}"
         stage = self.workdir / f"initrd-{tag}"
@@ -334,7 +338,7 @@ class GuestVM:
             "-initrd",
             str(initrd),
             "-append",
-            f"console=ttyS0 loglevel=3 panic=-1 ndi.boot={n}",
+            f"console=ttyS0 loglevel=3 panic=-1 ndi.boot={n} {cmdline}".strip(),
             "-drive",
             f"file={self.disk},if=virtio,format=qcow2,cache=unsafe",
         ]

@@ -14,6 +14,7 @@ VERSIONS = {
     "b": "550.90.07",  # replaces a while a is loaded and unused
     "c": "560.35.03",  # refused while b is in use
     "d": "535.183.01",  # modules built for another kernel release
+    "e": "545.23.08",  # nvidia-uvm needs a symbol its nvidia.ko lacks
 }
 PARAM = "from-qemu-test"
 INSTALL_DIR = "/home/kubernetes/bin/nvidia"
@@ -71,6 +72,23 @@ def reboot_steps() -> list[Step]:
         Step("install-d-other-kernel", install("d"), timeout=INSTALL_TIMEOUT),
         Step("probe-d", PROBE),
         Step("kernel-rejects-other-kernel", "insmod /ndi/files/other-kernel/nvidia.ko"),
+        Step("install-e-unknown-symbol", install("e"), timeout=INSTALL_TIMEOUT),
+        Step("probe-e", PROBE),
         Step("install-b-recover", install("b", url=missing_url("b")), timeout=INSTALL_TIMEOUT),
         Step("probe-recover", PROBE),
+    ]
+
+
+SIG_ENFORCE = "module.sig_enforce=1"
+
+
+def sig_enforce_steps() -> list[Step]:
+    """Booted with module.sig_enforce=1: our unsigned modules cannot load."""
+    return [
+        Step("cmdline", "cat /proc/cmdline /sys/module/module/parameters/sig_enforce"),
+        # Cached b: nothing to build, the kernel itself refuses the load.
+        Step("install-b-enforced", install("b", url=missing_url("b")), timeout=INSTALL_TIMEOUT),
+        # A version not cached: refused before anything is downloaded or built.
+        Step("install-a-enforced", install("a", url=missing_url("a")), timeout=INSTALL_TIMEOUT),
+        Step("probe-enforced", PROBE),
     ]

@@ -17,7 +17,7 @@ from tests.vm.scenario import INSTALL_DIR, PARAM, VERSIONS
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(1800)]
 
-A, B, C, D = (VERSIONS[k] for k in "abcd")
+A, B, C, D, E = (VERSIONS[k] for k in "abcde")
 NV_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 # The message each fake module's init prints (proof the kernel ran it).
 INIT_MESSAGE = {
@@ -73,7 +73,7 @@ def assert_loaded_in_order(step: StepResult, version: str) -> None:
 
 def no_module_loads(step: StepResult) -> None:
     for module in NV_MODULES:
-        for version in (A, B, C, D):
+        for version in (A, B, C, D, E):
             assert not init_lines(step, module, version), step.describe()
 
 
@@ -253,7 +253,42 @@ def test_module_built_for_another_kernel_fails_with_exit_8(boot_reboot, vm_asset
     assert any("disagrees about version of symbol module_layout" in ln for ln in direct.dmesg)
 
 
-def test_cached_driver_loads_again_after_the_failed_run(boot_reboot):
+def test_unresolved_symbol_at_load_fails_with_exit_8(boot_reboot):
+    """nvidia-uvm from "another driver version": the kernel refuses it, the installer says so."""
+    step = boot_reboot.step("install-e-unknown-symbol")
+    assert step.rc == 8, step.describe()
+    fail = failure(step)
+    assert fail["error_class"] == "module_load"
+    assert "nvidia_uvm" in fail["message"] and "Unknown symbol" in fail["message"], fail
+    assert any("nvidia_uvm: Unknown symbol nvidia_uvm_api_from_another_version" in ln for ln in step.dmesg), (
+        step.describe()
+    )
+    # The kernel's lines are in the installer's own failure report.
+    assert any("Unknown symbol" in ln for ln in fail.get("kernel_log_tail", [])), fail
+    state = probe(boot_reboot, "probe-e")
+    assert layout(state) == layout(probe(boot_reboot, "probe-b-cached"))
+
+
+def test_cached_driver_loads_again_after_the_failed_runs(boot_reboot):
     step = ok(boot_reboot.step("install-b-recover"))
     assert plan_kind(step) == "cached"
     assert_driver_working(probe(boot_reboot, "probe-recover"), B)
+
+
+# ------------------------------------------------------------------ boot 3
+
+
+def test_signature_enforcement_refuses_with_exit_10(boot_sig_enforce):
+    flags = ok(boot_sig_enforce.step("cmdline")).stdout
+    assert "module.sig_enforce=1" in flags and flags.strip().endswith("Y"), flags
+    cached = boot_sig_enforce.step("install-b-enforced")
+    assert cached.rc == 10, cached.describe()
+    assert failure(cached)["error_class"] == "secure_boot"
+    # The kernel's own refusal of an unsigned module.
+    assert any("Loading of unsigned module is rejected" in ln for ln in cached.dmesg), cached.describe()
+    fresh = boot_sig_enforce.step("install-a-enforced")
+    assert fresh.rc == 10, fresh.describe()  # not 5: refused before the download
+    assert "download_driver" not in steps_run(fresh)
+    assert failure(fresh)["error_class"] == "secure_boot"
+    state = probe(boot_sig_enforce, "probe-enforced")
+    assert all(state["sysmodule"][m] is None for m in NV_MODULES), state["modules"]

@@ -72,7 +72,8 @@ def devices():
 def run(argv, env=None, limit=3000):
     try:
         cp = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-        return {"rc": cp.returncode, "out": (cp.stdout + cp.stderr)[-limit:]}
+        out = cp.stdout + cp.stderr
+        return {"rc": cp.returncode, "out": out[-limit:] if limit else out}
     except OSError as exc:
         return {"rc": None, "out": str(exc)}
 

@@ -8,6 +8,11 @@
 
 static int uvm_major;
 
+#ifdef NV_FAKE_BROKEN_UVM
+/* Exported by no nvidia.ko of this test set. */
+int nvidia_uvm_api_from_another_version(void);
+#endif
+
 static int uvm_open(struct inode *inode, struct file *file)
 {
 	return 0;
@@ -26,6 +31,9 @@ static int __init uvm_init(void)
 	if (rc < 0)
 		return rc;
 	uvm_major = rc;
+#ifdef NV_FAKE_BROKEN_UVM
+	nvidia_uvm_api_from_another_version();
+#endif
 	nvidia_register_client("nvidia-uvm");
 	pr_info("nvidia-uvm: Loaded the UVM driver, major device number %d (nvidia %s)\n",
 		uvm_major, nvidia_get_version());
