@@ -273,6 +273,9 @@ def sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
+RETRY_AFTER_SPREAD = 0.1
+
+
 class _Wait:
     """Exponential backoff with jitter; ``Retry-After`` wins when the server sent one."""
 
@@ -285,7 +288,11 @@ class _Wait:
         exc = outcome.exception() if outcome is not None and outcome.failed else None
         retry_after = getattr(exc, "retry_after", None)
         if retry_after is not None:
-            return float(min(max(retry_after, 0.0), p.wait_max))
+            # Never earlier than asked, but spread over another 10 %: thousands of nodes told
+            # "come back in 10 s" must not all return in the same second.
+            asked = max(retry_after, 0.0)
+            jittered = asked + random.uniform(0, asked * RETRY_AFTER_SPREAD)  # noqa: S311
+            return float(min(jittered, p.wait_max))
         n = max(retry_state.attempt_number, 1)
         base = min(p.wait_max, p.wait_initial * (2 ** (n - 1)))
         # "Equal jitter": at least half the backoff, spread over the other half.
