@@ -160,8 +160,11 @@ def driver_files(vm_assets: prov.VMAssets, vm_workdir: Path):
 
 
 @pytest.fixture(scope="session")
-def node(vm_assets: prov.VMAssets, vm_workdir: Path) -> GuestVM:
-    return GuestVM(vm_assets, vm_workdir / "node")
+def node(vm_assets: prov.VMAssets, vm_workdir: Path):
+    guest = GuestVM(vm_assets, vm_workdir / "node")
+    yield guest
+    if not os.environ.get("NDI_VM_KEEP"):
+        guest.disk.unlink(missing_ok=True)  # the serial logs stay
 
 
 def _boot(node: GuestVM, name: str, steps, files, cmdline: str = "") -> BootResult:

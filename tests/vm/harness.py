@@ -39,7 +39,7 @@ from tests.vm.provision import REPO, VMAssets
 HERE = Path(__file__).resolve().parent
 GUEST_SRC = HERE / "guest"
 GUEST_PYTHON_PATHS = ("/ndi/site", "/opt/ndi/deps")
-DEFAULT_TIMEOUT_S = float(os.environ.get("NDI_VM_BOOT_TIMEOUT", "420"))
+DEFAULT_TIMEOUT_S = float(os.environ.get("NDI_VM_BOOT_TIMEOUT", "600"))
 
 
 class BootError(AssertionError):

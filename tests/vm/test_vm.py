@@ -212,6 +212,9 @@ def test_replacement_refused_while_a_process_has_the_device_open(boot_install):
 def test_reboot_keeps_the_install_and_loads_nothing_by_itself(boot_install, boot_reboot):
     state = probe(boot_reboot, "probe-reboot")
     assert all(state["sysmodule"][m] is None for m in NV_MODULES), state["modules"]
+    # The stand-in nvidia-smi needs the loaded module, not just the files.
+    assert state["smi"]["rc"] == 9, state["smi"]
+    assert "couldn't communicate with the NVIDIA driver" in state["smi"]["out"]
     assert layout(state) == layout(probe(boot_install, "probe-b"))
 
 

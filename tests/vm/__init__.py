@@ -1,0 +1,1 @@
+"""The qemu tier (see README.md)."""
