@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,9 +69,11 @@ def load(
     runner: Runner,
     *,
     modprobe_root: Path | None,
+    loaded_now: list[str] | None = None,
 ) -> list[str]:
-    """insmod each module not already loaded; returns the names loaded now."""
-    loaded_now = []
+    """insmod each module not already loaded; returns (and fills ``loaded_now`` with) the
+    names loaded now, so a caller can undo a half-done load."""
+    loaded_now = [] if loaded_now is None else loaded_now
     release = kernel.release()
     for item in loads:
         present = kernel.modules()
@@ -116,6 +119,28 @@ def loaded_driver_version(kernel: KernelState) -> str | None:
     return kernel.module_version("nvidia") or "unknown"
 
 
+def device_holders(proc_dir: Path, limit: int = 100_000) -> list[str]:
+    """Processes with an NVIDIA device open: ``pid 1234 (python3) has /dev/nvidia0 open``.
+
+    Needs the host's PID namespace (the DaemonSet runs with hostPID) to see workloads.
+    """
+    found = []
+    for scanned, pid_dir in enumerate(proc_dir.glob("[0-9]*")):
+        if scanned >= limit:
+            break
+        try:
+            devices = sorted({
+                target for fd in (pid_dir / "fd").iterdir()
+                if (target := os.readlink(fd)).startswith("/dev/nvidia")
+            })
+            if devices:
+                comm = (pid_dir / "comm").read_text().strip()
+                found.append(f"pid {pid_dir.name} ({comm}) has {', '.join(devices)} open")
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
 def users(kernel: KernelState) -> dict[str, list[str]]:
     """Loaded NVIDIA modules that something outside the driver itself holds."""
     loaded = kernel.modules()
@@ -125,11 +150,11 @@ def users(kernel: KernelState) -> dict[str, list[str]]:
         if mod is None:
             continue
         outside = [u for u in mod.used_by if u not in NVIDIA_MODULES]
-        internal = len(mod.used_by) - len(outside)
-        handles = mod.refcnt - len(mod.used_by)
-        if outside or handles > 0:
-            busy[name] = outside + ([f"{handles} open handle(s)"] if handles > 0 else [])
-        del internal
+        # References beyond dependent modules: open device files (each open of a
+        # character device may hold more than one), kernel users.
+        references = mod.refcnt - len(mod.used_by)
+        if outside or references > 0:
+            busy[name] = outside + ([f"{references} reference(s)"] if references > 0 else [])
     return busy
 
 
@@ -141,6 +166,9 @@ def ensure_replaceable(kernel: KernelState, want_version: str) -> None:
     busy = users(kernel)
     if busy:
         holders = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
+        processes = device_holders(kernel.proc_dir)
+        if processes:
+            holders += "; " + "; ".join(processes)
         raise ModuleLoadError(
             f"NVIDIA driver {current} is loaded and in use ({holders}); cannot replace it "
             f"with {want_version}",
@@ -149,11 +177,11 @@ def ensure_replaceable(kernel: KernelState, want_version: str) -> None:
         )
 
 
-def unload(kernel: KernelState, runner: Runner) -> list[str]:
-    """rmmod loaded NVIDIA modules in reverse dependency order."""
+def unload(kernel: KernelState, runner: Runner, only: list[str] | None = None) -> list[str]:
+    """rmmod loaded NVIDIA modules (or just ``only``) in reverse dependency order."""
     removed = []
     for name in NVIDIA_MODULES:
-        if name not in kernel.modules():
+        if name not in kernel.modules() or (only is not None and name not in only):
             continue
         try:
             runner.run(["rmmod", name], timeout=LOAD_TIMEOUT_S)

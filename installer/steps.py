@@ -9,7 +9,7 @@ import structlog
 from installer import __version__, cache, devchar, gpus, ldcache, modules, nvidia_run, verify
 from installer.cache import CacheKey
 from installer.context import Context
-from installer.errors import SecureBootError, UsageError, VerifyError
+from installer.errors import InstallerError, SecureBootError, UsageError, VerifyError
 from installer.installdir import Tree
 from installer.plan import Step
 from installer.runner import CommandError
@@ -116,12 +116,25 @@ def build_driver(*, kernel_module_type: str | None = None, userspace_only: bool 
     return Step("build_driver", run, detail)
 
 
+def check_staged_modules() -> Step:
+    """Every built module must match the running kernel before the working driver goes."""
+
+    def run(ctx: Context) -> None:
+        staging: Tree = ctx.facts["staging"]
+        release = ctx.kernel.release()
+        for ko in sorted(staging.drivers.glob("*.ko")):
+            modules.check_vermagic(ko, release)
+
+    return Step("check_staged_modules", run, "vermagic of every built module = running kernel")
+
+
 def unload_other_driver(version: str) -> Step:
     def run(ctx: Context) -> None:
         loaded = modules.loaded_driver_version(ctx.kernel)
         if loaded is not None and loaded != version:
             modules.ensure_replaceable(ctx.kernel, version)
             removed = modules.unload(ctx.kernel, ctx.runner)
+            ctx.facts["unloaded_version"] = loaded
             log.info("old_driver_unloaded", version=loaded, modules=removed)
 
     return Step("unload_other_driver", run, "rmmod a different, unused driver version")
@@ -135,10 +148,34 @@ def load_modules(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
         tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
         loads = modules.plan_loads(tree.drivers, ctx.settings.module_args)
-        modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=_modprobe_root(ctx))
+        loaded_now: list[str] = []
+        try:
+            modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=_modprobe_root(ctx),
+                         loaded_now=loaded_now)
+        except InstallerError:
+            _roll_back(ctx, loaded_now, reload_previous=from_staging)
+            raise
 
     where = "<staging>/drivers" if from_staging else "<install-dir>/drivers"
     return Step("load_modules", run, f"insmod {', '.join(modules.LOAD_ORDER)} from {where}")
+
+
+def _roll_back(ctx: Context, loaded_now: list[str], *, reload_previous: bool) -> None:
+    """After a failed load: unload what this run loaded, and bring back the driver it
+    unloaded if the previous install is still recorded and intact (best effort: the
+    original error is what gets reported)."""
+    try:
+        modules.unload(ctx.kernel, ctx.runner, only=loaded_now)
+        previous = ctx.facts.get("unloaded_version")
+        record = cache.read(ctx.install.cache_file)
+        if not (reload_previous and previous and record and record.driver_version == previous
+                and cache.check_files(record, ctx.install.root) is None):
+            return
+        loads = modules.plan_loads(ctx.install.drivers, ctx.settings.module_args)
+        modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=_modprobe_root(ctx))
+        log.warning("previous_driver_reloaded", version=previous)
+    except InstallerError as exc:
+        log.warning("roll_back_incomplete", error=exc.message)
 
 
 def device_nodes(from_staging: bool) -> Step:
@@ -295,6 +332,7 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
 def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ...]:
     """A fresh build in any flow: load and verify it from staging, swap it in, record it last."""
     return (
+        check_staged_modules(),
         unload_other_driver(version),
         load_modules(from_staging=True),
         device_nodes(from_staging=True),

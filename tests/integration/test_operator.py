@@ -132,7 +132,7 @@ def test_version_mismatch_with_modules_in_use(node, pod, kernel, server):
     assert proc.returncode == 8, proc.stderr[-2000:]
     final = last_event(proc)
     assert final["event"] == "install_failed"
-    assert "in use (nvidia: 1 open handle(s))" in final["error"]
+    assert "in use (nvidia: 1 reference(s))" in final["error"]
     assert final["message"].startswith("FAILED in step check_loaded_driver (module_load, exit 8)")
     assert "drain" in final["message"]
     assert len(server.requests) == requests_before
@@ -145,13 +145,13 @@ def test_version_mismatch_with_modules_in_use(node, pod, kernel, server):
     assert "module_load (exit 8)" in found["installer_status"]["detail"]
     km = found["kernel_modules"]
     assert km["verdict"] == "fail" and f"the last run wanted {V2}" in km["detail"]
-    assert "in use by nvidia: 1 open handle(s)" in km["detail"]
+    assert "in use by nvidia: 1 reference(s)" in km["detail"]
     assert "kubectl drain" in km["fix"]
 
     # Uninstall refuses too, naming the holders, and changes nothing.
     proc = pod.run("uninstall")
     assert proc.returncode == 8, proc.stderr[-2000:]
-    assert "nvidia: 1 open handle(s)" in last_event(proc)["error"]
+    assert "nvidia: 1 reference(s)" in last_event(proc)["error"]
     assert (node.install_dir / ".cache").exists() and kernel.loaded()["nvidia"].version == V1
 
     # Once drained, the replacement goes through.

@@ -29,14 +29,14 @@ COMPILE_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
     "fetch_artifacts",
     "prepare_kernel_headers", "prepare_toolchain", "extract_driver", "build_driver",
-    "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
+    "check_staged_modules", "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
     "container_ld_cache", "host_ld_cache", "verify", "record_cache",
 ]
 PREBUILT_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
     "fetch_artifacts",
     "unpack_prebuilt", "extract_driver", "build_driver", "place_prebuilt",
-    "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
+    "check_staged_modules", "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
     "container_ld_cache", "host_ld_cache", "verify", "record_cache",
 ]
 CACHED_STEPS = [

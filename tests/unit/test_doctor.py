@@ -226,13 +226,13 @@ def test_tampered_install_files(node, capsys):
 def test_loaded_version_differs_and_in_use(node, capsys):
     node.write(node.sys / "module/nvidia/version", "535.183.01\n")
     node.write(node.proc / "modules", HEALTHY_MODULES.replace(
-        "nvidia 16384 2 nvidia_uvm", "nvidia 16384 4 nvidia_uvm"))  # 2 open handles
+        "nvidia 16384 2 nvidia_uvm", "nvidia 16384 4 nvidia_uvm"))  # 2 other references
     code, found = node.findings(capsys)
     assert code == 9
     f = found["kernel_modules"]
     assert f["verdict"] == "fail"
     assert "driver 535.183.01" in f["detail"] and f"the install dir holds {V}" in f["detail"]
-    assert "in use by nvidia: 2 open handle(s)" in f["detail"]
+    assert "in use by nvidia: 2 reference(s)" in f["detail"]
     assert "kubectl drain" in f["fix"]
 
 
@@ -339,7 +339,7 @@ def test_no_host_ld_cache_at_all(node, capsys):
 def test_failed_last_run_is_reported_with_its_hint(node, capsys):
     node.set_status(outcome="error", exit_code=8, error_class="module_load",
                     driver_version="535.183.01", message="NVIDIA driver 550.54.14 is loaded and "
-                    "in use (nvidia: 1 open handle(s))", hint="drain GPU workloads",
+                    "in use (nvidia: 1 reference(s))", hint="drain GPU workloads",
                     context={"step": "check_loaded_driver"})
     code, found = node.findings(capsys)
     assert code == 9

@@ -38,8 +38,8 @@ def test_signature_and_lockdown_parsers():
 def test_users_counts_open_handles_and_foreign_holders(tmp_path):
     (tmp_path / "modules").write_text(PROC_MODULES)
     kernel = KernelState(proc_dir=tmp_path, sys_dir=tmp_path)
-    # nvidia: refcnt 3, two users are our own modules -> 1 open handle.
-    assert users(kernel) == {"nvidia": ["1 open handle(s)"]}
+    # nvidia: refcnt 3, two users are our own modules -> 1 other reference.
+    assert users(kernel) == {"nvidia": ["1 reference(s)"]}
 
 
 def _elf_with_modinfo(path, modinfo: bytes):

@@ -201,7 +201,7 @@ def test_replacement_refused_while_a_process_has_the_device_open(boot_install):
     m = re.search(r"^nvidia \d+ (\d+) (\S+) ", held.stdout, re.M)
     assert m, held.stdout
     assert int(m.group(1)) > len([u for u in m.group(2).split(",") if u and u != "-"])
-    _assert_refused_in_use(boot_install, "install-c-handle", "probe-handle", "open handle")
+    _assert_refused_in_use(boot_install, "install-c-handle", "probe-handle", "has /dev/nvidia0 open")
     released = ok(boot_install.step("release-handle"))
     assert re.search(r"^nvidia \d+ 2 nvidia_modeset,nvidia_uvm,", released.stdout, re.M)
 
@@ -247,9 +247,11 @@ def test_module_built_for_another_kernel_fails_with_exit_8(boot_reboot, vm_asset
     from tests.vm.driver_run import other_release
 
     assert other_release(vm_assets.kernel_release) in fail["message"], fail
-    # The previous install and its record are untouched.
+    # The previous install and its record are untouched, and its driver was never unloaded:
+    # every built module is checked against the running kernel before the old one goes.
     before, after = probe(boot_reboot, "probe-b-cached"), probe(boot_reboot, "probe-d")
     assert layout(after) == layout(before)
+    assert_driver_working(after, B)
     # The kernel itself refuses such a module.
     direct = boot_reboot.step("kernel-rejects-other-kernel")
     assert direct.rc != 0 and "Invalid module format" in direct.stderr, direct.describe()
@@ -270,6 +272,9 @@ def test_unresolved_symbol_at_load_fails_with_exit_8(boot_reboot):
     assert any("Unknown symbol" in ln for ln in fail.get("kernel_log_tail", [])), fail
     state = probe(boot_reboot, "probe-e")
     assert layout(state) == layout(probe(boot_reboot, "probe-b-cached"))
+    # The half-loaded new driver was rolled back and the previous one loaded again.
+    assert "previous_driver_reloaded" in step.stderr, step.describe()
+    assert_driver_working(state, B)
 
 
 def test_cached_driver_loads_again_after_the_failed_runs(boot_reboot):
