@@ -246,3 +246,23 @@ def test_tampered_cache_is_a_miss(node, pod, kernel, server):
     assert last_event(proc)["plan"] == "fresh"
     miss = [e for e in events(proc.stderr) if e.get("event") == "cache_miss"]
     assert "nvidia-uvm.ko has changed" in miss[0]["reason"]
+
+
+def test_modules_built_for_another_kernel_never_unload_the_working_driver(node, pod, kernel, server):
+    ok(pod.run("install"))
+    before = tree_digest(node.install_dir)
+    other = "5.15.0-9999-other"
+    import shutil
+
+    headers = node.root / f"usr/src/linux-headers-{other}"
+    shutil.copytree(node.root / f"usr/src/linux-headers-{RELEASE}", headers, symlinks=True)
+    (headers / "include/config/kernel.release").write_text(other + "\n")
+    proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2, "KERNEL_RELEASE": other})
+    assert proc.returncode == 8, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert other in final["error"] and RELEASE in final["error"]
+    assert kernel.loaded()["nvidia"].version == V1  # never unloaded
+    assert not [c for c in kernel.calls("rmmod")]
+    after = tree_digest(node.install_dir)
+    assert {k: v for k, v in after.items() if k != "status.json"} == {
+        k: v for k, v in before.items() if k != "status.json"}
