@@ -42,8 +42,8 @@ def _pod_class():
 
         cgroup_dir: Path | None = None
 
-        def _script(self, cli: list[str], env: dict[str, str]) -> str:
-            script = super()._script(cli, env)
+        def _script(self, cli: list[str], env: dict[str, str], *args) -> str:
+            script = super()._script(cli, env, *args)
             if self.cgroup_dir is None:
                 return script
             rootfs = self.scratch / "rootfs"
@@ -79,31 +79,15 @@ class Fixture:
 @contextlib.contextmanager
 def fixture(work: Path) -> Iterator[Fixture]:
     """Node, kernel, .run on an HTTPS server, and a pod wired to them (server up inside)."""
-    from tests.fixtures.kernel import FakeKernel
-    from tests.fixtures.node import build_ubuntu_node
-    from tests.fixtures.runfile import build_driver_run
-    from tests.fixtures.server import ArtifactServer
+    from tests.pod import ubuntu_pod
 
-    node = build_ubuntu_node(work / "node", kernel_release=RELEASE)
-    kernel = FakeKernel(work / "kernel", RELEASE)
-    kernel.add_gpu()
-    run_file = build_driver_run(work / "runs", VERSION)
-    with ArtifactServer() as server:
-        server.serve(f"/tesla/{VERSION}/{run_file.name}", run_file)
-        pod = _pod_class()(
-            node_root=node.root, install_dir=node.install_dir, scratch=work / "pod",
-            fakebin=kernel.bin_dir, shared=[kernel.root],
-            env={**kernel.env(), "NVIDIA_DRIVER_VERSION": VERSION,
-                 "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
-                 "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path)})
+    with ubuntu_pod(work, version=VERSION, release=RELEASE,
+                    pod_class=_pod_class()) as (node, kernel, server, pod):
         yield Fixture(node, kernel, pod, server.url)
 
 
 def events(stderr: str) -> list[dict]:
     """The JSON log events in a run's stderr."""
-    out = []
-    for line in stderr.splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(line))
-    return out
+    from tests.pod import events as pod_events
+
+    return [e for e in pod_events(stderr) if "raw" not in e]

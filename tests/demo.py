@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.pod import Pod
+from tests.pod import ubuntu_pod
 
 RELEASE = "5.15.0-1049-gke"
 VERSION = "550.54.14"
@@ -40,27 +40,12 @@ def require_namespaces() -> None:
 
 def main() -> int:
     require_namespaces()
-    from tests.fixtures.kernel import FakeKernel
-    from tests.fixtures.node import build_ubuntu_node
-    from tests.fixtures.runfile import build_driver_run
-    from tests.fixtures.server import ArtifactServer
-
     work = Path(tempfile.mkdtemp(prefix="ndi-demo-", dir="/tmp"))
     try:
         banner(f"fixture node (Ubuntu 22.04, kernel {RELEASE}) in {work}/node")
-        node = build_ubuntu_node(work / "node", kernel_release=RELEASE)
-        kernel = FakeKernel(work / "kernel", RELEASE)
-        kernel.add_gpu()
-        run_file = build_driver_run(work / "runs", VERSION)
-        with ArtifactServer() as server:
-            server.serve(f"/tesla/{VERSION}/{run_file.name}", run_file)
-            print(f"artifact server: {server.url}/tesla/{VERSION}/{run_file.name}")
-            pod = Pod(node_root=node.root, install_dir=node.install_dir, scratch=work / "pod",
-                      fakebin=kernel.bin_dir, shared=[kernel.root],
-                      env={**kernel.env(), "LOG_FORMAT": "console",
-                           "NVIDIA_DRIVER_VERSION": VERSION,
-                           "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
-                           "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path)})
+        with ubuntu_pod(work, version=VERSION, release=RELEASE,
+                        env={"LOG_FORMAT": "console"}) as (node, kernel, server, pod):
+            print(f"artifact server: {server.url}/tesla/{VERSION}/")
             banner("install (fresh): detect -> download -> build -> load -> ld cache -> verify")
             first = pod.run("install")
             print(first.stderr, end="")

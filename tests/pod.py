@@ -10,6 +10,7 @@ Everything disappears when the namespace exits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -124,6 +125,34 @@ class Pod:
                          f"{q(str(export))}/")
             lines.append("exit $rc")
         return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def ubuntu_pod(work: Path, *, version: str = "550.54.14", release: str = "5.15.0-1049-gke",
+               pod_class: type[Pod] = Pod, env: dict[str, str] | None = None):
+    """A fixture Ubuntu node with a GPU, its fake kernel, the driver .run on a local HTTPS
+    server, and a pod wired to them: what the demo and the benches install on.
+
+    Yields (node, kernel, server, pod); the server stops on exit.
+    """
+    from tests.fixtures.kernel import FakeKernel
+    from tests.fixtures.node import build_ubuntu_node
+    from tests.fixtures.runfile import build_driver_run
+    from tests.fixtures.server import ArtifactServer
+
+    node = build_ubuntu_node(work / "node", kernel_release=release)
+    kernel = FakeKernel(work / "kernel", release)
+    kernel.add_gpu()
+    run_file = build_driver_run(work / "runs", version)
+    with ArtifactServer() as server:
+        server.serve(f"/tesla/{version}/{run_file.name}", run_file)
+        pod = pod_class(
+            node_root=node.root, install_dir=node.install_dir, scratch=work / "pod",
+            fakebin=kernel.bin_dir, shared=[kernel.root],
+            env={**kernel.env(), "NVIDIA_DRIVER_VERSION": version,
+                 "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
+                 "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path), **(env or {})})
+        yield node, kernel, server, pod
 
 
 def events(stderr: str) -> list[dict]:
