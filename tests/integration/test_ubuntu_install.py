@@ -266,3 +266,23 @@ def test_modules_built_for_another_kernel_never_unload_the_working_driver(node, 
     after = tree_digest(node.install_dir)
     assert {k: v for k, v in after.items() if k != "status.json"} == {
         k: v for k, v in before.items() if k != "status.json"}
+
+
+def test_status_and_verify_commands(node, pod, kernel, server):
+    never = pod.run("status")
+    assert never.returncode == 2 and "has not run here" in never.stderr
+    ok(pod.run("install"))
+    status = json.loads(ok(pod.run("status")).stdout)
+    assert status["last_run"]["outcome"] == "ok"
+    assert status["cache"]["CACHE_NVIDIA_DRIVER_VERSION"] == V1
+    gpus = json.loads(ok(pod.run("verify")).stdout)
+    assert gpus == [{"name": "NVIDIA L4", "driver_version": V1, "bus_id": "00000000:00:04.0"}]
+    kernel.unload_all()  # a reboot before the installer ran again
+    broken = pod.run("verify")
+    assert broken.returncode == 9, broken.stderr
+    assert "device nodes missing" in last_event(broken)["error"]
+    failed = pod.run("install", env={"NVIDIA_DRIVER_VERSION": "999.99.99"})
+    assert failed.returncode == 5
+    after = pod.run("status")
+    assert after.returncode == 5  # status mirrors the last run's exit code
+    assert json.loads(after.stdout)["last_run"]["error_class"] == "download"
