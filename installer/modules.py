@@ -75,6 +75,7 @@ def load(
     names loaded now, so a caller can undo a half-done load."""
     loaded_now = [] if loaded_now is None else loaded_now
     release = kernel.release()
+    lockdown = kernel.lockdown()
     for item in loads:
         present = kernel.modules()
         if item.name in present:
@@ -84,19 +85,21 @@ def load(
         for dep in item.in_tree_deps:
             if not kernel.module_present(dep):
                 argv = ["modprobe"] + (["-d", str(modprobe_root)] if modprobe_root else []) + [dep]
-                _run_load(runner, argv, dep, release)
-        _run_load(runner, ["insmod", str(item.path), *item.params], item.name, release)
+                _run_load(runner, argv, dep, release, lockdown)
+        _run_load(runner, ["insmod", str(item.path), *item.params], item.name, release, lockdown)
         loaded_now.append(item.name)
         log.info("module_loaded", module=item.name, path=str(item.path), params=list(item.params))
     return loaded_now
 
 
-def _run_load(runner: Runner, argv: list[str], name: str, release: str) -> None:
+def _run_load(runner: Runner, argv: list[str], name: str, release: str, lockdown: str) -> None:
     try:
         runner.run(argv, timeout=LOAD_TIMEOUT_S)
     except CommandError as exc:
         detail = exc.stderr_tail(2)
-        if "Key was rejected" in detail or "Required key not available" in detail:
+        # Under kernel lockdown an unsigned module is refused with a bare EPERM.
+        locked_out = lockdown != "none" and "Operation not permitted" in detail
+        if "Key was rejected" in detail or "Required key not available" in detail or locked_out:
             raise SecureBootError(
                 f"the kernel refused unsigned module {name}: {detail}",
                 hint="module signatures are enforced on this node: use signed prebuilt modules "

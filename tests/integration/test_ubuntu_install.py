@@ -286,3 +286,14 @@ def test_status_and_verify_commands(node, pod, kernel, server):
     after = pod.run("status")
     assert after.returncode == 5  # status mirrors the last run's exit code
     assert json.loads(after.stdout)["last_run"]["error_class"] == "download"
+
+
+def test_lockdown_refusing_cached_unsigned_modules_is_exit_10(node, pod, kernel, server):
+    ok(pod.run("install"))
+    kernel.unload_all()
+    kernel.set_lockdown("integrity")  # e.g. Secure Boot turned on since the last boot
+    proc = pod.run("install")
+    assert proc.returncode == 10, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert final["error_class"] == "secure_boot" and "Operation not permitted" in final["error"]
+    assert "nvidia" not in kernel.loaded()
