@@ -13,7 +13,6 @@ import json
 import os
 import random
 import shutil
-import ssl
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,6 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
-import trustme
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pytest_httpserver import HTTPServer
@@ -36,6 +34,7 @@ from installer.download import DownloadJob, check_url_scheme, download, download
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
 from installer.progress import Progress
 from installer.retry import RetryPolicy
+from tests.https_fixtures import *  # noqa: F403 - the shared HTTPS fixtures
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,75 +50,9 @@ FAST = RetryPolicy(
 PAYLOAD = random.Random(1234).randbytes(300_000)
 PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
 
-_ENV_TO_CLEAR = (
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "HTTPS_PROXY",
-    "https_proxy",
-    "HTTP_PROXY",
-    "http_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-    "DOWNLOAD_RETRIES",
-    "DOWNLOAD_TIMEOUT",
-)
-
-
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def ca_bundle(ca, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("ca") / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    return path
-
-
-@pytest.fixture(scope="module")
-def https_server(ca):
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
-    server = HTTPServer(host="127.0.0.1", port=0, ssl_context=ctx, threaded=True)
-    server.start()
-    yield server
-    server.clear()
-    server.stop()
-
-
 @pytest.fixture
-def server(https_server):
-    https_server.clear()
-    yield https_server
-    https_server.clear()
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    for var in _ENV_TO_CLEAR:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-
-
-@pytest.fixture
-def session(clean_env, ca_bundle):
-    s = dl.make_session()
-    s.verify = str(ca_bundle)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def no_sleep(monkeypatch):
+def no_sleep(waits):
     """Record the waits the retryer asks for instead of sleeping them."""
-    waits: list[float] = []
-    monkeypatch.setattr(retry, "sleep", waits.append)
     return waits
 
 

@@ -9,9 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import requests
-import trustme
 import urllib3.exceptions
-from pytest_httpserver import HTTPServer
 from structlog.testing import capture_logs
 from werkzeug import Response
 
@@ -28,60 +26,11 @@ from installer.retry import (
     parse_retry_after,
     policy_from_env,
 )
+from tests.https_fixtures import *  # noqa: F403 - the shared HTTPS fixtures
 
 PAYLOAD = b"0123456789" * 1000
 
 
-@pytest.fixture(scope="module")
-def ca():
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def https_server(ca):
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ca.issue_cert("127.0.0.1").configure_cert(ctx)
-    server = HTTPServer(host="127.0.0.1", port=0, ssl_context=ctx, threaded=True)
-    server.start()
-    yield server
-    server.clear()
-    server.stop()
-
-
-@pytest.fixture
-def server(https_server):
-    https_server.clear()
-    yield https_server
-    https_server.clear()
-
-
-@pytest.fixture
-def session(ca, tmp_path, monkeypatch):
-    for var in (
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "HTTPS_PROXY",
-        "https_proxy",
-        "DOWNLOAD_RETRIES",
-        "DOWNLOAD_TIMEOUT",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    bundle = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(bundle))
-    s = dl.make_session()
-    s.verify = str(bundle)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def waits(monkeypatch):
-    recorded: list[float] = []
-    monkeypatch.setattr(retry, "sleep", recorded.append)
-    return recorded
 
 
 # --------------------------------------------------------------------------- Retry-After
