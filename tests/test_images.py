@@ -36,6 +36,7 @@ import pytest
 
 from installer import __version__
 from installer import manifests as m
+from tests.pod import events as pod_events
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("NDI_IMAGE_CACHE", "/var/cache/ndi-images"))
@@ -208,13 +209,7 @@ def manifest_mounts(flavor: str, node_root: Path) -> list[tuple[Path, str]]:
 
 
 def events(stderr: str) -> list[dict]:
-    out = []
-    for line in stderr.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            out.append({"raw": line})
-    return [e for e in out if "event" in e]
+    return [e for e in pod_events(stderr) if "event" in e]
 
 
 # --- the image itself ----------------------------------------------------------------------
