@@ -36,9 +36,13 @@ def parse_query_gpu(text: str) -> list[Gpu]:
 
 
 def create_device_nodes(tree: Tree, kernel: KernelState, runner: Runner) -> None:
+    from installer.gpus import scan
+
     modprobe = tree.bin / "nvidia-modprobe"
+    # One /dev/nvidia<N> per GPU (minors follow probe order), not just nvidia0.
+    minors = [f"-c{n}" for n in range(max(1, len(scan(kernel.sys_dir))))]
     try:
-        runner.run([modprobe, "-c0", "-u", "-m"], timeout=SMI_TIMEOUT_S, env=kernel.seam_env())
+        runner.run([modprobe, *minors, "-u", "-m"], timeout=SMI_TIMEOUT_S, env=kernel.seam_env())
     except CommandError as exc:
         raise VerifyError(
             f"nvidia-modprobe could not create the device nodes: {exc.stderr_tail(2)}",

@@ -297,3 +297,11 @@ def test_lockdown_refusing_cached_unsigned_modules_is_exit_10(node, pod, kernel,
     final = last_event(proc)
     assert final["error_class"] == "secure_boot" and "Operation not permitted" in final["error"]
     assert "nvidia" not in kernel.loaded()
+
+
+def test_a_device_node_per_gpu(node, pod, kernel, server):
+    kernel.add_gpu("0000:00:05.0")
+    kernel.add_gpu("0000:00:06.0")
+    ok(pod.run("install"))
+    assert {"nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"} <= set(kernel.devices())
+    assert kernel.calls("nvidia-modprobe")[0]["argv"][:3] == ["-c0", "-c1", "-c2"]
