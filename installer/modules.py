@@ -80,6 +80,11 @@ def load(
         present = kernel.modules()
         if item.name in present:
             log.info("module_already_loaded", module=item.name)
+            differ = params_not_applied(kernel, item)
+            if differ:
+                log.warning("module_params_not_applied", module=item.name, params=differ,
+                            hint="the module is already loaded: run uninstall then install "
+                            "(or reboot) to load it with these parameters")
             continue
         check_vermagic(item.path, release)
         for dep in item.in_tree_deps:
@@ -90,6 +95,21 @@ def load(
         loaded_now.append(item.name)
         log.info("module_loaded", module=item.name, path=str(item.path), params=list(item.params))
     return loaded_now
+
+
+def params_not_applied(kernel: KernelState, item: ModuleLoad) -> list[str]:
+    """Requested ``key=value`` params a loaded module does not have (per /sys/module)."""
+    differ = []
+    for param in item.params:
+        key, _, want = param.partition("=")
+        path = kernel.sys_dir / "module" / item.name / "parameters" / key
+        try:
+            have = path.read_text().strip()
+        except OSError:
+            have = None
+        if have != want:
+            differ.append(param)
+    return differ
 
 
 def _run_load(runner: Runner, argv: list[str], name: str, release: str, lockdown: str) -> None:

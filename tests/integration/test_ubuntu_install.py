@@ -305,3 +305,11 @@ def test_a_device_node_per_gpu(node, pod, kernel, server):
     ok(pod.run("install"))
     assert {"nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"} <= set(kernel.devices())
     assert kernel.calls("nvidia-modprobe")[0]["argv"][:3] == ["-c0", "-c1", "-c2"]
+
+
+def test_params_for_an_already_loaded_module_are_reported_not_applied(node, pod, kernel, server):
+    ok(pod.run("install"))
+    proc = ok(pod.run("install", "--module-arg", "nvidia.NVreg_EnableGpuFirmware=0"))
+    warning = [e for e in events(proc.stderr) if e.get("event") == "module_params_not_applied"]
+    assert warning and warning[0]["params"] == ["NVreg_EnableGpuFirmware=0"]
+    assert "uninstall then install" in warning[0]["hint"]
