@@ -4,7 +4,10 @@ Layout under the artifacts URL of a build (``--cos-artifacts-url`` /
 ``COS_DOWNLOAD_GCS``, a template with ``{build_id}`` and ``{board}``):
 ``kernel-headers.tgz``, ``toolchain.tar.xz`` or ``toolchain_url``,
 ``toolchain_env``, ``gpu_default_version``, ``gpu_latest_version``,
-``gpu_<alias>_version`` and prebuilt signed modules ``nvidia-drivers-<V>.tgz``.
+``gpu_<alias>_version``, prebuilt signed modules ``nvidia-drivers-<V>.tgz``, and
+under ``extensions/gpu/`` the precompiled proprietary driver
+``NVIDIA-Linux-x86_64-<V>-custom.run`` with Google's module signatures
+``nvidia-drivers-<V>-signature.tar.gz``.
 
 Everything is fetched anonymously: no metadata-server token is ever added
 (public buckets answer 401 to a bad one, cos-gpu-installer#80). Credentials
@@ -50,6 +53,20 @@ class MissingArtifactError(DownloadError):
 
 def prebuilt_modules_name(version: str) -> str:
     return f"nvidia-drivers-{version}.tgz"
+
+
+EXTENSIONS_GPU = "extensions/gpu"
+
+
+def custom_run_name(version: str) -> str:
+    """The precompiled (proprietary) driver package of this build's kernel."""
+    return f"{EXTENSIONS_GPU}/NVIDIA-Linux-x86_64-{version}-custom.run"
+
+
+def signatures_name(version: str) -> str:
+    """Google's detached PKCS#7 signatures (``<module>.ko.sig``) for the modules
+    linked from the custom .run."""
+    return f"{EXTENSIONS_GPU}/nvidia-drivers-{version}-signature.tar.gz"
 
 
 def version_file_name(alias: str) -> str:

@@ -7,6 +7,9 @@
   sysroot and Rust parts the installer must skip;
 - prebuilt_tgz: nvidia-drivers-<V>.tgz with signed FAKEKO1 open modules and
   firmware, as COS publishes them;
+- custom_run / signature_tgz: extensions/gpu/NVIDIA-Linux-x86_64-<V>-custom.run
+  (precompiled kernel interfaces + mkprecompiled, linked by the fake ld.lld)
+  and nvidia-drivers-<V>-signature.tar.gz (one <module>.sig each);
 - env_recording_run: a fake NVIDIA .run whose nvidia-installer appends the
   environment it ran with (and ``$CC --version``, ``ld``) to its log, which
   the installer keeps as <install-dir>/nvidia-installer.log;
@@ -94,10 +97,24 @@ esac
 exit 0
 """
 FAKE_LD = """#!/bin/sh
+# Fake lld: "-T script -r -o OUT obj..." concatenates the objects into OUT
+# (precompiled FAKEKO1 pieces make a FAKEKO1 module); anything else succeeds.
 case "$1" in
   --version|-v) echo "LLD 17.0.0 (fake COS toolchain, $(basename "$0"))"; exit 0 ;;
 esac
-exit 0
+echo "$(basename "$0") $*" >> "${FAKE_CC_LOG:-/dev/null}"
+out=; objs=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out=$2; shift ;;
+    -T) [ -f "$2" ] || { echo "ld.lld: cannot open linker script $2" >&2; exit 1; }; shift ;;
+    -*) ;;
+    *) objs="$objs $1" ;;
+  esac
+  shift
+done
+[ -n "$out" ] || exit 0
+cat $objs > "$out"
 """
 
 
@@ -131,6 +148,97 @@ def prebuilt_tgz(path: Path, version: str, release: str = COS_KERNEL, *,
                          flavor="open")
             _add(tar, f"drivers/{name.replace('_', '-')}.ko", ko)
         _add(tar, f"firmware/nvidia/{version}/gsp_ga10x.bin", b"prebuilt-firmware " * 64)
+    return path
+
+
+# --------------------------------------------------------------------------- precompiled
+
+
+MKPRECOMPILED = """#!/bin/sh
+# Fake mkprecompiled: --unpack ARCHIVE -o DIR (the fake archive is a tar).
+archive=; out=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --unpack|-u) archive=$2; shift ;;
+    -o|--output) out=$2; shift ;;
+  esac
+  shift
+done
+[ -f "$archive" ] && [ -d "$out" ] || { echo "mkprecompiled: bad arguments" >&2; exit 1; }
+tar -xf "$archive" -C "$out" && rm -f "$archive"
+"""
+SIGNED_MODULES = ("nvidia.ko", "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia-drm.ko")
+
+
+def precompiled_pieces(version: str, release: str) -> dict[str, bytes]:
+    """Files of the -custom.run's kernel/ dir (before mkprecompiled --unpack), as
+    NVIDIA's precompiled packages hold them: the kernel interface objects and the
+    pre-linked uvm/drm modules in one packed archive, the binary cores beside."""
+    def head(name: str, deps: tuple[str, ...]) -> bytes:
+        return fake_ko(name, release, version=version, depends=deps, signed=False,
+                       flavor="proprietary").encode()
+
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        _add(tar, "nv-linux.o", head("nvidia", ()) + b"interface=nv-linux.o\n")
+        _add(tar, "nv-modeset-linux.o",
+             head("nvidia_modeset", ("nvidia",)) + b"interface=nv-modeset-linux.o\n")
+        _add(tar, "nvidia-uvm.ko", head("nvidia_uvm", ("nvidia",)))
+        _add(tar, "nvidia-drm.ko",
+             head("nvidia_drm", ("drm", "nvidia_modeset", "drm_kms_helper")))
+    return {
+        f"kernel/precompiled/nvidia-precompiled-{release}": packed.getvalue(),
+        "kernel/nvidia/nv-kernel.o_binary": b"core=nv-kernel.o_binary\n",
+        "kernel/nvidia-modeset/nv-modeset-kernel.o_binary": b"core=nv-modeset-kernel.o_binary\n",
+    }
+
+
+def custom_run(out_dir: Path, version: str, release: str = COS_KERNEL) -> Path:
+    """NVIDIA-Linux-x86_64-<V>-custom.run: the driver package with precompiled kernel
+    interfaces for one COS kernel and mkprecompiled (real makeself)."""
+    src = driver_payload(version, kernel_module_type_support=int(version.split(".")[0]) >= 550)
+    work = Path(tempfile.mkdtemp(prefix="cos-custom-"))
+    try:
+        payload = work / f"NVIDIA-Linux-x86_64-{version}"
+        shutil.copytree(src, payload, symlinks=True)
+        os.replace(payload / "nvidia-installer", payload / "nvidia-installer.real")
+        (payload / "nvidia-installer").write_text(WRAPPER)
+        (payload / "nvidia-installer").chmod(0o755)
+        (payload / "mkprecompiled").write_text(MKPRECOMPILED)
+        (payload / "mkprecompiled").chmod(0o755)
+        for rel, data in precompiled_pieces(version, release).items():
+            (payload / rel).parent.mkdir(parents=True, exist_ok=True)
+            (payload / rel).write_bytes(data)
+        header = work / "nvidia-header.sh"
+        header.write_text(nvidia_header())
+        out_dir.mkdir(parents=True, exist_ok=True)
+        run = out_dir / f"NVIDIA-Linux-x86_64-{version}-custom.run"
+        subprocess.run(
+            ["makeself", "--header", str(header), "--nox11", "--keep-umask", "--sha256",
+             str(payload), str(run), f"{LABEL} {version}", "./nvidia-installer"],
+            check=True, capture_output=True, text=True)
+        return run
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def fake_pkcs7(module: str) -> bytes:
+    """Stands in for Google's detached DER PKCS#7 of one module (binary, with NULs)."""
+    return b"\x30\x82\x02\x00fake-pkcs7\0" + module.encode() + b"\0" * 7
+
+
+def signature_tgz(path: Path, *, evil: str | None = None,
+                  modules: tuple[str, ...] = SIGNED_MODULES) -> Path:
+    """nvidia-drivers-<V>-signature.tar.gz: <module>.sig per module and pubkey.der;
+    evil="dotdot" adds a member escaping the target."""
+    with tarfile.open(path, "w:gz", format=tarfile.GNU_FORMAT) as tar:
+        for ko in modules:
+            _add(tar, f"{ko}.sig", fake_pkcs7(ko))
+        _add(tar, "pubkey.der", b"\x30\x82fake-gpu-key")
+        if evil == "dotdot":
+            _add(tar, "../../../../../../tmp/cos-evil-signature", "pwned")
+        elif evil is not None:
+            raise ValueError(evil)
     return path
 
 
@@ -205,6 +313,11 @@ class Bucket:
     toolchain_env: str | None = TOOLCHAIN_ENV
     toolchain_via_url: str | None = None  # write toolchain_url with this content instead
     evil_headers: str | None = None
+    # extensions/gpu/: NVIDIA-Linux-x86_64-<V>-custom.run (prebuilt by the caller,
+    # see custom_run) and nvidia-drivers-<V>-signature.tar.gz per version.
+    custom_runs: dict[str, Path] = field(default_factory=dict)
+    signature_versions: tuple[str, ...] = ()
+    evil_signatures: str | None = None
 
     @property
     def build_dir(self) -> Path:
@@ -225,6 +338,14 @@ class Bucket:
             (d / "toolchain_env").write_text(self.toolchain_env)
         for version in self.prebuilt_versions:
             prebuilt_tgz(d / f"nvidia-drivers-{version}.tgz", version, self.release)
+        ext = d / "extensions/gpu"
+        for version, run in self.custom_runs.items():
+            ext.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run, ext / f"NVIDIA-Linux-x86_64-{version}-custom.run")
+        for version in self.signature_versions:
+            ext.mkdir(parents=True, exist_ok=True)
+            signature_tgz(ext / f"nvidia-drivers-{version}-signature.tar.gz",
+                          evil=self.evil_signatures)
         return d
 
     def file_url(self) -> str:

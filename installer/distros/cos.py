@@ -9,6 +9,13 @@ parallel, only after the signature policy allowed it.
 - **prebuilt** (``nvidia-drivers-<V>.tgz`` exists, preferred): its signed (open)
   modules go into ``drivers/`` and the NVIDIA installer runs for user space
   only (``--no-kernel-module``). Flavour ``prebuilt-open``.
+- **precompiled-signed** (signatures enforced, no usable prebuilt modules, and the
+  build has ``extensions/gpu/NVIDIA-Linux-x86_64-<V>-custom.run`` and
+  ``nvidia-drivers-<V>-signature.tar.gz``): as Google's installer, link
+  ``nvidia.ko``/``nvidia-modeset.ko`` from NVIDIA's precompiled kernel interfaces
+  with the toolchain's ``ld.lld -T module.lds``, append Google's PKCS#7
+  signatures, user space with ``--no-kernel-module``. Proprietary modules
+  (pre-Turing GPUs: P4, P100, V100, K80). Flavour ``precompiled-signed``.
 - **compiled**: ``kernel-headers.tgz`` and the toolchain, cached on the host
   under the tools dir, then the shared nvidia-installer build with
   ``--kernel-source-path`` and the toolchain's CC/CXX/PATH. Flavour
@@ -28,7 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 import structlog
 
-from installer import archive, cache, headers, steps, toolchain
+from installer import archive, cache, headers, modsign, steps, toolchain
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.cos_artifacts import (
@@ -42,9 +49,11 @@ from installer.cos_artifacts import (
     Requested,
     Resolved,
     artifacts_base,
+    custom_run_name,
     parse_requested,
     parse_toolchain_env,
     prebuilt_modules_name,
+    signatures_name,
     toolchain_location,
 )
 from installer.distros.base import Distro
@@ -63,6 +72,9 @@ log = structlog.get_logger(__name__)
 
 FLAVOR_PREBUILT = "prebuilt-open"
 FLAVOR_COMPILED = "compiled-proprietary"  # "compiled-open" when the open modules are built
+FLAVOR_PRECOMPILED = "precompiled-signed"  # proprietary modules linked here, Google-signed
+# Modules the custom .run yields after linking; each needs <name>.sig.
+PRECOMPILED_MODULES = ("nvidia.ko", "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia-drm.ko")
 
 
 def quick_policy() -> RetryPolicy:
@@ -214,11 +226,15 @@ def check_gpus(version: str, requested: str, module_type: str | None) -> Step:
 
 
 def _flavor_module_type(flavor: str | None) -> str | None:
+    if flavor == FLAVOR_PRECOMPILED:
+        return "proprietary"
     return flavor.rsplit("-", 1)[-1] if flavor and flavor.count("-") == 1 else None
 
 
 def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: str,
-                  prebuilt_url: str, unusable: tuple[str, ...] = ()) -> Step:
+                  prebuilt_url: str, unusable: tuple[str, ...] = (),
+                  signatures_url: str | None = None, signed_what: str = "signed prebuilt modules",
+                  ) -> Step:
     """Exit 10 before any big download when the modules we would use cannot load."""
 
     def run(ctx: Context) -> None:
@@ -237,6 +253,9 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
                    + "; ".join(unusable)) if unusable else (
                    f"COS build {build_id} offers no signed prebuilt modules for driver "
                    f"{version} ({prebuilt_url} not found)")
+            if signatures_url:
+                why += (f", nor a signed precompiled driver for these GPUs "
+                        f"({signatures_url} and its -custom.run)")
             raise SecureBootError(
                 f"this node only loads signed kernel modules ({'; '.join(policy.reasons)}) "
                 f"and {why}; compiled modules would be rejected",
@@ -250,7 +269,7 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
             )
         if policy.enforced:
             log.info("module_signing_enforced", reasons=list(policy.reasons),
-                     using="signed prebuilt modules")
+                     using=signed_what)
 
     return Step("check_module_signing", run, policy_note)
 
@@ -356,6 +375,115 @@ def place_prebuilt() -> Step:
         archive.remove_tree(src)
 
     return Step("place_prebuilt", run, "<staging>/prebuilt -> drivers/ and firmware/")
+
+
+def unpack_signatures(version: str) -> Step:
+    """Extract nvidia-drivers-<V>-signature.tar.gz safely (a tampered one is exit 6)."""
+
+    def run(ctx: Context) -> None:
+        staging: Tree = ctx.facts["staging"]
+        got = ctx.facts["signatures_download"]
+        dest = staging.root / "signatures"
+        label = signatures_name(version).rsplit("/", 1)[-1]
+        archive.extract(got.path, dest, label=label)
+        got.path.unlink(missing_ok=True)
+        missing = [m for m in PRECOMPILED_MODULES if not _signature_file(dest, m).is_file()]
+        if missing:
+            raise IntegrityError(
+                f"{label} has no signature for {', '.join(missing)}",
+                hint="the artifact is incomplete; check the COS artifacts URL", url=got.url)
+        ctx.facts["signatures_dir"] = dest
+
+    return Step("unpack_signatures", run,
+                f"{signatures_name(version)} -> <staging>/signatures (safe extraction)")
+
+
+def _signature_file(root: Path, module: str) -> Path:
+    return root / f"{module}.sig"
+
+
+def _linker(tools: BuildTools, env: dict[str, str]) -> Path:
+    """The toolchain's lld (COS 85+ kernels are linked with it), as Google's installer."""
+    bin_dir = tools.toolchain / "bin"
+    prefix = toolchain._target_prefix(env.get("CC", ""))
+    for name in ("ld.lld", f"{prefix}ld.lld"):
+        if (bin_dir / name).is_file():
+            return bin_dir / name
+    found = toolchain.cross_linker(tools.toolchain, env)
+    if found is None or not found.name.endswith("ld.lld"):
+        raise BuildError(f"the COS toolchain has no ld.lld in {bin_dir}", path=str(bin_dir),
+                         hint="remove the tools dir to fetch the toolchain again")
+    return found
+
+
+def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> Step:
+    """mkprecompiled --unpack, ld.lld -T module.lds for nvidia.ko and nvidia-modeset.ko,
+    then each module + its PKCS#7 signature in the kernel's appended format, into
+    <staging>/precompiled/drivers (placed into drivers/ after the user-space install)."""
+
+    def run(ctx: Context) -> None:
+        from installer.runner import CommandError
+
+        staging: Tree = ctx.facts["staging"]
+        extract: Path = ctx.facts["extract_dir"]
+        kernel_dir = extract / "kernel"
+        pre_dir = kernel_dir / "precompiled"
+        packed = sorted(p for p in pre_dir.iterdir() if p.is_file()) if pre_dir.is_dir() else []
+        if not packed:
+            raise BuildError(f"{custom_run_name(version)} holds no precompiled kernel interfaces "
+                             "(kernel/precompiled is empty)", path=str(pre_dir))
+        if len(packed) > 1:
+            log.warning("precompiled_archives_several", names=[p.name for p in packed],
+                        using=packed[-1].name)
+        source: Path = ctx.facts["kernel_source"]
+        script = next((source / "scripts" / n for n in ("module.lds", "module-common.lds")
+                       if (source / "scripts" / n).is_file()), None)
+        if script is None:
+            raise BuildError(f"the kernel headers have no scripts/module.lds ({source})",
+                             path=str(source), kernel_release=ctx.host_info.kernel_release)
+        lld = _linker(tools, env)
+        commands = [
+            [extract / "mkprecompiled", "--unpack", packed[-1], "-o", pre_dir],
+            [lld, "-T", script, "-r", "-o", kernel_dir / "nvidia.ko",
+             pre_dir / "nv-linux.o", kernel_dir / "nvidia" / "nv-kernel.o_binary"],
+            [lld, "-T", script, "-r", "-o", kernel_dir / "nvidia-modeset.ko",
+             pre_dir / "nv-modeset-linux.o",
+             kernel_dir / "nvidia-modeset" / "nv-modeset-kernel.o_binary"],
+        ]
+        for argv in commands:
+            try:
+                ctx.runner.run(argv, cwd=extract)
+            except CommandError as exc:
+                raise BuildError(f"linking the precompiled driver failed: {exc}",
+                                 kernel_release=ctx.host_info.kernel_release) from exc
+        for name in ("nvidia-uvm.ko", "nvidia-drm.ko"):  # shipped pre-linked
+            if (pre_dir / name).is_file():
+                os.replace(pre_dir / name, kernel_dir / name)
+        sigs: Path = ctx.facts["signatures_dir"]
+        out = staging.root / "precompiled" / "drivers"
+        out.mkdir(parents=True, exist_ok=True)
+        for name in PRECOMPILED_MODULES:
+            ko = kernel_dir / name
+            if not ko.is_file():
+                raise BuildError(f"{custom_run_name(version)} yielded no {name}", path=str(ko))
+            try:
+                signed = modsign.append_signature(ko.read_bytes(),
+                                                  _signature_file(sigs, name).read_bytes())
+            except ValueError as exc:
+                raise IntegrityError(f"cannot sign {name}: {exc}") from exc
+            (out / name).write_bytes(signed)
+        built = read_modinfo(out / "nvidia.ko").get("version")
+        if built and built != version:
+            raise IntegrityError(f"{custom_run_name(version)} holds nvidia.ko version {built}, "
+                                 f"not {version}")
+        archive.remove_tree(sigs)
+        ctx.facts["prebuilt_dir"] = out.parent
+        log.info("precompiled_modules_linked", modules=list(PRECOMPILED_MODULES),
+                 linker=str(lld), linker_script=str(script), signed=True)
+
+    return Step("link_precompiled", run,
+                "mkprecompiled --unpack; ld.lld -T module.lds -r -o nvidia.ko / nvidia-modeset.ko; "
+                "append Google's PKCS#7 signatures")
 
 
 def preload_finished(tools: BuildTools) -> Step:
@@ -498,7 +626,22 @@ class Cos(Distro):
             log.warning("kernel_module_choice", note=note)
         prebuilt = decision.use_prebuilt
         policy = signing_policy(ctx.kernel)
-        flavor = FLAVOR_PREBUILT if prebuilt else f"compiled-{decision.compiled_type}"
+        signatures_url = arts.url(signatures_name(version))
+        custom_url = arts.url(custom_run_name(version))
+        # The precompiled proprietary driver is used only where it is needed: when the
+        # kernel loads only signed modules and the build's signed open modules cannot
+        # serve these GPUs (pre-Turing). Where unsigned modules load, compiling stays the
+        # default: it builds whichever module type the GPUs need (the custom .run is
+        # proprietary only), from the build's own headers, and costs no probes of
+        # Google-only artifacts on every fresh install.
+        precompiled = (
+            not prebuilt and policy.enforced and not policy.loadpin_blocks
+            and decision.compiled_type == "proprietary"
+            and arts.exists(signatures_name(version)) and arts.exists(custom_run_name(version))
+        )
+        signed_ok = prebuilt or precompiled
+        flavor = (FLAVOR_PREBUILT if prebuilt else FLAVOR_PRECOMPILED if precompiled
+                  else f"compiled-{decision.compiled_type}")
         key = self.cache_key(ctx, version, flavor)
         summary.update({
             "flavor": flavor,
@@ -512,15 +655,22 @@ class Cos(Distro):
         })
         if decision.notes:
             summary["kernel_module_notes"] = list(decision.notes)
-        if policy.loadpin_blocks or (policy.enforced and not prebuilt):
+        if precompiled:
+            summary.update({"precompiled_driver_url": custom_url,
+                            "signatures_url": signatures_url})
+        if policy.loadpin_blocks or (policy.enforced and not signed_ok):
             summary["blocked"] = "module signature policy: the install would stop with exit 10"
         note = ("signed prebuilt modules: allowed" if prebuilt else
+                "precompiled modules with Google's signatures: allowed" if precompiled else
                 "compiled modules are unsigned: refused if signatures are enforced")
         sign_step = check_signing(
-            note, prebuilt=prebuilt, version=version, build_id=arts.build_id,
+            note, prebuilt=signed_ok, version=version, build_id=arts.build_id,
             prebuilt_url=prebuilt_url,
             # Notes about prebuilt modules exist only when the build has them.
-            unusable=tuple(n for n in decision.notes if "prebuilt" in n))
+            unusable=tuple(n for n in decision.notes if "prebuilt" in n),
+            signatures_url=signatures_url if policy.enforced else None,
+            signed_what="precompiled modules signed by Google" if precompiled
+            else "signed prebuilt modules")
         tail = steps.activate_staged(ctx, version, key)
         run_fetch = Fetch("driver_download", run_url, "staging", "driver",
                           ctx.settings.driver_sha256)
@@ -544,6 +694,11 @@ class Cos(Distro):
         tc_env, tc_url = self._toolchain_source(ctx, arts)
         headers_preset = self._host_headers(ctx)
         fetches = [run_fetch]
+        if precompiled:
+            # The custom .run replaces NVIDIA's public one (--driver-sha256 names that).
+            fetches = [Fetch("driver_download", custom_url, "staging", "precompiled driver"),
+                       Fetch("signatures_download", signatures_url, "staging", "signatures")]
+            summary["driver_url"] = custom_url
         headers_url = arts.url(KERNEL_HEADERS)
         if headers_preset is None and not tools.headers_ready():
             fetches.append(Fetch("headers_download", headers_url, "tools", "kernel headers"))
@@ -556,6 +711,22 @@ class Cos(Distro):
             "toolchain_env": {k: tc_env[k] for k in ("CC", "CXX") if k in tc_env},
             "tools_dir": str(tools.root),
         })
+        if precompiled:
+            return Plan("fresh", (
+                check_gpus(version, ctx.settings.kernel_module_type, "proprietary"),
+                sign_step,
+                steps.check_loaded_driver(version),
+                steps.prepare_staging(),
+                fetch_artifacts(tuple(fetches), tools),
+                unpack_signatures(version),
+                prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
+                prepare_toolchain(tools, tc_env),
+                steps.extract_driver(),
+                link_precompiled(tools, tc_env, version),
+                steps.build_driver(userspace_only=True),
+                place_prebuilt(),
+                *tail,
+            ), summary)
         return Plan("fresh", (
             check_gpus(version, ctx.settings.kernel_module_type, decision.compiled_type),
             sign_step,

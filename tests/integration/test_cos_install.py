@@ -23,9 +23,12 @@ from tests.cosbucket import (
     DEFAULT_V,
     EVIL_PATHS,
     LATEST_V,
+    SIGNED_MODULES,
     TRIPLE,
     Bucket,
+    custom_run,
     env_recording_run,
+    fake_pkcs7,
     recorded_env,
 )
 from tests.fixtures.kernel import FakeKernel
@@ -317,10 +320,99 @@ def test_signature_enforcement_without_prebuilt_exit_10_before_big_downloads(
     assert final["error_class"] == "secure_boot"
     assert COS_BUILD_ID in final["error"] and f"nvidia-drivers-{DEFAULT_V}.tgz" in final["error"]
     assert "never edits boot config" in final["hint"]
-    # The server's log: the alias, toolchain metadata and a HEAD probe; no big artifact.
+    # The server's log: the alias, toolchain metadata and HEAD probes (prebuilt modules,
+    # then the signatures of the precompiled driver); no big artifact.
     assert big_gets(server) == []
-    assert [r.method for r in server.requests if "/nvidia-drivers-" in r.path] == ["HEAD"]
+    assert [(r.method, r.path.rsplit("/", 1)[-1]) for r in server.requests
+            if "/nvidia-drivers-" in r.path] == [
+        ("HEAD", f"nvidia-drivers-{DEFAULT_V}.tgz"),
+        ("HEAD", f"nvidia-drivers-{DEFAULT_V}-signature.tar.gz")]
     assert not tools(node).exists()
+    after = tree_digest(node.install_dir)
+    assert {k for k in after if k != "status.json"} == {k for k in before if k != "status.json"}
+    assert kernel.calls("insmod") == []
+
+
+# --------------------------------------------------------------------------- precompiled-signed
+
+
+@pytest.fixture(scope="session")
+def cos_custom_run(tmp_path_factory):
+    return custom_run(tmp_path_factory.mktemp("cos-custom"), DEFAULT_V, COS_KERNEL)
+
+
+def test_precompiled_signed_on_an_enforcing_node_for_a_v100(node, pod, kernel, server, bucket,
+                                                            cos_custom_run):
+    kernel.add_gpu(device="0x1db4")  # Tesla V100: proprietary modules only
+    kernel.set_sig_enforce(True)
+    bucket.prebuilt_versions = (DEFAULT_V,)  # open modules: unusable for a V100
+    bucket.custom_runs = {DEFAULT_V: cos_custom_run}
+    bucket.signature_versions = (DEFAULT_V,)
+    proc = ok(pod.run("install"))
+    final = last_event(proc)
+    assert final["plan"] == "fresh" and final["driver_version"] == DEFAULT_V
+
+    install = node.install_dir
+    cache = (install / ".cache").read_text()
+    assert "CACHE_FLAVOR=precompiled-signed" in cache
+    assert f"CACHE_BUILD_ID={COS_BUILD_ID}" in cache
+    magic = b"~Module signature appended~\n"
+    for ko in SIGNED_MODULES:
+        data = (install / "drivers" / ko).read_bytes()
+        assert data.endswith(magic) and fake_pkcs7(ko) in data
+        assert b"flavor=proprietary" in data and b"signed=no" in data  # signed by the trailer
+    nvidia = (install / "drivers/nvidia.ko").read_bytes()
+    assert b"interface=nv-linux.o" in nvidia and b"core=nv-kernel.o_binary" in nvidia
+    assert b"core=nv-modeset-kernel.o_binary" in (install / "drivers/nvidia-modeset.ko").read_bytes()
+    assert (install / "bin/nvidia-smi").exists()
+    log = installer_log(node)
+    assert "--no-kernel-module" in log and "--kernel-source-path" not in log
+    # The custom .run, not NVIDIA's public one; the prebuilt open modules not fetched.
+    assert gets(server, f"NVIDIA-Linux-x86_64-{DEFAULT_V}-custom.run")
+    assert gets(server, f"/tesla/{DEFAULT_V}/NVIDIA-Linux-x86_64-{DEFAULT_V}.run") == []
+    assert gets(server, f"nvidia-drivers-{DEFAULT_V}.tgz") == []
+    loaded = kernel.loaded()
+    assert loaded["nvidia"].version == DEFAULT_V
+    assert {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"} <= set(loaded)
+    # Tainted O and P (out of tree, proprietary) but not E: taken as signed.
+    lines = (kernel.proc_dir / "modules").read_text().splitlines()
+    assert any(ln.startswith("nvidia ") and ln.endswith("(PO)") for ln in lines), lines
+
+    # A reboot: a cache hit of that flavour, which loads the signed modules again.
+    kernel.unload_all()
+    again = ok(pod.run("install"))
+    assert last_event(again)["plan"] == "cached"
+    assert kernel.loaded()["nvidia"].version == DEFAULT_V
+
+
+def test_precompiled_without_signatures_is_exit_10_before_big_downloads(
+        node, pod, kernel, server, bucket, cos_custom_run):
+    kernel.add_gpu(device="0x1db4")
+    kernel.set_sig_enforce(True)
+    bucket.custom_runs = {DEFAULT_V: cos_custom_run}
+    proc = pod.run("install")
+    assert proc.returncode == 10, proc.stderr[-3000:]
+    final = last_event(proc)
+    assert final["error_class"] == "secure_boot"
+    assert f"nvidia-drivers-{DEFAULT_V}-signature.tar.gz" in final["error"]
+    assert big_gets(server) == [] and gets(server, "-custom.run") == []
+    assert kernel.calls("insmod") == []
+
+
+def test_precompiled_with_tampered_signatures_is_exit_6(node, pod, kernel, server, bucket,
+                                                        cos_custom_run):
+    kernel.add_gpu(device="0x1db4")
+    kernel.set_sig_enforce(True)
+    bucket.custom_runs = {DEFAULT_V: cos_custom_run}
+    bucket.signature_versions = (DEFAULT_V,)
+    bucket.evil_signatures = "dotdot"
+    before = tree_digest(node.install_dir)
+    proc = pod.run("install")
+    assert proc.returncode == 6, proc.stderr[-3000:]
+    final = last_event(proc)
+    assert final["error_class"] == "integrity" and "signature" in final["error"]
+    assert not Path("/tmp/cos-evil-signature").exists()
+    assert not (node.root / "tmp/cos-evil-signature").exists()
     after = tree_digest(node.install_dir)
     assert {k for k in after if k != "status.json"} == {k for k in before if k != "status.json"}
     assert kernel.calls("insmod") == []
