@@ -196,30 +196,8 @@ def precompiled_pieces(version: str, release: str) -> dict[str, bytes]:
 def custom_run(out_dir: Path, version: str, release: str = COS_KERNEL) -> Path:
     """NVIDIA-Linux-x86_64-<V>-custom.run: the driver package with precompiled kernel
     interfaces for one COS kernel and mkprecompiled (real makeself)."""
-    src = driver_payload(version, kernel_module_type_support=int(version.split(".")[0]) >= 550)
-    work = Path(tempfile.mkdtemp(prefix="cos-custom-"))
-    try:
-        payload = work / f"NVIDIA-Linux-x86_64-{version}"
-        shutil.copytree(src, payload, symlinks=True)
-        os.replace(payload / "nvidia-installer", payload / "nvidia-installer.real")
-        (payload / "nvidia-installer").write_text(WRAPPER)
-        (payload / "nvidia-installer").chmod(0o755)
-        (payload / "mkprecompiled").write_text(MKPRECOMPILED)
-        (payload / "mkprecompiled").chmod(0o755)
-        for rel, data in precompiled_pieces(version, release).items():
-            (payload / rel).parent.mkdir(parents=True, exist_ok=True)
-            (payload / rel).write_bytes(data)
-        header = work / "nvidia-header.sh"
-        header.write_text(nvidia_header())
-        out_dir.mkdir(parents=True, exist_ok=True)
-        run = out_dir / f"NVIDIA-Linux-x86_64-{version}-custom.run"
-        subprocess.run(
-            ["makeself", "--header", str(header), "--nox11", "--keep-umask", "--sha256",
-             str(payload), str(run), f"{LABEL} {version}", "./nvidia-installer"],
-            check=True, capture_output=True, text=True)
-        return run
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    files = {"mkprecompiled": MKPRECOMPILED.encode(), **precompiled_pieces(version, release)}
+    return _wrapped_run(out_dir / f"NVIDIA-Linux-x86_64-{version}-custom.run", version, files)
 
 
 def fake_pkcs7(module: str) -> bytes:
@@ -266,8 +244,13 @@ exit $rc
 
 def env_recording_run(out_dir: Path, version: str) -> Path:
     """NVIDIA-Linux-x86_64-<V>.run (real makeself) whose installer records its environment."""
-    support = int(version.split(".")[0]) >= 550
-    src = driver_payload(version, kernel_module_type_support=support)
+    return _wrapped_run(out_dir / run_name(version), version, {})
+
+
+def _wrapped_run(run: Path, version: str, extra: dict[str, bytes]) -> Path:
+    """The fixture driver payload with WRAPPER around nvidia-installer, plus ``extra``
+    files (relative path -> bytes; mkprecompiled is made executable), packed by makeself."""
+    src = driver_payload(version, kernel_module_type_support=int(version.split(".")[0]) >= 550)
     work = Path(tempfile.mkdtemp(prefix="cos-run-"))
     try:
         payload = work / f"NVIDIA-Linux-x86_64-{version}"
@@ -275,10 +258,14 @@ def env_recording_run(out_dir: Path, version: str) -> Path:
         os.replace(payload / "nvidia-installer", payload / "nvidia-installer.real")
         (payload / "nvidia-installer").write_text(WRAPPER)
         (payload / "nvidia-installer").chmod(0o755)
+        for rel, data in extra.items():
+            (payload / rel).parent.mkdir(parents=True, exist_ok=True)
+            (payload / rel).write_bytes(data)
+        if "mkprecompiled" in extra:
+            (payload / "mkprecompiled").chmod(0o755)
         header = work / "nvidia-header.sh"
         header.write_text(nvidia_header())
-        out_dir.mkdir(parents=True, exist_ok=True)
-        run = out_dir / run_name(version)
+        run.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(
             ["makeself", "--header", str(header), "--nox11", "--keep-umask", "--sha256",
              str(payload), str(run), f"{LABEL} {version}", "./nvidia-installer"],
