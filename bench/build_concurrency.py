@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json-out", help="write the summary rows here (for run_all.py)")
     ap.add_argument("--no-pod", action="store_true", help="skip the end-to-end install")
     args = ap.parse_args(argv)
-    from installer.nvidia_run import installer_args, usable_cpus
+    from installer.nvidia_options import installer_args
+    from installer.nvidia_run import usable_cpus
 
     work = Path(tempfile.mkdtemp(prefix="bench-build-", dir="/tmp"))
     try:
@@ -103,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'cgroup':58} {'usable_cpus':>11} {'expected':>8}  argv flag")
         for desc, fs, me, want in scenarios(work):
             got = usable_cpus(fs, me)
-            flag = next(a for a in installer_args(kernel_release="r", kernel_source_path=None,
-                                                  concurrency=got)
+            argv = installer_args(version="535.261.03", kernel_release="r",
+                                  kernel_source_path=None, kernel_output_path=None,
+                                  concurrency=got, module_type=None)
+            flag = next(a for a in argv
                         if a.startswith("--concurrency-level="))
             ok &= got == want and flag == f"--concurrency-level={want}"
             print(f"  {desc:58} {got:>11} {want:>8}  {flag}")

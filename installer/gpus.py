@@ -276,15 +276,3 @@ def choose_module_type(gpus: list[PciGpu], version: str, requested: str = "auto"
     if branch is not None and branch >= OPEN_DEFAULT_SINCE:
         return ModuleChoice("open", f"NVIDIA's default from R{OPEN_DEFAULT_SINCE}")
     return ModuleChoice("proprietary", f"NVIDIA's default before R{OPEN_DEFAULT_SINCE}")
-
-
-def module_type_flags(module_type: str, version: str) -> list[str]:
-    """nvidia-installer flags selecting the module flavour for this version.
-
-    ``--kernel-module-type`` exists from R560; R515-R555 build the open modules
-    with ``--kernel-module-build-directory=kernel-open`` and default to proprietary.
-    """
-    branch = branch_of(version)
-    if branch is None or branch >= OPEN_DEFAULT_SINCE:
-        return [f"--kernel-module-type={module_type}"]
-    return ["--kernel-module-build-directory=kernel-open"] if module_type == "open" else []

@@ -75,6 +75,10 @@ class InstallDir(Tree):
     def lib64_host(self) -> PurePosixPath:
         return self.host_path / "lib64"
 
+    def host_view(self, path: Path) -> PurePosixPath:
+        """The host's name for ``path`` under this install dir (staging included)."""
+        return self.host_path / Path(path).relative_to(self.root).as_posix()
+
     def clear_leftovers(self) -> None:
         """Remove what a killed run may have left: never part of a good install."""
         for leftover in (self.staging_dir, self.previous_dir):

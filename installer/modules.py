@@ -126,6 +126,8 @@ def _run_load(runner: Runner, argv: list[str], name: str, release: str, lockdown
                 "or disable enforcement (Secure Boot / module.sig_enforce)",
                 kernel_release=release,
             ) from exc
+        if "No such device" in detail and name == "nvidia":
+            raise _no_gpu_error(runner, release) from exc
         hint = "see the kernel log (dmesg) for the reason"
         if "Unknown symbol" in detail:
             hint = "a module it depends on is missing or from another driver version; check dmesg"
@@ -134,6 +136,25 @@ def _run_load(runner: Runner, argv: list[str], name: str, release: str, lockdown
         raise ModuleLoadError(
             f"failed to load kernel module {name}: {detail}", hint=hint, kernel_release=release
         ) from exc
+
+
+def _no_gpu_error(runner: Runner, release: str) -> ModuleLoadError:
+    """nvidia.ko's init returns ENODEV when it finds no GPU it drives (nv.c,
+    ``nvidia_init_module``: ``NVRM: No NVIDIA GPU found.``): everything up to the
+    hardware worked, which is worth saying exactly."""
+    from installer.diagnostics import kernel_log_tail
+
+    nvrm = [ln for ln in kernel_log_tail(runner) if "NVRM" in ln]
+    said = next((ln.split("NVRM:", 1)[1].strip() for ln in reversed(nvrm) if "NVRM:" in ln),
+                "No NVIDIA GPU found.")
+    return ModuleLoadError(
+        f"the driver built and the kernel accepted nvidia.ko, but no NVIDIA GPU is attached "
+        f"to this node (kernel: NVRM: {said})",
+        hint="run this on a node with an NVIDIA GPU (lspci -d 10de:); on a GPU node, check "
+        "the GPU is not bound to another driver (vfio-pci) and is supported by this driver",
+        kernel_release=release,
+        kernel_log=nvrm[-5:],
+    )
 
 
 def loaded_driver_version(kernel: KernelState) -> str | None:

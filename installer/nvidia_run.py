@@ -18,6 +18,7 @@ import structlog
 
 from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
 from installer.installdir import Tree
+from installer.nvidia_options import LOG_FILE
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
 from installer.settings import Settings
@@ -26,7 +27,6 @@ log = structlog.get_logger(__name__)
 
 EXTRACT_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 3600
-LOG_FILE = "/var/log/nvidia-installer.log"
 EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
 
 
@@ -114,42 +114,6 @@ def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup"),
     if quotas:
         cpus = min(cpus, *quotas)
     return max(1, cpus)
-
-
-def installer_args(
-    *,
-    kernel_release: str,
-    kernel_source_path: Path | None,
-    concurrency: int,
-    kernel_module_type: str | None = None,
-) -> list[str]:
-    """nvidia-installer flags: silent, no test load (we load in order), nothing interactive."""
-    args = [
-        "./nvidia-installer",
-        "--silent",
-        "--accept-license",
-        "--no-questions",
-        "--ui=none",
-        "--no-backup",
-        "--no-nouveau-check",
-        "--no-rpms",
-        "--no-check-for-alternate-installs",
-        "--no-install-compat32-libs",
-        "--no-systemd",
-        "--no-distro-scripts",
-        "--skip-module-load",
-        f"--log-file-name={LOG_FILE}",
-        f"--concurrency-level={concurrency}",
-        f"--kernel-name={kernel_release}",
-        f"--kernel-install-path=/lib/modules/{kernel_release}/video",
-    ]
-    if kernel_source_path is None:
-        args.append("--no-kernel-module")
-    else:
-        args.append(f"--kernel-source-path={kernel_source_path}")
-    if kernel_module_type:
-        args.append(f"--kernel-module-type={kernel_module_type}")
-    return args
 
 
 # Extracted payload plus what nvidia-installer writes is about this many times the .run.

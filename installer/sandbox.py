@@ -8,6 +8,21 @@ write lands in the overlay's upper dir and the container's own dirs stay as
 they were. Then the files that make the install layout are moved from the
 upper dir into the staging tree and the rest is discarded.
 
+The chroot is a build environment: an overlay of ``/`` does not show
+submounts, and a registry image's own ``/dev`` is empty, so without binds the
+first ``> /dev/null`` creates a plain file that kbuild's ``cc-option`` then
+compiles (``-x c /dev/null``) and NVIDIA's Kbuild appends to its conftest
+headers: probes fail silently and flags drop. The container's ``/dev``,
+``/proc`` and ``/sys`` are bound in (read the same, nothing of the container
+changed).
+
+Loading modules is ours, not NVIDIA's: before 550.40.07 there is no
+``--skip-module-load``, and every release unloads a loaded NVIDIA driver it
+finds (``check_for_unloaded_kernel_module``) and test-loads what it built
+(``test_kernel_modules``), all through ``lsmod``/``insmod``/``rmmod``/``modprobe``
+found on PATH (``find_system_util``). Inert stand-ins first on the sandbox's
+PATH keep the working driver loaded until our own checks have passed.
+
 The parent runs ``unshare --mount --propagation private -- python -m
 installer.sandbox SPEC`` through the Runner; the child (``main`` below) does the
 mounts, runs the installer and harvests before its namespace goes away (the
@@ -30,6 +45,14 @@ LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
 BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
 FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SYSTEM_BINDS = ("/dev", "/proc", "/sys")  # the build environment kbuild and conftest.sh read
+KMOD_SHIM_DIR = "/run/nvidia-driver-installer/kmod"  # inside the chroot, first on PATH
+KMOD_SHIMS = {
+    "lsmod": 'echo "Module                  Size  Used by"\n',
+    **{tool: f'echo "nvidia-driver-installer: {tool} $* skipped in the build sandbox (the '
+             f'installer loads the modules after the build)" >&2\n'
+       for tool in ("insmod", "rmmod", "modprobe")},
+}
 
 
 @dataclass
@@ -87,6 +110,15 @@ def _bind(src: str, merged: Path, dst: str, make_exec: bool) -> None:
         _mount("-o", "remount,bind,exec", str(target))
 
 
+def _write_kmod_shims(merged: Path) -> None:
+    shim_dir = merged / KMOD_SHIM_DIR.lstrip("/")
+    shim_dir.mkdir(parents=True, exist_ok=True)
+    for tool, body in KMOD_SHIMS.items():
+        shim = shim_dir / tool
+        shim.write_text("#!/bin/sh\n" + body + "exit 0\n")
+        shim.chmod(0o755)
+
+
 def _is_whiteout(path: Path) -> bool:
     st = path.lstat()
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
@@ -141,14 +173,18 @@ def main(spec_path: str) -> int:
     spec.binds = [tuple(b) for b in spec.binds]  # type: ignore[misc]
     upper = _mount_overlay(spec)
     merged = Path(spec.workdir) / "merged"
+    for path in SYSTEM_BINDS:
+        _bind(path, merged, path, make_exec=False)
     for src, dst in spec.binds:
         _bind(src, merged, dst, dst in spec.exec_binds)
+    _write_kmod_shims(merged)
 
     def enter_chroot() -> None:
         os.chroot(merged)
         os.chdir(spec.cwd)
 
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C", **spec.env}
+    env["PATH"] = f"{KMOD_SHIM_DIR}:{env['PATH']}"
     with open(spec.output_file, "wb") as output:
         proc = subprocess.run(spec.argv, env=env, stdout=output, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, preexec_fn=enter_chroot)  # noqa: PLW1509

@@ -6,7 +6,18 @@ from pathlib import Path
 
 import structlog
 
-from installer import __version__, cache, devchar, gpus, ldcache, modules, nvidia_run, verify
+from installer import (
+    __version__,
+    cache,
+    devchar,
+    firmware,
+    gpus,
+    ldcache,
+    modules,
+    nvidia_options,
+    nvidia_run,
+    verify,
+)
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.errors import InstallerError, SecureBootError, UsageError, VerifyError
@@ -86,18 +97,23 @@ def extract_driver() -> Step:
     return Step("extract_driver", run, "sh NVIDIA-Linux-x86_64-<V>.run -x --target <staging>/extract")
 
 
-def build_driver(*, kernel_module_type: str | None = None, userspace_only: bool = False,
-                 extra_args: tuple[str, ...] = ()) -> Step:
+def build_driver(version: str, module_type: str | None = None, *,
+                 userspace_only: bool = False) -> Step:
+    """nvidia-installer in the sandbox with only the options ``version`` accepts."""
+
+    def argv(ctx: Context) -> list[str]:
+        tree = None if userspace_only else ctx.facts["kernel_tree"]
+        return nvidia_options.installer_args(
+            version=version,
+            kernel_release=ctx.host_info.kernel_release,
+            kernel_source_path=tree.source if tree else None,
+            kernel_output_path=tree.output if tree else None,
+            concurrency=nvidia_run.usable_cpus(),
+            module_type=None if userspace_only else module_type,
+        )
+
     def run(ctx: Context) -> None:
         staging: Tree = ctx.facts["staging"]
-        source: Path | None = None if userspace_only else ctx.facts["kernel_source"]
-        release = ctx.host_info.kernel_release
-        argv = nvidia_run.installer_args(
-            kernel_release=release,
-            kernel_source_path=source,
-            concurrency=nvidia_run.usable_cpus(),
-            kernel_module_type=kernel_module_type,
-        ) + list(extra_args)
         binds = [] if ctx.host.root == Path("/") else [(str(ctx.host.root), str(ctx.host.root))]
         # Dirs the build needs that an overlay of the container root does not show
         # (e.g. the COS toolchain on its own mount): (container path, chroot path).
@@ -105,14 +121,17 @@ def build_driver(*, kernel_module_type: str | None = None, userspace_only: bool 
         env = {**ctx.kernel.seam_env(), **ctx.facts.get("build_env", {})}
         try:
             nvidia_run.build(
-                ctx.runner, extract_dir=ctx.facts["extract_dir"], staging=staging, argv=argv,
-                kernel_release=release, binds=binds, env=env, kernel_module=not userspace_only,
+                ctx.runner, extract_dir=ctx.facts["extract_dir"], staging=staging,
+                argv=argv(ctx), kernel_release=ctx.host_info.kernel_release, binds=binds,
+                env=env, kernel_module=not userspace_only,
             )
         except Exception:
             nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
             raise
 
-    detail = "nvidia-installer --silent in a private overlay of the container root"
+    what = "user space only" if userspace_only else f"{module_type or 'default'} kernel modules"
+    detail = (f"nvidia-installer {version} --silent ({what}) in a private overlay of the "
+              "container root, with only the options that release accepts")
     return Step("build_driver", run, detail)
 
 
@@ -142,6 +161,16 @@ def unload_other_driver(version: str) -> Step:
 
 def _modprobe_root(ctx: Context) -> Path | None:
     return None if ctx.host.root == Path("/") else ctx.host.root
+
+
+def gpu_firmware(from_staging: bool) -> Step:
+    def run(ctx: Context) -> None:
+        tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
+        firmware.make_findable(ctx.kernel, ctx.host, ctx.install, tree)
+
+    where = "<install-dir-host>/.staging/firmware" if from_staging else "<install-dir-host>/firmware"
+    return Step("gpu_firmware", run, f"firmware_class.path = {where} when unset or ours, "
+                "else copy to the host's /lib/firmware/updates")
 
 
 def load_modules(from_staging: bool) -> Step:
@@ -320,6 +349,7 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
         clear_leftovers(),
         check_loaded_driver(version),
         unload_other_driver(version),
+        gpu_firmware(from_staging=False),
         load_modules(from_staging=False),
         device_nodes(from_staging=False),
         container_ld_cache(),
@@ -334,10 +364,12 @@ def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ..
     return (
         check_staged_modules(),
         unload_other_driver(version),
+        gpu_firmware(from_staging=True),
         load_modules(from_staging=True),
         device_nodes(from_staging=True),
         verify_staged(version),
         promote(),
+        gpu_firmware(from_staging=False),
         container_ld_cache(),
         host_ld_cache(),
         verify_install(version),

@@ -74,18 +74,37 @@ def nvidia_smi(
         )
     except CommandError as exc:
         detail = exc.stderr_tail(2) or exc.stdout.strip()[-300:]
-        hint = "check the kernel log (dmesg) and that the modules above are loaded"
-        if "No devices were found" in detail:
-            hint = "no NVIDIA GPU is visible on this node"
-        elif "version mismatch" in detail:
-            hint = "a different driver version is loaded: re-run to replace it, or reboot"
-        elif "error while loading shared libraries" in detail:
-            hint = "libnvidia-ml.so.1 does not resolve: check the ld cache"
+        hint = smi_failure_hint(exc.stdout + exc.stderr)
         raise VerifyError(f"nvidia-smi failed: {detail}", hint=hint, path=str(smi)) from exc
     gpus = parse_query_gpu(result.stdout)
     log.info("nvidia_smi_ok", gpus=[g.name for g in gpus],
              driver_version=gpus[0].driver_version if gpus else None)
     return gpus
+
+
+# The real nvidia-smi's failure texts (535 and newer, from Debian's nvidia-smi and
+# libnvidia-ml1) and what each means on a node we just installed.
+SMI_FAILURES = (
+    ("couldn't communicate with the NVIDIA driver",
+     "the nvidia kernel module is not loaded or /dev/nvidiactl is missing: check the "
+     "load_modules and device_nodes steps above and the kernel log"),
+    ("version mismatch",
+     "the loaded kernel module is another driver version than the libraries: drain the node "
+     "and re-run to replace it, or reboot"),
+    ("couldn't find libnvidia-ml.so",
+     "libnvidia-ml.so.1 does not resolve: check <install-dir>/lib64 and the ld cache"),
+    ("error while loading shared libraries",
+     "a driver library does not resolve: check <install-dir>/lib64 and the ld cache"),
+    ("No devices were found", "no NVIDIA GPU is visible on this node"),
+    ("Failed to initialize NVML: Unknown Error",
+     "NVML cannot open the GPU device nodes: check /dev/nvidia* exist and the container "
+     "may use them (privileged)"),
+)
+
+
+def smi_failure_hint(output: str) -> str:
+    return next((hint for text, hint in SMI_FAILURES if text in output),
+                "check the kernel log (dmesg) and that the modules above are loaded")
 
 
 def check_driver_version(gpus: list[Gpu], expected: str | None) -> None:

@@ -121,7 +121,6 @@ def signing_policy(kernel: KernelState) -> SigningPolicy:
 class ModuleDecision:
     use_prebuilt: bool
     compiled_type: str  # what a compile builds: "open" or "proprietary"
-    compile_flags: tuple[str, ...]  # nvidia-installer flags selecting it
     notes: tuple[str, ...] = ()
 
 
@@ -146,8 +145,7 @@ def decide_modules(gpus_found: list, version: str, requested: str,
         notes.append("prebuilt modules are open modules: not used (--kernel-module-type "
                       "proprietary)")
     choice = gpus.choose_module_type(gpus_found, version, requested)
-    flags = tuple(gpus.module_type_flags(choice.module_type, version))
-    return ModuleDecision(use_prebuilt, choice.module_type, flags, tuple(notes))
+    return ModuleDecision(use_prebuilt, choice.module_type, tuple(notes))
 
 
 def fallback_alias(gpus_found: list, version: str) -> list[str]:
@@ -274,10 +272,11 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
     return Step("check_module_signing", run, policy_note)
 
 
-def prepare_kernel_headers(tools: BuildTools, release: str, preset: Path | None) -> Step:
+def prepare_kernel_headers(tools: BuildTools, release: str,
+                           preset: headers.KernelTree | None) -> Step:
     def run(ctx: Context) -> None:
         if preset is not None:
-            ctx.facts["kernel_source"] = preset
+            ctx.facts["kernel_tree"] = preset
             return
         got = ctx.facts.get("headers_download")
         if got is not None:
@@ -285,11 +284,11 @@ def prepare_kernel_headers(tools: BuildTools, release: str, preset: Path | None)
                                       sha256=got.sha256, label=KERNEL_HEADERS)
         elif not tools.headers_ready():
             raise BuildError(f"kernel headers missing from {tools.headers}", path=str(tools.headers))
-        ctx.facts["kernel_source"] = toolchain.find_kernel_tree(tools.headers, release)
-        log.info("kernel_headers_ready", path=str(ctx.facts["kernel_source"]),
-                 cached=got is None)
+        tree = toolchain.find_kernel_tree(tools.headers, release)
+        ctx.facts["kernel_tree"] = headers.KernelTree(tree, tree)
+        log.info("kernel_headers_ready", path=str(tree), cached=got is None)
 
-    where = str(preset) if preset else f"{tools.headers} (safe extraction, reused when present)"
+    where = preset.describe() if preset else f"{tools.headers} (safe extraction, reused when present)"
     return Step("prepare_kernel_headers", run, where)
 
 
@@ -435,7 +434,8 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
         if len(packed) > 1:
             log.warning("precompiled_archives_several", names=[p.name for p in packed],
                         using=packed[-1].name)
-        source: Path = ctx.facts["kernel_source"]
+        # scripts/module.lds is generated: it lives in the kbuild output dir.
+        source: Path = ctx.facts["kernel_tree"].output
         script = next((source / "scripts" / n for n in ("module.lds", "module-common.lds")
                        if (source / "scripts" / n).is_file()), None)
         if script is None:
@@ -685,7 +685,7 @@ class Cos(Distro):
                 fetch_artifacts(fetches, None),
                 unpack_prebuilt(version),
                 steps.extract_driver(),
-                steps.build_driver(userspace_only=True),
+                steps.build_driver(version, userspace_only=True),
                 place_prebuilt(),
                 *tail,
             ), summary)
@@ -706,7 +706,7 @@ class Cos(Distro):
             fetches.append(Fetch("toolchain_download", tc_url, "tools", "toolchain"))
         summary.update({
             "kernel_headers_url": headers_url if headers_preset is None else None,
-            "kernel_source_path": str(headers_preset) if headers_preset else None,
+            "kernel_source_path": headers_preset.describe() if headers_preset else None,
             "toolchain_url": tc_url,
             "toolchain_env": {k: tc_env[k] for k in ("CC", "CXX") if k in tc_env},
             "tools_dir": str(tools.root),
@@ -723,7 +723,7 @@ class Cos(Distro):
                 prepare_toolchain(tools, tc_env),
                 steps.extract_driver(),
                 link_precompiled(tools, tc_env, version),
-                steps.build_driver(userspace_only=True),
+                steps.build_driver(version, userspace_only=True),
                 place_prebuilt(),
                 *tail,
             ), summary)
@@ -736,7 +736,7 @@ class Cos(Distro):
             prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
             prepare_toolchain(tools, tc_env),
             steps.extract_driver(),
-            steps.build_driver(extra_args=decision.compile_flags),
+            steps.build_driver(version, decision.compiled_type),
             *tail,
         ), summary)
 
@@ -748,7 +748,7 @@ class Cos(Distro):
         check_url_scheme(url, allow_insecure_http=ctx.settings.allow_insecure_http)
         return env, url
 
-    def _host_headers(self, ctx: Context) -> Path | None:
+    def _host_headers(self, ctx: Context) -> headers.KernelTree | None:
         """--kernel-source-path, or headers already on the host; None: use kernel-headers.tgz."""
         release = ctx.host_info.kernel_release
         path, tried = headers.find_on_host(ctx.host, release, ctx.settings.kernel_source_path)

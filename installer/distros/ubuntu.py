@@ -23,12 +23,13 @@ log = structlog.get_logger(__name__)
 def find_kernel_headers() -> Step:
     def run(ctx: Context) -> None:
         release = ctx.host_info.kernel_release
-        path, tried = headers.find_on_host(ctx.host, release, ctx.settings.kernel_source_path)
-        if path is None and ctx.settings.kernel_source_path is None and shutil.which("apt-get"):
-            path = headers.apt_install(ctx.runner, release, tried)
-        if path is None:
+        tree, tried = headers.find_on_host(ctx.host, release, ctx.settings.kernel_source_path)
+        if tree is None and ctx.settings.kernel_source_path is None and shutil.which("apt-get"):
+            tree = headers.apt_install(ctx.runner, ctx.host, release, tried)
+        if tree is None:
             raise headers.not_found(release, tried)
-        ctx.facts["kernel_source"] = path
+        log.info("kernel_headers_found", source=str(tree.source), output=str(tree.output))
+        ctx.facts["kernel_tree"] = tree
 
     return Step("find_kernel_headers", run,
                 "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get")
@@ -83,6 +84,6 @@ class Ubuntu(Distro):
             steps.prepare_staging(),
             steps.download_driver(url, ctx.settings.driver_sha256),
             steps.extract_driver(),
-            steps.build_driver(extra_args=tuple(gpus.module_type_flags(module_type, version))),
+            steps.build_driver(version, module_type),
             *steps.activate_staged(ctx, version, key),
         ), {**summary, "driver_url": url})

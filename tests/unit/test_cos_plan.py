@@ -29,19 +29,21 @@ COMPILE_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
     "fetch_artifacts",
     "prepare_kernel_headers", "prepare_toolchain", "extract_driver", "build_driver",
-    "check_staged_modules", "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
+    "check_staged_modules", "unload_other_driver", "gpu_firmware", "load_modules", "device_nodes",
+    "verify_staged", "promote", "gpu_firmware",
     "container_ld_cache", "host_ld_cache", "verify", "record_cache",
 ]
 PREBUILT_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
     "fetch_artifacts",
     "unpack_prebuilt", "extract_driver", "build_driver", "place_prebuilt",
-    "check_staged_modules", "unload_other_driver", "load_modules", "device_nodes", "verify_staged", "promote",
+    "check_staged_modules", "unload_other_driver", "gpu_firmware", "load_modules", "device_nodes",
+    "verify_staged", "promote", "gpu_firmware",
     "container_ld_cache", "host_ld_cache", "verify", "record_cache",
 ]
 CACHED_STEPS = [
     "check_gpu_compatibility", "clear_leftovers", "check_loaded_driver", "unload_other_driver",
-    "load_modules",
+    "gpu_firmware", "load_modules",
     "device_nodes", "container_ld_cache", "host_ld_cache", "verify",
 ]
 
@@ -295,14 +297,14 @@ def test_decide_modules_matrix():
     d = decide_modules([l4], "535.183.01", "auto", True)
     assert d.use_prebuilt
     d = decide_modules([l4], "535.183.01", "auto", False)
-    assert not d.use_prebuilt and d.compiled_type == "proprietary" and d.compile_flags == ()
+    assert not d.use_prebuilt and d.compiled_type == "proprietary"
     d = decide_modules([l4], "570.133.20", "auto", False)
-    assert d.compiled_type == "open" and d.compile_flags == ("--kernel-module-type=open",)
+    assert d.compiled_type == "open"
     d = decide_modules([v100], "570.133.20", "auto", True)
-    assert not d.use_prebuilt and d.compile_flags == ("--kernel-module-type=proprietary",)
+    assert not d.use_prebuilt and d.compiled_type == "proprietary"
     assert d.notes
     d = decide_modules([], "535.183.01", "open", False)
-    assert d.compile_flags == ("--kernel-module-build-directory=kernel-open",)
+    assert d.compiled_type == "open"
     d = decide_modules([l4], "535.183.01", "proprietary", True)
     assert not d.use_prebuilt
 
@@ -339,7 +341,7 @@ def test_preload_plan_and_run(env):
     tools = env.tools_dir / COS_BUILD_ID
     headers = tools / f"kernel-headers/usr/src/linux-headers-{COS_KERNEL}"
     assert (headers / "Makefile").is_file()
-    assert ctx.facts["kernel_source"] == headers
+    assert ctx.facts["kernel_tree"].source == ctx.facts["kernel_tree"].output == headers
     tc = tools / "toolchain"
     assert os.access(tc / f"bin/{CC}", os.X_OK)
     assert os.readlink(tc / "bin/ld") == f"{TRIPLE}-ld.lld"

@@ -385,7 +385,7 @@ def test_nvidia_smi_failure_is_explained(node, capsys):
     code, found = node.findings(capsys)
     assert code == 9
     f = found["nvidia_smi"]
-    assert "version mismatch" in f["detail"] and "different driver version" in f["fix"]
+    assert "version mismatch" in f["detail"] and "another driver version" in f["fix"]
 
 
 @pytest.mark.parametrize(("free", "verdict"), [(100 << 20, "fail"), (1 << 30, "warn")])

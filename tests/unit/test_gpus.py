@@ -118,15 +118,6 @@ def test_module_type_choice(tmp_path, devices, version, requested, expected, n_p
     assert len(choice.problems) == n_problems, choice.problems
 
 
-def test_module_type_flags_follow_the_installer_version():
-    assert gpus.module_type_flags("open", "550.54.14") == [
-        "--kernel-module-build-directory=kernel-open"]
-    assert gpus.module_type_flags("proprietary", "550.54.14") == []
-    assert gpus.module_type_flags("open", "570.133.20") == ["--kernel-module-type=open"]
-    assert gpus.module_type_flags("proprietary", "570.133.20") == [
-        "--kernel-module-type=proprietary"]
-
-
 def _ctx(sys_dir: Path, **settings) -> SimpleNamespace:
     return SimpleNamespace(kernel=KernelState(sys_dir, sys_dir, sys_dir),
                            settings=Settings(**settings), facts={})

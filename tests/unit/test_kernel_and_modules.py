@@ -76,3 +76,56 @@ def test_plan_loads_order_params_and_in_tree_deps(tmp_path):
     assert loads[1].params == ("uvm_perf=1",)
     assert loads[3].in_tree_deps == ("drm_kms_helper",)
     assert params_for("nvidia_drm", ("nvidia-drm.modeset=1",)) == ("modeset=1",)
+
+
+def _tool(bin_dir, name, script):
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text("#!/bin/sh\n" + script)
+    (bin_dir / name).chmod(0o755)
+
+
+def test_no_gpu_enodev_is_said_exactly(tmp_path, monkeypatch):
+    """nvidia.ko's init without a GPU (nv.c nvidia_init_module): the kernel log says
+    ``NVRM: No NVIDIA GPU found.`` and kmod's insmod reports ENODEV; seen for real in the
+    qemu tier. Both texts below are what kmod and the kernel print."""
+    import pytest
+
+    from installer.errors import ModuleLoadError
+    from installer.modules import ModuleLoad, load
+    from installer.runner import Runner
+
+    bin_dir = tmp_path / "bin"
+    _tool(bin_dir, "insmod", 'echo "insmod: ERROR: could not insert module $1: No such device" >&2\n'
+          "exit 1\n")
+    _tool(bin_dir, "dmesg", 'echo "[Mon Nov 23 11:00:00 2026] nvidia-nvlink: Nvlink Core is being '
+          'initialized, major device number 245"\n'
+          'echo "[Mon Nov 23 11:00:00 2026] NVRM: No NVIDIA GPU found."\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{'/usr/bin:/bin'}")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/modules").write_text("")
+    kernel = KernelState(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev")
+    ko = tmp_path / "nvidia.ko"
+    ko.write_bytes(b"")
+    with pytest.raises(ModuleLoadError) as err:
+        load([ModuleLoad("nvidia", ko, (), ())], kernel, Runner(), modprobe_root=None)
+    assert err.value.message == (
+        "the driver built and the kernel accepted nvidia.ko, but no NVIDIA GPU is attached to "
+        "this node (kernel: NVRM: No NVIDIA GPU found.)")
+    assert err.value.context["kernel_log"][-1].endswith("NVRM: No NVIDIA GPU found.")
+    assert err.value.exit_code == 8
+
+
+def test_real_nvidia_smi_failure_texts_get_their_hint():
+    """Texts of Debian's nvidia-smi 535.261.03 (tests/realparts runs the binary itself)."""
+    from installer.verify import smi_failure_hint
+
+    assert "not loaded" in smi_failure_hint(
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
+        "that the latest NVIDIA driver is installed and running.\n")
+    assert "another driver version" in smi_failure_hint(
+        "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 535.261\n")
+    assert "libnvidia-ml.so.1 does not resolve" in smi_failure_hint(
+        "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that "
+        "the NVIDIA Display Driver is properly installed and present in your system.\n")
+    assert "no NVIDIA GPU" in smi_failure_hint("No devices were found\n")
+    assert "dmesg" in smi_failure_hint("something new\n")

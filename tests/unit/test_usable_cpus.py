@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from installer.nvidia_run import installer_args, usable_cpus
+from installer.nvidia_options import installer_args
+from installer.nvidia_run import usable_cpus
 
 HOST = len(os.sched_getaffinity(0))
 
@@ -58,6 +59,7 @@ def test_no_cgroup_files_means_affinity(tmp_path):
 
 def test_concurrency_reaches_the_installer_argv(tmp_path):
     fs, me = _tree(tmp_path, {"fs/cpu.max": "100000 100000\n"})
-    argv = installer_args(kernel_release="5.15.0-1049-gke", kernel_source_path=None,
-                          concurrency=usable_cpus(fs, me))
+    argv = installer_args(version="535.261.03", kernel_release="5.15.0-1049-gke",
+                          kernel_source_path=None, kernel_output_path=None,
+                          concurrency=usable_cpus(fs, me), module_type=None)
     assert "--concurrency-level=1" in argv
