@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from installer import cache, devchar, gpus, modules, readiness
+from installer import cache, devchar, firmware, gpus, modules, readiness
 from installer import status as status_file
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
@@ -260,6 +260,17 @@ def check_kernel_modules(n: Node) -> Finding:
     return Finding("kernel_modules", OK, f"{detail}; {use}")
 
 
+def check_gpu_firmware(n: Node) -> Finding:
+    ok, detail = firmware.findable(n.kernel, n.host, n.install)
+    if ok:
+        return Finding("gpu_firmware", OK, detail)
+    return Finding("gpu_firmware", FAIL, detail + ": GSP-RM GPUs (Turing and newer) fail "
+                   "RmInitAdapter and nvidia-smi finds no device",
+                   "re-run install (it sets firmware_class.path to <install-dir-host>/firmware, "
+                   "or copies the files to the host's /lib/firmware/updates when another path "
+                   "is set)")
+
+
 def check_device_nodes(n: Node) -> Finding:
     dev = n.kernel.dev_dir
     wanted = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
@@ -427,6 +438,7 @@ CHECKS: tuple[tuple[str, Callable[[Node], Finding]], ...] = (
     ("cache", check_cache),
     ("install_dir", check_install_dir),
     ("kernel_modules", check_kernel_modules),
+    ("gpu_firmware", check_gpu_firmware),
     ("device_nodes", check_device_nodes),
     ("dev_char_symlinks", check_dev_char),
     ("nvidia_smi", check_nvidia_smi),

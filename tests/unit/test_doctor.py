@@ -432,3 +432,21 @@ def test_table_puts_the_fix_under_each_failure(node, capsys):
     summary = " ".join(lines[len(lines) - lines[::-1].index(""):])  # after the last blank line
     assert "UNHEALTHY: 2 check(s) failed (cache, device_nodes). Start with cache:" in summary
     assert max(len(ln) for ln in lines) <= 140
+
+
+def test_gsp_firmware_the_kernel_cannot_find_fails(node, capsys):
+    gsp = node.write(node.install / f"firmware/nvidia/{V}/gsp_ga10x.bin", "GSP")
+    param = node.write(node.sys / "module/firmware_class/parameters/path", "\n")
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["gpu_firmware"]
+    assert f["verdict"] == "fail"
+    assert f"nvidia/{V}/gsp_ga10x.bin" in f["detail"] and "firmware_class.path" in f["fix"]
+    param.write_text(f"{INSTALL_HOST}/firmware")
+    code, found = node.findings(capsys)
+    assert code == 0 and found["gpu_firmware"]["verdict"] == "ok"
+    # Or where the loader looks by default, with the parameter left to someone else.
+    param.write_text("/opt/elsewhere")
+    copy = node.write(node.root / f"lib/firmware/updates/nvidia/{V}/gsp_ga10x.bin", "GSP")
+    assert copy.exists() and gsp.exists()
+    assert node.findings(capsys)[1]["gpu_firmware"]["verdict"] == "ok"

@@ -50,7 +50,8 @@ def test_build_link_alone_is_followed_with_chroot_semantics(tmp_path):
 def test_a_full_kernel_tree_is_both(tmp_path):
     full = tmp_path / OUTPUT.lstrip("/")
     full.mkdir(parents=True)
-    (full / "Makefile").write_text("VERSION = 5\nPATCHLEVEL = 15\ninclude $(srctree)/scripts/Kbuild.include\n")
+    (full / "Makefile").write_text(
+        "VERSION = 5\nPATCHLEVEL = 15\ninclude $(srctree)/scripts/Kbuild.include\n")
     tree, _ = headers.find_on_host(HostRoot(tmp_path), RELEASE, None)
     assert tree.source == tree.output == full
     assert tree.describe() == str(full)

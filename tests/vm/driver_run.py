@@ -31,6 +31,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tests.fixtures import nvidia_options
+
 HERE = Path(__file__).resolve().parent
 KMOD_SRC = HERE / "kmod-src"
 DRIVER_SRC = HERE / "driver"
@@ -200,6 +202,8 @@ def build_run(
             shutil.copy2(DRIVER_SRC / name, payload / name)
             (payload / name).chmod(0o755)
         (payload / ".version").write_text(version + "\n")
+        # Exactly the options this release's nvidia-installer accepts (option_table.h).
+        (payload / ".options").write_text("\n".join(sorted(nvidia_options.accepted(version))) + "\n")
         (payload / "fake.conf").write_text(
             f"NV_FAKE_VERMAGIC={vermagic or ''}\n"
             f"NV_FAKE_BUILD_FAIL={1 if build_fail else 0}\n"
