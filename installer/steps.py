@@ -118,6 +118,8 @@ def build_driver(version: str, module_type: str | None = None, *,
         # Dirs the build needs that an overlay of the container root does not show
         # (e.g. the COS toolchain on its own mount): (container path, chroot path).
         binds += ctx.facts.get("build_binds", [])
+        # A kernel-state seam (tests) must mean the same kernel inside the sandbox.
+        binds += [(path, path) for path in ctx.kernel.seam_env().values()]
         env = {**ctx.kernel.seam_env(), **ctx.facts.get("build_env", {})}
         try:
             nvidia_run.build(

@@ -181,10 +181,14 @@ def test_installer_refuses_while_nouveau_is_loaded(installer, fake_kernel):
     assert "Unable to find the kernel source tree" in result.stderr
 
 
-def test_installer_test_load_fails_without_skip_module_load(installer):
+def test_installer_test_loads_through_insmod_without_skip_module_load(installer, fake_kernel):
+    """Releases before 550.40.07 test-load what they built with the insmod on PATH
+    (NVIDIA's kernel.c test_kernel_modules); a refused load fails the install."""
+    fake_kernel.set_sig_enforce(True)
     result = installer("--silent", f"--kernel-source-path={installer.headers}")
     assert result.returncode == 1
     assert "ERROR: Unable to load the 'nvidia' kernel module." in result.stderr
+    assert "insmod" in fake_kernel.call_log.read_text()
 
 
 def test_installer_needs_a_compiler(installer):

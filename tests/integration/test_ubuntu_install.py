@@ -313,3 +313,32 @@ def test_params_for_an_already_loaded_module_are_reported_not_applied(node, pod,
     warning = [e for e in events(proc.stderr) if e.get("event") == "module_params_not_applied"]
     assert warning and warning[0]["params"] == ["NVreg_EnableGpuFirmware=0"]
     assert "uninstall then install" in warning[0]["hint"]
+
+
+def test_nvidia_installer_builds_with_the_real_dev_proc_and_sys(node, pod, kernel, server):
+    """An overlay of / shows no submounts and a registry image's /dev is empty: without
+    binds the first `> /dev/null` makes a plain file that kbuild's cc-option compiles."""
+    ok(pod.run("install"))
+    log = (node.install_dir / "nvidia-installer.log").read_text()
+    assert ("build environment: /dev/null is character special file; /proc/self/exe is "
+            "symbolic link; /sys/kernel is directory") in log
+
+
+def test_releases_without_skip_module_load_leave_the_loaded_driver_alone(node, pod, kernel,
+                                                                        server):
+    """535 has no --skip-module-load: NVIDIA's installer unloads a loaded driver and
+    test-loads its build through the kmod tools on PATH (kernel.c
+    check_for_unloaded_kernel_module, test_kernel_modules). In our sandbox those are
+    inert: the only module loads and unloads are ours, after the build is checked."""
+    ok(pod.run("install"))
+    before = len(loads(kernel))
+    proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
+    argv = [e for e in events(proc.stderr) if e.get("event") == "nvidia_installer_started"]
+    assert argv and "--skip-module-load" not in argv[-1]["argv"]
+    log = (node.install_dir / "nvidia-installer.log").read_text()
+    assert "Kernel module test load complete." in log
+    assert loads(kernel)[before:] == [
+        "rmmod nvidia_drm", "rmmod nvidia_modeset", "rmmod nvidia_uvm", "rmmod nvidia",
+        "insmod nvidia.ko", "insmod nvidia-uvm.ko", "insmod nvidia-modeset.ko",
+        "insmod nvidia-drm.ko"]  # drm_kms_helper stayed loaded from the first install
+    assert kernel.loaded()["nvidia"].version == V2
