@@ -154,6 +154,15 @@ def build_holder(headers: Path, dest: Path, symvers: Path) -> Path:
     return dest / "nvidia_holder.ko"
 
 
+def build_fwreq(headers: Path, dest: Path) -> Path:
+    """ndi_fwreq.ko: its init asks the firmware loader for ``name=`` and fails if not found."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in (KMOD_SRC / "fwreq").iterdir():
+        shutil.copy2(f, dest / f.name)
+    kbuild(headers, dest)
+    return dest / "ndi_fwreq.ko"
+
+
 def _other_kernel():
     spec = importlib.util.spec_from_file_location("other_kernel", DRIVER_SRC / "other_kernel.py")
     mod = importlib.util.module_from_spec(spec)

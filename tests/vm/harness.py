@@ -157,6 +157,16 @@ def _entry_point() -> str:
     return data["project"]["scripts"]["nvidia-driver-installer"]
 
 
+def make_data_disk(src: Path, image: Path) -> Path:
+    """A raw ext4 image of ``src`` (``mkfs.ext4 -d``), sized to fit, for ``boot(data_disk=)``."""
+    used = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    size_mib = used * 5 // 4 // 2**20 + 64
+    image.unlink(missing_ok=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "ndi-data", "-d", str(src), str(image),
+                    f"{size_mib}M"], check=True, capture_output=True)
+    return image
+
+
 def _cpio(src: Path, dest: Path) -> None:
     files = subprocess.run(["find", ".", "-mindepth", "1"], cwd=src, capture_output=True, check=True).stdout
     with open(dest, "wb") as out:
@@ -297,10 +307,13 @@ class GuestVM:
         env: dict[str, str] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         cmdline: str = "",
+        data_disk: Path | None = None,
     ) -> BootResult:
         """Boot once, run ``steps`` in order, power off; ``files`` land in /ndi/files/.
 
         ``cmdline``: more kernel command line (e.g. ``module.sig_enforce=1``).
+        ``data_disk``: a raw ext4 image attached read-only as /dev/vdb, for files too
+        big for the initramfs (NVIDIA's real modules: ~150 MB a driver).
         """
         n = len(self.boots) + 1
         tag = f"{n}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}"
@@ -342,6 +355,8 @@ class GuestVM:
             "-drive",
             f"file={self.disk},if=virtio,format=qcow2,cache=unsafe",
         ]
+        if data_disk is not None:
+            argv += ["-drive", f"file={data_disk},if=virtio,format=raw,readonly=on"]
         t0 = time.monotonic()
         timed_out = False
         with open(self.workdir / f"qemu-{tag}.stderr", "wb") as err:

@@ -76,11 +76,12 @@ GUEST_PACKAGES = [
 
 # In-tree modules copied out of linux-image (with their dependencies):
 # the first group is loaded by the initramfs to reach the root disk; all of
-# them are installed in the guest's /lib/modules/<abi> (drm: nvidia-drm uses
-# one of its symbols; overlay: the installer may capture NVIDIA's fixed paths
-# with overlay mounts).
+# them are installed in the guest's /lib/modules/<abi>. NVIDIA's real modules
+# depend on drm (nvidia), video (nvidia-modeset) and drm_kms_helper
+# (nvidia-drm) (`modinfo -F depends`); overlay: the installer may capture
+# NVIDIA's fixed paths with overlay mounts.
 BOOT_MODULES = ["virtio_pci", "virtio_blk", "crc32c_generic", "ext4"]
-GUEST_MODULES = BOOT_MODULES + ["drm", "overlay"]
+GUEST_MODULES = BOOT_MODULES + ["drm", "drm_kms_helper", "video", "overlay"]
 
 ROOTFS_IMAGE_SIZE = "3G"  # sparse; room for builds and several driver versions
 
