@@ -1,0 +1,213 @@
+"""NVIDIA's real kernel module build, run directly on this machine, and its cache.
+
+- ``kernel_headers()``: this machine's Debian kernel headers, split the Debian
+  way into a source dir (linux-headers-<X>-common, /lib/modules/<r>/source)
+  and an output dir (linux-headers-<abi>, /lib/modules/<r>/build); the ABI is
+  the qemu tier's (tests/vm/provision.py ``pick_abi``).
+- ``direct_build()``: NVIDIA's Makefile as nvidia-installer drives it
+  (kernel/Makefile takes SYSSRC and SYSOUT; with SYSOUT != SYSSRC it passes
+  KBUILD_OUTPUT=$(SYSOUT) and NV_KERNEL_OUTPUT to Kbuild).
+- ``cached_build()``: the same, once per (tree hash, headers package versions,
+  make arguments, compiler): the 535 build takes about 2 minutes on 2 cores.
+  The cache keeps the modules, every kbuild ``.<obj>.cmd``, conftest/ and the log.
+- ``cmd_flags()``: the compiler flags kbuild recorded for one object, made
+  comparable between two builds in different directories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from tests.realparts import cache
+from tests.realparts.provision import ProvisionError, default_log, run
+from tests.vm import provision as vm_provision
+
+BUILD_LOG = "ndi-build.log"
+STATUS = "ndi-build.rc"  # make's exit status, in a cached result
+
+
+class BuildError(RuntimeError):
+    def __init__(self, message: str, log: Path) -> None:
+        super().__init__(message)
+        self.log = log
+
+
+@dataclasses.dataclass(frozen=True)
+class Headers:
+    abi: str  # the kernel release, e.g. 6.1.0-56-amd64
+    source: Path  # linux-headers-<X>-common: what /lib/modules/<abi>/source points at
+    output: Path  # linux-headers-<abi>: what /lib/modules/<abi>/build points at
+    packages: dict[str, str]  # package -> version: part of every build key
+
+
+def _dpkg_version(pkg: str) -> str | None:
+    cp = subprocess.run(["dpkg-query", "-W", "-f=${Status} ${Version}", pkg], capture_output=True, text=True)
+    m = re.fullmatch(r"install ok installed (\S+)", cp.stdout.strip())
+    return m.group(1) if m else None
+
+
+def kernel_headers(log=default_log) -> Headers:
+    """This machine's Debian headers for the qemu tier's ABI, installed if missing."""
+    try:
+        abi = vm_provision.pick_abi(vm_provision._Apt(log), log)
+    except vm_provision.ProvisionError as e:
+        raise ProvisionError(str(e)) from e
+    if _dpkg_version(f"linux-headers-{abi}") is None:
+        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", f"linux-headers-{abi}"], log=log)
+    output = Path(f"/usr/src/linux-headers-{abi}")
+    # Debian's arch Makefile is one line: "include /usr/src/linux-headers-<X>-common/Makefile"
+    m = re.search(r"^include\s+(\S+)/Makefile\s*$", (output / "Makefile").read_text(), re.M)
+    if not m or not Path(m.group(1), "include/linux/kernel.h").exists():
+        raise ProvisionError(f"{output}/Makefile does not name a -common source dir")
+    source = Path(m.group(1))
+    packages = {p: _dpkg_version(p) for p in (f"linux-headers-{abi}", source.name)}  # dir = package
+    return Headers(abi=abi, source=source, output=output, packages=packages)
+
+
+def make_args(source: Path, output: Path, jobs: int) -> list[str]:
+    return [f"SYSSRC={source}", f"SYSOUT={output}", f"-j{jobs}", "modules"]
+
+
+def direct_build(kernel_tree_copy: Path, source: Path, output: Path, jobs: int) -> Path:
+    """make -C <tree> SYSSRC=<source> SYSOUT=<output> -j<jobs> modules, in place.
+
+    Logs to <tree>/ndi-build.log; raises BuildError (with the log's tail) on failure."""
+    tree = Path(kernel_tree_copy)
+    log = tree / BUILD_LOG
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        rc = subprocess.run(["make", "-C", str(tree), *make_args(source, output, jobs)],
+                            stdout=f, stderr=subprocess.STDOUT).returncode
+        f.write(f"\n# rc={rc} in {time.monotonic() - t0:.1f} s\n")
+    if rc != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(True)[-40:])
+        raise BuildError(f"NVIDIA's make failed (rc={rc}) in {tree}:\n{tail}", log)
+    return tree
+
+
+def prune_build(tree: Path) -> None:
+    """Drop sources and objects; keep what tests read (modules, .cmd files, conftest/, log)."""
+    for dirpath, _dirnames, filenames in os.walk(tree, topdown=False):
+        d = Path(dirpath)
+        in_conftest = "conftest" in d.relative_to(tree).parts
+        for name in filenames:
+            keep = (in_conftest or name.endswith(".ko") or name in (BUILD_LOG, STATUS)
+                    or (name.startswith(".") and name.endswith(".cmd"))
+                    or name in ("Module.symvers", "modules.order"))
+            if not keep:
+                (d / name).unlink()
+        if d != tree and not any(d.iterdir()):
+            d.rmdir()
+
+
+def compiler_id() -> str:
+    return subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+
+
+def cached_build(tree: Path, headers: Headers, jobs: int = 0, *, source: Path | None = None,
+                 output: Path | None = None, allow_failure: bool = False, log=default_log) -> Path:
+    """A direct build of a copy of tree, cached: the result dir (see prune_build).
+
+    source/output default to the headers' split dirs. A failed build is cached too
+    (its log and conftest/); it raises BuildError unless allow_failure. jobs=0:
+    every CPU; jobs is not in the key (it does not change the output)."""
+    jobs = jobs or os.cpu_count() or 1
+    source = source or headers.source
+    output = output or headers.output
+    k = cache.key("direct", cache.content_hash(tree, ("debian",)), headers.packages,
+                  make_args(source, output, 0), compiler_id())
+
+    def produce(work: Path) -> None:
+        copy = work / "tree"
+        shutil.copytree(tree, copy, symlinks=True, ignore=shutil.ignore_patterns("debian"))
+        t0 = time.monotonic()
+        log(f"building {tree.name} with SYSSRC={source} SYSOUT={output} (-j{jobs}; about 2 minutes)")
+        try:
+            direct_build(copy, source, output, jobs)
+            rc = 0
+        except BuildError:
+            rc = 1
+        log(f"make {'succeeded' if rc == 0 else 'failed'} after {time.monotonic() - t0:.0f} s")
+        prune_build(copy)
+        (copy / STATUS).write_text(f"{rc}\n")
+        for p in copy.iterdir():
+            p.rename(work / p.name)
+        copy.rmdir()
+
+    result = cache.cached_dir("builds", k, produce)
+    if not allow_failure and (result / STATUS).read_text().strip() != "0":
+        tail = "".join((result / BUILD_LOG).read_text(errors="replace").splitlines(True)[-40:])
+        raise BuildError(f"NVIDIA's make failed (cached result {result}):\n{tail}", result / BUILD_LOG)
+    return result
+
+
+# ------------------------------------------------------------- flag compare
+
+_CMD_LINE = re.compile(r"^(?:saved)?cmd_(\S+)\s*:=\s*(.*)$", re.M)
+
+
+def recorded_command(build_dir: Path, obj: str) -> tuple[str, str]:
+    """(target, command) kbuild recorded for obj (relative to build_dir, e.g. nvidia/nv.o)."""
+    cmd_file = Path(build_dir) / Path(obj).parent / f".{Path(obj).name}.cmd"
+    m = _CMD_LINE.search(cmd_file.read_text())
+    if not m:
+        raise ValueError(f"{cmd_file} has no cmd_ line")
+    return m.group(1), m.group(2)
+
+
+def cmd_flags(build_dir: Path, obj: str, dirs: dict[str, str] | None = None) -> list[str]:
+    """The compiler flags kbuild recorded for obj in build_dir (see ``flags_of``)."""
+    return flags_of(*recorded_command(build_dir, obj), obj, dirs)
+
+
+def logged_commands(log_text: str) -> dict[str, tuple[str, str]]:
+    """obj -> (target, command) from the ``kbuild: cmd_<target> := ...`` lines the
+    stand-in writes into nvidia-installer.log (its build tree is gone after an install)."""
+    found = {}
+    for m in re.finditer(r"^\s*kbuild: (?:saved)?cmd_(\S+)\s*:=\s*(.*)$", log_text, re.M):
+        target = m.group(1)
+        obj = "/".join(target.split("/")[-2:])
+        found[obj] = (target, m.group(2))
+    return found
+
+
+def flags_of(target: str, command: str, obj: str, dirs: dict[str, str] | None = None) -> list[str]:
+    """The compiler flags of a kbuild command, comparable across build dirs.
+
+    Dropped: what follows the compile (objtool), the compiler itself, -c, the
+    dependency file (-Wp,-MMD,<dep>), -o <output> and the input source. The dir
+    the build ran in (taken from the recorded target, so a build moved into a
+    cache still compares) becomes "<build>"; each key of ``dirs`` (e.g. the kernel
+    headers' source and output dirs) becomes its value."""
+    if not target.endswith("/" + obj):
+        raise ValueError(f"{obj}: kbuild recorded {target}")
+    build = target[: -len(obj) - 1]
+    # kbuild writes the command for make: '$$' stands for '$' and '\#' for '#'
+    words = shlex.split(command.replace("$$", "$").replace("\\#", "#"))
+    if ";" in words:  # the compile, not what follows it (objtool, checksums)
+        words = words[: words.index(";")]
+    source = Path(obj).with_suffix("").name
+    flags: list[str] = []
+    skip = False
+    for i, w in enumerate(words[1:], 1):
+        if skip:
+            skip = False
+        elif w == "-o":
+            skip = True
+        elif w == "-c" or w.startswith(("-Wp,-MMD,", "-Wp,-MD,")):
+            pass
+        elif i == len(words) - 1 and Path(w).stem == source and not w.startswith("-"):
+            pass  # the input file
+        else:
+            w = w.replace(build, "<build>")
+            for path, token in sorted((dirs or {}).items(), key=lambda kv: -len(kv[0])):
+                w = w.replace(path, token)
+            flags.append(w)
+    return flags

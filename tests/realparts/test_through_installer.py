@@ -1,0 +1,151 @@
+"""The installer builds NVIDIA's real 535 (proprietary and open) and 470 kernel modules
+through its sandbox, exactly as in the pod, and loses no compiler probe doing so.
+
+Cold, each build takes 2-3 minutes on 2 cores; results are cached by their inputs
+(the installer's own source included), so a rerun takes seconds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from installer.errors import VerifyError
+from installer.installdir import Tree
+from installer.kernel import KernelState
+from installer.verify import nvidia_smi
+from tests.fixtures import nvidia_options
+from tests.fixtures.runfile import driver_payload
+from tests.realparts import kbuild, runfile
+from tests.realparts.provision import RealParts
+from tests.realparts.through_installer import RealInstall, install_real
+
+pytestmark = [pytest.mark.realparts, pytest.mark.timeout(1800)]
+
+OBJECTS = ["nvidia/nv.o", "nvidia-uvm/uvm.o", "nvidia-modeset/nvidia-modeset-linux.o",
+           "nvidia-drm/nvidia-drm-drv.o"]
+# kbuild's cc-option probes for Debian's 6.1 kernel: each compiles /dev/null.
+PROBED_FLAGS = ["-fcf-protection=none", "-mindirect-branch=thunk-extern",
+                "-mfunction-return=thunk-extern", "-mharden-sls=all",
+                "-ftrivial-auto-var-init=zero", "-mrecord-mcount"]
+DEPENDS = {"nvidia": "drm", "nvidia-uvm": "nvidia", "nvidia-modeset": "nvidia,video",
+           "nvidia-drm": "drm,drm_kms_helper,nvidia-modeset"}
+
+
+def modinfo(ko: Path, field: str) -> str:
+    return subprocess.run(["modinfo", "-F", field, str(ko)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _run(parts: RealParts, version: str) -> Path:
+    """The real kernel trees and firmware, with the fixture's user space (fake kernel)."""
+    return runfile.build_real_run(version, "full", parts, userspace=driver_payload(version))
+
+
+@pytest.fixture(scope="session")
+def real_535(real_parts: RealParts, headers: kbuild.Headers) -> RealInstall:
+    v = real_parts.main.version
+    return install_real(_run(real_parts, v), v, "proprietary", headers)
+
+
+@pytest.fixture(scope="session")
+def real_535_open(real_parts: RealParts, headers: kbuild.Headers) -> RealInstall:
+    v = real_parts.main.version
+    return install_real(_run(real_parts, v), v, "open", headers)
+
+
+@pytest.fixture(scope="session")
+def real_470(real_parts: RealParts, headers: kbuild.Headers) -> RealInstall:
+    v = real_parts.legacy.version
+    return install_real(_run(real_parts, v), v, "proprietary", headers)
+
+
+def _check_build(done: RealInstall, version: str, abi: str, firmware: bool) -> list[str]:
+    drivers = done.install_dir / "drivers"
+    for name, depends in DEPENDS.items():
+        ko = drivers / f"{name}.ko"
+        assert modinfo(ko, "version") == version, name
+        assert modinfo(ko, "vermagic").split()[0] == abi, name
+        assert modinfo(ko, "depends") == depends, name
+    fw = sorted(p.name for p in (done.install_dir / f"firmware/nvidia/{version}").glob("*.bin"))
+    assert fw == (["gsp_ga10x.bin", "gsp_tu10x.bin"] if firmware else [])
+    cache = (done.install_dir / ".cache").read_text()
+    assert f"CACHE_NVIDIA_DRIVER_VERSION={version}" in cache
+    assert f"CACHE_KERNEL_VERSION={abi}" in cache
+    argv = done.event("nvidia_installer_started")["argv"]
+    # Exactly what that release's option table has (NVIDIA/nvidia-installer option_table.h).
+    assert nvidia_options.unknown(version, argv) == []
+    return argv
+
+
+def test_real_535_proprietary_built_through_the_sandbox(real_535, real_parts, headers):
+    argv = _check_build(real_535, real_parts.main.version, headers.abi, firmware=True)
+    assert "--skip-module-load" not in argv  # 550.40.07+ only
+    source = next(a.split("=", 1)[1] for a in argv if a.startswith("--kernel-source-path="))
+    output = next(a.split("=", 1)[1] for a in argv if a.startswith("--kernel-output-path="))
+    assert source.endswith(str(headers.source)) and output.endswith(str(headers.output))
+    assert modinfo(real_535.install_dir / "drivers/nvidia.ko", "firmware").split() == [
+        f"nvidia/{real_parts.main.version}/gsp_tu10x.bin",
+        f"nvidia/{real_parts.main.version}/gsp_ga10x.bin"]
+
+
+def test_sandbox_build_lost_no_compiler_probe(real_535, real_parts, headers):
+    """kbuild's recorded flags for one object of each module, built through our sandbox
+    (the pod's overlay rootfs, whose own /dev is empty) and directly on this machine."""
+    direct = kbuild.cached_build(real_parts.main.kernel, headers)
+    argv = real_535.event("nvidia_installer_started")["argv"]
+    node_source = next(a.split("=", 1)[1] for a in argv if a.startswith("--kernel-source-path="))
+    node_output = next(a.split("=", 1)[1] for a in argv if a.startswith("--kernel-output-path="))
+    logged = kbuild.logged_commands(real_535.installer_log)
+    for obj in OBJECTS:
+        ours = kbuild.flags_of(*logged[obj], obj, {node_source: "<src>", node_output: "<out>"})
+        theirs = kbuild.cmd_flags(direct, obj, {str(headers.source): "<src>",
+                                                str(headers.output): "<out>"})
+        assert ours == theirs, obj
+        assert [f for f in PROBED_FLAGS if f not in ours] == [], obj
+
+
+def test_real_535_open_built_through_the_sandbox(real_535_open, real_parts, headers):
+    argv = _check_build(real_535_open, real_parts.main.version, headers.abi, firmware=True)
+    assert "--kernel-module-build-directory=kernel-open" in argv
+    assert modinfo(real_535_open.install_dir / "drivers/nvidia.ko", "license") == "Dual MIT/GPL"
+
+
+def test_real_470_built_through_the_sandbox(real_470, real_parts, headers):
+    argv = _check_build(real_470, real_parts.legacy.version, headers.abi, firmware=False)
+    assert not any(a.startswith(("--kernel-module-type", "--kernel-module-build-directory"))
+                   for a in argv)
+
+
+# ---------------------------------------------------- real nvidia-smi, real NVML
+
+
+def test_real_nvidia_smi_failures_are_classified(real_parts, tmp_path):
+    """Debian's nvidia-smi + libnvidia-ml1 on a machine without the driver, through the
+    installer's verify step: each real failure text gets its exit code and hint."""
+    v = real_parts.main.version
+    tree = Tree(tmp_path / "install")
+    (tree.bin).mkdir(parents=True)
+    (tree.lib64).mkdir()
+    smi = tree.bin / "nvidia-smi"
+    smi.write_bytes(real_parts.main.nvidia_smi.read_bytes())
+    smi.chmod(0o755)
+    kernel = KernelState()
+    from installer.runner import Runner
+
+    # libnvidia-ml.so.1 not found: NVIDIA-SMI couldn't find libnvidia-ml.so (exit 12).
+    with pytest.raises(VerifyError) as err:
+        nvidia_smi(tree, kernel, Runner(), lib_dir=tree.lib64)
+    assert "couldn't find libnvidia-ml.so" in err.value.message
+    assert "libnvidia-ml.so.1 does not resolve" in err.value.hint
+    assert err.value.exit_code == 9
+    # With the real NVML: no driver to talk to (exit 9 from nvidia-smi).
+    lib = tree.lib64 / f"libnvidia-ml.so.{v}"
+    lib.write_bytes(real_parts.main.libnvidia_ml.read_bytes())
+    (tree.lib64 / "libnvidia-ml.so.1").symlink_to(lib.name)
+    with pytest.raises(VerifyError) as err:
+        nvidia_smi(tree, kernel, Runner(), lib_dir=tree.lib64)
+    assert "couldn't communicate with the NVIDIA driver" in err.value.message
+    assert "nvidia kernel module is not loaded" in err.value.hint
