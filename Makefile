@@ -20,7 +20,7 @@ deps:  ## Debian packages the tests and the demo need (root)
 	bash scripts/install-deps.sh
 
 test: install  ## the default test run (unit + chroot fixture tests), well under 15 min
-	$(PY) -m pytest tests --ignore=tests/vm $(PYTEST_ARGS)
+	$(PY) -m pytest tests --ignore=tests/vm --ignore=tests/realparts $(PYTEST_ARGS)
 
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
 	$(PY) -m tests.demo
@@ -39,8 +39,8 @@ images: install  ## build both images with buildah from a local debootstrap base
 test-images: install  ## build both images and install from them on fixture nodes (slow tier, root, ~5 min fresh)
 	NDI_IMAGE_TESTS=1 $(PY) -m pytest tests/test_images.py $(PYTEST_ARGS)
 
-test-vm: install  ## module loading in a real kernel under qemu (slow tier, ~5 min budget)
-	$(PY) -m pytest tests/vm $(PYTEST_ARGS)
+test-vm: install  ## NVIDIA's real modules built through the installer, loaded in a real kernel under qemu (slow tier, ~15 min cold)
+	$(PY) -m pytest tests/realparts tests/vm $(PYTEST_ARGS)
 
 bench: install  ## performance figures vs baselines measured in the same run
 	$(PY) bench/run_all.py

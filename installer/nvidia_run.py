@@ -231,12 +231,24 @@ def _installer_texts(staging: Tree) -> list[str]:
     ]
 
 
+_COMPILER_ERROR = re.compile(r"(?:^|\s)(\S+:\d+(?::\d+)?: (?:fatal )?error: .*)$")
+
+
 def installer_error(staging: Tree) -> str:
-    """The most telling lines of a failed install: ERROR lines, else the output's tail."""
+    """The most telling lines of a failed install: the first compiler error (what a
+    person fixes) with the step NVIDIA's installer was in, else its ERROR lines, else
+    the output's tail."""
     texts = _installer_texts(staging)
-    errors = [ln.strip() for t in texts for ln in t.splitlines() if "ERROR" in ln or "error:" in ln]
+    lines = [ln.strip() for t in texts for ln in t.splitlines()]
+    compiler = next((m.group(1) for ln in lines if (m := _COMPILER_ERROR.search(ln))), None)
+    errors = list(dict.fromkeys(ln for ln in lines if ln.startswith("ERROR") or "error:" in ln))
+    if compiler:
+        path, _, rest = compiler.partition(":")
+        short = "/".join(path.split("/")[-3:])  # kernel-open/nvidia/nv-pci.c, not the sandbox path
+        step = next((ln for ln in errors if ln.startswith("ERROR")), None)
+        return " | ".join(x for x in (f"{short}:{rest}", step) if x)
     if errors:
-        return " | ".join(dict.fromkeys(errors[-4:]))
+        return " | ".join(errors[-4:])
     return tail(texts[-1], 3) if texts else "(no output)"
 
 

@@ -181,7 +181,10 @@ def test_broken_build_exit_7_with_installer_error(node, pod, server):
     (node.root / f"usr/src/linux-headers-{RELEASE}/.fake-build-fails").write_text("")
     proc = pod.run("install")
     assert proc.returncode == 7, proc.stderr[-2000:]
-    assert "Unable to build the NVIDIA kernel module" in last_event(proc)["error"]
+    error = last_event(proc)["error"]
+    assert "Unable to build the NVIDIA kernel module" in error
+    # The compiler's first error, what a person fixes, comes first.
+    assert error.index("nvidia/nv.c:1: error: implicit declaration") < error.index("Unable to build")
     assert (node.install_dir / "nvidia-installer.failed.log").exists()
     assert not (node.install_dir / ".cache").exists()
 

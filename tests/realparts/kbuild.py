@@ -150,6 +150,11 @@ def cached_build(tree: Path, headers: Headers, jobs: int = 0, *, source: Path | 
 
 # ------------------------------------------------------------- flag compare
 
+# kbuild's cc-option probes for Debian's 6.1 kernel, each compiling /dev/null: a build
+# without a real /dev/null (or /proc) loses some of them silently.
+PROBED_FLAGS = ["-fcf-protection=none", "-mindirect-branch=thunk-extern",
+                "-mfunction-return=thunk-extern", "-mharden-sls=all",
+                "-ftrivial-auto-var-init=zero", "-mrecord-mcount"]
 _CMD_LINE = re.compile(r"^(?:saved)?cmd_(\S+)\s*:=\s*(.*)$", re.M)
 
 

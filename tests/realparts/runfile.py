@@ -25,9 +25,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.fixtures.nvidia_options import option_table
 from tests.fixtures.runfile import STOCK_HEADER, nvidia_header
 from tests.realparts import cache
-from tests.realparts.options import option_table
 from tests.realparts.provision import DriverParts, RealParts
 
 HERE = Path(__file__).resolve().parent

@@ -42,6 +42,7 @@ class RealInstall:
     install_dir: Path  # bin/ lib64/ drivers/ firmware/ .cache nvidia-installer.log
     events: list[dict]  # the run's JSON log events
     seconds: float
+    rc: int
 
     @property
     def installer_log(self) -> str:
@@ -71,9 +72,11 @@ def _installer_source_hash() -> str:
     return cache.content_hash(REPO / "installer", ("__pycache__",))
 
 
-def install_real(run: Path, version: str, module_type: str, headers: Headers,
-                 log=default_log) -> RealInstall:
-    """Install ``run`` on a fresh fixture node through the pod; cached by inputs."""
+def install_real(run: Path, version: str, module_type: str, headers: Headers, *,
+                 expect_ok: bool = True, log=default_log) -> RealInstall:
+    """Install ``run`` on a fresh fixture node through the pod; cached by inputs.
+
+    ``expect_ok=False``: a failing install is a result too (its exit code and events)."""
     k = cache.key("through-installer", cache.file_hash(run), headers.packages, module_type,
                   _installer_source_hash(), cache.file_hash(Path(__file__)))
 
@@ -98,14 +101,14 @@ def install_real(run: Path, version: str, module_type: str, headers: Headers,
             proc = pod.run("install", timeout=INSTALL_TIMEOUT_S)
         seconds = round(time.monotonic() - t0, 1)
         log(f"install exited {proc.returncode} after {seconds} s")
-        if proc.returncode != 0:
+        if proc.returncode != 0 and expect_ok:
             raise AssertionError(f"install of {run.name} ({module_type}) through the pod "
                                  f"failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
         shutil.copytree(node.install_dir, work / "install", symlinks=True)
         (work / "events.json").write_text(json.dumps(
-            {"seconds": seconds, "events": events(proc.stderr)}))
+            {"seconds": seconds, "rc": proc.returncode, "events": events(proc.stderr)}))
         shutil.rmtree(scratch)
 
     done = cache.cached_dir("through-installer", k, produce)
     record = json.loads((done / "events.json").read_text())
-    return RealInstall(done / "install", record["events"], record["seconds"])
+    return RealInstall(done / "install", record["events"], record["seconds"], record["rc"])

@@ -229,17 +229,61 @@ def test_exclude_patterns_skip_members_and_their_hardlinks(area):
     assert len(result.skipped) == 4
 
 
-def test_pax_xattrs_are_applied(area):
+def test_only_the_ima_xattr_is_applied(area):
+    """security.ima (COS firmware signatures) is kept; file capabilities, trusted.* and the
+    rest are dropped: an archive must not hand out privileges on the host."""
     info = _info("firmware/gsp.bin", size=4)
-    info.pax_headers = {"SCHILY.xattr.user.test": "sig"}
-    tgz = make_tar(area / "work/fw.tgz", [info], pax=True)
-    # addfile without a fileobj writes no data: rewrite with content.
+    info.pax_headers = {"SCHILY.xattr.security.ima": "\x03\x02sig",
+                        "SCHILY.xattr.security.capability": "\x01\x00\x00\x02" + "\x00" * 16,
+                        "SCHILY.xattr.trusted.overlay": "y", "SCHILY.xattr.user.test": "sig"}
+    tgz = area / "work/fw.tgz"
     with tarfile.open(tgz, "w:gz", format=tarfile.PAX_FORMAT) as tar:
         tar.addfile(info, io.BytesIO(b"data"))
     archive.extract(tgz, area / "work/t", keep_xattrs=True)
     path = area / "work/t/firmware/gsp.bin"
     assert path.read_bytes() == b"data"
     try:
-        assert os.getxattr(path, "user.test") == b"sig"
+        assert os.getxattr(path, "security.ima") == b"\x03\x02sig"
     except OSError:
-        pytest.skip("this filesystem has no user xattrs")
+        pytest.skip("this filesystem takes no security.ima xattr")
+    assert os.listxattr(path) == ["security.ima"]
+
+
+def test_header_bomb_is_refused_before_it_is_read(area):
+    """A GNU long-name header claiming 6 GiB: tarfile would read it whole into memory."""
+    tgz = area / "work/bomb.tgz"
+    import gzip
+
+    header = tarfile.TarInfo("././@LongLink")
+    header.type = tarfile.GNUTYPE_LONGNAME
+    header.size = 6 << 30
+    with gzip.open(tgz, "wb") as f:
+        f.write(header.tobuf(format=tarfile.USTAR_FORMAT))
+        f.write(b"a" * (1 << 20))  # the start of the "name"; the rest never comes
+    with pytest.raises(IntegrityError, match="extended header") as err:
+        archive.extract(tgz, area / "work/t")
+    assert err.value.exit_code == ExitCode.INTEGRITY
+    assert not (area / "work/t").exists()
+
+
+def test_member_count_and_path_length_limits(area):
+    many = [(f"f{i}", b"") for i in range(5)]
+    refused(area, many, "more than 4 members", max_members=4)
+    refused(area, [("d/" + "x" * 300, b"x")], "path too long")
+
+
+def test_disk_full_while_extracting_is_exit_11(area, monkeypatch):
+    import errno
+
+    from installer.errors import DiskSpaceError
+
+    tgz = make_tar(area / "work/a.tgz", [("big", b"x" * 4096)])
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(archive.shutil, "copyfileobj", full)
+    with pytest.raises(DiskSpaceError) as err:
+        archive.extract(tgz, area / "work/t")
+    assert err.value.exit_code == ExitCode.DISK_SPACE
+    assert not (area / "work/t").exists() and not (area / "work/.t.extracting").exists()

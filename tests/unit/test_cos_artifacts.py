@@ -137,10 +137,22 @@ def test_toolchain_location():
     assert ca.toolchain_location(url + "\n", BASE) == url
     assert ca.toolchain_location("gs://chromiumos-sdk/a/tc.tar.xz", BASE) == \
         "https://storage.googleapis.com/chromiumos-sdk/a/tc.tar.xz"
-    assert ca.toolchain_location("# comment\n../shared/tc.tar.xz\n", BASE) == \
-        f"{BASE}/../shared/tc.tar.xz"
+    root = "https://storage.googleapis.com/cos-tools"
+    assert ca.toolchain_location("# comment\n../shared/tc.tar.xz\n", BASE, root) == \
+        f"{root}/shared/tc.tar.xz"
     with pytest.raises(IntegrityError, match="empty"):
         ca.toolchain_location("\n  \n", BASE)
+
+
+@pytest.mark.parametrize("location", [
+    "file:///etc/shadow", "https://evil.example/tc.tar.xz", "http://storage.googleapis.com/x",
+    "https://storage.googleapis.com:8443/x", "/etc/shadow", "../../../../etc/shadow",
+    "ftp://storage.googleapis.com/x"])
+def test_toolchain_location_from_the_bucket_is_policed(location):
+    """toolchain_url is remote metadata: only inside the artifacts, or https on their origin."""
+    with pytest.raises(IntegrityError, match="refusing the toolchain location") as err:
+        ca.toolchain_location(location, BASE, "https://storage.googleapis.com/cos-tools")
+    assert err.value.exit_code == 6
 
 
 def test_toolchain_env():

@@ -48,3 +48,58 @@ def test_symlink_loop_is_an_error(root):
 
 def test_missing_file_reads_default(root):
     assert root.read_text("/etc/lsb-release") is None
+
+
+# -- writes and bounded reads: chroot semantics, never outside the root
+
+
+@pytest.fixture
+def outside(tmp_path_factory):
+    """A directory outside the host root: nothing may ever land here."""
+    return tmp_path_factory.mktemp("outside")
+
+
+def test_write_through_absolute_dir_symlink_stays_inside(root, outside):
+    os.symlink(str(outside), root.root / "run")  # absolute: means <root><outside> on the host
+    written = root.write_atomic("/run/nvidia/validations/driver-ready", "X=1\n")
+    assert written == root.root / str(outside).lstrip("/") / "nvidia/validations/driver-ready"
+    assert written.read_text() == "X=1\n"
+    assert list(outside.iterdir()) == []
+
+
+def test_write_follows_a_final_symlink_inside_and_keeps_it(root):
+    (root.root / "etc/alternatives").mkdir()
+    (root.root / "etc/alternatives/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    os.symlink("/etc/alternatives/ld.so.conf", root.root / "etc/ld.so.conf")
+    root.write_atomic("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n/x\n")
+    assert os.readlink(root.root / "etc/ld.so.conf") == "/etc/alternatives/ld.so.conf"
+    assert (root.root / "etc/alternatives/ld.so.conf").read_text().endswith("/x\n")
+
+
+def test_mkdir_and_unlink_resolve_parents_inside(root, outside):
+    os.symlink(str(outside), root.root / "var")
+    made = root.mkdir("/var/lib/cos-tools")
+    assert made.is_dir() and made.is_relative_to(root.root)
+    os.symlink(str(outside / "victim"), root.root / "etc/link")
+    (outside / "victim").write_text("keep")
+    assert root.unlink("/etc/link") is True  # the link goes, never its target
+    assert (outside / "victim").read_text() == "keep"
+    assert root.unlink("/etc/link") is False
+    assert list(p.name for p in outside.iterdir()) == ["victim"]
+
+
+def test_reads_refuse_fifos_devices_and_huge_files(root):
+    from installer.errors import UnsupportedHostError
+
+    os.mkfifo(root.root / "etc/lsb-release")
+    with pytest.raises(UnsupportedHostError, match="is a FIFO"):
+        root.read_text("/etc/lsb-release")
+    os.symlink("/dev/zero", root.root / "etc/zero")
+    (root.root / "dev").mkdir()
+    os.symlink("/dev/zero", root.root / "dev/zero")  # a loop back to itself, inside the root
+    with pytest.raises(UsageError, match="too many symlinks"):
+        root.read_text("/etc/zero")
+    with open(root.root / "etc/big", "wb") as f:
+        f.truncate(400 << 20)  # sparse: costs no disk
+    with pytest.raises(UnsupportedHostError, match="more than"):
+        root.read_text("/etc/big")

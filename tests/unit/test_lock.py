@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import time
@@ -5,6 +6,7 @@ import time
 import pytest
 
 from installer.errors import LockHeldError
+from installer.hostroot import HostRoot
 from installer.lock import HostLock, holder_pid
 
 HOLD = """
@@ -17,10 +19,15 @@ time.sleep(float(sys.argv[2]))
 
 
 @pytest.fixture
-def holder(tmp_path):
+def host(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    return HostRoot(tmp_path)
+
+
+@pytest.fixture
+def holder(host):
     """A real other process holding the flock, as GKE's installer would (no PID written)."""
-    lock = tmp_path / "tmp/cos_gpu_installer_lock"
-    lock.parent.mkdir()
+    lock = host.root / "tmp/cos_gpu_installer_lock"
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), "1.0"], stdout=subprocess.PIPE,
                             text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -29,28 +36,70 @@ def holder(tmp_path):
     proc.wait()
 
 
-def test_second_installer_fails_at_once_naming_holder(holder):
+def test_second_installer_fails_at_once_naming_holder(host, holder):
     lock, proc = holder
     start = time.monotonic()
-    with pytest.raises(LockHeldError) as err, HostLock(lock, timeout_s=0):
+    with pytest.raises(LockHeldError) as err, HostLock(host, timeout_s=0):
         pass
     assert time.monotonic() - start < 0.5
     assert f"(pid {proc.pid})" in err.value.message
     assert err.value.exit_code == 4
-    assert holder_pid(lock) == proc.pid
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        assert holder_pid(fd) == proc.pid
+    finally:
+        os.close(fd)
 
 
-def test_waits_with_timeout_then_gets_lock(holder):
+def test_waits_with_timeout_then_gets_lock(host, holder):
     lock, proc = holder
-    with HostLock(lock, timeout_s=10) as held:
+    with HostLock(host, timeout_s=10) as held:
         assert proc.poll() is not None  # holder finished first
         assert lock.read_text().strip().isdigit()
     assert held._fd is None
 
 
-def test_lock_released_on_exit(tmp_path):
-    lock = tmp_path / "l"
-    with HostLock(lock):
+def test_lock_released_on_exit(host):
+    with HostLock(host):
         pass
-    with HostLock(lock):
+    with HostLock(host):
         pass
+
+
+def test_symlinked_tmp_resolves_inside_the_host_root(host, tmp_path):
+    (host.root / "tmp").rmdir()
+    (host.root / "var/tmp").mkdir(parents=True)
+    os.symlink("/var/tmp", host.root / "tmp")
+    with HostLock(host):
+        assert (host.root / "var/tmp/cos_gpu_installer_lock").is_file()
+
+
+@pytest.mark.parametrize("plant", ["symlink", "dangling", "fifo", "hardlink", "other_owner"])
+def test_planted_lock_files_are_refused_untouched(host, tmp_path, plant):
+    lock = host.root / "tmp/cos_gpu_installer_lock"
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    if plant == "symlink":
+        os.symlink(victim, lock)
+    elif plant == "dangling":
+        os.symlink(tmp_path / "nowhere", lock)
+    elif plant == "fifo":
+        os.mkfifo(lock)
+    elif plant == "hardlink":
+        os.link(victim, lock)
+    else:
+        lock.write_text("12\n")
+        os.chown(lock, 65534, 65534)
+    with pytest.raises(LockHeldError, match="refusing the host lock") as err, HostLock(host):
+        pass
+    assert err.value.exit_code == 4
+    assert victim.read_text() == "precious\n"
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_lock_file_holding_more_than_a_pid_is_not_truncated(host):
+    lock = host.root / "tmp/cos_gpu_installer_lock"
+    lock.write_text("not a pid: something a person wrote\n")
+    with HostLock(host):
+        pass
+    assert lock.read_text() == "not a pid: something a person wrote\n"

@@ -13,10 +13,10 @@ from installer.errors import UsageError
 from installer.nvidia_options import FIRST_RELEASE, accepts, installer_args
 from tests.fixtures import nvidia_options as tables
 
-TABULATED = sorted(tables._tables(), key=tables._key)
+TABULATED = tables.tabulated()
 # Every version the installer can pick by itself, plus the tabulated releases.
 PICKED = sorted({*gpus.FALLBACK_VERSIONS, "550.127.05", "535.183.01", *TABULATED},
-                key=tables._key)
+                key=tables.version_key)
 
 
 def _argv(version, module_type, source=Path("/src"), output=Path("/out")):
@@ -27,7 +27,7 @@ def _argv(version, module_type, source=Path("/src"), output=Path("/out")):
 
 @pytest.mark.parametrize("version", PICKED)
 def test_every_option_passed_is_in_that_releases_table(version):
-    module_types = [None, "proprietary"] + (["open"] if tables._key(version) >= (515,) else [])
+    module_types = [None, "proprietary"] + (["open"] if tables.version_key(version) >= (515,) else [])
     for module_type in module_types:
         assert tables.unknown(version, _argv(version, module_type)) == [], module_type
     userspace = _argv(version, None, source=None, output=None)
@@ -38,7 +38,7 @@ def test_every_option_passed_is_in_that_releases_table(version):
 @pytest.mark.parametrize("option", sorted(FIRST_RELEASE))
 def test_first_release_table_matches_nvidias_history(option):
     """Our gate for each option is the first tag the real tables have it."""
-    seen = tables.json.loads(tables.TABLES.read_text())["first_seen"]
+    seen = tables.first_seen()
     key = option.removeprefix("--")
     if key == "no-systemd":
         key = "no-systemd" if "no-systemd" in seen else "systemd"

@@ -29,11 +29,14 @@ import pytest
 
 from tests.vm import driver_run
 from tests.vm import provision as prov
-from tests.vm.harness import BootResult, GuestVM
+from tests.vm.harness import BootResult, GuestVM, make_data_disk
 from tests.vm.scenario import (
+    REAL_FLAVORS,
     SIG_ENFORCE,
     VERSIONS,
     install_steps,
+    real_parts_steps,
+    real_sig_enforce_steps,
     reboot_steps,
     sig_enforce_steps,
 )
@@ -194,6 +197,75 @@ def boot_sig_enforce(node: GuestVM, boot_reboot: BootResult) -> BootResult:
     return _boot(node, "sig-enforce", sig_enforce_steps(), {}, cmdline=SIG_ENFORCE)
 
 
+# ------------------------------------------------- NVIDIA's real modules
+
+
+@pytest.fixture(scope="session")
+def real_data(vm_assets: prov.VMAssets, vm_workdir: Path):
+    """The data disk: NVIDIA's real 535 (proprietary, open) and 470 modules, built on this
+    machine by the installer itself through its sandbox (tests/realparts), and the
+    firmware-request test module. Returns (image, {"main": V, "legacy": V})."""
+    from tests.fixtures.runfile import driver_payload
+    from tests.realparts import kbuild, provision, runfile
+    from tests.realparts.through_installer import install_real
+
+    t0 = time.monotonic()
+    try:
+        parts = provision.provision()
+        headers = kbuild.kernel_headers()
+    except provision.ProvisionError as exc:
+        if os.environ.get("NDI_VM_REQUIRED"):
+            pytest.fail(f"cannot provision NVIDIA's real parts: {exc}")
+        pytest.skip(f"cannot provision NVIDIA's real parts: {exc}")
+    assert headers.abi == vm_assets.kernel_release, "host headers and guest kernel must agree"
+    versions = {"main": parts.main.version, "legacy": parts.legacy.version}
+    data = vm_workdir / "real-data"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir()
+    for name, (key, module_type) in REAL_FLAVORS.items():
+        v = versions[key]
+        run = runfile.build_real_run(v, "full", parts, userspace=driver_payload(v))
+        done = install_real(run, v, module_type, headers)
+        shutil.copytree(done.install_dir, data / name, symlinks=True)
+    shutil.copy2(driver_run.build_fwreq(vm_assets.headers_dir, vm_workdir / "fwreq"), data)
+    image = make_data_disk(data, vm_workdir / "real-data.img")
+    shutil.rmtree(data)
+    TIMINGS["real parts: host builds through the installer + data disk"] = round(
+        time.monotonic() - t0, 1)
+    return image, versions
+
+
+@pytest.fixture(scope="session")
+def real_node(vm_assets: prov.VMAssets, vm_workdir: Path):
+    guest = GuestVM(vm_assets, vm_workdir / "real-node")
+    yield guest
+    if not os.environ.get("NDI_VM_KEEP"):
+        guest.disk.unlink(missing_ok=True)
+
+
+def _boot_real(node: GuestVM, name: str, steps, image: Path, cmdline: str = "") -> BootResult:
+    result = node.boot(name, steps, data_disk=image, cmdline=cmdline, timeout=1500)
+    BOOTS.append(result)
+    TIMINGS[f"boot {name}"] = result.seconds
+    if not result.finished:
+        pytest.fail(f"the guest did not finish boot {name!r} (timed out: {result.timed_out}); "
+                    f"serial log {result.serial_log}:\n" + result.serial[-6000:])
+    return result
+
+
+@pytest.fixture(scope="session")
+def boot_real(real_node: GuestVM, real_data) -> BootResult:
+    image, versions = real_data
+    return _boot_real(real_node, "real-parts", real_parts_steps(versions), image)
+
+
+@pytest.fixture(scope="session")
+def boot_real_enforced(real_node: GuestVM, boot_real: BootResult, real_data) -> BootResult:
+    image, versions = real_data
+    return _boot_real(real_node, "real-sig-enforce", real_sig_enforce_steps(versions), image,
+                      cmdline=SIG_ENFORCE)
+
+
 # Steps whose kernel messages go into the test log (the "make test-vm" output).
 KERNEL_LOG_STEPS = (
     "install-a",
@@ -206,6 +278,9 @@ KERNEL_LOG_STEPS = (
     "kernel-rejects-other-kernel",
     "install-e-unknown-symbol",
     "install-b-enforced",
+    "run-install-535",
+    "run-install-470",
+    "run-install-535-enforced",
 )
 
 

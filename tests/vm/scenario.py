@@ -92,3 +92,63 @@ def sig_enforce_steps() -> list[Step]:
         Step("install-a-enforced", install("a", url=missing_url("a")), timeout=INSTALL_TIMEOUT),
         Step("probe-enforced", PROBE),
     ]
+
+
+# ----------------------------------------------------- NVIDIA's real modules
+
+DATA = "/mnt/data"  # the data disk: real installs built on the host, ndi_fwreq.ko
+# data-disk dir -> (driver version key, --kernel-module-type). 535.261.03's open modules
+# do not compile against this kernel (tests/realparts: pci_resize_resource), so there is
+# no open install to load.
+REAL_FLAVORS = {
+    "install-535": ("main", "proprietary"),
+    "install-470": ("legacy", "proprietary"),
+}
+
+
+def real_install(version: str, module_type: str) -> str:
+    """A cache-hit run: the install was built on the host; the URL cannot be fetched."""
+    url = f"file:///nonexistent/{run_name(version)}"
+    return (f"{INSTALL} --driver-version {version} --driver-url {url} "
+            f"--kernel-module-type {module_type}")
+
+
+def place(install: str) -> str:
+    return (f"rm -rf {INSTALL_DIR} && mkdir -p {INSTALL_DIR.rsplit('/', 1)[0]} && "
+            f"cp -a {DATA}/{install} {INSTALL_DIR} && ls {INSTALL_DIR}/drivers")
+
+
+def fw_request(name: str) -> str:
+    """insmod succeeds only if the kernel's firmware loader finds ``name``."""
+    return f"insmod {DATA}/ndi_fwreq.ko name={name} && rmmod ndi_fwreq"
+
+
+def real_parts_steps(versions: dict[str, str]) -> list[Step]:
+    gsp = f"nvidia/{versions['main']}/gsp_ga10x.bin"
+    steps = [
+        Step("mount-data", f"mkdir -p {DATA} && mount -o ro /dev/vdb {DATA} && ls {DATA}"),
+        Step("firmware-before", fw_request(gsp)),
+    ]
+    for install, (key, module_type) in REAL_FLAVORS.items():
+        steps += [
+            Step(f"place-{install}", place(install)),
+            Step(f"run-{install}", real_install(versions[key], module_type),
+                 timeout=INSTALL_TIMEOUT),
+            Step(f"modules-after-{install}", "cat /proc/modules"),
+        ]
+        if install == "install-535":
+            steps += [
+                Step("firmware-path", "cat /sys/module/firmware_class/parameters/path"),
+                Step("firmware-after", fw_request(gsp)),
+            ]
+    return steps
+
+
+def real_sig_enforce_steps(versions: dict[str, str]) -> list[Step]:
+    return [
+        Step("mount-data", f"mkdir -p {DATA} && mount -o ro /dev/vdb {DATA}"),
+        Step("place-install-535", place("install-535")),
+        Step("run-install-535-enforced", real_install(versions["main"], "proprietary"),
+             timeout=INSTALL_TIMEOUT),
+        Step("modules-after-enforced", "cat /proc/modules"),
+    ]
