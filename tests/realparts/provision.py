@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -38,10 +37,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.vm import provision as vm_provision
+from tests.vm.provision import locked
 
 CACHE_ROOT = Path(os.environ.get("NDI_REALPARTS_CACHE", "/var/cache/ndi-realparts"))
 
@@ -129,18 +129,6 @@ def run(argv: list[str], *, log: Log | None = None, **kw) -> subprocess.Complete
 
 def _hash(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on path (created if needed), held for the with block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ------------------------------------------------------------- private apt

@@ -121,6 +121,11 @@ def test_real_535_open_fails_to_build_on_this_kernel_and_says_why(real_535_open,
     assert nvidia_options.unknown(real_parts.main.version, argv) == []
     assert not (real_535_open.install_dir / ".cache").exists()
     assert not list((real_535_open.install_dir / "drivers").glob("*.ko"))
+    # Not our sandbox: built directly on this machine, the same source fails the same way.
+    direct = kbuild.cached_build(real_parts.main.kernel_open, headers, allow_failure=True)
+    assert (direct / kbuild.STATUS).read_text().strip() != "0"
+    direct_log = (direct / kbuild.BUILD_LOG).read_text(errors="replace")
+    assert "too few arguments to function" in direct_log and "pci_resize_resource" in direct_log
 
 
 def test_real_470_built_through_the_sandbox(real_470, real_parts, headers):

@@ -160,7 +160,8 @@ class _Stamp:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on path (created if needed), held for the with block."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -560,7 +561,7 @@ def provision(log: Log = _default_log) -> VMAssets:
     t0 = time.monotonic()
     apt = _Apt(log)
     CACHE_ROOT.mkdir(parents=True, exist_ok=True)
-    with _locked(CACHE_ROOT / ".lock"):
+    with locked(CACHE_ROOT / ".lock"):
         try:
             apt.install(HOST_PACKAGES)
         except ProvisionError:

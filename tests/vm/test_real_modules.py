@@ -48,10 +48,11 @@ def test_kernel_accepts_real_modules_and_init_finds_no_gpu(boot_real: BootResult
     assert any("NVRM: No NVIDIA GPU found." in ln for ln in step.dmesg), step.describe()
     assert not any("Unknown symbol" in ln or "disagrees about version" in ln
                    for ln in step.dmesg), step.describe()
-    # In-tree dependencies were loaded first from the guest's own module tree.
+    # nvidia.ko's in-tree dependency was loaded first from the guest's own module tree
+    # (each module's own: the loads stopped at nvidia, before modeset needs video).
     modules = ok(boot_real.step(f"modules-after-{install}")).stdout
     loaded = {line.split()[0] for line in modules.splitlines() if line.strip()}
-    assert {"drm", "drm_kms_helper", "video"} <= loaded, modules
+    assert "drm" in loaded, modules
     # Nothing half-loaded.
     assert not loaded & set(NV_MODULES), modules
 
