@@ -20,14 +20,22 @@ Only regular files, directories, symlinks and hard links are created. Owners
 are not restored and setuid/setgid/sticky bits are dropped; file modes keep
 their rwx bits. After the last member every symlink in the tree is checked
 again (a later member can change what an earlier link resolves to).
-Extended attributes recorded in PAX headers (``SCHILY.xattr.*``, e.g. the
-``security.ima`` signatures of COS prebuilt firmware) are applied when
-``keep_xattrs`` is set and the filesystem allows it.
+Of the extended attributes recorded in PAX headers (``SCHILY.xattr.*``) only
+``security.ima`` (the signatures of COS prebuilt firmware) is applied, when
+``keep_xattrs`` is set: anything else, ``security.capability`` above all,
+would let an archive grant privileges to a file on the host.
+
+Limits, so a small hostile archive cannot exhaust memory or disk: a long-name
+or PAX header larger than ``MAX_HEADER_BYTES`` (tarfile would read it whole
+into memory), more than ``max_members`` members, more than ``max_bytes`` of
+content, a path component over 255 bytes or a path over 4095 -- all exit 6.
+A disk that fills up while extracting is exit 11 (``DiskSpaceError``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import lzma
 import os
@@ -41,14 +49,23 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from installer.errors import IntegrityError
+from installer.errors import DiskSpaceError, IntegrityError
 
 log = structlog.get_logger(__name__)
 
 COPY_CHUNK = 1 << 20
-# A tar bomb guard: no real headers/toolchain/modules archive comes near this.
+# Tar bomb guards: no real headers/toolchain/modules archive comes near these.
 DEFAULT_MAX_BYTES = 32 << 30
+DEFAULT_MAX_MEMBERS = 500_000
+MAX_HEADER_BYTES = 1 << 20
+NAME_MAX, PATH_MAX = 255, 4095
 _XATTR_PREFIX = "SCHILY.xattr."
+# The only xattr an archive may set: IMA signatures of COS firmware. Never
+# security.capability (file capabilities: root for whoever runs the file),
+# trusted.*, or anything else an attacker could use.
+KEPT_XATTRS = frozenset({"security.ima"})
+_HEADER_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+                 tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
 
 
 @dataclass
@@ -65,6 +82,16 @@ class _Refused(Exception):
     """One member is unsafe; turned into an IntegrityError naming the archive."""
 
 
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile reads a GNU long-name or PAX header whole into memory, whatever size its
+    header claims (a 3 MB gzip can claim 6 GiB): refuse big ones before the read."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _HEADER_TYPES and self.size > MAX_HEADER_BYTES:
+            raise _Refused(f"a {self.size}-byte extended header (at most {MAX_HEADER_BYTES})")
+        return super()._proc_member(tarfile_)  # type: ignore[misc]
+
+
 def _clean_name(name: str) -> PurePosixPath:
     """The member's path relative to the root; refuse anything that could escape it."""
     if "\0" in name:
@@ -74,6 +101,9 @@ def _clean_name(name: str) -> PurePosixPath:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if any(p == ".." for p in parts):
         raise _Refused("a '..' path component")
+    if len(name.encode(errors="surrogateescape")) > PATH_MAX or any(
+            len(p.encode(errors="surrogateescape")) > NAME_MAX for p in parts):
+        raise _Refused("a path too long for the filesystem")
     return PurePosixPath(*parts) if parts else PurePosixPath(".")
 
 
@@ -87,13 +117,16 @@ def _real(path: str) -> str:
 
 class _Extractor:
     def __init__(self, tar: tarfile.TarFile, root: Path, *, keep_xattrs: bool,
-                 exclude: Callable[[str], bool] | None, max_bytes: int) -> None:
+                 exclude: Callable[[str], bool] | None, max_bytes: int,
+                 max_members: int = DEFAULT_MAX_MEMBERS) -> None:
         self.tar = tar
         self.root = root
         self.root_real = _real(str(root))
         self.keep_xattrs = keep_xattrs
         self.exclude = exclude
         self.max_bytes = max_bytes
+        self.max_members = max_members
+        self.members = 0
         self.result = ExtractResult(root)
         self.symlinks: list[tuple[str, Path]] = []
         self.dir_modes: list[tuple[Path, int]] = []
@@ -126,6 +159,9 @@ class _Extractor:
     # -- members
 
     def member(self, info: tarfile.TarInfo) -> None:
+        self.members += 1
+        if self.members > self.max_members:
+            raise _Refused(f"more than {self.max_members} members")
         rel = _clean_name(info.name)
         if self.exclude is not None and rel != PurePosixPath(".") and self.exclude(str(rel)):
             self.excluded.add(str(rel))
@@ -220,6 +256,10 @@ class _Extractor:
             if not key.startswith(_XATTR_PREFIX):
                 continue
             name = key[len(_XATTR_PREFIX):]
+            if name not in KEPT_XATTRS:
+                log.warning("xattr_dropped", path=str(dest.relative_to(self.root)), xattr=name,
+                            reason="only security.ima is applied from archives")
+                continue
             raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
             try:
                 os.setxattr(dest, name, raw, follow_symlinks=False)
@@ -257,6 +297,7 @@ def extract(
     keep_xattrs: bool = False,
     exclude: Callable[[str], bool] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_members: int = DEFAULT_MAX_MEMBERS,
 ) -> ExtractResult:
     """Unpack ``archive`` into ``target`` (which must not exist yet); see the module doc.
 
@@ -274,12 +315,18 @@ def extract(
     work.mkdir(mode=0o755)
     member_name = None
     try:
-        with tarfile.open(archive, mode="r:*") as tar:
+        with tarfile.open(archive, mode="r:*", tarinfo=_BoundedTarInfo) as tar:
             ex = _Extractor(tar, work, keep_xattrs=keep_xattrs, exclude=exclude,
-                            max_bytes=max_bytes)
-            for info in tar:
+                            max_bytes=max_bytes, max_members=max_members)
+            while (info := tar.next()) is not None:
+                tar.members.clear()  # tarfile keeps every header otherwise: memory per member
                 member_name = info.name
-                ex.member(info)
+                try:
+                    ex.member(info)
+                except OSError as exc:  # e.g. a link target over PATH_MAX
+                    if exc.errno != errno.ENAMETOOLONG:
+                        raise
+                    raise _Refused("a path too long for the filesystem") from None
             member_name = None
             ex.finish()
         os.replace(work, target)
@@ -294,8 +341,15 @@ def extract(
         ) from None
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
         remove_tree(work)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskSpaceError(
+                f"the disk filled up extracting {label} into {target.parent}",
+                hint="free space on the node (or point the install / tools dir elsewhere) "
+                "and re-run",
+                path=str(target.parent),
+            ) from None
         if isinstance(exc, OSError) and not isinstance(exc, EOFError) and exc.errno is not None:
-            raise  # a real filesystem problem (disk full, permissions), not a bad archive
+            raise  # a real filesystem problem (permissions), not a bad archive
         raise IntegrityError(
             f"corrupt archive {label}: {exc}",
             hint="the download is damaged or truncated: re-run to fetch it again",

@@ -13,10 +13,15 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from installer.fsutil import sha256_file, write_atomic
+import structlog
+
+from installer.fsutil import UnreadableFile, read_regular, sha256_file, write_atomic
 from installer.osinfo import parse_env_file
 
+log = structlog.get_logger(__name__)
+
 CACHE_FORMAT = "2"
+MAX_BYTES = 1 << 20  # hashes of a few dozen files: a few KB
 # A record without hashes (written by GKE's installers) is trusted only if these exist.
 REQUIRED_FILES = ("drivers/nvidia.ko", "bin/nvidia-smi", "lib64/libnvidia-ml.so.1")
 
@@ -103,13 +108,17 @@ def hashed_files(install_dir: Path) -> list[str]:
 
 
 def read(cache_file: Path) -> CacheRecord | None:
+    """The record, or None when there is none or it is unusable (a FIFO, a device, a huge
+    file: logged, and the next install replaces it)."""
     try:
-        with open(cache_file, "rb") as f:
-            written_ns = os.fstat(f.fileno()).st_mtime_ns
-            record = CacheRecord.parse(f.read().decode(errors="replace"))
-    except FileNotFoundError:
+        data, st = read_regular(cache_file, MAX_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return replace(record, written_ns=written_ns)
+    except UnreadableFile as exc:
+        log.warning("cache_record_unusable", path=str(cache_file), reason=f"it {exc.reason}",
+                    hint="treated as no cache: a fresh install replaces it")
+        return None
+    return replace(CacheRecord.parse(data.decode(errors="replace")), written_ns=st.st_mtime_ns)
 
 
 def _unchanged(record: CacheRecord, rel: str, path: Path) -> bool:

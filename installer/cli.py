@@ -59,7 +59,21 @@ def _settings(**opts: Any) -> Settings:
     opts["install_dir_host"] = PurePosixPath(opts["install_dir_host"])
     if opts.get("metrics_file"):
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
+    _register_secrets(opts)
     return Settings(**{k: v for k, v in opts.items() if v is not None}).resolved()
+
+
+def _register_secrets(opts: dict[str, Any]) -> None:
+    """Credentials in the URLs we were given (and in proxy settings) never reach output."""
+    import os
+
+    from installer import redact
+
+    for key in ("driver_url", "driver_base_url", "cos_artifacts_url", "cos_artifacts_sha256"):
+        redact.register_url(opts.get(key))
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                "all_proxy"):
+        redact.register_url(os.environ.get(var))
 
 
 class _LazyGroup(click.Group):
@@ -129,6 +143,22 @@ def cli() -> None:
 @click.option("--metrics-file", envvar="NVIDIA_INSTALLER_METRICS_FILE", show_envvar=True,
               help="Host path of a node_exporter textfile (*.prom) to write the outcome, "
               "duration and driver version to.")
+@click.option("--cos-artifacts-sha256", envvar="COS_ARTIFACTS_SHA256", show_envvar=True,
+              help="COS: a sha256sum-style manifest (file path or URL) pinning the build's "
+              "artifacts (kernel headers, toolchain, prebuilt modules, custom .run, signatures); "
+              "each must match, and an artifact it does not list is refused (exit 6).")
+@click.option("--download-deadline", "download_deadline_s", type=click.FloatRange(min=0,
+              min_open=True), envvar="DOWNLOAD_DEADLINE", default=3600, show_default=True,
+              show_envvar=True, help="Seconds one download may take in all, retries included "
+              "(exit 5 after).")
+@click.option("--download-min-rate", type=click.FloatRange(min=0), envvar="DOWNLOAD_MIN_RATE",
+              default=10240, show_default=True, show_envvar=True,
+              help="Bytes/s a download must average over each --download-min-rate-time "
+              "window, else the attempt is cut off and retried (0: no floor).")
+@click.option("--download-min-rate-time", "download_min_rate_time_s",
+              type=click.FloatRange(min=0, min_open=True), envvar="DOWNLOAD_MIN_RATE_TIME",
+              default=60, show_default=True, show_envvar=True,
+              help="The window (seconds) --download-min-rate is measured over.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 def install(**opts: Any) -> None:
     """Install (or load the cached) driver, then verify it with nvidia-smi."""
@@ -150,19 +180,7 @@ def install(**opts: Any) -> None:
 
 
 def _check_url(url: str, *, allow_insecure_http: bool) -> None:
-    """``download.check_url_scheme``, without importing requests for a plain https URL.
-
-    installer.download imports requests (~100 ms); a cache hit downloads nothing.
-    """
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        if parts.scheme.lower() == "https" and parts.hostname:
-            return  # what check_url_scheme accepts for https
-    except ValueError:
-        pass
-    from installer.download import check_url_scheme
+    from installer.urls import check_url_scheme  # no requests import: cache hits stay fast
 
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
 
@@ -209,12 +227,19 @@ def status(**opts: Any) -> None:
     """Print the last run's status.json and the .cache record; exit with its exit code."""
     from installer import cache
     from installer import status as status_file
+    from installer.errors import IntegrityError
+    from installer.fsutil import UnreadableFile
     from installer.installdir import InstallDir
 
     settings = _settings(**opts)
     assert settings.install_dir is not None
     install = InstallDir(settings.install_dir, settings.install_dir_host)
-    last = status_file.read(install.status_file)
+    try:
+        last = status_file.read(install.status_file)
+    except UnreadableFile as exc:
+        raise IntegrityError(f"{install.status_file} {exc.reason}",
+                             hint="remove it; the next install writes a new one",
+                             path=str(install.status_file)) from None
     record = cache.read(install.cache_file)
     click.echo(json.dumps({
         "install_dir": str(install.root),
@@ -324,18 +349,49 @@ def _json_logging() -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        rv = cli.main(args=argv, prog_name="nvidia-driver-installer", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(int(ExitCode.INTERNAL))
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except InstallerError as exc:
-        _report_failure(exc, _command_name(argv))
-        sys.exit(int(exc.exit_code))
+    from installer import signals
+
+    with signals.handled():
+        try:
+            rv = cli.main(args=argv, prog_name="nvidia-driver-installer", standalone_mode=False)
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(int(ExitCode.INTERNAL))
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except InstallerError as exc:
+            _report_failure(exc, _command_name(argv))
+            sys.exit(int(exc.exit_code))
+        except signals.Interrupted as exc:
+            _report_interrupt(exc, _command_name(argv))
+            sys.exit(exc.exit_code)
+        except Exception:  # a bug: the traceback is shown, secrets still are not
+            import traceback
+
+            from installer.redact import scrub_text
+
+            sys.stderr.write(scrub_text(traceback.format_exc()))
+            sys.exit(int(ExitCode.INTERNAL))
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _report_interrupt(exc: Any, command: str) -> None:
+    """The final event of a run stopped by SIGTERM / SIGINT (children stopped, lock released,
+    the live install untouched: all done while unwinding)."""
+    import structlog
+
+    if not structlog.is_configured():
+        from installer.log import configure
+
+        configure("auto")
+    message = (f"INTERRUPTED by {exc.name} (exit {exc.exit_code}): child processes stopped, "
+               "host lock released, the last good install kept. What to do: re-run to finish "
+               "(the pod restarts the installer by itself).")
+    structlog.get_logger("installer").warning(
+        f"{command}_interrupted", signal=exc.name, exit_code=exc.exit_code, message=message)
+    if not _json_logging():
+        click.echo(message, err=True)
 
 
 def _report_failure(exc: InstallerError, command: str = "install") -> None:
@@ -345,6 +401,8 @@ def _report_failure(exc: InstallerError, command: str = "install") -> None:
     indented blocks before it, and the sentence is repeated as the very last line.
     """
     import structlog
+
+    from installer.redact import scrub_text
 
     if not structlog.is_configured():
         from installer.log import configure
@@ -360,7 +418,7 @@ def _report_failure(exc: InstallerError, command: str = "install") -> None:
             if lines:
                 title = key.replace("_tail", "").replace("_", " ")
                 click.echo(f"last lines of the {title}:", err=True)
-                click.echo("\n".join("    " + ln for ln in lines), err=True)
+                click.echo(scrub_text("\n".join("    " + ln for ln in lines)), err=True)
     log.error(
         f"{command}_failed",
         error_class=exc.error_class,
@@ -371,4 +429,4 @@ def _report_failure(exc: InstallerError, command: str = "install") -> None:
         message=message,
     )
     if console:
-        click.echo(message, err=True)
+        click.echo(scrub_text(message), err=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer.hostroot import HostRoot
@@ -26,12 +27,18 @@ class Context:
     host_info: HostInfo
     # Facts steps hand to later steps (downloaded paths, the staging tree, ...).
     facts: dict[str, Any] = field(default_factory=dict)
+    # What this run made outside the staging dir that is worthless if it fails (the COS
+    # tools dir's downloads): removed with the staging dir.
+    scratch: list[Path] = field(default_factory=list)
     _session: requests.Session | None = None
 
     @property
     def http(self) -> requests.Session:
         if self._session is None:
             from installer.download import make_session  # requests is slow to import
+            from installer.retry import TransferLimits
 
-            self._session = make_session()
+            s = self.settings
+            self._session = make_session(limits=TransferLimits(
+                s.download_deadline_s, s.download_min_rate, s.download_min_rate_time_s))
         return self._session

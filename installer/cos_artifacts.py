@@ -28,6 +28,8 @@ import structlog
 
 from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
 from installer.osinfo import parse_env_file
+from installer.pins import Manifest
+from installer.urls import check_url_scheme, from_metadata, redact_url
 
 log = structlog.get_logger(__name__)
 
@@ -37,7 +39,6 @@ TOOLCHAIN_URL_FILE = "toolchain_url"
 TOOLCHAIN_ENV_FILE = "toolchain_env"
 # What both Google installers use when a build has no toolchain_env.
 DEFAULT_TOOLCHAIN_ENV = {"CC": "x86_64-cros-linux-gnu-gcc", "CXX": "x86_64-cros-linux-gnu-g++"}
-GCS_HTTPS = "https://storage.googleapis.com/"
 
 DEFAULT_ALIAS = "default"
 LATEST_ALIAS = "latest"
@@ -205,28 +206,20 @@ def parse_toolchain_env(text: str | None) -> dict[str, str]:
     return {**DEFAULT_TOOLCHAIN_ENV, **{k: v for k, v in env.items() if v}}
 
 
-def toolchain_location(text: str | None, base: str) -> str:
+def toolchain_location(text: str | None, base: str, root: str | None = None) -> str:
     """Where the toolchain archive is: ``toolchain_url``'s content, else ``toolchain.tar.xz``.
 
-    ``toolchain_url`` holds one URL; ``gs://bucket/obj`` is read over HTTPS,
-    and a relative path is taken relative to the build's artifacts (so a
-    mirror can point at its own copy).
+    ``toolchain_url`` holds one location, checked by :func:`installer.urls.from_metadata`
+    (remote metadata: relative inside the artifacts, or https on their origin;
+    ``gs://bucket/obj`` is read over HTTPS).
     """
     if text is None:
         return join(base, TOOLCHAIN_ARCHIVE)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    source = join(base, TOOLCHAIN_URL_FILE)
     if not lines:
-        raise IntegrityError(
-            f"{TOOLCHAIN_URL_FILE} at {join(base, TOOLCHAIN_URL_FILE)} is empty",
-            url=join(base, TOOLCHAIN_URL_FILE),
-        )
-    loc = lines[0]
-    scheme = urlsplit(loc).scheme.lower()
-    if scheme == "gs":
-        return GCS_HTTPS + loc[len("gs://"):]
-    if scheme:
-        return loc
-    return join(base, loc)
+        raise IntegrityError(f"{TOOLCHAIN_URL_FILE} at {source} is empty", url=source)
+    return from_metadata(lines[0], base, root=root, what="toolchain", source=source)
 
 
 # --------------------------------------------------------------------------- access
@@ -236,9 +229,8 @@ class Artifacts:
     """The artifacts of one build, read over HTTP(S) or from ``file://``."""
 
     def __init__(self, base: str, build_id: str, board: str | None, session,
-                 *, allow_insecure_http: bool, policy=None) -> None:
-        from installer.download import check_url_scheme
-
+                 *, allow_insecure_http: bool, policy=None, manifest: Manifest | None = None,
+                 ) -> None:
         check_url_scheme(base + "/", allow_insecure_http=allow_insecure_http)
         self.base = base
         self.build_id = build_id
@@ -246,15 +238,25 @@ class Artifacts:
         self.session = session
         self.allow_insecure_http = allow_insecure_http
         self.policy = policy
+        self.manifest = manifest
 
     def url(self, name: str) -> str:
         return join(self.base, name)
 
     def fetch_text(self, name: str) -> str | None:
+        """A small metadata file of the build (checked against the manifest if listed)."""
         from installer.download import fetch_text
 
-        return fetch_text(self.session, self.url(name),
+        text = fetch_text(self.session, self.url(name),
                           allow_insecure_http=self.allow_insecure_http, policy=self.policy)
+        if self.manifest is not None:
+            self.manifest.check_text(name, text, self.url(name))
+        return text
+
+    def pin(self, url: str, label: str) -> str | None:
+        """The sha256 an artifact must have: from the manifest, which must list it (None
+        without a manifest)."""
+        return self.manifest.require(url, label) if self.manifest is not None else None
 
     def exists(self, name: str) -> bool:
         return url_exists(self.session, self.url(name),
@@ -270,8 +272,6 @@ def url_exists(session, url: str, *, allow_insecure_http: bool, policy=None) -> 
     import requests
 
     from installer import retry
-    from installer.download import check_url_scheme, redact_url
-
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
     shown = redact_url(url)
     if urlsplit(url).scheme.lower() == "file":

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from installer import cache, devchar, firmware, gpus, modules, readiness
 from installer import status as status_file
 from installer.errors import InstallerError
+from installer.fsutil import UnreadableFile
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
@@ -80,7 +81,10 @@ def _load(settings: Settings) -> Node:
         node.host_info = detect(node.host, node.kernel_release)
     except InstallerError as exc:
         node.host_error = exc.message
-    node.status = status_file.read(node.install.status_file)
+    try:
+        node.status = status_file.read(node.install.status_file)
+    except UnreadableFile as exc:  # reported by check_installer_status, never a hang
+        node.status = {"outcome": "unreadable", "message": f"status.json {exc.reason}"}
     node.record = cache.read(node.install.cache_file)
     node.pci = gpus.scan(kernel.sys_dir)
     return node

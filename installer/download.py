@@ -26,6 +26,15 @@ what is still to come plus ``min_free_bytes`` (:class:`DiskSpaceError`,
 exit 11); ENOSPC while writing is a ``DiskSpaceError`` too. Any failure
 removes the ``.part`` file.
 
+Hostile servers (DESIGN §8), each exit 5: a body sent with a
+``Content-Encoding`` though identity was asked (it would expand without
+limit, past the free-space check) is refused; so is a size above
+``MAX_DOWNLOAD_BYTES``, announced or streamed. The session's
+:class:`~installer.retry.TransferLimits` bound the whole download (a deadline)
+and each attempt's pace (a minimum rate), so a trickling server cannot hold
+the run and the host lock forever. A ``file://`` source must be a regular file
+(a FIFO there would hang the run).
+
 URLs are logged and put in error messages with credentials removed
 (``https://***@host/path?sig=***``, see :func:`redact_url`).
 """
@@ -38,25 +47,32 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import requests
 import requests.adapters
 import structlog
 
-from installer import __version__, retry
+from installer import __version__, redact, retry
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
-from installer.fsutil import fsync_dir
+from installer.fsutil import UnreadableFile, fsync_dir, read_limited
 from installer.progress import Progress
-from installer.retry import IncompleteBodyError, RetryPolicy, TransientHTTPError
+from installer.retry import (
+    IncompleteBodyError,
+    RetryPolicy,
+    SlowTransferError,
+    TransferLimits,
+    TransientHTTPError,
+)
+from installer.urls import check_url_scheme, local_path, redact_url
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +94,9 @@ CHUNK_SIZE = 1 << 20
 _READ_SIZE = 64 * 1024
 
 MB = 1e6
+#: No artifact comes near this (a .run is ~400 MB, a COS toolchain < 2 GB): a larger
+#: size is a broken or hostile server, not a reason to report a full disk.
+MAX_DOWNLOAD_BYTES = 32 << 30
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
@@ -115,100 +134,10 @@ class DownloadJob:
 # --------------------------------------------------------------------------- URLs
 
 
-def redact_url(url: str) -> str:
-    """``url`` without secrets: userinfo becomes ``***@``, query values ``***``, no fragment."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        if ":" in host:  # IPv6 literal
-            host = f"[{host}]"
-        netloc = "***@" + host + (f":{port}" if port is not None else "")
-    query = parts.query
-    if query:
-        query = "&".join(
-            (piece.split("=", 1)[0] + "=***") if "=" in piece else piece for piece in query.split("&")
-        )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
 def _scrubber(url: str) -> Callable[[str], str]:
     """A function removing ``url``'s secrets from any text (e.g. an exception message)."""
-    secrets: list[str] = []
-    try:
-        parts = urlsplit(url)
-        if parts.query:
-            secrets.append(parts.query)
-            secrets.append(unquote(parts.query))
-            for _, value in parse_qsl(parts.query, keep_blank_values=False):
-                secrets.append(value)
-            for piece in parts.query.split("&"):
-                if "=" in piece:
-                    secrets.append(piece.split("=", 1)[1])
-        if parts.password:
-            secrets += [parts.password, unquote(parts.password)]
-        if parts.username:  # a user name, or a token passed as one
-            secrets += [parts.username, unquote(parts.username)]
-    except ValueError:
-        pass
-    pairs = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
-
-    def scrub(text: str) -> str:
-        for secret in pairs:
-            text = text.replace(secret, "***")
-        return text
-
-    return scrub
-
-
-def _local_path(url: str) -> Path:
-    parts = urlsplit(url)
-    if parts.netloc not in ("", "localhost"):
-        raise UsageError(
-            f"file URL {redact_url(url)} names host {parts.netloc!r}",
-            hint="use file:///absolute/path (three slashes)",
-            url=redact_url(url),
-        )
-    return Path(urllib.request.url2pathname(parts.path))
-
-
-def check_url_scheme(url: str, *, allow_insecure_http: bool) -> None:
-    """Accept ``https://`` and ``file://``; ``http://`` only when allowed; refuse the rest."""
-    shown = redact_url(url)
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-    except ValueError as exc:
-        raise UsageError(f"invalid URL {shown}: {exc}", url=shown) from exc
-    scheme = parts.scheme.lower()
-    if scheme == "https":
-        if not host:
-            raise UsageError(f"URL {shown} has no host", url=shown)
-        return
-    if scheme == "file":
-        _local_path(url)
-        return
-    if scheme == "http":
-        if not allow_insecure_http:
-            raise UsageError(
-                f"refusing plain http URL {shown}: use https:// or pass "
-                "--allow-insecure-http (ALLOW_INSECURE_HTTP=1)",
-                hint="artifacts fetched over http can be altered in transit; "
-                "prefer https, or pin --driver-sha256",
-                url=shown,
-            )
-        if not host:
-            raise UsageError(f"URL {shown} has no host", url=shown)
-        return
-    hint = "use an https:// or file:// URL"
-    if scheme == "gs":
-        hint = "use https://storage.googleapis.com/<bucket>/<object> instead of gs://"
-    what = f"scheme {scheme}://" if scheme else "no scheme"
-    raise UsageError(f"unsupported URL {shown} ({what})", hint=hint, url=shown)
+    redact.register_url(url)
+    return redact.scrub_text
 
 
 def _normalize_sha256(value: str | None) -> str | None:
@@ -228,16 +157,20 @@ def _normalize_sha256(value: str | None) -> str | None:
 # --------------------------------------------------------------------------- session
 
 
-def make_session(*, user_agent: str | None = None) -> requests.Session:
+def make_session(*, user_agent: str | None = None,
+                 limits: TransferLimits | None = None) -> requests.Session:
     """A ``requests.Session`` for artifact downloads.
 
     Honours ``HTTPS_PROXY``/``NO_PROXY`` and ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
     as ``requests`` does (``trust_env``). ``requests`` ignores ``SSL_CERT_FILE``
     (it uses certifi), so when neither of its own variables is set, a
     ``SSL_CERT_FILE`` (or ``SSL_CERT_DIR``) is used as the trust store.
-    No adapter-level retries: :mod:`installer.retry` decides.
+    No adapter-level retries: :mod:`installer.retry` decides. ``limits`` (the
+    deadline and minimum rate of every download through this session)
+    default to :class:`~installer.retry.TransferLimits`.
     """
     session = requests.Session()
+    session.transfer_limits = limits or TransferLimits()  # type: ignore[attr-defined]
     session.trust_env = True
     session.headers["User-Agent"] = (
         user_agent or f"nvidia-driver-installer/{__version__} {requests.utils.default_user_agent()}"
@@ -265,6 +198,30 @@ def _mb(n: float) -> float:
     return round(n / MB, 1)
 
 
+def _limits(session: requests.Session | None) -> TransferLimits:
+    return getattr(session, "transfer_limits", None) or TransferLimits()
+
+
+def _too_big(size: int, shown: str, what: str) -> DownloadError:
+    return DownloadError(
+        f"{shown}: the server {what} {size} bytes, more than any artifact can be "
+        f"({MAX_DOWNLOAD_BYTES >> 30} GiB); refusing it",
+        hint="the server or the URL is wrong (or hostile): check the URL and the mirror",
+        url=shown, size=size)
+
+
+def _refuse_encoding(resp: requests.Response, shown: str) -> None:
+    """We ask for ``identity``; a compressed body would expand past every size check."""
+    enc = resp.headers.get("Content-Encoding", "").strip().lower()
+    if enc not in ("", "identity"):
+        raise DownloadError(
+            f"{shown}: the server sent a {enc!r}-encoded body though the installer asked for "
+            "identity (Accept-Encoding: identity); refusing it",
+            hint="the server or a proxy in between recompresses artifacts: fetch them from one "
+            "that serves the file as it is",
+            url=shown, content_encoding=enc)
+
+
 def _check_space(directory: Path, needed: int, min_free_bytes: int, *, shown: str) -> None:
     try:
         free = shutil.disk_usage(directory).free
@@ -289,13 +246,56 @@ def _open_part(path: Path) -> BinaryIO:
     return open(path, "wb", buffering=0)  # noqa: SIM115 - closed by _Transfer
 
 
+class _Pacer:
+    """The deadline and minimum rate (TransferLimits) of one download, over all attempts."""
+
+    def __init__(self, limits: TransferLimits, shown: str) -> None:
+        self.limits = limits
+        self.shown = shown
+        self.deadline_at = time.monotonic() + limits.deadline_s
+        self.received = 0  # bytes read from the network, every attempt
+        self._window = (time.monotonic(), 0)
+
+    def timeout(self, policy: RetryPolicy) -> tuple[float, float]:
+        """The policy's (connect, read) timeouts, never past the deadline."""
+        left = max(self.deadline_at - time.monotonic(), 0.1)
+        return (min(policy.connect_timeout, left), min(policy.read_timeout, left))
+
+    def begin_attempt(self) -> None:
+        self.check_deadline()
+        self._window = (time.monotonic(), self.received)
+
+    def check_deadline(self) -> None:
+        if time.monotonic() >= self.deadline_at:
+            raise DownloadError(
+                f"download of {self.shown} did not finish within its {self.limits.deadline_s:g}s "
+                f"deadline ({_mb(self.received)} MB received)",
+                hint="the server is too slow or stalls: use a closer mirror, or raise "
+                "--download-deadline (DOWNLOAD_DEADLINE)",
+                url=self.shown, limit="deadline")
+
+    def pace(self, nbytes: int) -> None:
+        """After each read of ``nbytes``: the deadline, then the rate over the last window."""
+        self.received += nbytes
+        self.check_deadline()
+        since, at = self._window
+        now = time.monotonic()
+        if self.limits.min_rate and now - since >= self.limits.rate_time_s:
+            rate = (self.received - at) / (now - since)
+            if rate < self.limits.min_rate:
+                raise SlowTransferError(rate, self.limits)
+            self._window = (now, self.received)
+
+
 class _Transfer:
     """The temp file and running hash of one download, kept across attempts."""
 
-    def __init__(self, part: Path, dest: Path, shown: str) -> None:
+    def __init__(self, part: Path, dest: Path, shown: str,
+                 limits: TransferLimits | None = None) -> None:
         self.part = part
         self.dest = dest
         self.shown = shown
+        self.pacer = _Pacer(limits or TransferLimits(), shown)
         self.fh = _open_part(part)
         self.hasher = hashlib.sha256()
         self.offset = 0
@@ -323,6 +323,8 @@ class _Transfer:
         except OSError as exc:
             raise self._write_error(exc) from exc
         self.offset += len(chunk)
+        if self.offset > MAX_DOWNLOAD_BYTES:
+            raise _too_big(self.offset, self.shown, "sent more than")
 
     def _write_error(self, exc: OSError) -> Exception:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -393,9 +395,6 @@ def _transient(resp: requests.Response) -> TransientHTTPError:
 
 
 def _content_length(resp: requests.Response) -> int | None:
-    enc = resp.headers.get("Content-Encoding", "identity").strip().lower()
-    if enc not in ("", "identity"):
-        return None
     raw = resp.headers.get("Content-Length")
     if raw is None or not raw.strip().isdigit():
         return None
@@ -422,13 +421,12 @@ def _stream_body(
     exactly where the data ends (``iter_content`` would drop a partial chunk).
     """
     raw = resp.raw
-    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
-    decode = encoding not in ("", "identity")
     read1 = getattr(raw, "read1", None)
     if read1 is None:  # pragma: no cover - urllib3 1.x: smaller chunks lose less on a drop
-        for chunk in resp.iter_content(_READ_SIZE):
+        for chunk in raw.stream(_READ_SIZE, decode_content=False):
             if cancel is not None and cancel.is_set():
                 raise _Cancelled()
+            st.pacer.pace(len(chunk))
             st.write(chunk)
             progress.advance(len(chunk))
         return
@@ -441,13 +439,14 @@ def _stream_body(
             while pos < CHUNK_SIZE:
                 if cancel is not None and cancel.is_set():
                     raise _Cancelled()
-                data = read1(min(CHUNK_SIZE - pos, _READ_SIZE), decode_content=decode)
+                data = read1(min(CHUNK_SIZE - pos, _READ_SIZE), decode_content=False)
                 if not data:
                     eof = True
                     break
                 n = len(data)
                 view[pos : pos + n] = data
                 pos += n
+                st.pacer.pace(n)
         finally:
             if pos:
                 st.write(view[:pos])
@@ -469,6 +468,7 @@ def _attempt_http(
 ) -> None:
     """One attempt: one request (two if the server's answer forces a restart from 0)."""
     shown = st.shown
+    st.pacer.begin_attempt()
     for _ in range(2):
         if cancel is not None and cancel.is_set():
             raise _Cancelled()
@@ -478,7 +478,7 @@ def _attempt_http(
             headers["Range"] = f"bytes={asked}-"
             if st.validator:
                 headers["If-Range"] = st.validator
-        resp = session.get(url, headers=headers, stream=True, timeout=policy.timeout)
+        resp = session.get(url, headers=headers, stream=True, timeout=st.pacer.timeout(policy))
         with resp:
             _check_final_url(resp, allow_insecure_http, shown)
             status = resp.status_code
@@ -517,6 +517,9 @@ def _attempt_http(
                     log.info("download_resumed", url=shown, offset=asked, total=total)
             else:
                 raise _http_error(resp, shown)
+            _refuse_encoding(resp, shown)
+            if total is not None and total > MAX_DOWNLOAD_BYTES:
+                raise _too_big(total, shown, "announced")
             st.total = total
             if total is not None:
                 _check_space(st.dest.parent, total - st.offset, min_free_bytes, shown=shown)
@@ -581,7 +584,9 @@ def _copy_local(
     min_free_bytes: int,
 ) -> None:
     try:
-        fh = open(src, "rb", buffering=0)  # noqa: SIM115
+        # Non-blocking open, then a regular-file check: a FIFO must not hang the run.
+        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fh = os.fdopen(fd, "rb", buffering=0)
     except FileNotFoundError as exc:
         raise DownloadError(
             f"{src} does not exist ({st.shown})",
@@ -593,8 +598,9 @@ def _copy_local(
         raise DownloadError(f"cannot read {src}: {exc.strerror or exc}", path=str(src), url=st.shown) from exc
     with fh:
         try:
-            size = os.fstat(fh.fileno()).st_size
-            if not os.path.isfile(src):
+            st_src = os.fstat(fh.fileno())
+            size = st_src.st_size
+            if not stat.S_ISREG(st_src.st_mode):
                 raise IsADirectoryError(errno.EISDIR, "not a regular file")
             _check_space(st.dest.parent, size, min_free_bytes, shown=st.shown)
             st.total = size
@@ -647,7 +653,7 @@ def _download(
     part = dest.with_name(f".{dest.name}.part")
     log.info("download_started", url=shown, label=label, dest=str(dest), expected_sha256=expected)
     try:
-        st = _Transfer(part, dest, shown)
+        st = _Transfer(part, dest, shown, _limits(session))
     except OSError as exc:
         raise DownloadError(
             f"cannot create {part}: {exc.strerror or exc}", path=str(part), url=shown
@@ -655,7 +661,7 @@ def _download(
     progress = Progress(label=label, url=shown)
     try:
         if scheme == "file":
-            _copy_local(_local_path(url), st, progress, cancel, min_free_bytes)
+            _copy_local(local_path(url), st, progress, cancel, min_free_bytes)
         else:
             if session is None:
                 raise UsageError("an HTTP session is needed for " + shown)
@@ -665,6 +671,7 @@ def _download(
                 url=shown,
                 redact=scrub,
                 sleep_fn=(lambda s: cancel.wait(s)) if cancel is not None else None,
+                deadline_at=st.pacer.deadline_at,
             )
             try:
                 retryer(
@@ -747,13 +754,15 @@ def fetch_text(
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
     shown = redact_url(url)
     if urlsplit(url).scheme.lower() == "file":
-        path = _local_path(url)
+        path = local_path(url)
         try:
-            with open(path, "rb") as fh:
-                data = fh.read(max_bytes + 1)
-        except FileNotFoundError:
+            data = read_limited(path, max_bytes)
+        except (FileNotFoundError, NotADirectoryError):
             log.info("fetch_text_missing", url=shown)
             return None
+        except UnreadableFile as exc:
+            raise DownloadError(f"{path} {exc.reason} ({shown})", path=str(path),
+                                url=shown) from None
         except OSError as exc:
             raise DownloadError(
                 f"cannot read {path}: {exc.strerror or exc}", path=str(path), url=shown
@@ -763,9 +772,13 @@ def fetch_text(
     if policy is None:
         policy = retry.policy_from_env()
     scrub = _scrubber(url)
+    # The same bounds as a download: a trickled metadata file must not stall the plan.
+    pace = _Pacer(_limits(session), shown)
 
     def attempt() -> bytes | None:
-        resp = session.get(url, stream=True, timeout=policy.timeout)
+        pace.begin_attempt()
+        resp = session.get(url, stream=True, timeout=pace.timeout(policy),
+                           headers={"Accept-Encoding": "identity"})
         with resp:
             _check_final_url(resp, allow_insecure_http, shown)
             status = resp.status_code
@@ -775,15 +788,18 @@ def fetch_text(
                 raise _transient(resp)
             if status != 200:
                 raise _http_error(resp, shown)
+            _refuse_encoding(resp, shown)
             buf = bytearray()
-            for chunk in resp.iter_content(64 * 1024):
+            for chunk in resp.raw.stream(64 * 1024, decode_content=False):
                 buf += chunk
+                pace.pace(len(chunk))
                 if len(buf) > max_bytes:
                     break
             return bytes(buf)
 
     try:
-        data = retry.network_retryer(policy, url=shown, redact=scrub)(attempt)
+        data = retry.network_retryer(policy, url=shown, redact=scrub,
+                                     deadline_at=pace.deadline_at)(attempt)
     except requests.RequestException as exc:
         raise _request_error(exc, shown, scrub) from exc
     if data is None:

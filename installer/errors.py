@@ -24,6 +24,8 @@ class ExitCode(enum.IntEnum):
     VERIFY = 9
     SECURE_BOOT = 10
     DISK_SPACE = 11
+    INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
+    TERMINATED = 143  # SIGTERM (the kubelet deleting the pod): 128 + 15
 
 
 class InstallerError(Exception):

@@ -16,8 +16,6 @@ the files go to the host's ``/lib/firmware/updates`` instead, or we stop.
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -84,15 +82,11 @@ def make_findable(kernel: KernelState, host: HostRoot, install: InstallDir, tree
 
 
 def _copy_to_host(host: HostRoot, tree: Tree, wanted: list[str], why: str) -> Placement:
-    dest_root = host.resolve(HOST_UPDATES_DIR)
     try:
         for name in wanted:
-            dest = dest_root / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.tmp")
-            shutil.copyfile(tree.firmware / name, tmp)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dest)
+            # Resolved inside the host root: a symlinked updates dir cannot send it elsewhere.
+            host.write_atomic(PurePosixPath(HOST_UPDATES_DIR) / name,
+                              (tree.firmware / name).read_bytes(), 0o644)
     except OSError as exc:
         raise ModuleLoadError(
             f"the GPU firmware cannot be made visible to the kernel: {why}, and the host's "

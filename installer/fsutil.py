@@ -1,10 +1,11 @@
-"""Small filesystem helpers: atomic writes and hashing."""
+"""Small filesystem helpers: atomic writes, bounded reads and hashing."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,54 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+class UnreadableFile(Exception):
+    """A file we read is not a small regular file (``reason`` says what it is instead)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+def read_limited(path: str | os.PathLike[str], max_bytes: int, *, dir_fd: int | None = None,
+                 ) -> bytes:
+    """The content of a regular file of at most ``max_bytes``; UnreadableFile otherwise.
+
+    Opened non-blocking, so a FIFO planted where a config file should be is
+    refused instead of hanging the run; a device or a huge file is refused
+    before anything is read into memory. FileNotFoundError passes through.
+    """
+    return read_regular(path, max_bytes, dir_fd=dir_fd)[0]
+
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int, *, dir_fd: int | None = None,
+                 ) -> tuple[bytes, os.stat_result]:
+    """``read_limited``, with the file's stat (from the same open file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except IsADirectoryError:
+        raise UnreadableFile("is a directory, not a regular file") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnreadableFile(f"is {_KINDS.get(stat.S_IFMT(st.st_mode), 'not a regular file')}, "
+                                 "not a regular file")
+        if st.st_size > max_bytes:
+            raise UnreadableFile(f"is {st.st_size} bytes, more than the {max_bytes} allowed")
+        chunks, size = [], 0
+        while size <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:  # grew while we read
+            raise UnreadableFile(f"is more than the {max_bytes} bytes allowed")
+        return b"".join(chunks), st
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:

@@ -9,18 +9,20 @@ from dataclasses import asdict
 
 import structlog
 
-from installer import __version__, distros, readiness, status
+from installer import __version__, distros, readiness, redact, status
 from installer.context import Context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
+from installer.fsutil import remove_tree
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
-from installer.lock import LOCK_HOST_PATH, HostLock
+from installer.lock import HostLock
 from installer.osinfo import HostInfo, host_info_from_text
 from installer.plan import StepTiming, execute
 from installer.runner import Runner
 from installer.settings import Settings
+from installer.signals import Interrupted
 
 log = structlog.get_logger(__name__)
 
@@ -59,12 +61,13 @@ def run(settings: Settings) -> dict[str, object]:
     log.info("host_detected", **ctx.host_info.to_dict())
     if settings.dry_run:
         plan = distro.plan(ctx)
+        _warn_unpinned(ctx, plan)
         doc = {"dry_run": True, "host": ctx.host_info.to_dict(),
                "install_dir": str(ctx.install.root), **plan.describe(),
                "readiness_file": str(readiness.READY_HOST_PATH)}
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.write(json.dumps(redact.scrub(doc), indent=2) + "\n")
         return {"outcome": "dry_run", "plan": plan.kind}
-    with HostLock(ctx.host.path(LOCK_HOST_PATH), settings.lock_timeout_s):
+    with HostLock(ctx.host, settings.lock_timeout_s):
         # Consumers waiting on driver-ready must not start while the driver may change.
         readiness.clear(ctx.host)
         started_wall = time.time()
@@ -74,15 +77,22 @@ def run(settings: Settings) -> dict[str, object]:
             plan = distro.plan(ctx)
             log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],
                      **plan.summary)
+            _warn_unpinned(ctx, plan)
             execute(plan, ctx, timings)
             if "gpus" in ctx.facts:  # set by the verify step: no readiness for --preload
                 _write_ready(ctx, plan, len(ctx.facts["gpus"]))
         except InstallerError as exc:
             exc.context.update(failure_details(ctx, exc.error_class, started_wall))
-            ctx.install.discard_staging()
+            _discard(ctx)
             _record(ctx, started, timings, plan, outcome="error", error_class=exc.error_class,
                     exit_code=int(exc.exit_code), message=exc.message, hint=exc.hint,
                     context=exc.context)
+            raise
+        except Interrupted as exc:  # SIGTERM/SIGINT: the live install stays as it was
+            _discard(ctx)
+            _record(ctx, started, timings, plan, outcome="interrupted", error_class="interrupted",
+                    exit_code=exc.exit_code, message=f"interrupted by {exc.name}",
+                    hint="re-run install to finish")
             raise
         except Exception as exc:  # a bug: still leave a status a person can find
             _record(ctx, started, timings, plan, outcome="error", error_class="internal",
@@ -93,6 +103,29 @@ def run(settings: Settings) -> dict[str, object]:
         outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
                           gpus=[asdict(g) for g in gpus])
     return outcome
+
+
+def _discard(ctx: Context) -> None:
+    """After a failed or interrupted run: what it half-made goes, the live install stays."""
+    ctx.install.discard_staging()
+    for path in ctx.scratch:
+        remove_tree(path)
+
+
+def _warn_unpinned(ctx: Context, plan) -> None:
+    """A fresh install runs the NVIDIA .run as root: say so when nothing pins it."""
+    if plan.kind != "fresh":
+        return
+    unpinned = []
+    if not (ctx.settings.driver_sha256 or plan.summary.get("driver_sha256")):
+        unpinned.append("the NVIDIA .run (--driver-sha256)")
+    if ctx.host_info.family == "cos" and not ctx.settings.cos_artifacts_sha256:
+        unpinned.append("the COS artifacts (--cos-artifacts-sha256)")
+    if unpinned:
+        log.warning("artifacts_unpinned", unpinned=unpinned,
+                    driver_url=plan.summary.get("driver_url"),
+                    message=f"not pinned: {' and '.join(unpinned)}; whatever the server "
+                    "sends is installed (the .run runs as root): pin it for production")
 
 
 def _write_ready(ctx: Context, plan, gpu_count: int) -> None:

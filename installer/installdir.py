@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
+from installer import signals
 from installer.fsutil import fsync_dir, remove_tree
 
 log = structlog.get_logger(__name__)
@@ -103,7 +104,15 @@ class InstallDir(Tree):
         return staging
 
     def promote(self, staging: Tree) -> None:
-        """Swap the staged layout dirs in (renames on one filesystem)."""
+        """Swap the staged layout dirs in (renames on one filesystem).
+
+        SIGTERM/SIGINT wait until the swap is done: the renames take
+        milliseconds, and a half-swapped install helps no one.
+        """
+        with signals.deferred():
+            self._promote(staging)
+
+    def _promote(self, staging: Tree) -> None:
         self.cache_file.unlink(missing_ok=True)
         fsync_dir(self.root)
         self.previous_dir.mkdir(exist_ok=True)

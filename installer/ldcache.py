@@ -20,6 +20,8 @@ from installer.runner import CommandError, Runner
 log = structlog.get_logger(__name__)
 
 DROP_IN = "nvidia.conf"
+LD_SO_CONF = PurePosixPath("/etc/ld.so.conf")
+HOST_DROP_IN = PurePosixPath("/etc/ld.so.conf.d") / DROP_IN
 LDCONFIG_TIMEOUT_S = 120
 
 
@@ -52,22 +54,30 @@ def plan_host_entry(ld_so_conf: str, lib_dir_host: PurePosixPath) -> tuple[str, 
     text, present = dedupe_entry(ld_so_conf, entry)
     if present:
         return text, False  # an older installer's line: keep exactly one
-    if _includes_drop_ins(ld_so_conf, PurePosixPath("/etc/ld.so.conf.d") / DROP_IN):
+    if _includes_drop_ins(ld_so_conf, HOST_DROP_IN):
         return text, True
     return text + entry + "\n", False
 
 
 def update_host(host: HostRoot, runner: Runner, lib_dir_host: PurePosixPath) -> None:
-    conf = host.path("/etc/ld.so.conf")
-    original = conf.read_text() if conf.exists() else ""
+    # Host paths: symlinks (an ld.so.conf managed by alternatives, a linked conf dir) are
+    # followed inside the host root and kept; never a file of this container.
+    original = host.read_text(LD_SO_CONF) or ""
     text, use_drop_in = plan_host_entry(original, lib_dir_host)
-    if text != original:
-        write_atomic(conf, text)
-    if use_drop_in:
-        drop_in = host.path("/etc/ld.so.conf.d") / DROP_IN
-        wanted = f"{lib_dir_host}\n"
-        if not drop_in.exists() or drop_in.read_text() != wanted:
-            write_atomic(drop_in, wanted)
+    try:
+        if text != original:
+            host.write_atomic(LD_SO_CONF, text)
+        if use_drop_in:
+            wanted = f"{lib_dir_host}\n"
+            if host.read_text(HOST_DROP_IN) != wanted:
+                host.write_atomic(HOST_DROP_IN, wanted)
+    except OSError as exc:
+        raise VerifyError(
+            f"cannot write the host's ld config ({exc.filename or LD_SO_CONF}): "
+            f"{exc.strerror or exc}",
+            hint="the host's /etc must be writable from the installer (the pod mounts / at "
+            "/root); workloads can set LD_LIBRARY_PATH=/usr/local/nvidia/lib64 meanwhile",
+            path=str(LD_SO_CONF)) from exc
     _ldconfig(runner, ["ldconfig", "-r", str(host.root)], "host")
     log.info("ld_cache_updated", scope="host", lib_dir_host=str(lib_dir_host))
 

@@ -1,4 +1,5 @@
-"""structlog set-up: JSON lines in the cluster, a readable console on a terminal."""
+"""structlog set-up: JSON lines in the cluster, a readable console on a terminal; every
+event is redacted (installer.redact) before it is rendered."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import logging
 import sys
 
 import structlog
+
+from installer import redact
 
 
 def configure(log_format: str = "auto", level: str = "info") -> None:
@@ -15,10 +18,13 @@ def configure(log_format: str = "auto", level: str = "info") -> None:
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    # Tracebacks become text first, so the redaction below sees them too.
     if use_json:
-        processors += [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+        processors += [structlog.processors.dict_tracebacks, redact.processor,
+                       structlog.processors.JSONRenderer()]
     else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+        processors += [structlog.processors.format_exc_info, redact.processor,
+                       structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(

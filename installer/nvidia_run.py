@@ -17,6 +17,7 @@ from pathlib import Path
 import structlog
 
 from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
+from installer.fsutil import remove_tree
 from installer.installdir import Tree
 from installer.nvidia_options import LOG_FILE
 from installer.runner import CommandError, Runner, tail
@@ -142,22 +143,66 @@ def _out_of_space(where: Path, detail: str) -> DiskSpaceError:
     )
 
 
-def extract(runner: Runner, run_file: Path, target: Path) -> Path:
-    """``sh NVIDIA-….run -x --target DIR``: the archive checks its own checksums first."""
-    check_space(run_file, target.parent)
+RUN_IN_CHROOT = "/tmp/nvidia-driver-installer/run"
+OUT_IN_CHROOT = "/tmp/nvidia-driver-installer/out"
+
+
+def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: float,
+                what: str) -> int:
+    """Run ``spec`` in a private mount namespace; the command's exit status."""
+    write_spec(spec, spec_file)
     try:
-        runner.run(["sh", run_file, "-x", "--target", target], timeout=EXTRACT_TIMEOUT_S)
+        runner.run(
+            ["unshare", "--mount", "--propagation", "private", "--",
+             sys.executable, "-m", "installer.sandbox", spec_file],
+            timeout=timeout,
+        )
     except CommandError as exc:
-        detail = exc.stderr_tail(3) or tail(exc.stdout, 3)
-        if _ENOSPC in exc.stderr + exc.stdout:
-            raise _out_of_space(target.parent, detail) from exc
+        if _ENOSPC in exc.stderr:
+            raise _out_of_space(spec_file.parent, exc.stderr_tail(2)) from exc
+        raise BuildError(
+            f"could not run {what} in a private mount namespace: {exc.stderr_tail(3)}",
+            hint="the installer container must be privileged (it mounts an overlay)",
+        ) from exc
+    return json.loads(Path(spec.result_file).read_text())["returncode"]
+
+
+def extract(runner: Runner, run_file: Path, target: Path) -> Path:
+    """``sh NVIDIA-….run -x --target DIR`` in the sandbox: the .run's shell header is the
+    download's own code, so whatever else it writes stays in the sandbox's overlay. The
+    archive checks its own checksums first."""
+    check_space(run_file, target.parent)
+    workdir = target.parent / "extract-sandbox"
+    remove_tree(workdir)
+    workdir.mkdir()
+    output = workdir / "output.log"
+    spec = SandboxSpec(
+        workdir=str(workdir),
+        argv=["sh", f"{RUN_IN_CHROOT}/{run_file.name}", "-x", "--target",
+              f"{OUT_IN_CHROOT}/{target.name}"],
+        cwd="/", env={},
+        binds=[(str(run_file.parent), RUN_IN_CHROOT), (str(target.parent), OUT_IN_CHROOT)],
+        exec_binds=[RUN_IN_CHROOT, OUT_IN_CHROOT],
+        kernel_install_path="", log_file="", harvest_to="",
+        output_file=str(output), result_file=str(workdir / "result.json"),
+    )
+    try:
+        rc = _in_sandbox(runner, spec, workdir / "sandbox.json", EXTRACT_TIMEOUT_S,
+                         f"{run_file.name} -x")
+        text = output.read_text(errors="replace") if output.is_file() else ""
+    finally:
+        remove_tree(workdir)
+    if rc != 0:
+        detail = tail(text, 3)
+        if _ENOSPC in text:
+            raise _out_of_space(target.parent, detail)
         if any(s in detail for s in ("checksum", "Checksum", "archive size", "integrity", "corrupt")):
             raise IntegrityError(
                 f"the driver package is corrupt: {detail}",
                 hint="the download was damaged or truncated: re-run to download it again",
                 path=str(run_file),
-            ) from exc
-        raise BuildError(f"could not extract {run_file.name}: {detail}", path=str(run_file)) from exc
+            )
+        raise BuildError(f"could not extract {run_file.name}: {detail}", path=str(run_file))
     if not (target / "nvidia-installer").exists():
         raise BuildError(f"{run_file.name} holds no nvidia-installer", path=str(run_file))
     return target
@@ -190,32 +235,18 @@ def build(
         output_file=str(staging.root / "installer-output.log"),
         result_file=str(workdir / "result.json"),
     )
-    spec_file = staging.root / "sandbox.json"
-    write_spec(spec, spec_file)
     log.info("nvidia_installer_started", argv=argv)
-    try:
-        runner.run(
-            ["unshare", "--mount", "--propagation", "private", "--",
-             sys.executable, "-m", "installer.sandbox", spec_file],
-            timeout=BUILD_TIMEOUT_S,
-        )
-    except CommandError as exc:
-        if _ENOSPC in exc.stderr:
-            raise _out_of_space(staging.root, exc.stderr_tail(2)) from exc
-        raise BuildError(
-            f"could not run nvidia-installer in a private mount namespace: {exc.stderr_tail(3)}",
-            hint="the installer container must be privileged (it mounts an overlay)",
-        ) from exc
-    result = json.loads((workdir / "result.json").read_text())
-    if result["returncode"] != 0:
+    rc = _in_sandbox(runner, spec, staging.root / "sandbox.json", BUILD_TIMEOUT_S,
+                     "nvidia-installer")
+    if rc != 0:
         if any(_ENOSPC in text for text in _installer_texts(staging)):
             raise _out_of_space(staging.root, installer_error(staging))
         raise BuildError(
-            f"nvidia-installer failed (exit {result['returncode']}): {installer_error(staging)}",
+            f"nvidia-installer failed (exit {rc}): {installer_error(staging)}",
             hint=f"see {staging.root.parent / 'nvidia-installer.failed.log'} for the full log",
             kernel_release=kernel_release,
         )
-    counts = result["harvested"]
+    counts = json.loads((workdir / "result.json").read_text())["harvested"]
     if kernel_module and not (staging.drivers / "nvidia.ko").exists():
         raise BuildError("nvidia-installer succeeded but produced no nvidia.ko",
                          kernel_release=kernel_release)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
+import re
 from dataclasses import asdict, dataclass
 
 from installer.errors import UnsupportedHostError
@@ -26,12 +26,49 @@ def parse_env_file(text: str) -> dict[str, str]:
         key = key.strip()
         if not key.replace("_", "").isalnum():
             continue
-        try:
-            words = shlex.split(value, comments=False, posix=True)
-        except ValueError:
-            continue
-        values[key] = " ".join(words)
+        words = shell_words(value)
+        if words is not None:
+            values[key] = " ".join(words)
     return values
+
+
+def shell_words(text: str) -> list[str] | None:
+    """``text`` split into words as ``shlex.split`` (POSIX mode) does; None when a quote or
+    an escape is left open.
+
+    One regular-expression pass with no backtracking: ``shlex`` is quadratic on
+    long values, and these files come from the host (a 40 MB PRETTY_NAME must
+    not stall the run).
+    """
+    words: list[str] = []
+    word: list[str] = []
+    in_word = False
+    pos, n = 0, len(text)
+    while pos < n:
+        m = _SHELL_TOKEN.match(text, pos)
+        if m is None:
+            return None
+        pos = m.end()
+        blank, single, double, escaped, plain = m.groups()
+        if blank is not None:
+            if in_word:
+                words.append("".join(word))
+                word, in_word = [], False
+            continue
+        in_word = True
+        if double is not None:
+            word.append(_DQ_ESCAPE.sub(r"\1", double))
+        else:
+            word.append(next(g for g in (single, escaped, plain) if g is not None))
+    if in_word:
+        words.append("".join(word))
+    return words
+
+
+# Blanks | 'single' | "double" | \x | plain run; possessive: linear even when a quote is open.
+_SHELL_TOKEN = re.compile(
+    r"""([ \t\r\n]++)|'([^']*+)'|"((?:[^"\\]++|\\.)*+)"|\\(.)|([^ \t\r\n'"\\]++)""", re.S)
+_DQ_ESCAPE = re.compile(r'\\(["\\])')
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from installer.fsutil import write_atomic
+from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 
 log = structlog.get_logger(__name__)
@@ -28,17 +28,13 @@ READY_HOST_PATH = PurePosixPath("/run/nvidia/validations/driver-ready")
 METRIC_PREFIX = "nvidia_driver_installer"
 
 
-def ready_path(host: HostRoot) -> Path:
-    return host.path(READY_HOST_PATH)
-
-
 def clear(host: HostRoot) -> bool:
     """Remove the readiness file; True if there was one."""
-    path = ready_path(host)
     try:
-        path.unlink()
-    except (FileNotFoundError, NotADirectoryError):
-        return False
+        if not host.unlink(READY_HOST_PATH):
+            return False
+    except (IsADirectoryError, NotADirectoryError):
+        return False  # not a file we wrote: the write after verification says so
     log.info("readiness_cleared", path=str(READY_HOST_PATH))
     return True
 
@@ -64,18 +60,14 @@ def parse(text: str) -> dict[str, str]:
 
 def write(host: HostRoot, fields: Mapping[str, object]) -> Path:
     """Write the readiness file atomically (temp file + rename in the same dir)."""
-    path = ready_path(host)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, format_fields(fields))
+    path = host.write_atomic(READY_HOST_PATH, format_fields(fields))
     log.info("readiness_written", path=str(READY_HOST_PATH))
     return path
 
 
 def read(host: HostRoot) -> dict[str, str] | None:
-    try:
-        return parse(ready_path(host).read_text(errors="replace"))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    text = host.read_text(READY_HOST_PATH)
+    return None if text is None else parse(text)
 
 
 def ready_fields(
@@ -148,11 +140,9 @@ def format_metrics(
 
 def write_metrics(host: HostRoot, host_path: PurePosixPath, text: str) -> Path | None:
     """Write the textfile atomically; a failure is logged, never fatal."""
-    path = host.path(host_path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, text)  # temp name ends in .tmp: the collector skips it
-    except OSError as exc:
+        path = host.write_atomic(host_path, text)  # temp name ends in .tmp: the collector skips it
+    except (OSError, InstallerError) as exc:
         log.warning("metrics_not_written", path=str(host_path), error=str(exc),
                     hint="check --metrics-file names a writable host path")
         return None

@@ -61,6 +61,8 @@ __all__ = [
     "NETWORK_DEFAULTS",
     "IncompleteBodyError",
     "RetryPolicy",
+    "SlowTransferError",
+    "TransferLimits",
     "TransientHTTPError",
     "describe_cause",
     "is_transient",
@@ -95,6 +97,37 @@ class RetryPolicy:
     def timeout(self) -> tuple[float, float]:
         """``(connect, read)`` as ``requests`` takes it."""
         return (self.connect_timeout, self.read_timeout)
+
+
+@dataclass(frozen=True)
+class TransferLimits:
+    """Bounds on one download as a whole, every attempt and wait included.
+
+    ``RetryPolicy`` bounds single operations; a server that trickles a byte
+    every few seconds passes every read timeout and would hold the init
+    container (and the host lock) forever. ``deadline_s``: the whole download
+    ends by then (exit 5). ``min_rate``: bytes per second an attempt must
+    average over each ``rate_time_s`` window, or it is cut off and retried
+    (0 turns the floor off), as curl's ``--speed-limit``/``--speed-time``.
+    """
+
+    deadline_s: float = 3600.0  # a 600 MB COS toolchain at 170 KB/s still makes it
+    min_rate: float = 10240.0
+    rate_time_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.deadline_s > 0 or self.min_rate < 0 or not self.rate_time_s > 0:
+            raise ValueError(f"invalid transfer limits {self}")
+
+
+class SlowTransferError(Exception):
+    """An attempt averaged less than the minimum rate over a whole window (worth a retry:
+    another connection may reach a healthier server)."""
+
+    def __init__(self, rate: float, limits: TransferLimits) -> None:
+        self.rate = rate
+        super().__init__(f"transfer slower than {limits.min_rate:g} B/s for "
+                         f"{limits.rate_time_s:g}s ({rate:.0f} B/s; --download-min-rate)")
 
 
 NETWORK_DEFAULTS = RetryPolicy(
@@ -230,7 +263,7 @@ def is_transient(exc: BaseException) -> bool:
     """True for failures that another attempt may get past."""
     if isinstance(exc, InstallerError):
         return False
-    if isinstance(exc, (TransientHTTPError, IncompleteBodyError)):
+    if isinstance(exc, (TransientHTTPError, IncompleteBodyError, SlowTransferError)):
         return True
     if isinstance(exc, (requests.exceptions.SSLError, urllib3.exceptions.SSLError, ssl.SSLError)):
         # An untrusted certificate will not become trusted by waiting.
@@ -308,10 +341,12 @@ def _upcoming_sleep(retry_state: tenacity.RetryCallState) -> float:
 
 
 class _Stop:
-    """Stop when the attempts are used up, or when the next attempt would start too late."""
+    """Stop when the attempts are used up, or when the next attempt would start too late
+    (after the policy's total timeout, or the download's deadline)."""
 
-    def __init__(self, policy: RetryPolicy) -> None:
+    def __init__(self, policy: RetryPolicy, deadline_at: float | None = None) -> None:
         self.policy = policy
+        self.deadline_at = deadline_at
 
     def limit_reached(self, retry_state: tenacity.RetryCallState) -> str | None:
         p = self.policy
@@ -321,6 +356,8 @@ class _Stop:
         upcoming = _upcoming_sleep(retry_state)
         if elapsed + upcoming >= p.total_timeout:
             return "total_timeout"
+        if self.deadline_at is not None and time.monotonic() + upcoming >= self.deadline_at:
+            return "deadline"
         return None
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
@@ -333,15 +370,17 @@ def network_retryer(
     url: str | None = None,
     redact: Callable[[str], str] | None = None,
     sleep_fn: Callable[[float], Any] | None = None,
+    deadline_at: float | None = None,
 ) -> tenacity.Retrying:
     """A ``tenacity.Retrying`` for ``policy`` that retries transient failures only.
 
     ``url`` (already redacted, or give ``redact``) is named in the log events and
     in the final error. ``sleep_fn`` replaces the sleep between attempts (e.g. an
-    ``Event.wait`` so a cancelled job stops waiting).
+    ``Event.wait`` so a cancelled job stops waiting). No attempt starts (and no
+    wait is slept) past ``deadline_at`` (``time.monotonic()`` clock).
     """
     shown_url = redact(url) if (url is not None and redact is not None) else url
-    stop = _Stop(policy)
+    stop = _Stop(policy, deadline_at)
 
     def before_sleep(retry_state: tenacity.RetryCallState) -> None:
         outcome = retry_state.outcome
@@ -363,6 +402,9 @@ def network_retryer(
         cause = describe_cause(exc, redact) if exc is not None else "unknown"
         if which == "attempts":
             limit = f"attempt limit reached ({policy.attempts} attempts, {ENV_RETRIES})"
+        elif which == "deadline":
+            limit = (f"download deadline reached (--download-deadline) after "
+                     f"{retry_state.attempt_number} attempts")
         else:
             limit = (
                 f"total timeout reached ({policy.total_timeout:g}s, {ENV_TIMEOUT}) "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -14,6 +16,25 @@ import structlog
 log = structlog.get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 300.0
+STOP_GRACE_S = 5.0  # SIGTERM to the group, then SIGKILL: well inside the kubelet's 30 s
+
+
+def stop_group(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Stop ``proc`` and its process group (TERM, then KILL after a grace); its output so far."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            out, err = proc.communicate(timeout=wait)
+            return out or "", err or ""
+        except subprocess.TimeoutExpired:
+            continue
+    # Something outside the group holds the pipes open: give up on the output.
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    proc.wait()
+    return "", ""
 
 
 def tail(text: str, lines: int = 20) -> str:
@@ -66,29 +87,31 @@ class Runner:
         full_env = {**os.environ, **self.base_env, **(env or {})}
         log.debug("command_started", argv=list(args))
         start = time.monotonic()
+        reason = None
         try:
-            proc = subprocess.run(
-                args,
-                env=full_env,
-                cwd=cwd,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-            )
-            result = CommandResult(args, proc.returncode, proc.stdout, proc.stderr, 0.0)
-            reason = None
+            # Its own session and process group: a timeout or our own SIGTERM stops the
+            # command and everything it started (make, cc, the sandbox's children).
+            proc = subprocess.Popen(
+                args, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
         except FileNotFoundError as exc:
             result = CommandResult(args, 127, "", f"{args[0]}: command not found ({exc})", 0.0)
             reason = "was not found"
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-            err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
-            result = CommandResult(args, -9, out, err, 0.0)
-            reason = f"timed out after {timeout:.0f}s"
+        else:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                out, err = stop_group(proc)
+                result = CommandResult(args, -9, out, err, 0.0)
+                reason = f"timed out after {timeout:.0f}s"
+            except BaseException:  # signals.Interrupted, KeyboardInterrupt: stop it all first
+                stop_group(proc)
+                raise
+            else:
+                result = CommandResult(args, proc.returncode, out, err, 0.0)
         duration = time.monotonic() - start
-        result = CommandResult(result.argv, result.returncode, result.stdout, result.stderr, duration)
+        result = CommandResult(result.argv, result.returncode, result.stdout, result.stderr,
+                               duration)
         self.total_s += duration
         self.count += 1
         log.debug("command_finished", argv=list(args), rc=result.returncode,

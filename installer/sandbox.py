@@ -65,7 +65,7 @@ class SandboxSpec:
     exec_binds: list[str]  # binds remounted exec (the host dir may be noexec on COS)
     kernel_install_path: str  # inside the chroot
     log_file: str  # inside the chroot
-    harvest_to: str  # the staging tree
+    harvest_to: str  # the staging tree; "" to keep nothing of what the command wrote
     output_file: str  # installer stdout+stderr
     result_file: str
     lower: str = "/"
@@ -188,7 +188,9 @@ def main(spec_path: str) -> int:
     with open(spec.output_file, "wb") as output:
         proc = subprocess.run(spec.argv, env=env, stdout=output, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, preexec_fn=enter_chroot)  # noqa: PLW1509
-    if proc.returncode == 0:
+    if not spec.harvest_to:
+        pass  # a run whose writes are all thrown away (the .run's extraction)
+    elif proc.returncode == 0:
         spec.harvested = harvest(upper, spec)
     else:
         log_src = upper / spec.log_file.lstrip("/")

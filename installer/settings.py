@@ -37,21 +37,28 @@ class Settings:
     persistence_mode: bool = False
     kernel_module_type: str = "auto"  # auto | open | proprietary
     metrics_file: PurePosixPath | None = None  # host path of a node_exporter textfile
+    cos_artifacts_sha256: str | None = None  # COS manifest (file or URL): pins every artifact
+    download_deadline_s: float = 3600.0  # one download, all attempts (retry.TransferLimits)
+    download_min_rate: float = 10240.0  # bytes/s over each rate window; 0: no floor
+    download_min_rate_time_s: float = 60.0
     extra: dict[str, str] = field(default_factory=dict)
 
     def resolved(self) -> Settings:
         """Fill in derived defaults and check combinations (UsageError on bad input)."""
-        if not self.install_dir_host.is_absolute():
+        if not self.install_dir_host.is_absolute() or ".." in self.install_dir_host.parts:
             raise UsageError(
-                f"--install-dir-host must be an absolute host path, got {str(self.install_dir_host)!r}"
+                f"--install-dir-host must be an absolute host path without '..', got "
+                f"{str(self.install_dir_host)!r}"
             )
         install_dir = self.install_dir
-        if install_dir is None:
-            install_dir = (
-                DEFAULT_INSTALL_DIR_CONTAINER
-                if DEFAULT_INSTALL_DIR_CONTAINER.is_dir()
-                else self.host_root / self.install_dir_host.relative_to("/")
-            )
+        if install_dir is None and DEFAULT_INSTALL_DIR_CONTAINER.is_dir():
+            install_dir = DEFAULT_INSTALL_DIR_CONTAINER
+        elif install_dir is None:
+            from installer.hostroot import HostRoot
+
+            # Resolved on the host (kubectl debug: a symlinked /home must not send us into
+            # this container's own /home).
+            install_dir = HostRoot(self.host_root).resolve(self.install_dir_host)
         sha = self.driver_sha256.lower() if self.driver_sha256 else None
         if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
             raise UsageError(
@@ -77,6 +84,10 @@ class Settings:
                 f"--metrics-file must be an absolute host path, got {str(self.metrics_file)!r}",
                 hint="e.g. /var/lib/node_exporter/textfile_collector/nvidia_driver.prom",
             )
+        if not (self.download_deadline_s > 0 and self.download_min_rate >= 0
+                and self.download_min_rate_time_s > 0):
+            raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
+                             "seconds, --download-min-rate >= 0 bytes/s")
         return replace(self, install_dir=install_dir, driver_sha256=sha)
 
 

@@ -7,8 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from installer import __version__
-from installer.fsutil import write_atomic
+from installer import __version__, redact
+from installer.fsutil import read_limited, write_atomic
+
+MAX_BYTES = 1 << 20
 
 
 def now_iso() -> str:
@@ -16,12 +18,18 @@ def now_iso() -> str:
 
 
 def write(path: Path, **fields: Any) -> None:
-    doc = {"installer_version": __version__, "finished_at": now_iso(), **fields}
+    doc = redact.scrub({"installer_version": __version__, "finished_at": now_iso(), **fields})
     write_atomic(path, json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read(path: Path) -> dict[str, Any] | None:
+    """The last run's record; None when there is none (or it is not JSON).
+
+    Raises ``UnreadableFile`` for something that is not a small regular file
+    (a FIFO there must not hang ``status`` or ``doctor``).
+    """
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        doc = json.loads(read_limited(path, MAX_BYTES))
+    except (FileNotFoundError, NotADirectoryError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None

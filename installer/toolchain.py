@@ -27,7 +27,7 @@ import structlog
 
 from installer import __version__, archive
 from installer.errors import BuildError
-from installer.fsutil import remove_tree, write_atomic
+from installer.fsutil import UnreadableFile, read_limited, remove_tree, write_atomic
 from installer.hostroot import HostRoot
 from installer.runner import CommandError, Runner
 
@@ -58,7 +58,7 @@ def default_tools_dir(explicit: Path | None, host: HostRoot) -> Path:
         return explicit
     if TOOLS_DIR_CONTAINER.is_dir():
         return TOOLS_DIR_CONTAINER
-    return host.path(TOOLS_DIR_HOST)
+    return host.resolve(TOOLS_DIR_HOST)  # a symlinked /var resolves on the host, not here
 
 
 @dataclass(frozen=True)
@@ -84,18 +84,25 @@ class BuildTools:
     def downloads(self) -> Path:
         return self.root / ".downloads"
 
-    def toolchain_ready(self, cc: str) -> bool:
-        return read_marker(self.toolchain) is not None and compiler_path(self.toolchain, cc).exists()
+    def toolchain_ready(self, cc: str, sha256: str | None = None) -> bool:
+        return _marked(self.toolchain, sha256) and compiler_path(self.toolchain, cc).exists()
 
-    def headers_ready(self) -> bool:
-        return read_marker(self.headers) is not None
+    def headers_ready(self, sha256: str | None = None) -> bool:
+        return _marked(self.headers, sha256)
+
+
+def _marked(tree: Path, sha256: str | None) -> bool:
+    """The tree was completely extracted (and, when pinned, from the pinned archive)."""
+    marker = read_marker(tree)
+    return marker is not None and (sha256 is None or marker.get("sha256") == sha256)
 
 
 def read_marker(tree: Path) -> dict | None:
     try:
-        return json.loads((tree / MARKER).read_text())
-    except (OSError, ValueError):
+        doc = json.loads(read_limited(tree / MARKER, 1 << 16))
+    except (OSError, ValueError, UnreadableFile):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def install_archive(

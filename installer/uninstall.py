@@ -7,18 +7,18 @@ anything (exit 8, naming the holders), exactly as a replace would.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import PurePosixPath
 
 import structlog
 
 from installer import devchar, ldcache, modules, readiness, status
-from installer.errors import ModuleLoadError, VerifyError
-from installer.fsutil import write_atomic
+from installer.errors import ModuleLoadError, UsageError, VerifyError
 from installer.hostroot import HostRoot
 from installer.installdir import LAYOUT_DIRS, InstallDir
 from installer.kernel import KernelState
-from installer.lock import LOCK_HOST_PATH, HostLock
+from installer.lock import HostLock
 from installer.runner import CommandError, Runner
 from installer.settings import Settings
 
@@ -29,17 +29,16 @@ def remove_host_ld_entry(host: HostRoot, lib_dir_host: PurePosixPath) -> list[st
     """Drop our ld.so.conf line(s) and our drop-in; returns the host paths changed."""
     changed = []
     entry = str(lib_dir_host)
-    conf = host.path("/etc/ld.so.conf")
-    if conf.is_file():
-        text = conf.read_text()
+    text = host.read_text(ldcache.LD_SO_CONF)
+    if text is not None:
         kept = [ln for ln in text.splitlines() if ln.strip() != entry]
         if len(kept) != len(text.splitlines()):
-            write_atomic(conf, "\n".join(kept) + ("\n" if kept else ""))
-            changed.append("/etc/ld.so.conf")
-    drop_in = host.path("/etc/ld.so.conf.d") / ldcache.DROP_IN
-    if drop_in.is_file() and drop_in.read_text().strip() == entry:
-        drop_in.unlink()  # only ours: another package's nvidia.conf stays
-        changed.append(f"/etc/ld.so.conf.d/{ldcache.DROP_IN}")
+            host.write_atomic(ldcache.LD_SO_CONF, "\n".join(kept) + ("\n" if kept else ""))
+            changed.append(str(ldcache.LD_SO_CONF))
+    drop_in = host.read_text(ldcache.HOST_DROP_IN)
+    if drop_in is not None and drop_in.strip() == entry:
+        host.unlink(ldcache.HOST_DROP_IN)  # only ours: another package's nvidia.conf stays
+        changed.append(str(ldcache.HOST_DROP_IN))
     return changed
 
 
@@ -55,6 +54,26 @@ def remove_device_nodes(dev_dir) -> list[str]:
     return removed
 
 
+def _is_ours(install: InstallDir) -> bool:
+    """Whether the install dir is one an installer made: our (or GKE's) ``.cache`` or our
+    ``status.json`` is in it. Layout dirs without either are refused (exit 2): the
+    options point somewhere else (``--install-dir-host /`` would name the host's own
+    ``/bin`` and ``/lib64``)."""
+    ours = any(p.is_file() and not p.is_symlink()
+               for p in (install.cache_file, install.status_file))
+    present = [d for d in LAYOUT_DIRS if os.path.lexists(install.root / d)]
+    if present and not ours:
+        raise UsageError(
+            f"{install.root} (host {install.host_path}) is not an NVIDIA install dir: it has "
+            f"{', '.join(d + '/' for d in present)} but no .cache or status.json; not removing "
+            "anything",
+            hint="check --install-dir-host / --install-dir (NVIDIA_INSTALL_DIR_HOST / "
+            "NVIDIA_INSTALL_DIR_CONTAINER) name the driver's install dir",
+            path=str(install.host_path),
+        )
+    return ours
+
+
 def run(settings: Settings) -> dict[str, object]:
     assert settings.install_dir is not None, "settings must be resolved"
     started = time.monotonic()
@@ -63,7 +82,8 @@ def run(settings: Settings) -> dict[str, object]:
     runner = Runner()
     install = InstallDir(settings.install_dir, settings.install_dir_host)
     done: dict[str, object] = {}
-    with HostLock(host.path(LOCK_HOST_PATH), settings.lock_timeout_s):
+    with HostLock(host, settings.lock_timeout_s):
+        ours = _is_ours(install)
         # In use: refuse before touching anything (ModuleLoadError, exit 8, names holders).
         loaded = modules.loaded_driver_version(kernel)
         busy = modules.users(kernel) if loaded is not None else {}
@@ -96,7 +116,7 @@ def run(settings: Settings) -> dict[str, object]:
         doc = {"outcome": "uninstalled", "exit_code": 0, "previous_driver_version": loaded,
                "install_dir_host": str(install.host_path), "changes": done,
                "duration_s": round(time.monotonic() - started, 3)}
-        if install.root.is_dir():
+        if ours or done["install_dir_removed"]:
             status.write(install.status_file, **doc)
     log.info("uninstall_finished", **done, previous_driver_version=loaded,
              message="nothing to remove: no NVIDIA driver was installed or loaded" if nothing

@@ -47,6 +47,9 @@ class Pod:
     # Dirs shared with the test at the same path (fake kernel state): writes must reach them,
     # not the rootfs overlay's throw-away upper dir.
     shared: list[Path] = field(default_factory=list)
+    # False: no /usr/local/nvidia in the container, as under `kubectl debug` (the installer
+    # then falls back to <host-root>/<install-dir-host>).
+    mount_install_dir: bool = True
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 600,
             chroot: bool = True, install_dir_tmpfs: str | None = None,
@@ -97,12 +100,15 @@ class Pod:
             f"mkdir -p {q(str(layer))}/upper {q(str(layer))}/work",
             f"mount -t overlay overlay -o lowerdir=/,upperdir={layer}/upper,workdir={layer}/work "
             f"{q(str(rootfs))}",
-            f"mkdir -p {rootfs}/root {rootfs}/usr/local/nvidia {rootfs}/usr/local/sbin",
+            f"mkdir -p {rootfs}/root {rootfs}/usr/local/sbin",
             f"mount --bind {q(str(self.node_root))} {rootfs}/root",
-            (f"mount -t tmpfs -o size={tmpfs_size} tmpfs {rootfs}/usr/local/nvidia && "
+            (f"mkdir -p {rootfs}/usr/local/nvidia && "
+             f"mount -t tmpfs -o size={tmpfs_size} tmpfs {rootfs}/usr/local/nvidia && "
              f"cp -a {q(str(self.install_dir))}/. {rootfs}/usr/local/nvidia/")
             if tmpfs_size else
-            f"mount --bind {q(str(self.install_dir))} {rootfs}/usr/local/nvidia",
+            f"mkdir -p {rootfs}/usr/local/nvidia && "
+            f"mount --bind {q(str(self.install_dir))} {rootfs}/usr/local/nvidia"
+            if self.mount_install_dir else f"rm -rf {rootfs}/usr/local/nvidia",
             f"mount --rbind /dev {rootfs}/dev",
             f"mount -t proc proc {rootfs}/proc",
             f"mount --rbind /sys {rootfs}/sys",

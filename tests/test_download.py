@@ -802,3 +802,72 @@ def test_large_download_logs_progress_events(server, session, tmp_path, monkeypa
         download(session, server.url_for("/big"), tmp_path / "big", policy=FAST)
     events = [e for e in logs if e["event"] == "download_progress"]
     assert [e["percent"] for e in events] == [25.0, 50.0, 75.0]
+
+
+# --------------------------------------------------------------------------- hostile servers
+
+
+def _with_limits(session, **kw):
+    session.transfer_limits = retry.TransferLimits(**kw)
+    return session
+
+
+def trickle(request: Request) -> Response:
+    def body():
+        for _ in range(100):
+            yield b"x"
+            time.sleep(0.2)
+
+    return Response(body(), headers={"Content-Length": "100"}, direct_passthrough=True)
+
+
+def test_download_deadline_cuts_a_trickling_body(server, session, tmp_path):
+    server.expect_request("/slow.run").respond_with_handler(trickle)
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match=r"did not finish within its 1s deadline") as err:
+        download(_with_limits(session, deadline_s=1, min_rate=0), server.url_for("/slow.run"),
+                 tmp_path / "slow.run", policy=FAST)
+    assert time.monotonic() - start < 3
+    assert err.value.exit_code == 5
+    assert no_part_files(tmp_path)
+
+
+def test_minimum_rate_cuts_an_attempt_and_retries(server, session, tmp_path, no_sleep):
+    server.expect_request("/slow.run").respond_with_handler(trickle)
+    with pytest.raises(DownloadError, match=r"slower than 1000 B/s") as err:
+        download(_with_limits(session, min_rate=1000, rate_time_s=0.5),
+                 server.url_for("/slow.run"), tmp_path / "slow.run",
+                 policy=RetryPolicy(2, 0.01, 0.01, 30, 3, 3))
+    assert err.value.context["attempts"] == 2
+
+
+@pytest.mark.parametrize("body", [b"\x1f\x8b" + b"\0" * 64, b"not gzip at all"])
+def test_content_encoded_bodies_are_refused(server, session, tmp_path, body):
+    server.expect_request("/enc.run").respond_with_data(body, headers={"Content-Encoding": "gzip"})
+    with pytest.raises(DownloadError, match="'gzip'-encoded body"):
+        download(session, server.url_for("/enc.run"), tmp_path / "enc.run", policy=FAST)
+    assert no_part_files(tmp_path)
+
+
+def test_fetch_text_refuses_encoded_bodies_too(server, session):
+    server.expect_request("/meta").respond_with_data(b"x", headers={"Content-Encoding": "br"})
+    with pytest.raises(DownloadError, match="'br'-encoded"):
+        fetch_text(session, server.url_for("/meta"), policy=FAST)
+
+
+def test_an_implausible_size_is_not_reported_as_a_full_disk(server, session, tmp_path):
+    def huge(request: Request) -> Response:
+        return Response(iter([b"x"]), headers={"Content-Length": str(10**15)},
+                        direct_passthrough=True)
+
+    server.expect_request("/huge.run").respond_with_handler(huge)
+    with pytest.raises(DownloadError, match="announced 1000000000000000 bytes"):
+        download(session, server.url_for("/huge.run"), tmp_path / "huge.run", policy=FAST)
+
+
+def test_a_fifo_behind_a_file_url_is_refused_not_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(DownloadError, match="not a regular file"):
+        download(None, f"file://{tmp_path}/fifo", tmp_path / "out", policy=FAST)
+    with pytest.raises(DownloadError, match="is a FIFO"):
+        fetch_text(None, f"file://{tmp_path}/fifo")

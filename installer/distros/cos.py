@@ -35,7 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 import structlog
 
-from installer import archive, cache, headers, modsign, steps, toolchain
+from installer import archive, cache, headers, modsign, pins, steps, toolchain
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.cos_artifacts import (
@@ -64,6 +64,7 @@ from installer.modinfo import read_modinfo
 from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.toolchain import BuildTools
+from installer.urls import artifacts_root, check_url_scheme
 
 if TYPE_CHECKING:
     from installer.retry import RetryPolicy
@@ -185,8 +186,10 @@ def fetch_artifacts(fetches: tuple[Fetch, ...], tools: BuildTools | None) -> Ste
         from installer.download import DownloadJob, download_all
 
         if tools is not None and any(f.where == "tools" for f in fetches):
-            # Archives a failed run left (extracted trees are kept only when complete).
+            # Archives a killed run left (extracted trees are kept only when complete);
+            # a failing run removes its own.
             archive.remove_tree(tools.downloads)
+            ctx.scratch.append(tools.downloads)
         jobs = []
         for f in fetches:
             if f.where == "staging":
@@ -512,7 +515,22 @@ class Cos(Distro):
         info = ctx.host_info
         assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
         return Artifacts(self._base(ctx), info.build_id, info.board, ctx.http,
-                         allow_insecure_http=ctx.settings.allow_insecure_http, policy=policy)
+                         allow_insecure_http=ctx.settings.allow_insecure_http, policy=policy,
+                         manifest=self._manifest(ctx))
+
+    def _manifest(self, ctx: Context) -> pins.Manifest | None:
+        """--cos-artifacts-sha256, loaded once per run."""
+        location = ctx.settings.cos_artifacts_sha256
+        if not location:
+            return None
+        if "cos_manifest" not in ctx.facts:
+            from installer.download import fetch_text
+
+            if "://" in location:
+                check_url_scheme(location, allow_insecure_http=ctx.settings.allow_insecure_http)
+            ctx.facts["cos_manifest"] = pins.load(location, lambda url: fetch_text(
+                ctx.http, url, allow_insecure_http=ctx.settings.allow_insecure_http))
+        return ctx.facts["cos_manifest"]
 
     def _tools(self, ctx: Context) -> BuildTools:
         assert ctx.host_info.build_id is not None
@@ -672,11 +690,14 @@ class Cos(Distro):
             signed_what="precompiled modules signed by Google" if precompiled
             else "signed prebuilt modules")
         tail = steps.activate_staged(ctx, version, key)
-        run_fetch = Fetch("driver_download", run_url, "staging", "driver",
-                          ctx.settings.driver_sha256)
+        run_sha = ctx.settings.driver_sha256 or (arts.manifest.lookup(run_url.rsplit("/", 1)[-1])
+                                                 if arts.manifest else None)
+        run_fetch = Fetch("driver_download", run_url, "staging", "driver", run_sha)
+        summary["driver_sha256"] = run_sha
         if prebuilt:
             fetches = (run_fetch,
-                       Fetch("prebuilt_download", prebuilt_url, "staging", "prebuilt modules"))
+                       Fetch("prebuilt_download", prebuilt_url, "staging", "prebuilt modules",
+                             arts.pin(prebuilt_url, "prebuilt modules")))
             return Plan("fresh", (
                 check_gpus(version, ctx.settings.kernel_module_type, "open"),
                 sign_step,
@@ -696,14 +717,14 @@ class Cos(Distro):
         fetches = [run_fetch]
         if precompiled:
             # The custom .run replaces NVIDIA's public one (--driver-sha256 names that).
-            fetches = [Fetch("driver_download", custom_url, "staging", "precompiled driver"),
-                       Fetch("signatures_download", signatures_url, "staging", "signatures")]
+            fetches = [Fetch("driver_download", custom_url, "staging", "precompiled driver",
+                             arts.pin(custom_url, "precompiled driver")),
+                       Fetch("signatures_download", signatures_url, "staging", "signatures",
+                             arts.pin(signatures_url, "signatures"))]
             summary["driver_url"] = custom_url
+            summary["driver_sha256"] = fetches[0].sha256
         headers_url = arts.url(KERNEL_HEADERS)
-        if headers_preset is None and not tools.headers_ready():
-            fetches.append(Fetch("headers_download", headers_url, "tools", "kernel headers"))
-        if not tools.toolchain_ready(tc_env["CC"]):
-            fetches.append(Fetch("toolchain_download", tc_url, "tools", "toolchain"))
+        fetches += self._tools_fetches(arts, tools, tc_env, tc_url, headers_preset is None)
         summary.update({
             "kernel_headers_url": headers_url if headers_preset is None else None,
             "kernel_source_path": headers_preset.describe() if headers_preset else None,
@@ -740,11 +761,23 @@ class Cos(Distro):
             *tail,
         ), summary)
 
+    def _tools_fetches(self, arts: Artifacts, tools: BuildTools, tc_env: dict[str, str],
+                       tc_url: str, want_headers: bool) -> list[Fetch]:
+        """Kernel headers and toolchain, unless cached (from the pinned archives, if pinned)."""
+        fetches = []
+        headers_url = arts.url(KERNEL_HEADERS)
+        pin = arts.pin(headers_url, "kernel headers") if want_headers else None
+        if want_headers and not tools.headers_ready(pin):
+            fetches.append(Fetch("headers_download", headers_url, "tools", "kernel headers", pin))
+        pin = arts.pin(tc_url, "toolchain")
+        if not tools.toolchain_ready(tc_env["CC"], pin):
+            fetches.append(Fetch("toolchain_download", tc_url, "tools", "toolchain", pin))
+        return fetches
+
     def _toolchain_source(self, ctx: Context, arts: Artifacts) -> tuple[dict[str, str], str]:
         env = parse_toolchain_env(arts.fetch_text(TOOLCHAIN_ENV_FILE))
-        url = toolchain_location(arts.fetch_text(TOOLCHAIN_URL_FILE), arts.base)
-        from installer.download import check_url_scheme
-
+        url = toolchain_location(arts.fetch_text(TOOLCHAIN_URL_FILE), arts.base,
+                                 artifacts_root(ctx.settings.cos_artifacts_url))
         check_url_scheme(url, allow_insecure_http=ctx.settings.allow_insecure_http)
         return env, url
 
@@ -761,11 +794,7 @@ class Cos(Distro):
         tools = self._tools(ctx)
         tc_env, tc_url = self._toolchain_source(ctx, arts)
         headers_url = arts.url(KERNEL_HEADERS)
-        fetches = []
-        if not tools.headers_ready():
-            fetches.append(Fetch("headers_download", headers_url, "tools", "kernel headers"))
-        if not tools.toolchain_ready(tc_env["CC"]):
-            fetches.append(Fetch("toolchain_download", tc_url, "tools", "toolchain"))
+        fetches = self._tools_fetches(arts, tools, tc_env, tc_url, True)
         plan_steps: list[Step] = []
         if fetches:
             plan_steps.append(fetch_artifacts(tuple(fetches), tools))

@@ -24,6 +24,9 @@ def run_main(capsys, args, monkeypatch=None, env=None):
         pytest.param(["--driver-url", "ftp://x/y.run"], "ftp", id="scheme"),
         pytest.param(["--lock-timeout", "-1"], "lock-timeout", id="negative-timeout"),
         pytest.param(["--no-such-flag"], "No such option", id="unknown-flag"),
+        pytest.param(["--download-deadline", "0"], "download-deadline", id="zero-deadline"),
+        pytest.param(["--download-min-rate", "-1"], "download-min-rate", id="negative-rate"),
+        pytest.param(["--install-dir-host", "/../../etc"], "without '..'", id="dotdot-dir"),
     ],
 )
 def test_usage_errors_exit_2(capsys, tmp_path, args, needle):
@@ -55,7 +58,29 @@ def test_every_contract_env_var_is_an_install_option():
         "NVIDIA_DRIVER_VERSION", "NVIDIA_DRIVER_DOWNLOAD_URL", "NVIDIA_DRIVER_BASE_URL",
         "NVIDIA_DRIVER_SHA256", "COS_DOWNLOAD_GCS", "KERNEL_RELEASE", "KERNEL_SOURCE_PATH",
         "FORCE_REINSTALL", "LOCK_TIMEOUT", "LOG_FORMAT", "ALLOW_INSECURE_HTTP",
+        "DOWNLOAD_DEADLINE", "DOWNLOAD_MIN_RATE", "DOWNLOAD_MIN_RATE_TIME", "COS_ARTIFACTS_SHA256",
     } <= envvars
+
+
+def test_install_help_documents_the_security_options(capsys):
+    code, out, _ = run_main(capsys, ["install", "--help"])
+    assert code == 0
+    for needle in ("--download-deadline", "DOWNLOAD_DEADLINE", "--download-min-rate",
+                   "DOWNLOAD_MIN_RATE_TIME", "--cos-artifacts-sha256", "COS_ARTIFACTS_SHA256"):
+        assert needle in out
+
+
+def test_a_bug_traceback_is_shown_without_secrets(capsys, monkeypatch, tmp_path):
+    from installer import install as install_flow
+
+    def bug(settings):
+        raise RuntimeError(f"boom fetching {settings.driver_url}")
+
+    monkeypatch.setattr(install_flow, "run", bug)
+    url = "https://u:Hunter2pass@h.example/x/NVIDIA-Linux-x86_64-550.54.14.run?sig=Sig9secret"
+    code, _, err = run_main(capsys, ["install", "--host-root", str(tmp_path), "--driver-url", url])
+    assert code == 1 and "Traceback" in err and "RuntimeError: boom" in err
+    assert "Hunter2pass" not in err and "Sig9secret" not in err
 
 
 def test_help_lists_commands(capsys):

@@ -103,3 +103,23 @@ def test_a_lock_file_holding_more_than_a_pid_is_not_truncated(host):
     with HostLock(host):
         pass
     assert lock.read_text() == "not a pid: something a person wrote\n"
+
+
+def test_protected_symlinks_eacces_is_a_clear_exit_4(host, monkeypatch):
+    """With fs.protected_symlinks=1 the kernel answers EACCES for another user's link in a
+    sticky dir (a global sysctl, so simulated here): a refusal, not a traceback."""
+    import errno
+
+    from installer import lock as lock_mod
+
+    real_open = os.open
+
+    def open_(path, flags, *args, **kw):
+        if str(path) == "cos_gpu_installer_lock":
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(lock_mod.os, "open", open_)
+    with pytest.raises(LockHeldError, match="refusing the host lock .*Permission denied"), \
+            HostLock(host):
+        pass

@@ -73,3 +73,25 @@ def test_refused_hosts_exit_3(os_release, needle):
     assert needle in err.value.message
     assert err.value.exit_code == 3
     assert err.value.context["path"] == "/r/etc/os-release"
+
+
+def test_shell_words_match_shlex_and_stay_linear():
+    """The host's files are parsed as shlex would, without its quadratic cost."""
+    import random
+    import shlex
+    import time
+
+    from installer.osinfo import shell_words
+
+    rng = random.Random(7)
+    for _ in range(20000):
+        text = "".join(rng.choice("ab '\"\\\t$`#\r\n") for _ in range(rng.randint(0, 12)))
+        try:
+            want = shlex.split(text, comments=False, posix=True)
+        except ValueError:
+            want = None
+        assert shell_words(text) == want, repr(text)
+    start = time.monotonic()
+    assert shell_words('"' + "x" * (8 << 20) + '"') == ["x" * (8 << 20)]
+    assert shell_words('"' + "x" * (8 << 20)) is None  # an open quote: still one pass
+    assert time.monotonic() - start < 5

@@ -1,0 +1,109 @@
+"""SHA-256 pins for what we download and run as root.
+
+The NVIDIA ``.run`` is pinned with ``--driver-sha256``. COS artifacts (kernel
+headers, toolchain, prebuilt modules, the custom ``.run``, signatures) are
+pinned with a manifest, ``--cos-artifacts-sha256 FILE|URL``: ``sha256sum``
+output (``<hex>  <name>`` per line, ``*`` binary marker allowed), made when a
+build is first vetted. An artifact is found by its path under the build's
+artifacts URL (``extensions/gpu/…``) or by its file name. With a manifest,
+every artifact the plan fetches must be listed (exit 6 before any download
+otherwise); metadata files listed in it (``toolchain_env``, ``toolchain_url``,
+``gpu_*_version``) are checked too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import structlog
+
+from installer.errors import IntegrityError, UsageError
+from installer.fsutil import UnreadableFile, read_limited
+from installer.urls import redact_url
+
+log = structlog.get_logger(__name__)
+
+MAX_MANIFEST_BYTES = 1 << 20
+_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: str  # where it came from (redacted), for messages
+    digests: dict[str, str]  # name (as listed) -> sha256
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> Manifest:
+        digests: dict[str, str] = {}
+        for n, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            m = _LINE.match(line)
+            if m is None:
+                raise UsageError(
+                    f"line {n} of the COS artifacts manifest {source} is not "
+                    "'<sha256>  <name>'",
+                    hint="make it with sha256sum (one artifact per line)", path=source)
+            digests[m.group(2).strip().removeprefix("./")] = m.group(1).lower()
+        if not digests:
+            raise UsageError(f"the COS artifacts manifest {source} lists no artifact",
+                             path=source)
+        return cls(source, digests)
+
+    def lookup(self, name: str) -> str | None:
+        """The digest of artifact ``name`` (a path under the build, or a URL's file name)."""
+        if name in self.digests:
+            return self.digests[name]
+        base = name.rsplit("/", 1)[-1]
+        found = {d for listed, d in self.digests.items() if listed.rsplit("/", 1)[-1] == base}
+        return found.pop() if len(found) == 1 else None
+
+    def require(self, url: str, label: str) -> str:
+        """The digest pinning ``url``; IntegrityError (exit 6) when the manifest has none."""
+        name = unquote(urlsplit(url).path).rstrip("/").rsplit("/", 1)[-1]
+        digest = self.lookup(name)
+        if digest is None:
+            raise IntegrityError(
+                f"the {label} {redact_url(url)} is not pinned by the COS artifacts manifest "
+                f"{self.source} (no entry for {name!r}); not downloading it",
+                hint="add its sha256 to the manifest once the artifact is vetted, or pick the "
+                "driver version the manifest was made for",
+                url=redact_url(url))
+        return digest
+
+    def check_text(self, name: str, text: str | None, url: str) -> None:
+        """A metadata file read from the build: if the manifest lists it, it must match."""
+        digest = self.lookup(name) if text is not None else None
+        if digest is None or text is None:
+            return
+        actual = hashlib.sha256(text.encode()).hexdigest()
+        if actual != digest:
+            raise IntegrityError(
+                f"sha256 mismatch for {redact_url(url)}: the COS artifacts manifest "
+                f"{self.source} says {digest}, got {actual}",
+                hint="the build's metadata changed since the manifest was made: check the "
+                "mirror", url=redact_url(url), expected_sha256=digest, actual_sha256=actual)
+
+
+def load(location: str, fetch_url) -> Manifest:
+    """The manifest at a container path or a URL (``fetch_url(url) -> text | None``)."""
+    if urlsplit(location).scheme:
+        shown = redact_url(location)
+        text = fetch_url(location)
+        if text is None:
+            raise UsageError(f"the COS artifacts manifest {shown} does not exist (HTTP 404)",
+                             hint="check --cos-artifacts-sha256 (COS_ARTIFACTS_SHA256)", url=shown)
+        return Manifest.parse(text, shown)
+    try:
+        data = read_limited(Path(location), MAX_MANIFEST_BYTES)
+    except (OSError, UnreadableFile) as exc:
+        why = exc.reason if isinstance(exc, UnreadableFile) else (exc.strerror or str(exc))
+        raise UsageError(f"cannot read the COS artifacts manifest {location}: {why}",
+                         hint="check --cos-artifacts-sha256 (COS_ARTIFACTS_SHA256)",
+                         path=location) from None
+    return Manifest.parse(data.decode(errors="replace"), location)

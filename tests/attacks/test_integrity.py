@@ -1,0 +1,102 @@
+"""Integrity of what runs as root: unpinned drivers said out loud, COS artifacts pinned by a
+manifest, and the .run's own shell header (cases 13 and 14).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from tests.attacks.conftest import RUN, V, event_names, outcome
+from tests.pod import events
+
+pytestmark = pytest.mark.chroot
+
+BIG = ("kernel-headers.tgz", "toolchain.tar.xz", ".run")
+
+
+# -- case 13: pinning ----------------------------------------------------------------------------
+
+
+def test_an_unpinned_driver_is_warned_about_and_a_pinned_one_is_not(ubuntu, driver_run):
+    proc = ubuntu.run("install")
+    outcome(proc, 0, "installed and verified")
+    warned = [e for e in events(proc.stderr) if e.get("event") == "artifacts_unpinned"]
+    assert len(warned) == 1 and "--driver-sha256" in warned[0]["message"]
+    proc = ubuntu.run("install", "--force", "--driver-sha256", driver_run.sha256(V))
+    outcome(proc, 0, "installed and verified")
+    assert "artifacts_unpinned" not in event_names(proc)
+    ubuntu.assert_host_unchanged(installed=True)
+
+
+def _manifest(build, tmp_path, *, drop: str | None = None, wrong: str | None = None) -> str:
+    """sha256sum of the build's files (as a vetting step would write it)."""
+    lines = []
+    for path in sorted(p for p in build.rglob("*") if p.is_file()):
+        rel = path.relative_to(build).as_posix()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if rel == drop:
+            continue
+        if rel == wrong:
+            digest = "0" * 64
+        lines.append(f"{digest}  {rel}")
+    out = tmp_path / "SHA256SUMS"
+    out.write_text("\n".join(lines) + "\n")
+    return str(out)
+
+
+def _big_gets(server) -> list[str]:
+    return [r.path for r in server.requests if r.method == "GET" and r.path.endswith(BIG)]
+
+
+@pytest.mark.parametrize("where", ["file", "url"])
+def test_cos_artifacts_pinned_by_a_manifest_are_verified(cos, tmp_path, where):
+    manifest = _manifest(cos.bucket.write(), tmp_path)
+    if where == "url":
+        manifest = cos.server.serve("/vetted/SHA256SUMS", tmp_path / "SHA256SUMS")
+    proc = cos.run("install", env={"COS_ARTIFACTS_SHA256": manifest})
+    outcome(proc, 0, "installed and verified")
+    pinned = {e["label"]: e["expected_sha256"] for e in events(proc.stderr)
+              if e.get("event") == "download_started"}
+    assert pinned["kernel headers"] and pinned["toolchain"], pinned
+    marker = cos.node.path("/var/lib/cos-tools/17801.218.41/toolchain/"
+                           ".nvidia-driver-installer.json")
+    assert json.loads(marker.read_text())["sha256"] == pinned["toolchain"]
+    cos.assert_host_unchanged(installed=True)
+
+
+def test_a_cos_artifact_that_does_not_match_its_pin_is_exit_6(cos, tmp_path):
+    manifest = _manifest(cos.bucket.write(), tmp_path, wrong="kernel-headers.tgz")
+    proc = cos.run("install", env={"COS_ARTIFACTS_SHA256": manifest})
+    outcome(proc, 6, "sha256 mismatch", "kernel-headers.tgz")
+    cos.assert_host_unchanged()
+
+
+def test_a_cos_artifact_the_manifest_does_not_list_is_refused_before_any_download(cos, tmp_path):
+    manifest = _manifest(cos.bucket.write(), tmp_path, drop="toolchain.tar.xz")
+    proc = cos.run("install", env={"COS_ARTIFACTS_SHA256": manifest})
+    outcome(proc, 6, "not pinned by the COS artifacts manifest", "toolchain.tar.xz")
+    assert _big_gets(cos.server) == []
+    cos.assert_host_unchanged()
+
+
+# -- case 14: the .run's shell header -------------------------------------------------------------
+
+EVIL_HEADER_RUN = """#!/bin/sh
+# A .run whose makeself header does more than extract: it writes where it can.
+echo pwned > {target}
+exit 1
+"""
+
+
+def test_the_run_files_shell_header_is_extracted_inside_the_sandbox(ubuntu):
+    """Whatever the .run's header does while extracting must not reach the container (or
+    the host): unpinned, it is NVIDIA's code running as root, but not outside a sandbox."""
+    target = ubuntu.canary / "written-by-the-run-header"
+    ubuntu.server.serve(f"/tesla/{V}/{RUN}", EVIL_HEADER_RUN.format(target=target))
+    proc = ubuntu.run("install")
+    assert proc.returncode in (6, 7), proc.stderr[-3000:]
+    assert not target.exists()
+    ubuntu.assert_host_unchanged()
