@@ -9,6 +9,7 @@ node, so anything that lands in the canary itself was written outside the host r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -137,10 +138,11 @@ def canary(tmp_path):
     return d
 
 
-@pytest.fixture
-def ubuntu(tmp_path, canary, driver_run):
-    node = build_ubuntu_node(tmp_path / "node", kernel_release=UBUNTU_KERNEL)
-    kernel = FakeKernel(tmp_path / "kernel", UBUNTU_KERNEL)
+@contextlib.contextmanager
+def _world(tmp_path, canary, driver_run, node, env):
+    """A node with a GPU, the driver .runs on a local HTTPS server, and a pod whose
+    container also sees the canary dir (outside the host root)."""
+    kernel = FakeKernel(tmp_path / "kernel", node.kernel_release)
     kernel.add_gpu()
     with ArtifactServer() as server:
         for version in (V, V_OLD):
@@ -148,10 +150,16 @@ def ubuntu(tmp_path, canary, driver_run):
                          driver_run.path(version))
         pod = Pod(node_root=node.root, install_dir=node.install_dir, scratch=tmp_path / "pod",
                   fakebin=kernel.bin_dir, shared=[kernel.root, canary],
-                  env={**kernel.env(), "NVIDIA_DRIVER_VERSION": V,
-                       "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
+                  env={**kernel.env(), **env, "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
                        "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path)})
-        yield World(node, kernel, server, pod, canary)
+        yield node, kernel, server, pod
+
+
+@pytest.fixture
+def ubuntu(tmp_path, canary, driver_run):
+    node = build_ubuntu_node(tmp_path / "node", kernel_release=UBUNTU_KERNEL)
+    with _world(tmp_path, canary, driver_run, node, {"NVIDIA_DRIVER_VERSION": V}) as parts:
+        yield World(*parts, canary)
 
 
 @pytest.fixture
@@ -159,14 +167,5 @@ def cos(tmp_path, canary, driver_run):
     """A COS node whose build serves everything (the bucket is written at the first run, so a
     test may change it first)."""
     node = build_cos_node(tmp_path / "node", kernel_release=COS_KERNEL)
-    kernel = FakeKernel(tmp_path / "kernel", COS_KERNEL)
-    kernel.add_gpu()
-    with ArtifactServer() as server:
-        for version in (V, V_OLD):
-            server.serve(f"/tesla/{version}/NVIDIA-Linux-x86_64-{version}.run",
-                         driver_run.path(version))
-        pod = Pod(node_root=node.root, install_dir=node.install_dir, scratch=tmp_path / "pod",
-                  fakebin=kernel.bin_dir, shared=[kernel.root, canary],
-                  env={**kernel.env(), "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
-                       "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path)})
-        yield World(node, kernel, server, pod, canary, Bucket(tmp_path / "bucket"))
+    with _world(tmp_path, canary, driver_run, node, {}) as parts:
+        yield World(*parts, canary, Bucket(tmp_path / "bucket"))
