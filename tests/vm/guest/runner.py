@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-TAIL = 12000
+TAIL = 48000  # an install logs ~40 JSON events; its plan_ready must stay in the tail
 
 
 def dmesg_lines():
