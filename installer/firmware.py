@@ -56,7 +56,8 @@ def read_search_path(kernel: KernelState) -> str | None:
 
 
 def ours(install: InstallDir) -> set[str]:
-    return {str(install.host_path / "firmware"), str(install.host_path / ".staging" / "firmware")}
+    """The live and the staged firmware dirs, as the host names them."""
+    return {str(install.host_view(tree.firmware)) for tree in (install, Tree(install.staging_dir))}
 
 
 def make_findable(kernel: KernelState, host: HostRoot, install: InstallDir, tree: Tree) -> Placement:

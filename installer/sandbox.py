@@ -188,11 +188,9 @@ def main(spec_path: str) -> int:
     with open(spec.output_file, "wb") as output:
         proc = subprocess.run(spec.argv, env=env, stdout=output, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, preexec_fn=enter_chroot)  # noqa: PLW1509
-    if not spec.harvest_to:
-        pass  # a run whose writes are all thrown away (the .run's extraction)
-    elif proc.returncode == 0:
+    if spec.harvest_to and proc.returncode == 0:
         spec.harvested = harvest(upper, spec)
-    else:
+    elif spec.harvest_to:
         log_src = upper / spec.log_file.lstrip("/")
         if log_src.is_file():
             shutil.copy(log_src, Path(spec.harvest_to) / "nvidia-installer.log")

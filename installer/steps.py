@@ -119,8 +119,9 @@ def build_driver(version: str, module_type: str | None = None, *,
         # (e.g. the COS toolchain on its own mount): (container path, chroot path).
         binds += ctx.facts.get("build_binds", [])
         # A kernel-state seam (tests) must mean the same kernel inside the sandbox.
-        binds += [(path, path) for path in ctx.kernel.seam_env().values()]
-        env = {**ctx.kernel.seam_env(), **ctx.facts.get("build_env", {})}
+        seams = ctx.kernel.seam_env()
+        binds += [(path, path) for path in seams.values()]
+        env = {**seams, **ctx.facts.get("build_env", {})}
         try:
             nvidia_run.build(
                 ctx.runner, extract_dir=ctx.facts["extract_dir"], staging=staging,
