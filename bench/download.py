@@ -1,4 +1,4 @@
-"""Benchmark installer.download against curl + sha256sum, over real HTTPS on 127.0.0.1.
+"""Benchmark installer.net.transfer against curl + sha256sum, over real HTTPS on 127.0.0.1.
 
     python bench/download.py [--size-mb 1024] [--runs 3] [--dir DIR] [--chunk-kib N ...]
 
@@ -7,7 +7,7 @@ Builds a random file, serves it from a threaded ``http.server`` wrapped in TLS
 
 - baseline: ``curl -s -o FILE --cacert CA URL`` then ``sha256sum FILE``
   (download, then hash: what a shell installer does);
-- ours: ``installer.download.download()`` in a fresh Python subprocess
+- ours: ``installer.net.transfer.download()`` in a fresh Python subprocess
   (stream + sha256 + fsync + rename), timed around the call; the child
   reports its peak RSS (``ru_maxrss``).
 
@@ -50,12 +50,13 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import structlog, logging
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-from installer import download as d
-from installer.retry import RetryPolicy
+from installer.net import transfer as d
+from installer.net.retry import RetryPolicy
+from installer.net.session import make_session
 url, dest, ca, chunk = sys.argv[2], Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 if chunk:
     d.CHUNK_SIZE = chunk
-s = d.make_session()
+s = make_session()
 s.verify = ca
 pol = RetryPolicy(attempts=3, wait_initial=0.05, wait_max=0.2, total_timeout=120,
                   connect_timeout=5, read_timeout=30)

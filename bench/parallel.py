@@ -12,9 +12,9 @@ from ``tests.fixtures.server.ArtifactServer`` (HTTPS on 127.0.0.1, private
 CA) in a separate process, every response body paced to ``--rate-mb`` MB/s
 per connection. Then ``--runs`` times, rotating the order:
 
-- parallel: ``installer.download.download_all`` of the three jobs (what the
+- parallel: ``installer.net.parallel.download_all`` of the three jobs (what the
   COS flow's ``fetch_artifacts`` step does);
-- sequential: ``installer.download.download`` of each in turn (the baseline);
+- sequential: ``installer.net.transfer.download`` of each in turn (the baseline);
 - largest alone: ``download`` of the 600 MB toolchain only (the floor).
 
 Each download streams, hashes and fsyncs as in a real install; every sha256
@@ -74,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # they would override our CA
         os.environ.pop(var, None)
     quiet_structlog()
-    from installer.download import DownloadJob, download, download_all, make_session
-    from installer.retry import RetryPolicy
+    from installer.net.parallel import DownloadJob, download_all
+    from installer.net.retry import RetryPolicy
+    from installer.net.session import make_session
+    from installer.net.transfer import download
 
     work = Path(tempfile.mkdtemp(prefix="bench-parallel-", dir=args.dir))
     server = None

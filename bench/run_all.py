@@ -45,7 +45,7 @@ def _num(pattern: str, text: str) -> float | None:
 
 def download_rows(out: str, size_mb: str) -> list[Row]:
     """Rows from bench/download.py's printed figures (it has no JSON output)."""
-    from installer.download import CHUNK_SIZE
+    from installer.net.transfer import CHUNK_SIZE
 
     ratio = _num(r"^ratio ours/curl \(median\):\s+([\d.]+)", out)
     curl = _num(r"^curl -o \+ sha256sum\s+([\d.]+)", out)

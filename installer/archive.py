@@ -34,7 +34,6 @@ A disk that fills up while extracting is exit 11 (``DiskSpaceError``).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fnmatch
 import lzma
@@ -50,6 +49,7 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from installer.errors import DiskSpaceError, IntegrityError
+from installer.fsutil import remove_tree
 
 log = structlog.get_logger(__name__)
 
@@ -311,7 +311,7 @@ def extract(
     target.parent.mkdir(parents=True, exist_ok=True)
     work = target.with_name(f".{target.name}.extracting")
     if work.exists() or work.is_symlink():
-        remove_tree(work)
+        remove_tree(work, ignore_errors=True)
     work.mkdir(mode=0o755)
     member_name = None
     try:
@@ -331,7 +331,7 @@ def extract(
             ex.finish()
         os.replace(work, target)
     except _Refused as exc:
-        remove_tree(work)
+        remove_tree(work, ignore_errors=True)
         where = f" member {member_name!r}" if member_name is not None else ""
         raise IntegrityError(
             f"unsafe archive {label}:{where} has {exc}; nothing was extracted",
@@ -340,7 +340,7 @@ def extract(
             member=member_name,
         ) from None
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
-        remove_tree(work)
+        remove_tree(work, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskSpaceError(
                 f"the disk filled up extracting {label} into {target.parent}",
@@ -356,21 +356,10 @@ def extract(
             path=str(archive),
         ) from exc
     except BaseException:
-        remove_tree(work)
+        remove_tree(work, ignore_errors=True)
         raise
     ex.result.root = target
     log.info("archive_extracted", archive=label, target=str(target), files=ex.result.files,
              dirs=ex.result.dirs, links=ex.result.links, mb=round(ex.result.bytes / 1e6, 1),
              skipped=len(ex.result.skipped))
     return ex.result
-
-
-def remove_tree(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    elif path.exists():
-        # Directories extracted read-only must be writable to be removed.
-        for dirpath, _dirs, _files in os.walk(path):
-            with contextlib.suppress(OSError):
-                os.chmod(dirpath, 0o700)
-        shutil.rmtree(path, ignore_errors=True)

@@ -67,13 +67,13 @@ def _register_secrets(opts: dict[str, Any]) -> None:
     """Credentials in the URLs we were given (and in proxy settings) never reach output."""
     import os
 
-    from installer import redact
+    from installer.net.policy import register_url
 
     for key in ("driver_url", "driver_base_url", "cos_artifacts_url", "cos_artifacts_sha256"):
-        redact.register_url(opts.get(key))
+        register_url(opts.get(key))
     for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
                 "all_proxy"):
-        redact.register_url(os.environ.get(var))
+        register_url(os.environ.get(var))
 
 
 class _LazyGroup(click.Group):
@@ -180,7 +180,7 @@ def install(**opts: Any) -> None:
 
 
 def _check_url(url: str, *, allow_insecure_http: bool) -> None:
-    from installer.urls import check_url_scheme  # no requests import: cache hits stay fast
+    from installer.net.policy import check_url_scheme  # no requests import: cache hits stay fast
 
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
 
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
         except Exception:  # a bug: the traceback is shown, secrets still are not
             import traceback
 
-            from installer.redact import scrub_text
+            from installer.net.policy import scrub_text
 
             sys.stderr.write(scrub_text(traceback.format_exc()))
             sys.exit(int(ExitCode.INTERNAL))
@@ -402,7 +402,7 @@ def _report_failure(exc: InstallerError, command: str = "install") -> None:
     """
     import structlog
 
-    from installer.redact import scrub_text
+    from installer.net.policy import scrub_text
 
     if not structlog.is_configured():
         from installer.log import configure

@@ -35,8 +35,8 @@ class Context:
     @property
     def http(self) -> requests.Session:
         if self._session is None:
-            from installer.download import make_session  # requests is slow to import
-            from installer.retry import TransferLimits
+            from installer.net.retry import TransferLimits
+            from installer.net.session import make_session  # requests is slow to import
 
             s = self.settings
             self._session = make_session(limits=TransferLimits(

@@ -18,18 +18,16 @@ signed URL).
 from __future__ import annotations
 
 import re
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import urlsplit
 
 import structlog
 
 from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
+from installer.net.policy import check_url_scheme, from_metadata
 from installer.osinfo import parse_env_file
 from installer.pins import Manifest
-from installer.urls import check_url_scheme, from_metadata, redact_url
+from installer.versions import is_driver_version
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +40,6 @@ DEFAULT_TOOLCHAIN_ENV = {"CC": "x86_64-cros-linux-gnu-gcc", "CXX": "x86_64-cros-
 
 DEFAULT_ALIAS = "default"
 LATEST_ALIAS = "latest"
-_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 _BRANCH_RE = re.compile(r"^[Rr](\d{3,})$")
 _MAJOR_RE = re.compile(r"^(\d{3,})$")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
@@ -121,7 +118,7 @@ def parse_requested(raw: str | None) -> Requested:
     low = value.lower()
     if low in (DEFAULT_ALIAS, LATEST_ALIAS):
         return Requested(value, alias=low)
-    if _VERSION_RE.match(value):
+    if is_driver_version(value):
         return Requested(value, version=value)
     m = _BRANCH_RE.match(value) or _MAJOR_RE.match(value)
     if m:
@@ -183,7 +180,7 @@ def resolve_version(
         )
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     version = lines[0] if lines else ""
-    if not _VERSION_RE.match(version):
+    if not is_driver_version(version):
         raise IntegrityError(
             f"{name} of COS build {build_id} does not hold a driver version: {text[:80]!r}",
             hint="the artifact is corrupt, or the URL does not serve COS artifacts",
@@ -209,7 +206,7 @@ def parse_toolchain_env(text: str | None) -> dict[str, str]:
 def toolchain_location(text: str | None, base: str, root: str | None = None) -> str:
     """Where the toolchain archive is: ``toolchain_url``'s content, else ``toolchain.tar.xz``.
 
-    ``toolchain_url`` holds one location, checked by :func:`installer.urls.from_metadata`
+    ``toolchain_url`` holds one location, checked by :func:`installer.net.policy.from_metadata`
     (remote metadata: relative inside the artifacts, or https on their origin;
     ``gs://bucket/obj`` is read over HTTPS).
     """
@@ -245,7 +242,7 @@ class Artifacts:
 
     def fetch_text(self, name: str) -> str | None:
         """A small metadata file of the build (checked against the manifest if listed)."""
-        from installer.download import fetch_text
+        from installer.net.fetch import fetch_text
 
         text = fetch_text(self.session, self.url(name),
                           allow_insecure_http=self.allow_insecure_http, policy=self.policy)
@@ -259,50 +256,11 @@ class Artifacts:
         return self.manifest.require(url, label) if self.manifest is not None else None
 
     def exists(self, name: str) -> bool:
+        from installer.net.fetch import url_exists
+
         return url_exists(self.session, self.url(name),
                           allow_insecure_http=self.allow_insecure_http, policy=self.policy)
 
     def resolve(self, requested: Requested) -> Resolved:
         return resolve_version(requested, self.fetch_text, base=self.base, build_id=self.build_id)
 
-
-def url_exists(session, url: str, *, allow_insecure_http: bool, policy=None) -> bool:
-    """Whether ``url`` names an object, without fetching it (HEAD; a 1-byte GET if HEAD is
-    not allowed). 404/403/410 -> False; transient errors are retried; others raise."""
-    import requests
-
-    from installer import retry
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
-    shown = redact_url(url)
-    if urlsplit(url).scheme.lower() == "file":
-        return Path(urllib.request.url2pathname(urlsplit(url).path)).is_file()
-    policy = policy or retry.policy_from_env()
-
-    def attempt() -> bool:
-        resp = session.head(url, timeout=policy.timeout, allow_redirects=True)
-        if resp.status_code in (405, 501):
-            resp = session.get(url, headers={"Range": "bytes=0-0", "Accept-Encoding": "identity"},
-                               timeout=policy.timeout, stream=True)
-            resp.close()
-        status = resp.status_code
-        if resp.url and resp.url.lower().startswith("http://") and not allow_insecure_http:
-            raise DownloadError(f"{shown} redirected to a plain http URL", url=shown)
-        if status in (200, 206):
-            return True
-        if status in (403, 404, 410):
-            # GCS answers 403 for a missing object in a bucket one cannot list.
-            return False
-        if status == 429 or 500 <= status <= 599:
-            raise retry.TransientHTTPError(status, resp.reason or "",
-                                           retry_after=retry.parse_retry_after(
-                                               resp.headers.get("Retry-After")))
-        raise DownloadError(f"HTTP {status} {resp.reason or ''} for {shown}".strip(), url=shown,
-                            status=status)
-
-    try:
-        found = retry.network_retryer(policy, url=shown)(attempt)
-    except requests.RequestException as exc:
-        raise DownloadError(f"cannot reach {shown}: {retry.describe_cause(exc)}",
-                            url=shown) from exc
-    log.info("artifact_probe", url=shown, exists=found)
-    return found

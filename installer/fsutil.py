@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -99,8 +100,14 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def remove_tree(path: Path) -> None:
+def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:
+    """Remove a file, link or directory tree (absent is fine). ``ignore_errors``: for
+    clean-up on a failure path, where a second error must not hide the first."""
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     elif path.exists():
-        shutil.rmtree(path)
+        # Directories extracted read-only must be writable to be removed.
+        for dirpath, _dirs, _files in os.walk(path):
+            with contextlib.suppress(OSError):
+                os.chmod(dirpath, 0o700)
+        shutil.rmtree(path, ignore_errors=ignore_errors)

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import structlog
 
-from installer import __version__, distros, readiness, redact, status
+from installer import __version__, distros, readiness, status
 from installer.context import Context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
@@ -18,6 +18,7 @@ from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
 from installer.lock import HostLock
+from installer.net.policy import scrub
 from installer.osinfo import HostInfo, host_info_from_text
 from installer.plan import StepTiming, execute
 from installer.runner import Runner
@@ -65,7 +66,7 @@ def run(settings: Settings) -> dict[str, object]:
         doc = {"dry_run": True, "host": ctx.host_info.to_dict(),
                "install_dir": str(ctx.install.root), **plan.describe(),
                "readiness_file": str(readiness.READY_HOST_PATH)}
-        sys.stdout.write(json.dumps(redact.scrub(doc), indent=2) + "\n")
+        sys.stdout.write(json.dumps(scrub(doc), indent=2) + "\n")
         return {"outcome": "dry_run", "plan": plan.kind}
     with HostLock(ctx.host, settings.lock_timeout_s):
         # Consumers waiting on driver-ready must not start while the driver may change.

@@ -1,5 +1,5 @@
 """structlog set-up: JSON lines in the cluster, a readable console on a terminal; every
-event is redacted (installer.redact) before it is rendered."""
+event is redacted (installer.net.policy) before it is rendered."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import structlog
 
-from installer import redact
+from installer.net.policy import processor as redact_processor
 
 
 def configure(log_format: str = "auto", level: str = "info") -> None:
@@ -20,10 +20,10 @@ def configure(log_format: str = "auto", level: str = "info") -> None:
     ]
     # Tracebacks become text first, so the redaction below sees them too.
     if use_json:
-        processors += [structlog.processors.dict_tracebacks, redact.processor,
+        processors += [structlog.processors.dict_tracebacks, redact_processor,
                        structlog.processors.JSONRenderer()]
     else:
-        processors += [structlog.processors.format_exc_info, redact.processor,
+        processors += [structlog.processors.format_exc_info, redact_processor,
                        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
     structlog.configure(
         processors=processors,

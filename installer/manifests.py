@@ -23,6 +23,8 @@ from typing import Any
 import click
 
 from installer import __version__
+from installer.distros.ubuntu import DEFAULT_DRIVER_VERSION as UBUNTU_DEFAULT_VERSION
+from installer.versions import is_driver_version
 
 # Every environment variable the installer reads (DESIGN.md section 3). This is
 # the single source of truth: the manifests may only set these (plus the proxy
@@ -86,7 +88,8 @@ COS_MOUNTS: dict[str, tuple[str, str]] = {
     COS_TOOLS_DIR_HOST: (COS_TOOLS_DIR_CONTAINER, "DirectoryOrCreate"),
 }
 
-DEFAULT_DRIVER_VERSION = {"cos": "default", "ubuntu": "550.127.05"}
+# The Ubuntu default is the distro's own (one tested version); COS resolves an alias.
+DEFAULT_DRIVER_VERSION = {"cos": "default", "ubuntu": UBUNTU_DEFAULT_VERSION}
 DEFAULT_IMAGE_REPO = "ghcr.io/nvidia-driver-installer/nvidia-driver-installer-{flavor}"
 DEFAULT_PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 DEFAULT_NAMESPACE = "kube-system"
@@ -134,7 +137,6 @@ _IMAGE_REF = re.compile(
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
     r"(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
 )
-_DRIVER_VERSION = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
 _COS_DRIVER_ALIAS = re.compile(r"^(default|latest|R[0-9]+)$")
 
 
@@ -192,7 +194,7 @@ def validate_digest(value: str) -> str:
 
 
 def validate_driver_version(flavor: str, value: str) -> str:
-    if _DRIVER_VERSION.match(value):
+    if is_driver_version(value):
         return value
     if flavor == "cos" and _COS_DRIVER_ALIAS.match(value):
         return value

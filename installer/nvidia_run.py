@@ -23,6 +23,7 @@ from installer.nvidia_options import LOG_FILE
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
 from installer.settings import Settings
+from installer.versions import is_driver_version
 
 log = structlog.get_logger(__name__)
 
@@ -31,7 +32,6 @@ BUILD_TIMEOUT_S = 3600
 EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
 
 
-_VERSION = re.compile(r"^\d{2,4}\.\d{1,4}(\.\d{1,4})?$")
 _RUN_NAME = re.compile(r"NVIDIA-Linux-x86_64-(\d[\d.]*\d)(?:-[\w.]+)?\.run$")
 
 
@@ -47,7 +47,7 @@ def driver_url(settings: Settings, version: str) -> str:
 
 
 def check_version(version: str) -> str:
-    if not _VERSION.match(version):
+    if not is_driver_version(version):
         raise UsageError(
             f"not a driver version: {version!r}",
             hint="use a version such as 550.127.05 (COS also takes default, latest, R535)",

@@ -17,13 +17,13 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import structlog
 
 from installer.errors import IntegrityError, UsageError
 from installer.fsutil import UnreadableFile, read_limited
-from installer.urls import redact_url
+from installer.net.policy import file_name, redact_url
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +65,7 @@ class Manifest:
 
     def require(self, url: str, label: str) -> str:
         """The digest pinning ``url``; IntegrityError (exit 6) when the manifest has none."""
-        name = unquote(urlsplit(url).path).rstrip("/").rsplit("/", 1)[-1]
+        name = file_name(url, "")
         digest = self.lookup(name)
         if digest is None:
             raise IntegrityError(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from installer.errors import UsageError
+from installer.net.integrity import normalize_sha256
 
 DEFAULT_HOST_ROOT = Path("/root")
 DEFAULT_INSTALL_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
@@ -59,12 +60,7 @@ class Settings:
             # Resolved on the host (kubectl debug: a symlinked /home must not send us into
             # this container's own /home).
             install_dir = HostRoot(self.host_root).resolve(self.install_dir_host)
-        sha = self.driver_sha256.lower() if self.driver_sha256 else None
-        if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
-            raise UsageError(
-                "--driver-sha256 must be 64 hex digits",
-                hint="give the SHA-256 of the NVIDIA .run file, e.g. from sha256sum",
-            )
+        sha = normalize_sha256(self.driver_sha256 or None, "--driver-sha256")
         if self.lock_timeout_s < 0:
             raise UsageError("--lock-timeout must be >= 0 seconds")
         for arg in self.module_args:

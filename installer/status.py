@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from installer import __version__, redact
+from installer import __version__
 from installer.fsutil import read_limited, write_atomic
+from installer.net.policy import scrub
 
 MAX_BYTES = 1 << 20
 
@@ -18,7 +19,7 @@ def now_iso() -> str:
 
 
 def write(path: Path, **fields: Any) -> None:
-    doc = redact.scrub({"installer_version": __version__, "finished_at": now_iso(), **fields})
+    doc = scrub({"installer_version": __version__, "finished_at": now_iso(), **fields})
     write_atomic(path, json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
 
 

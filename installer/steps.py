@@ -22,6 +22,7 @@ from installer.cache import CacheKey
 from installer.context import Context
 from installer.errors import InstallerError, SecureBootError, UsageError, VerifyError
 from installer.installdir import Tree
+from installer.net.policy import file_name
 from installer.plan import Step
 from installer.runner import CommandError
 
@@ -72,10 +73,10 @@ def check_loaded_driver(version: str) -> Step:
 
 def download_driver(url: str, sha256: str | None) -> Step:
     def run(ctx: Context) -> None:
-        from installer.download import download
+        from installer.net.transfer import download
 
         staging: Tree = ctx.facts["staging"]
-        dest = staging.root / "downloads" / url.rstrip("/").rsplit("/", 1)[-1]
+        dest = staging.root / "downloads" / file_name(url, "driver.run")
         dest.parent.mkdir(parents=True, exist_ok=True)
         result = download(
             ctx.http, url, dest, expected_sha256=sha256,

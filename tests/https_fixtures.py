@@ -13,8 +13,8 @@ import pytest
 import trustme
 from pytest_httpserver import HTTPServer
 
-from installer import download as dl
-from installer import retry
+from installer.net import retry
+from installer.net.session import make_session
 
 __all__ = ["ca", "ca_bundle", "https_server", "server", "clean_env", "session", "waits"]
 
@@ -65,7 +65,7 @@ def clean_env(monkeypatch):
 
 @pytest.fixture
 def session(clean_env, ca_bundle):
-    s = dl.make_session()
+    s = make_session()
     s.verify = str(ca_bundle)
     yield s
     s.close()

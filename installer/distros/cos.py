@@ -31,7 +31,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
 
 import structlog
 
@@ -58,16 +57,17 @@ from installer.cos_artifacts import (
 )
 from installer.distros.base import Distro
 from installer.errors import BuildError, DownloadError, IntegrityError, SecureBootError
+from installer.fsutil import remove_tree
 from installer.installdir import Tree
 from installer.kernel import KernelState, cmdline_enforces_signatures
 from installer.modinfo import read_modinfo
+from installer.net.policy import artifacts_root, check_url_scheme, file_name
 from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.toolchain import BuildTools
-from installer.urls import artifacts_root, check_url_scheme
 
 if TYPE_CHECKING:
-    from installer.retry import RetryPolicy
+    from installer.net.retry import RetryPolicy
 
 log = structlog.get_logger(__name__)
 
@@ -81,7 +81,7 @@ PRECOMPILED_MODULES = ("nvidia.ko", "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidi
 def quick_policy() -> RetryPolicy:
     """When a cached install of this build exists, an unreachable artifacts server
     should not hold up the restart for the full download policy."""
-    from installer.retry import RetryPolicy
+    from installer.net.retry import RetryPolicy
 
     return RetryPolicy(attempts=2, wait_initial=1.0, wait_max=2.0, total_timeout=20.0,
                        connect_timeout=5.0, read_timeout=10.0)
@@ -173,22 +173,17 @@ class Fetch:
     sha256: str | None = None
 
 
-def _file_name(url: str, fallback: str) -> str:
-    name = unquote(urlsplit(url).path).rstrip("/").rsplit("/", 1)[-1]
-    return name if name and name not in (".", "..") else fallback
-
-
 def fetch_artifacts(fetches: tuple[Fetch, ...], tools: BuildTools | None) -> Step:
     """Download everything the plan needs at once (download_all: parallel, first failure
     cancels the rest)."""
 
     def run(ctx: Context) -> None:
-        from installer.download import DownloadJob, download_all
+        from installer.net.parallel import DownloadJob, download_all
 
         if tools is not None and any(f.where == "tools" for f in fetches):
             # Archives a killed run left (extracted trees are kept only when complete);
             # a failing run removes its own.
-            archive.remove_tree(tools.downloads)
+            remove_tree(tools.downloads, ignore_errors=True)
             ctx.scratch.append(tools.downloads)
         jobs = []
         for f in fetches:
@@ -199,7 +194,7 @@ def fetch_artifacts(fetches: tuple[Fetch, ...], tools: BuildTools | None) -> Ste
                 assert tools is not None
                 base = tools.downloads
             jobs.append(DownloadJob(
-                url=f.url, dest=base / _file_name(f.url, f.label), expected_sha256=f.sha256,
+                url=f.url, dest=base / file_name(f.url, f.label), expected_sha256=f.sha256,
                 label=f.label, allow_insecure_http=ctx.settings.allow_insecure_http,
             ))
         results = download_all(ctx.http, jobs)
@@ -374,7 +369,7 @@ def place_prebuilt() -> Step:
                 (staging.firmware / rel).mkdir(parents=True, exist_ok=True)
                 for f in files:
                     os.replace(Path(dirpath) / f, staging.firmware / rel / f)
-        archive.remove_tree(src)
+        remove_tree(src, ignore_errors=True)
 
     return Step("place_prebuilt", run, "<staging>/prebuilt -> drivers/ and firmware/")
 
@@ -479,7 +474,7 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
         if built and built != version:
             raise IntegrityError(f"{custom_run_name(version)} holds nvidia.ko version {built}, "
                                  f"not {version}")
-        archive.remove_tree(sigs)
+        remove_tree(sigs, ignore_errors=True)
         ctx.facts["prebuilt_dir"] = out.parent
         log.info("precompiled_modules_linked", modules=list(PRECOMPILED_MODULES),
                  linker=str(lld), linker_script=str(script), signed=True)
@@ -524,7 +519,7 @@ class Cos(Distro):
         if not location:
             return None
         if "cos_manifest" not in ctx.facts:
-            from installer.download import fetch_text
+            from installer.net.fetch import fetch_text
 
             if "://" in location:
                 check_url_scheme(location, allow_insecure_http=ctx.settings.allow_insecure_http)
@@ -690,7 +685,7 @@ class Cos(Distro):
             signed_what="precompiled modules signed by Google" if precompiled
             else "signed prebuilt modules")
         tail = steps.activate_staged(ctx, version, key)
-        run_sha = ctx.settings.driver_sha256 or (arts.manifest.lookup(run_url.rsplit("/", 1)[-1])
+        run_sha = ctx.settings.driver_sha256 or (arts.manifest.lookup(file_name(run_url, ""))
                                                  if arts.manifest else None)
         run_fetch = Fetch("driver_download", run_url, "staging", "driver", run_sha)
         summary["driver_sha256"] = run_sha

@@ -187,26 +187,3 @@ def test_plain_http_artifacts_refused_unless_allowed():
         ca.Artifacts("http://mirror.example/cos/1.2.3", BUILD, None, None,
                      allow_insecure_http=False)
     ca.Artifacts("http://mirror.example/cos/1.2.3", BUILD, None, None, allow_insecure_http=True)
-
-
-def test_url_exists_over_https(artifact_server, monkeypatch):
-    from installer.download import make_session
-
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", artifact_server.ca_bundle_path)
-    artifact_server.serve("/b/nvidia-drivers-1.2.3.tgz", b"data")
-    artifact_server.fault("/b/flaky", statuses=[503, 200])
-    artifact_server.serve("/b/flaky", b"data")
-    session = make_session()
-    from installer.retry import RetryPolicy
-
-    quick = RetryPolicy(attempts=3, wait_initial=0.0, wait_max=0.0, total_timeout=30,
-                        connect_timeout=5, read_timeout=5)
-    assert ca.url_exists(session, artifact_server.url_for("/b/nvidia-drivers-1.2.3.tgz"),
-                         allow_insecure_http=False, policy=quick)
-    assert not ca.url_exists(session, artifact_server.url_for("/b/missing.tgz"),
-                             allow_insecure_http=False, policy=quick)
-    assert ca.url_exists(session, artifact_server.url_for("/b/flaky"),
-                         allow_insecure_http=False, policy=quick)
-    # Probes never download the body.
-    assert {r.method for r in artifact_server.requests} == {"HEAD"}
-    assert all(r.body_bytes == 0 for r in artifact_server.requests)

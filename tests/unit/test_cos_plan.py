@@ -228,7 +228,7 @@ def test_alias_falls_back_to_cache_when_artifacts_unreachable(env):
 
 def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
     import installer.distros.cos as cos_mod
-    from installer.retry import RetryPolicy
+    from installer.net.retry import RetryPolicy
 
     ctx = env.ctx()
     object.__setattr__(ctx.settings, "cos_artifacts_url", "https://127.0.0.1:9/{build_id}")

@@ -1,4 +1,4 @@
-"""Artifact downloads: stream, sha256 while streaming, resume with Range, temp + rename.
+"""One artifact to disk: stream, sha256 while streaming, resume with Range, temp + rename.
 
 ``download()`` fetches one artifact to ``dest``:
 
@@ -16,7 +16,7 @@
   (the server ignores ranges, or the resource changed) restarts cleanly from 0
   on that same response; a 416 or a mismatched ``Content-Range`` restarts
   from 0 with a fresh request.
-- Transient failures are retried per :mod:`installer.retry`; 401/403/404 and
+- Transient failures are retried per :mod:`installer.net.retry`; 401/403/404 and
   other 4xx fail at once with :class:`DownloadError`.
 - ``file://`` URLs (air-gapped nodes, pre-staged artifacts) are copied and
   hashed in one pass, with the same temp + verify + rename.
@@ -30,13 +30,14 @@ Hostile servers (DESIGN §8), each exit 5: a body sent with a
 ``Content-Encoding`` though identity was asked (it would expand without
 limit, past the free-space check) is refused; so is a size above
 ``MAX_DOWNLOAD_BYTES``, announced or streamed. The session's
-:class:`~installer.retry.TransferLimits` bound the whole download (a deadline)
+:class:`~installer.net.retry.TransferLimits` bound the whole download (a deadline)
 and each attempt's pace (a minimum rate), so a trickling server cannot hold
 the run and the host lock forever. A ``file://`` source must be a regular file
 (a FIFO there would hang the run).
 
 URLs are logged and put in error messages with credentials removed
-(``https://***@host/path?sig=***``, see :func:`redact_url`).
+(``https://***@host/path?sig=***``, see :func:`installer.net.policy.redact_url`); a
+server's answer is read by :func:`installer.net.session.classify`.
 """
 
 from __future__ import annotations
@@ -50,43 +51,28 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import urlsplit
 
 import requests
-import requests.adapters
 import structlog
 
-from installer import __version__, redact, retry
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
-from installer.fsutil import UnreadableFile, fsync_dir, read_limited
-from installer.progress import Progress
-from installer.retry import (
+from installer.fsutil import fsync_dir
+from installer.net import retry
+from installer.net.integrity import normalize_sha256
+from installer.net.policy import check_url_scheme, local_file, redact_url, scrubber
+from installer.net.retry import (
     IncompleteBodyError,
     RetryPolicy,
     SlowTransferError,
     TransferLimits,
-    TransientHTTPError,
 )
-from installer.urls import check_url_scheme, local_path, redact_url
+from installer.net.session import classify, limits_of, refuse_encoding, request_error
+from installer.progress import Progress
 
 log = structlog.get_logger(__name__)
-
-__all__ = [
-    "CHUNK_SIZE",
-    "DownloadJob",
-    "Downloaded",
-    "check_url_scheme",
-    "download",
-    "download_all",
-    "fetch_text",
-    "make_session",
-    "redact_url",
-]
 
 #: Bytes read, hashed and written per step (see bench/download.py for the choice).
 CHUNK_SIZE = 1 << 20
@@ -97,7 +83,6 @@ MB = 1e6
 #: No artifact comes near this (a .run is ~400 MB, a COS toolchain < 2 GB): a larger
 #: size is a broken or hostile server, not a reason to report a full disk.
 MAX_DOWNLOAD_BYTES = 32 << 30
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
@@ -118,88 +103,16 @@ class Downloaded:
     elapsed_s: float
 
 
-@dataclass(frozen=True)
-class DownloadJob:
-    """One artifact for :func:`download_all` (the extra fields default as in ``download``)."""
-
-    url: str
-    dest: Path
-    expected_sha256: str | None = None
-    label: str | None = None
-    allow_insecure_http: bool = False
-    policy: RetryPolicy | None = None
-    min_free_bytes: int = 0
-
-
-# --------------------------------------------------------------------------- URLs
-
-
-def _scrubber(url: str) -> Callable[[str], str]:
-    """A function removing ``url``'s secrets from any text (e.g. an exception message)."""
-    redact.register_url(url)
-    return redact.scrub_text
-
-
-def _normalize_sha256(value: str | None) -> str | None:
-    if value is None:
-        return None
-    v = value.strip().lower()
-    if v.startswith("sha256:"):
-        v = v[len("sha256:") :]
-    if not _SHA256_RE.match(v):
-        raise UsageError(
-            f"expected sha256 {value!r} is not 64 hex digits",
-            hint="pass the hex SHA-256 of the file (sha256sum output, first column)",
-        )
-    return v
-
-
-# --------------------------------------------------------------------------- session
-
-
-def make_session(*, user_agent: str | None = None,
-                 limits: TransferLimits | None = None) -> requests.Session:
-    """A ``requests.Session`` for artifact downloads.
-
-    Honours ``HTTPS_PROXY``/``NO_PROXY`` and ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
-    as ``requests`` does (``trust_env``). ``requests`` ignores ``SSL_CERT_FILE``
-    (it uses certifi), so when neither of its own variables is set, a
-    ``SSL_CERT_FILE`` (or ``SSL_CERT_DIR``) is used as the trust store.
-    No adapter-level retries: :mod:`installer.retry` decides. ``limits`` (the
-    deadline and minimum rate of every download through this session)
-    default to :class:`~installer.retry.TransferLimits`.
-    """
-    session = requests.Session()
-    session.transfer_limits = limits or TransferLimits()  # type: ignore[attr-defined]
-    session.trust_env = True
-    session.headers["User-Agent"] = (
-        user_agent or f"nvidia-driver-installer/{__version__} {requests.utils.default_user_agent()}"
-    )
-    if not (os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")):
-        for var in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
-            value = os.environ.get(var)
-            if value and os.path.exists(value):
-                session.verify = value
-                break
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
-    session.mount("https://", adapter)
-    session.mount("http://", adapter)
-    return session
-
-
 # --------------------------------------------------------------------------- internals
 
 
-class _Cancelled(Exception):
-    """Another job of a :func:`download_all` failed; this one stops."""
+class Cancelled(Exception):
+    """The caller set the download's ``cancel`` event (another job of a parallel fetch
+    failed); the download stops at its next chunk or wait."""
 
 
 def _mb(n: float) -> float:
     return round(n / MB, 1)
-
-
-def _limits(session: requests.Session | None) -> TransferLimits:
-    return getattr(session, "transfer_limits", None) or TransferLimits()
 
 
 def _too_big(size: int, shown: str, what: str) -> DownloadError:
@@ -208,18 +121,6 @@ def _too_big(size: int, shown: str, what: str) -> DownloadError:
         f"({MAX_DOWNLOAD_BYTES >> 30} GiB); refusing it",
         hint="the server or the URL is wrong (or hostile): check the URL and the mirror",
         url=shown, size=size)
-
-
-def _refuse_encoding(resp: requests.Response, shown: str) -> None:
-    """We ask for ``identity``; a compressed body would expand past every size check."""
-    enc = resp.headers.get("Content-Encoding", "").strip().lower()
-    if enc not in ("", "identity"):
-        raise DownloadError(
-            f"{shown}: the server sent a {enc!r}-encoded body though the installer asked for "
-            "identity (Accept-Encoding: identity); refusing it",
-            hint="the server or a proxy in between recompresses artifacts: fetch them from one "
-            "that serves the file as it is",
-            url=shown, content_encoding=enc)
 
 
 def _check_space(directory: Path, needed: int, min_free_bytes: int, *, shown: str) -> None:
@@ -246,7 +147,7 @@ def _open_part(path: Path) -> BinaryIO:
     return open(path, "wb", buffering=0)  # noqa: SIM115 - closed by _Transfer
 
 
-class _Pacer:
+class Pacer:
     """The deadline and minimum rate (TransferLimits) of one download, over all attempts."""
 
     def __init__(self, limits: TransferLimits, shown: str) -> None:
@@ -295,7 +196,7 @@ class _Transfer:
         self.part = part
         self.dest = dest
         self.shown = shown
-        self.pacer = _Pacer(limits or TransferLimits(), shown)
+        self.pacer = Pacer(limits or TransferLimits(), shown)
         self.fh = _open_part(part)
         self.hasher = hashlib.sha256()
         self.offset = 0
@@ -358,42 +259,6 @@ class _Transfer:
             log.warning("download_part_not_removed", path=str(self.part), error=str(exc))
 
 
-def _http_error(resp: requests.Response, shown: str) -> DownloadError:
-    status = resp.status_code
-    reason = resp.reason or ""
-    hint = None
-    if status == 404:
-        hint = "check the driver version and the URL (is that version published for this host?)"
-    elif status in (401, 403):
-        hint = "the server refused access: check the URL, its credentials or signature"
-    elif 300 <= status < 400:
-        hint = "the server answered with a redirect that was not followed"
-    return DownloadError(
-        f"HTTP {status} {reason} for {shown}".replace("  ", " "),
-        hint=hint,
-        url=shown,
-        status=status,
-    )
-
-
-def _check_final_url(resp: requests.Response, allow_insecure_http: bool, shown: str) -> None:
-    final = resp.url or ""
-    if final.lower().startswith("http://") and not allow_insecure_http:
-        raise DownloadError(
-            f"{shown} redirected to plain http URL {redact_url(final)}",
-            hint="use a URL that stays on https, or pass --allow-insecure-http",
-            url=shown,
-        )
-
-
-def _transient(resp: requests.Response) -> TransientHTTPError:
-    return TransientHTTPError(
-        resp.status_code,
-        resp.reason or "",
-        retry_after=retry.parse_retry_after(resp.headers.get("Retry-After")),
-    )
-
-
 def _content_length(resp: requests.Response) -> int | None:
     raw = resp.headers.get("Content-Length")
     if raw is None or not raw.strip().isdigit():
@@ -425,7 +290,7 @@ def _stream_body(
     if read1 is None:  # pragma: no cover - urllib3 1.x: smaller chunks lose less on a drop
         for chunk in raw.stream(_READ_SIZE, decode_content=False):
             if cancel is not None and cancel.is_set():
-                raise _Cancelled()
+                raise Cancelled()
             st.pacer.pace(len(chunk))
             st.write(chunk)
             progress.advance(len(chunk))
@@ -438,7 +303,7 @@ def _stream_body(
         try:
             while pos < CHUNK_SIZE:
                 if cancel is not None and cancel.is_set():
-                    raise _Cancelled()
+                    raise Cancelled()
                 data = read1(min(CHUNK_SIZE - pos, _READ_SIZE), decode_content=False)
                 if not data:
                     eof = True
@@ -471,7 +336,7 @@ def _attempt_http(
     st.pacer.begin_attempt()
     for _ in range(2):
         if cancel is not None and cancel.is_set():
-            raise _Cancelled()
+            raise Cancelled()
         asked = st.offset
         headers = {"Accept-Encoding": "identity"}
         if asked > 0:
@@ -480,11 +345,10 @@ def _attempt_http(
                 headers["If-Range"] = st.validator
         resp = session.get(url, headers=headers, stream=True, timeout=st.pacer.timeout(policy))
         with resp:
-            _check_final_url(resp, allow_insecure_http, shown)
+            classify(resp, shown, allow_insecure_http=allow_insecure_http,
+                     expected=(200, 206, 416) if asked > 0 else (200, 206))
             status = resp.status_code
-            if status == 429 or 500 <= status <= 599:
-                raise _transient(resp)
-            if status == 416 and asked > 0:
+            if status == 416:
                 log.warning("download_restart", url=shown, reason="range_not_satisfiable", offset=asked)
                 st.reset()
                 continue
@@ -515,9 +379,7 @@ def _attempt_http(
                 if asked > 0:
                     st.resumed_bytes += asked
                     log.info("download_resumed", url=shown, offset=asked, total=total)
-            else:
-                raise _http_error(resp, shown)
-            _refuse_encoding(resp, shown)
+            refuse_encoding(resp, shown)
             if total is not None and total > MAX_DOWNLOAD_BYTES:
                 raise _too_big(total, shown, "announced")
             st.total = total
@@ -609,13 +471,13 @@ def _copy_local(
             view = memoryview(buf)
             while True:
                 if cancel is not None and cancel.is_set():
-                    raise _Cancelled()
+                    raise Cancelled()
                 n = fh.readinto(buf)
                 if not n:
                     break
                 st.write(view[:n])
                 progress.advance(n)
-        except (DiskSpaceError, DownloadError, _Cancelled):
+        except (DiskSpaceError, DownloadError, Cancelled):
             raise
         except OSError as exc:
             raise DownloadError(
@@ -623,24 +485,27 @@ def _copy_local(
             ) from exc
 
 
-def _download(
+def download(
     session: requests.Session | None,
     url: str,
     dest: Path,
     *,
-    expected_sha256: str | None,
-    allow_insecure_http: bool,
-    policy: RetryPolicy | None,
-    min_free_bytes: int,
-    label: str | None,
-    cancel: threading.Event | None,
+    expected_sha256: str | None = None,
+    allow_insecure_http: bool = False,
+    policy: RetryPolicy | None = None,
+    min_free_bytes: int = 0,
+    label: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> Downloaded:
+    """Fetch ``url`` to ``dest`` (see the module docstring). ``policy=None``: the
+    environment-adjusted :data:`installer.net.retry.NETWORK`. Setting ``cancel`` stops
+    the download (:class:`Cancelled`) at its next chunk or wait, its temp file removed;
+    ``session`` may be None for a ``file://`` URL."""
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
-    expected = _normalize_sha256(expected_sha256)
+    expected = normalize_sha256(expected_sha256)
     dest = Path(dest)
     shown = redact_url(url)
     label = label or dest.name
-    scheme = urlsplit(url).scheme.lower()
     if policy is None:
         policy = retry.policy_from_env()
     started = time.monotonic()
@@ -653,19 +518,20 @@ def _download(
     part = dest.with_name(f".{dest.name}.part")
     log.info("download_started", url=shown, label=label, dest=str(dest), expected_sha256=expected)
     try:
-        st = _Transfer(part, dest, shown, _limits(session))
+        st = _Transfer(part, dest, shown, limits_of(session))
     except OSError as exc:
         raise DownloadError(
             f"cannot create {part}: {exc.strerror or exc}", path=str(part), url=shown
         ) from exc
     progress = Progress(label=label, url=shown)
+    source = local_file(url)
     try:
-        if scheme == "file":
-            _copy_local(local_path(url), st, progress, cancel, min_free_bytes)
+        if source is not None:
+            _copy_local(source, st, progress, cancel, min_free_bytes)
         else:
             if session is None:
                 raise UsageError("an HTTP session is needed for " + shown)
-            scrub = _scrubber(url)
+            scrub = scrubber(url)
             retryer = retry.network_retryer(
                 policy,
                 url=shown,
@@ -687,7 +553,7 @@ def _download(
                 )
             except requests.RequestException as exc:
                 # Not transient (e.g. an untrusted certificate, too many redirects).
-                raise _request_error(exc, shown, scrub) from exc
+                raise request_error(exc, shown, scrub) from exc
         progress.close()
         return _finish(st, expected, label=label, started=started)
     except BaseException:
@@ -695,194 +561,3 @@ def _download(
         st.discard()
         raise
 
-
-def _request_error(exc: BaseException, shown: str, scrub: Callable[[str], str]) -> DownloadError:
-    cause = retry.describe_cause(exc, scrub)
-    hint = None
-    if isinstance(exc, requests.exceptions.SSLError):
-        hint = (
-            "the server's certificate is not trusted: set REQUESTS_CA_BUNDLE "
-            "(or SSL_CERT_FILE) to the CA bundle that signs it"
-        )
-    elif isinstance(exc, requests.exceptions.TooManyRedirects):
-        hint = "the URL redirects in a loop"
-    return DownloadError(f"download of {shown} failed: {cause}", hint=hint, url=shown)
-
-
-# --------------------------------------------------------------------------- API
-
-
-def download(
-    session: requests.Session,
-    url: str,
-    dest: Path,
-    *,
-    expected_sha256: str | None = None,
-    allow_insecure_http: bool = False,
-    policy: RetryPolicy | None = None,
-    min_free_bytes: int = 0,
-    label: str | None = None,
-) -> Downloaded:
-    """Fetch ``url`` to ``dest`` (see the module docstring). ``policy=None``: the
-    environment-adjusted :data:`installer.retry.NETWORK`."""
-    return _download(
-        session,
-        url,
-        dest,
-        expected_sha256=expected_sha256,
-        allow_insecure_http=allow_insecure_http,
-        policy=policy,
-        min_free_bytes=min_free_bytes,
-        label=label,
-        cancel=None,
-    )
-
-
-def fetch_text(
-    session: requests.Session,
-    url: str,
-    *,
-    allow_insecure_http: bool = False,
-    policy: RetryPolicy | None = None,
-    max_bytes: int = 1 << 20,
-) -> str | None:
-    """A small text document (e.g. a COS ``gpu_default_version`` file), or None on 404.
-
-    A missing ``file://`` path is None too. Larger than ``max_bytes``, not UTF-8,
-    or any other failure: :class:`DownloadError`.
-    """
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
-    shown = redact_url(url)
-    if urlsplit(url).scheme.lower() == "file":
-        path = local_path(url)
-        try:
-            data = read_limited(path, max_bytes)
-        except (FileNotFoundError, NotADirectoryError):
-            log.info("fetch_text_missing", url=shown)
-            return None
-        except UnreadableFile as exc:
-            raise DownloadError(f"{path} {exc.reason} ({shown})", path=str(path),
-                                url=shown) from None
-        except OSError as exc:
-            raise DownloadError(
-                f"cannot read {path}: {exc.strerror or exc}", path=str(path), url=shown
-            ) from exc
-        return _decode_text(data, max_bytes, shown)
-
-    if policy is None:
-        policy = retry.policy_from_env()
-    scrub = _scrubber(url)
-    # The same bounds as a download: a trickled metadata file must not stall the plan.
-    pace = _Pacer(_limits(session), shown)
-
-    def attempt() -> bytes | None:
-        pace.begin_attempt()
-        resp = session.get(url, stream=True, timeout=pace.timeout(policy),
-                           headers={"Accept-Encoding": "identity"})
-        with resp:
-            _check_final_url(resp, allow_insecure_http, shown)
-            status = resp.status_code
-            if status == 404:
-                return None
-            if status == 429 or 500 <= status <= 599:
-                raise _transient(resp)
-            if status != 200:
-                raise _http_error(resp, shown)
-            _refuse_encoding(resp, shown)
-            buf = bytearray()
-            for chunk in resp.raw.stream(64 * 1024, decode_content=False):
-                buf += chunk
-                pace.pace(len(chunk))
-                if len(buf) > max_bytes:
-                    break
-            return bytes(buf)
-
-    try:
-        data = retry.network_retryer(policy, url=shown, redact=scrub,
-                                     deadline_at=pace.deadline_at)(attempt)
-    except requests.RequestException as exc:
-        raise _request_error(exc, shown, scrub) from exc
-    if data is None:
-        log.info("fetch_text_missing", url=shown, status=404)
-        return None
-    return _decode_text(data, max_bytes, shown)
-
-
-def _decode_text(data: bytes, max_bytes: int, shown: str) -> str:
-    if len(data) > max_bytes:
-        raise DownloadError(
-            f"{shown} is larger than {max_bytes} bytes; expected a small text file", url=shown
-        )
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DownloadError(f"{shown} is not UTF-8 text", url=shown) from exc
-
-
-def download_all(
-    session: requests.Session, jobs: Sequence[DownloadJob], *, max_workers: int = 4
-) -> list[Downloaded]:
-    """Run independent downloads in parallel threads; results in ``jobs`` order.
-
-    The first failure stops the others (queued jobs never start; running ones
-    stop at their next chunk or wait, removing their temp files) and is raised.
-    """
-    jobs = list(jobs)
-    if not jobs:
-        return []
-    dests = [Path(j.dest).resolve() for j in jobs]
-    if len(set(dests)) != len(dests):
-        raise UsageError(
-            "two downloads target the same file",
-            path=str(next(d for d in dests if dests.count(d) > 1)),
-        )
-    cancel = threading.Event()
-    lock = threading.Lock()
-    errors: list[BaseException] = []  # errors[0]: the first real failure
-
-    def run(job: DownloadJob) -> Downloaded:
-        # Checked here too: a worker freed by the failing job must not start the next one.
-        if cancel.is_set():
-            raise _Cancelled()
-        try:
-            return _download(
-                session,
-                job.url,
-                Path(job.dest),
-                expected_sha256=job.expected_sha256,
-                allow_insecure_http=job.allow_insecure_http,
-                policy=job.policy,
-                min_free_bytes=job.min_free_bytes,
-                label=job.label,
-                cancel=cancel,
-            )
-        except _Cancelled:
-            raise
-        except BaseException as exc:
-            with lock:
-                errors.append(exc)
-                cancel.set()  # before this future completes, so nothing new starts
-            raise
-
-    workers = max(1, min(max_workers, len(jobs)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="download") as pool:
-        futures = [pool.submit(run, job) for job in jobs]
-        try:
-            for fut in as_completed(futures):
-                if fut.exception() is not None:
-                    break
-        except BaseException as exc:  # e.g. KeyboardInterrupt in the waiting thread
-            with lock:
-                errors.insert(0, exc)
-                cancel.set()
-        if cancel.is_set():
-            for fut in futures:
-                fut.cancel()
-            log.warning(
-                "download_all_cancelled",
-                failed=type(errors[0]).__name__ if errors else None,
-                pending=sum(1 for f in futures if not f.done()),
-            )
-    if errors:
-        raise errors[0]
-    return [fut.result() for fut in futures]

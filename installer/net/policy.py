@@ -1,4 +1,4 @@
-"""URLs: which ones we fetch, and how they are shown.
+"""URLs: which ones we fetch, how they are shown, and the file names they give.
 
 - :func:`check_url_scheme`: URLs the operator configured (flags, env vars):
   ``https://`` and ``file://``, ``http://`` only when allowed.
@@ -6,7 +6,10 @@
   ``toolchain_url``): whoever serves the metadata must not be able to send us
   to a local file, a FIFO, or another host. Only a relative location or an
   https URL on the same origin as the artifacts is accepted.
-- :func:`redact_url`: a URL without its secrets, for logs, messages and files.
+- :func:`redact_url`: a URL without its secrets, for logs, messages and files;
+  :func:`scrub` removes them from everything the installer emits (below).
+- :func:`file_name`: the local name of what a URL names, never a path out of the
+  directory it is saved in.
 
 No ``requests`` import here: a cache hit checks URLs but downloads nothing.
 """
@@ -14,9 +17,12 @@ No ``requests`` import here: a cache hit checks URLs but downloads nothing.
 from __future__ import annotations
 
 import posixpath
+import re
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from installer.errors import IntegrityError, UsageError
 
@@ -54,6 +60,12 @@ def local_path(url: str) -> Path:
             url=redact_url(url),
         )
     return Path(urllib.request.url2pathname(parts.path))
+
+
+def local_file(url: str) -> Path | None:
+    """The path a ``file://`` URL names (see :func:`local_path`); None for any other URL.
+    Downloads, fetches and probes all tell local from remote with this."""
+    return local_path(url) if urlsplit(url).scheme.lower() == "file" else None
 
 
 def check_url_scheme(url: str, *, allow_insecure_http: bool) -> None:
@@ -143,3 +155,86 @@ def from_metadata(location: str, base: str, *, root: str | None = None, what: st
             url=redact_url(source),
         ) from None
     return location
+
+
+def file_name(url: str, fallback: str) -> str:
+    """The last path segment of ``url`` (query dropped, percent-escapes decoded), or
+    ``fallback`` when that is empty, ``.``, ``..`` or holds a NUL: a URL must not choose
+    where outside its download directory a file lands (``%2F`` decodes to a separator
+    before the split, so it cannot either)."""
+    name = unquote(urlsplit(url).path).rstrip("/").rsplit("/", 1)[-1]
+    return name if name and name not in (".", "..") and "\0" not in name else fallback
+
+
+# --------------------------------------------------------------------------- redaction
+# Secrets in URLs never reach a log event, a message or a file. Everything the installer
+# emits passes through scrub(): every log event (the structlog processor, last before
+# rendering), the final error message, status.json, --dry-run output and a bug's traceback.
+# It rewrites every URL in every string with redact_url() and removes the secret parts of
+# the URLs we were given or fetched (register_url) wherever else they appear, e.g. an
+# exception text quoting a query string without its URL.
+
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s\"'<>]+")
+_MIN_SECRET = 4  # shorter values ("1", "abc") would blank out ordinary words
+_secrets: set[str] = set()
+_pattern: re.Pattern[str] | None = None
+
+
+def url_secrets(url: str) -> set[str]:
+    """The parts of ``url`` that may be credentials: userinfo and query values."""
+    found: set[str] = set()
+    try:
+        parts = urlsplit(url)
+        for piece in parts.query.split("&") if parts.query else ():
+            if "=" in piece:
+                found.add(piece.split("=", 1)[1])
+        found.update(v for _, v in parse_qsl(parts.query))
+        for value in (parts.username, parts.password):
+            if value:
+                found.add(value)
+    except ValueError:
+        pass
+    found |= {unquote(s) for s in found}
+    return {s for s in found if len(s) >= _MIN_SECRET}
+
+
+def register_url(url: str | None) -> None:
+    """Remember ``url``'s secrets so they are removed from any later output."""
+    global _pattern
+    new = url_secrets(url) - _secrets if url else set()
+    if new:
+        _secrets.update(new)
+        _pattern = re.compile("|".join(re.escape(s) for s in sorted(_secrets, key=len,
+                                                                      reverse=True)))
+
+
+def scrubber(url: str) -> Callable[[str], str]:
+    """A function removing ``url``'s secrets from any text (e.g. an exception message)."""
+    register_url(url)
+    return scrub_text
+
+
+def scrub_text(text: str) -> str:
+    if "://" in text:
+        text = _URL.sub(lambda m: redact_url(m.group(0)), text)
+    if _pattern is not None:
+        text = _pattern.sub("***", text)
+    return text
+
+
+def scrub(value: Any) -> Any:
+    """``value`` (a string, or dicts/lists/tuples of them) with secrets removed."""
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(scrub(v) for v in value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return scrub_text(str(value))  # paths, exceptions: rendered as text anyway
+
+
+def processor(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """structlog processor: every event, every field."""
+    return scrub(event_dict)

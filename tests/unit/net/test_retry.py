@@ -1,4 +1,4 @@
-"""installer.retry: what is retried, how long it waits, how it gives up."""
+"""installer.net.retry: what is retried, how long it waits, how it gives up."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ import urllib3.exceptions
 from structlog.testing import capture_logs
 from werkzeug import Response
 
-from installer import download as dl
-from installer import retry
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
-from installer.retry import (
+from installer.net import retry
+from installer.net.retry import (
     NETWORK,
     NETWORK_DEFAULTS,
     RetryPolicy,
@@ -26,7 +25,7 @@ from installer.retry import (
     parse_retry_after,
     policy_from_env,
 )
-from tests.https_fixtures import *  # noqa: F403 - the shared HTTPS fixtures
+from installer.net.transfer import download
 
 PAYLOAD = b"0123456789" * 1000
 
@@ -41,7 +40,7 @@ def test_429_retry_after_seconds_is_honoured(server, session, tmp_path, waits):
     server.expect_request("/f").respond_with_handler(lambda r: next(answers, Response(PAYLOAD)))
     policy = RetryPolicy(3, 0.01, 20, 60, 3, 3)
 
-    got = dl.download(session, server.url_for("/f"), tmp_path / "f", policy=policy)
+    got = download(session, server.url_for("/f"), tmp_path / "f", policy=policy)
 
     assert got.size == len(PAYLOAD)
     assert len(waits) == 1
@@ -60,7 +59,7 @@ def test_retry_after_http_date_and_cap(server, session, tmp_path, waits):
     server.expect_request("/f").respond_with_handler(lambda r: next(answers, Response(PAYLOAD)))
     policy = RetryPolicy(4, 0.01, 15, 60, 3, 3)
 
-    dl.download(session, server.url_for("/f"), tmp_path / "f", policy=policy)
+    download(session, server.url_for("/f"), tmp_path / "f", policy=policy)
 
     assert len(waits) == 2
     assert 9.0 <= waits[0] <= 12.5 * 1.1  # the date has 1 s resolution; +10 % spread
@@ -228,6 +227,6 @@ def test_download_without_policy_uses_download_retries(server, session, tmp_path
     server.expect_request("/f").respond_with_data("", status=500)
     monkeypatch.setenv("DOWNLOAD_RETRIES", "2")
     with pytest.raises(DownloadError, match=r"\(2 attempts"):
-        dl.download(session, server.url_for("/f"), tmp_path / "f")
+        download(session, server.url_for("/f"), tmp_path / "f")
     assert len(server.log) == 2 and len(waits) == 1
     assert 0.5 <= waits[0] <= 1.0  # NETWORK's first backoff step (1 s, equal jitter)

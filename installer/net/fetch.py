@@ -1,0 +1,124 @@
+"""Small fetches: a metadata document (:func:`fetch_text`) and an existence probe
+(:func:`url_exists`), with the same URL policy, ``file://`` reading, redaction, response
+reading and retries as a download."""
+
+from __future__ import annotations
+
+import requests
+import structlog
+
+from installer.errors import DownloadError
+from installer.fsutil import UnreadableFile, read_limited
+from installer.net import retry
+from installer.net.policy import check_url_scheme, local_file, redact_url, scrubber
+from installer.net.retry import RetryPolicy
+from installer.net.session import classify, limits_of, refuse_encoding, request_error
+from installer.net.transfer import Pacer
+
+log = structlog.get_logger(__name__)
+
+
+def fetch_text(
+    session: requests.Session,
+    url: str,
+    *,
+    allow_insecure_http: bool = False,
+    policy: RetryPolicy | None = None,
+    max_bytes: int = 1 << 20,
+) -> str | None:
+    """A small text document (e.g. a COS ``gpu_default_version`` file), or None on 404.
+
+    A missing ``file://`` path is None too. Larger than ``max_bytes``, not UTF-8,
+    or any other failure: :class:`DownloadError`.
+    """
+    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    path = local_file(url)
+    shown = redact_url(url)
+    if path is not None:
+        try:
+            data = read_limited(path, max_bytes)
+        except (FileNotFoundError, NotADirectoryError):
+            log.info("fetch_text_missing", url=shown)
+            return None
+        except UnreadableFile as exc:
+            raise DownloadError(f"{path} {exc.reason} ({shown})", path=str(path),
+                                url=shown) from None
+        except OSError as exc:
+            raise DownloadError(
+                f"cannot read {path}: {exc.strerror or exc}", path=str(path), url=shown
+            ) from exc
+        return _decode_text(data, max_bytes, shown)
+
+    if policy is None:
+        policy = retry.policy_from_env()
+    scrub = scrubber(url)
+    # The same bounds as a download: a trickled metadata file must not stall the plan.
+    pace = Pacer(limits_of(session), shown)
+
+    def attempt() -> bytes | None:
+        pace.begin_attempt()
+        resp = session.get(url, stream=True, timeout=pace.timeout(policy),
+                           headers={"Accept-Encoding": "identity"})
+        with resp:
+            if not classify(resp, shown, allow_insecure_http=allow_insecure_http,
+                            missing=(404,)):
+                return None
+            refuse_encoding(resp, shown)
+            buf = bytearray()
+            for chunk in resp.raw.stream(64 * 1024, decode_content=False):
+                buf += chunk
+                pace.pace(len(chunk))
+                if len(buf) > max_bytes:
+                    break
+            return bytes(buf)
+
+    try:
+        data = retry.network_retryer(policy, url=shown, redact=scrub,
+                                     deadline_at=pace.deadline_at)(attempt)
+    except requests.RequestException as exc:
+        raise request_error(exc, shown, scrub) from exc
+    if data is None:
+        log.info("fetch_text_missing", url=shown, status=404)
+        return None
+    return _decode_text(data, max_bytes, shown)
+
+
+def _decode_text(data: bytes, max_bytes: int, shown: str) -> str:
+    if len(data) > max_bytes:
+        raise DownloadError(
+            f"{shown} is larger than {max_bytes} bytes; expected a small text file", url=shown
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DownloadError(f"{shown} is not UTF-8 text", url=shown) from exc
+
+
+def url_exists(session: requests.Session, url: str, *, allow_insecure_http: bool,
+               policy: RetryPolicy | None = None) -> bool:
+    """Whether ``url`` names an object, without fetching it (HEAD; a 1-byte GET if HEAD is
+    not allowed). 404/403/410 -> False; transient errors are retried; others raise."""
+    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    path = local_file(url)
+    if path is not None:
+        return path.is_file()
+    shown = redact_url(url)
+    policy = policy or retry.policy_from_env()
+    scrub = scrubber(url)
+
+    def attempt() -> bool:
+        resp = session.head(url, timeout=policy.timeout, allow_redirects=True)
+        if resp.status_code in (405, 501):
+            resp = session.get(url, headers={"Range": "bytes=0-0", "Accept-Encoding": "identity"},
+                               timeout=policy.timeout, stream=True)
+            resp.close()
+        # GCS answers 403 for a missing object in a bucket one cannot list.
+        return classify(resp, shown, allow_insecure_http=allow_insecure_http,
+                        expected=(200, 206), missing=(403, 404, 410))
+
+    try:
+        found = retry.network_retryer(policy, url=shown, redact=scrub)(attempt)
+    except requests.RequestException as exc:
+        raise request_error(exc, shown, scrub, doing="probing") from exc
+    log.info("artifact_probe", url=shown, exists=found)
+    return found

@@ -1,0 +1,124 @@
+"""The HTTP session, and the one reading of what a server answered.
+
+Every request the installer makes (downloads, small fetches, existence probes) goes
+through a session from :func:`make_session` and has its answer read by
+:func:`classify`, so a redirect to plain http, a 429/5xx (retried) or a 4xx (not)
+mean the same wherever they happen; :func:`refuse_encoding` guards every body read,
+and :func:`request_error` turns a non-transient ``requests`` failure into the one
+message shape, with the URL's secrets scrubbed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection
+
+import requests
+import requests.adapters
+
+from installer import __version__
+from installer.errors import DownloadError
+from installer.net.policy import redact_url
+from installer.net.retry import TransferLimits, TransientHTTPError, describe_cause, parse_retry_after
+
+
+def make_session(*, user_agent: str | None = None,
+                 limits: TransferLimits | None = None) -> requests.Session:
+    """A ``requests.Session`` for artifact downloads.
+
+    Honours ``HTTPS_PROXY``/``NO_PROXY`` and ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
+    as ``requests`` does (``trust_env``). ``requests`` ignores ``SSL_CERT_FILE``
+    (it uses certifi), so when neither of its own variables is set, a
+    ``SSL_CERT_FILE`` (or ``SSL_CERT_DIR``) is used as the trust store.
+    No adapter-level retries: :mod:`installer.net.retry` decides. ``limits`` (the
+    deadline and minimum rate of every download through this session)
+    default to :class:`~installer.net.retry.TransferLimits`.
+    """
+    session = requests.Session()
+    session.transfer_limits = limits or TransferLimits()  # type: ignore[attr-defined]
+    session.trust_env = True
+    session.headers["User-Agent"] = (
+        user_agent or f"nvidia-driver-installer/{__version__} {requests.utils.default_user_agent()}"
+    )
+    if not (os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")):
+        for var in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+            value = os.environ.get(var)
+            if value and os.path.exists(value):
+                session.verify = value
+                break
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    return session
+
+
+def limits_of(session: requests.Session | None) -> TransferLimits:
+    """The session's transfer limits (defaults for a session not made here)."""
+    return getattr(session, "transfer_limits", None) or TransferLimits()
+
+
+def classify(resp: requests.Response, shown: str, *, allow_insecure_http: bool,
+             expected: Collection[int] = (200,), missing: Collection[int] = ()) -> bool:
+    """True for an ``expected`` status, False for a ``missing`` one (the object is absent).
+
+    Raises :class:`DownloadError` for a redirect that ended on plain http (unless
+    allowed) and for any other status, :class:`TransientHTTPError` (retried) for 429
+    and 5xx. ``shown`` is the redacted URL.
+    """
+    final = resp.url or ""
+    if final.lower().startswith("http://") and not allow_insecure_http:
+        raise DownloadError(
+            f"{shown} redirected to plain http URL {redact_url(final)}",
+            hint="use a URL that stays on https, or pass --allow-insecure-http",
+            url=shown,
+        )
+    status = resp.status_code
+    if status in expected:
+        return True
+    if status in missing:
+        return False
+    if status == 429 or 500 <= status <= 599:
+        raise TransientHTTPError(status, resp.reason or "",
+                                 retry_after=parse_retry_after(resp.headers.get("Retry-After")))
+    reason = resp.reason or ""
+    hint = None
+    if status == 404:
+        hint = "check the driver version and the URL (is that version published for this host?)"
+    elif status in (401, 403):
+        hint = "the server refused access: check the URL, its credentials or signature"
+    elif 300 <= status < 400:
+        hint = "the server answered with a redirect that was not followed"
+    raise DownloadError(
+        f"HTTP {status} {reason} for {shown}".replace("  ", " "),
+        hint=hint,
+        url=shown,
+        status=status,
+    )
+
+
+def refuse_encoding(resp: requests.Response, shown: str) -> None:
+    """We ask for ``identity``; a compressed body would expand past every size check."""
+    enc = resp.headers.get("Content-Encoding", "").strip().lower()
+    if enc not in ("", "identity"):
+        raise DownloadError(
+            f"{shown}: the server sent a {enc!r}-encoded body though the installer asked for "
+            "identity (Accept-Encoding: identity); refusing it",
+            hint="the server or a proxy in between recompresses artifacts: fetch them from one "
+            "that serves the file as it is",
+            url=shown, content_encoding=enc)
+
+
+def request_error(exc: BaseException, shown: str, scrub: Callable[[str], str], *,
+                  doing: str = "download of") -> DownloadError:
+    """A ``requests`` failure that is not transient (e.g. an untrusted certificate, too
+    many redirects), as one line without secrets."""
+    cause = describe_cause(exc, scrub)
+    hint = None
+    if isinstance(exc, requests.exceptions.SSLError):
+        hint = (
+            "the server's certificate is not trusted: set REQUESTS_CA_BUNDLE "
+            "(or SSL_CERT_FILE) to the CA bundle that signs it"
+        )
+    elif isinstance(exc, requests.exceptions.TooManyRedirects):
+        hint = "the URL redirects in a loop"
+    return DownloadError(f"{doing} {shown} failed: {cause}", hint=hint, url=shown)
