@@ -10,10 +10,10 @@ import structlog
 from installer.errors import DownloadError
 from installer.fsutil import UnreadableFile, read_limited
 from installer.net import retry
+from installer.net.pace import Pacer
 from installer.net.policy import check_url_scheme, local_file, redact_url, scrubber
 from installer.net.retry import RetryPolicy
 from installer.net.session import classify, limits_of, refuse_encoding, request_error
-from installer.net.transfer import Pacer
 
 log = structlog.get_logger(__name__)
 

@@ -62,11 +62,11 @@ from installer.errors import DiskSpaceError, DownloadError, IntegrityError, Usag
 from installer.fsutil import fsync_dir
 from installer.net import retry
 from installer.net.integrity import normalize_sha256
+from installer.net.pace import Pacer
 from installer.net.policy import check_url_scheme, local_file, redact_url, scrubber
 from installer.net.retry import (
     IncompleteBodyError,
     RetryPolicy,
-    SlowTransferError,
     TransferLimits,
 )
 from installer.net.session import classify, limits_of, refuse_encoding, request_error
@@ -145,47 +145,6 @@ def _check_space(directory: Path, needed: int, min_free_bytes: int, *, shown: st
 def _open_part(path: Path) -> BinaryIO:
     """The temp file, truncated (a stale one from a killed run is discarded)."""
     return open(path, "wb", buffering=0)  # noqa: SIM115 - closed by _Transfer
-
-
-class Pacer:
-    """The deadline and minimum rate (TransferLimits) of one download, over all attempts."""
-
-    def __init__(self, limits: TransferLimits, shown: str) -> None:
-        self.limits = limits
-        self.shown = shown
-        self.deadline_at = time.monotonic() + limits.deadline_s
-        self.received = 0  # bytes read from the network, every attempt
-        self._window = (time.monotonic(), 0)
-
-    def timeout(self, policy: RetryPolicy) -> tuple[float, float]:
-        """The policy's (connect, read) timeouts, never past the deadline."""
-        left = max(self.deadline_at - time.monotonic(), 0.1)
-        return (min(policy.connect_timeout, left), min(policy.read_timeout, left))
-
-    def begin_attempt(self) -> None:
-        self.check_deadline()
-        self._window = (time.monotonic(), self.received)
-
-    def check_deadline(self) -> None:
-        if time.monotonic() >= self.deadline_at:
-            raise DownloadError(
-                f"download of {self.shown} did not finish within its {self.limits.deadline_s:g}s "
-                f"deadline ({_mb(self.received)} MB received)",
-                hint="the server is too slow or stalls: use a closer mirror, or raise "
-                "--download-deadline (DOWNLOAD_DEADLINE)",
-                url=self.shown, limit="deadline")
-
-    def pace(self, nbytes: int) -> None:
-        """After each read of ``nbytes``: the deadline, then the rate over the last window."""
-        self.received += nbytes
-        self.check_deadline()
-        since, at = self._window
-        now = time.monotonic()
-        if self.limits.min_rate and now - since >= self.limits.rate_time_s:
-            rate = (self.received - at) / (now - since)
-            if rate < self.limits.min_rate:
-                raise SlowTransferError(rate, self.limits)
-            self._window = (now, self.received)
 
 
 class _Transfer:
