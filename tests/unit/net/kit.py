@@ -22,6 +22,7 @@ FAST = RetryPolicy(
 PAYLOAD = random.Random(1234).randbytes(300_000)
 PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
 
+
 def ranged(request: Request, payload: bytes = PAYLOAD) -> Response:
     """werkzeug's own Range handling (206 + Content-Range, 416)."""
     return Response(payload, mimetype="application/octet-stream").make_conditional(

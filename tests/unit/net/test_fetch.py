@@ -41,6 +41,7 @@ def test_fetch_text(server, session, tmp_path, no_sleep):
     with pytest.raises(UsageError):
         fetch_text(session, "http://127.0.0.1/x")
 
+
 def test_fetch_text_refuses_encoded_bodies_too(server, session):
     server.expect_request("/meta").respond_with_data(b"x", headers={"Content-Encoding": "br"})
     with pytest.raises(DownloadError, match="'br'-encoded"):

@@ -59,6 +59,7 @@ def test_https_and_file_schemes_accepted():
     check_url_scheme("file:///srv/a.run", allow_insecure_http=False)
     check_url_scheme("HTTPS://example.com/a.run", allow_insecure_http=False)
 
+
 def test_redact_url():
     assert policy.redact_url("https://u:p@h:8443/a/b?sig=abc&x=1#frag") == "https://***@h:8443/a/b?sig=***&x=***"
     assert policy.redact_url("https://h/a") == "https://h/a"

@@ -341,6 +341,7 @@ def test_resume_property_any_drop_offset(server, session, tmp_path, drop_at):
     assert got.resumed_bytes == drop_at
     dest.unlink()
 
+
 def test_file_url_copies_with_sha256(tmp_path):
     src = tmp_path / "staged" / "NVIDIA.run"
     src.parent.mkdir()
@@ -364,6 +365,7 @@ def test_file_url_missing_file_names_the_path(tmp_path):
         download(None, missing.as_uri(), tmp_path / "out")
     assert str(missing) in info.value.message and info.value.exit_code == 5
     assert not (tmp_path / "out").exists() and no_part_files(tmp_path)
+
 
 # --------------------------------------------------------------------------- disk space
 
@@ -502,6 +504,7 @@ def test_real_full_tmpfs(server, clean_env, ca_bundle, tmp_path, with_length):
     else:
         assert "disk full" in out["message"]
 
+
 # --------------------------------------------------------------------------- credentials
 
 
@@ -535,6 +538,7 @@ def test_credentials_scrubbed_from_connection_error_causes(clean_env, tmp_path, 
     assert "attempt limit reached (2 attempts" in str(info.value)
     assert "ConnectionError" in str(info.value)
 
+
 def test_large_download_logs_progress_events(server, session, tmp_path, monkeypatch):
     big = random.Random(3).randbytes(4 * transfer.CHUNK_SIZE)
     server.expect_request("/big").respond_with_handler(lambda r: ranged(r, big))
@@ -542,6 +546,7 @@ def test_large_download_logs_progress_events(server, session, tmp_path, monkeypa
         download(session, server.url_for("/big"), tmp_path / "big", policy=FAST)
     events = [e for e in logs if e["event"] == "download_progress"]
     assert [e["percent"] for e in events] == [25.0, 50.0, 75.0]
+
 
 # --------------------------------------------------------------------------- hostile servers
 
@@ -586,6 +591,7 @@ def test_content_encoded_bodies_are_refused(server, session, tmp_path, body):
     with pytest.raises(DownloadError, match="'gzip'-encoded body"):
         download(session, server.url_for("/enc.run"), tmp_path / "enc.run", policy=FAST)
     assert no_part_files(tmp_path)
+
 
 def test_an_implausible_size_is_not_reported_as_a_full_disk(server, session, tmp_path):
     def huge(request: Request) -> Response:
