@@ -457,7 +457,8 @@ def download(
     cancel: threading.Event | None = None,
 ) -> Downloaded:
     """Fetch ``url`` to ``dest`` (see the module docstring). ``policy=None``: the
-    environment-adjusted :data:`installer.net.retry.NETWORK`. Setting ``cancel`` stops
+    defaults with ``DOWNLOAD_RETRIES``/``DOWNLOAD_TIMEOUT`` applied, read now
+    (:func:`installer.net.retry.policy_from_env`). Setting ``cancel`` stops
     the download (:class:`Cancelled`) at its next chunk or wait, its temp file removed;
     ``session`` may be None for a ``file://`` URL."""
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
