@@ -205,10 +205,10 @@ def _final_log() -> Any:
 def detect(**opts: Any) -> None:
     """Print the detected host as JSON."""
     from installer import distros, gpus
-    from installer.install import make_context
+    from installer.context import Context
     from installer.modules import loaded_driver_version
 
-    ctx = make_context(_settings(**opts))
+    ctx = Context.from_settings(_settings(**opts))
     distro = distros.for_host(ctx.host_info)
     doc = {
         **ctx.host_info.to_dict(),
@@ -256,10 +256,10 @@ def status(**opts: Any) -> None:
 @_host_options
 def verify(**opts: Any) -> None:
     """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
-    from installer.install import make_context
+    from installer.context import Context
     from installer.verify import REQUIRED_NODES, nvidia_smi
 
-    ctx = make_context(_settings(**opts))
+    ctx = Context.from_settings(_settings(**opts))
     missing = [n for n in REQUIRED_NODES if not ctx.kernel.device_node(n).exists()]
     if missing:
         from installer.errors import VerifyError

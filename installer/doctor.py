@@ -19,13 +19,12 @@ from pathlib import Path, PurePosixPath
 
 from installer import cache, devchar, firmware, gpus, modules, readiness
 from installer import status as status_file
+from installer.context import UNKNOWN_FAMILY, Context, detect
 from installer.errors import InstallerError
 from installer.fsutil import UnreadableFile
-from installer.hostroot import HostRoot
-from installer.installdir import InstallDir
 from installer.kernel import KernelState
 from installer.osinfo import HostInfo
-from installer.runner import CommandError, Runner
+from installer.runner import CommandError
 from installer.settings import Settings
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -49,19 +48,23 @@ class Finding:
 
 @dataclass
 class Node:
-    """Everything the checks read, resolved once."""
+    """The run's context plus what the checks read once (status, cache record, GPUs)."""
 
-    settings: Settings
-    host: HostRoot
-    kernel: KernelState
-    install: InstallDir
-    runner: Runner
-    host_info: HostInfo | None = None
-    host_error: str | None = None
-    kernel_release: str = ""
+    ctx: Context
     status: dict | None = None
     record: cache.CacheRecord | None = None
     pci: list[gpus.PciGpu] = field(default_factory=list)
+
+    def __getattr__(self, name: str):  # host, kernel, install, runner, settings: the context's
+        return getattr(self.ctx, name)
+
+    @property
+    def host_info(self) -> HostInfo | None:
+        return None if self.ctx.host_info.family == UNKNOWN_FAMILY else self.ctx.host_info
+
+    @property
+    def kernel_release(self) -> str:
+        return self.ctx.host_info.kernel_release
 
     @property
     def loaded_version(self) -> str | None:
@@ -69,24 +72,13 @@ class Node:
 
 
 def _load(settings: Settings) -> Node:
-    from installer.install import detect
-
-    assert settings.install_dir is not None
-    kernel = KernelState()
-    node = Node(settings=settings, host=HostRoot(settings.host_root), kernel=kernel,
-                install=InstallDir(settings.install_dir, settings.install_dir_host),
-                runner=Runner())
-    node.kernel_release = settings.kernel_release or kernel.release()
-    try:
-        node.host_info = detect(node.host, node.kernel_release)
-    except InstallerError as exc:
-        node.host_error = exc.message
+    node = Node(Context.from_settings(settings, strict=False))
     try:
         node.status = status_file.read(node.install.status_file)
     except UnreadableFile as exc:  # reported by check_installer_status, never a hang
         node.status = {"outcome": "unreadable", "message": f"status.json {exc.reason}"}
     node.record = cache.read(node.install.cache_file)
-    node.pci = gpus.scan(kernel.sys_dir)
+    node.pci = gpus.scan(node.kernel.sys_dir)
     return node
 
 
@@ -95,7 +87,12 @@ def _load(settings: Settings) -> Node:
 
 def check_host(n: Node) -> Finding:
     if n.host_info is None:
-        return Finding("host", FAIL, f"cannot tell the host OS: {n.host_error}",
+        try:
+            detect(n.host, n.kernel_release)
+            error = "unknown"
+        except InstallerError as exc:
+            error = exc.message
+        return Finding("host", FAIL, f"cannot tell the host OS: {error}",
                        "check --host-root points at the node's / (ROOT_MOUNT_DIR) and that "
                        "it has /etc/os-release")
     h = n.host_info

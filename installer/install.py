@@ -14,47 +14,18 @@ from installer.context import Context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
-from installer.hostroot import HostRoot
-from installer.installdir import InstallDir
-from installer.kernel import KernelState
 from installer.lock import HostLock
-from installer.osinfo import HostInfo, host_info_from_text
 from installer.plan import StepTiming, execute
-from installer.runner import Runner
 from installer.settings import Settings
 from installer.signals import Interrupted
 
 log = structlog.get_logger(__name__)
 
 
-def detect(host: HostRoot, kernel_release: str) -> HostInfo:
-    return host_info_from_text(
-        host.read_text("/etc/os-release"),
-        host.read_text("/etc/lsb-release"),
-        kernel_release,
-        os_release_path=str(host.path("/etc/os-release")),
-    )
-
-
-def make_context(settings: Settings) -> Context:
-    host = HostRoot(settings.host_root)
-    kernel = KernelState()
-    info = detect(host, settings.kernel_release or kernel.release())
-    assert settings.install_dir is not None, "settings must be resolved"
-    return Context(
-        settings=settings,
-        host=host,
-        kernel=kernel,
-        runner=Runner(),
-        install=InstallDir(settings.install_dir, settings.install_dir_host),
-        host_info=info,
-    )
-
-
 def run(settings: Settings) -> dict[str, object]:
     """Install (or print the plan with --dry-run). Returns the outcome fields."""
     started = time.monotonic()
-    ctx = make_context(settings)
+    ctx = Context.from_settings(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)

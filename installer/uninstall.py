@@ -14,12 +14,12 @@ from pathlib import PurePosixPath
 import structlog
 
 from installer import devchar, ldcache, modules, readiness, status
+from installer.context import Context
 from installer.errors import ModuleLoadError, UsageError, VerifyError
 from installer.hostroot import HostRoot
 from installer.installdir import LAYOUT_DIRS, InstallDir
-from installer.kernel import KernelState
 from installer.lock import HostLock
-from installer.runner import CommandError, Runner
+from installer.runner import CommandError
 from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -77,10 +77,8 @@ def _is_ours(install: InstallDir) -> bool:
 def run(settings: Settings) -> dict[str, object]:
     assert settings.install_dir is not None, "settings must be resolved"
     started = time.monotonic()
-    host = HostRoot(settings.host_root)
-    kernel = KernelState()
-    runner = Runner()
-    install = InstallDir(settings.install_dir, settings.install_dir_host)
+    ctx = Context.from_settings(settings, strict=False)  # the OS does not matter here
+    host, kernel, runner, install = ctx.host, ctx.kernel, ctx.runner, ctx.install
     done: dict[str, object] = {}
     with HostLock(host, settings.lock_timeout_s):
         ours = _is_ours(install)

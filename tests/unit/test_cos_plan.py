@@ -15,11 +15,7 @@ from installer.context import Context
 from installer.distros import for_host
 from installer.distros.cos import Cos, decide_modules, signing_policy
 from installer.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
-from installer.hostroot import HostRoot
-from installer.install import detect
-from installer.installdir import InstallDir
 from installer.kernel import KernelState
-from installer.runner import Runner
 from installer.settings import Settings
 from tests.cosbucket import CC, CXX, DEFAULT_V, LATEST_V, TRIPLE, Bucket
 from tests.fixtures.kernel import FakeKernel
@@ -68,11 +64,8 @@ class Env:
             toolchain_dir=self.tools_dir,
             **settings,
         ).resolved()
-        host = HostRoot(s.host_root)
         kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)
-        return Context(settings=s, host=host, kernel=kernel, runner=Runner(),
-                       install=InstallDir(s.install_dir, s.install_dir_host),
-                       host_info=detect(host, COS_KERNEL))
+        return Context.from_settings(s, kernel)
 
 
 @pytest.fixture
