@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import stat
 import textwrap
@@ -17,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from installer import cache, devchar, firmware, gpus, modules, readiness
+from installer import cache, devchar, firmware, gpus, ldcache, modules, readiness
 from installer import status as status_file
+from installer.cache import CacheKey
 from installer.context import UNKNOWN_FAMILY, Context, detect
-from installer.errors import InstallerError
+from installer.errors import ExitCode, InstallerError
 from installer.fsutil import UnreadableFile
 from installer.kernel import KernelState
 from installer.osinfo import HostInfo
@@ -191,15 +191,15 @@ def check_cache(n: Node) -> Finding:
     target = (f"build {r.build_id}" if r.build_id else f"kernel {r.kernel_release}")
     what = f"driver {r.driver_version} for {target} ({r.flavor or 'flavour not recorded'})"
     info = n.host_info
-    if r.build_id and info is not None and info.build_id and r.build_id != info.build_id:
-        return Finding("cache", FAIL, f"stale: {what}, but the node runs build {info.build_id} "
-                       "(node image upgraded?)",
-                       "re-run install (restart the installer pod): it reinstalls for this build")
-    if not r.build_id and r.kernel_release and r.kernel_release != n.kernel_release:
-        return Finding("cache", FAIL, f"stale: {what}, but the node runs kernel "
-                       f"{n.kernel_release} (kernel updated?)",
-                       "re-run install (restart the installer pod): it rebuilds for the running "
-                       "kernel")
+    # The record's own key, against what this node runs (build on COS, else kernel).
+    key = CacheKey(r.driver_version or "", build_id=info.build_id if info and r.build_id
+                   else None, kernel_release=None if r.build_id else n.kernel_release)
+    stale = r.mismatch(key)
+    if stale:
+        why, does = (("node image upgraded?", "reinstalls for this build") if r.build_id
+                     else ("kernel updated?", "rebuilds for the running kernel"))
+        return Finding("cache", FAIL, f"stale: {stale} ({why})",
+                       f"re-run install (restart the installer pod): it {does}")
     broken = cache.check_files(r, n.install.root)
     if broken:
         return Finding("cache", FAIL, f"{what}, but {broken}",
@@ -338,19 +338,6 @@ def check_nvidia_smi(n: Node) -> Finding:
                    f"{names or 'no GPUs listed'}")
 
 
-_LDCONFIG_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
-
-
-def parse_ldconfig_p(text: str) -> dict[str, list[str]]:
-    """``ldconfig -p`` output -> soname: [paths of 64-bit entries, in lookup order]."""
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        m = _LDCONFIG_LINE.match(line)
-        if m and "64" in m.group(2):  # libc6,x86-64 / libc6,AArch64, not 32-bit libc6
-            out.setdefault(m.group(1), []).append(m.group(3))
-    return out
-
-
 def check_host_ld_cache(n: Node) -> Finding:
     cache_file = n.host.path("/etc/ld.so.cache")
     lib_dir = n.install.lib64_host()
@@ -360,11 +347,10 @@ def check_host_ld_cache(n: Node) -> Finding:
     if not cache_file.is_file():
         return Finding("host_ld_cache", FAIL, "the host has no /etc/ld.so.cache", fix)
     try:
-        result = n.runner.run(["ldconfig", "-p", "-C", str(cache_file)], timeout=30)
+        entries = ldcache.host_entries(n.host, n.runner)
     except CommandError as exc:
         return Finding("host_ld_cache", FAIL, f"cannot read the host ld cache: "
                        f"{exc.stderr_tail(2)}", fix)
-    entries = parse_ldconfig_p(result.stdout)
     problems, good = [], []
     for lib in LIBS:
         paths = entries.get(lib, [])
@@ -466,6 +452,13 @@ class Report:
     @property
     def healthy(self) -> bool:
         return not self.failed
+
+    @property
+    def exit_code(self) -> int:
+        # A failed check means the installed driver is not verified working: the verify
+        # class (9), as for `verify`. The other codes name why an install run stopped;
+        # doctor runs nothing, and the finding names the cause.
+        return 0 if self.healthy else int(ExitCode.VERIFY)
 
     def to_dict(self) -> dict[str, object]:
         return {"healthy": self.healthy, "node": self.node,

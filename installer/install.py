@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import asdict
+from typing import Any
 
 import structlog
 
@@ -23,8 +22,29 @@ log = structlog.get_logger(__name__)
 
 
 def run(settings: Settings) -> dict[str, object]:
-    """Install (or print the plan with --dry-run). Returns the outcome fields."""
+    """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
     started = time.monotonic()
+    from installer.urls import check_url_scheme  # no requests import: cache hits stay fast
+
+    for url in filter(None, (settings.driver_url, settings.driver_base_url)):
+        check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
+    outcome = _install(settings, started)
+    log.info("install_finished", outcome=outcome.get("outcome"), plan=outcome.get("plan"),
+             driver_version=outcome.get("driver_version"),
+             duration_s=round(time.monotonic() - started, 3), message=_success_message(outcome))
+    return outcome
+
+
+def _success_message(outcome: dict[str, Any]) -> str:
+    if outcome.get("outcome") == "dry_run":
+        return f"dry run: printed the {outcome.get('plan')} plan, changed nothing"
+    if outcome.get("plan") == "preload":
+        return "preload done: COS toolchain and kernel headers cached; no driver installed"
+    how = "loaded from the cache" if outcome.get("plan") == "cached" else "installed"
+    return f"NVIDIA driver {outcome.get('driver_version')} {how} and verified"
+
+
+def _install(settings: Settings, started: float) -> dict[str, Any]:
     ctx = Context.from_settings(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
@@ -36,8 +56,7 @@ def run(settings: Settings) -> dict[str, object]:
         doc = {"dry_run": True, "host": ctx.host_info.to_dict(),
                "install_dir": str(ctx.install.root), **plan.describe(),
                "readiness_file": str(readiness.READY_HOST_PATH)}
-        sys.stdout.write(json.dumps(redact.scrub(doc), indent=2) + "\n")
-        return {"outcome": "dry_run", "plan": plan.kind}
+        return {"outcome": "dry_run", "plan": plan.kind, "dry_run": redact.scrub(doc)}
     with HostLock(ctx.host, settings.lock_timeout_s):
         # Consumers waiting on driver-ready must not start while the driver may change.
         readiness.clear(ctx.host)

@@ -59,6 +59,11 @@ class Settings:
             # Resolved on the host (kubectl debug: a symlinked /home must not send us into
             # this container's own /home).
             install_dir = HostRoot(self.host_root).resolve(self.install_dir_host)
+        if install_dir.exists() and not install_dir.is_dir():
+            named = "--install-dir" if self.install_dir else "<host-root>/<install-dir-host>"
+            raise UsageError(f"{named} {install_dir} is not a directory",
+                             hint="name the driver's install dir (NVIDIA_INSTALL_DIR_CONTAINER / "
+                             "NVIDIA_INSTALL_DIR_HOST), not a file in it")
         sha = self.driver_sha256.lower() if self.driver_sha256 else None
         if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
             raise UsageError(
