@@ -246,6 +246,17 @@ def uninstall(**opts: Any) -> None:
     uninstall_mod.run(_settings(**opts))
 
 
+def env_vars() -> tuple[str, ...]:
+    """Every environment variable an option of a command reads: the env contract
+    (``manifests`` checks ``--env`` against it, a test against the README)."""
+    names: dict[str, None] = {}
+    for command in cli.commands.values():
+        for param in command.params:
+            envvar = getattr(param, "envvar", None)
+            names.update(dict.fromkeys([envvar] if isinstance(envvar, str) else envvar or ()))
+    return tuple(names)
+
+
 # What to do next, per failure class, when the error carries no hint of its own.
 NEXT_STEP = {
     "usage": "fix the option or environment variable named above and re-run",
