@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from installer import __version__
-from installer.errors import ExitCode, InstallerError
+from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
 from installer.output import FORMATS, plan_text, render
 from installer.settings import (
     DEFAULT_COS_ARTIFACTS_URL,
@@ -105,7 +105,20 @@ def cli() -> None:
     """Install NVIDIA GPU drivers on Kubernetes nodes (Container-Optimized OS, Ubuntu)."""
 
 
-@cli.command()
+def _exit_codes_epilog() -> str:
+    """The exit codes table (DESIGN §3) and two examples, kept as typed (``\\b``)."""
+    rows = "\n".join(f"  {int(code):>3}  {meaning}" for code, meaning in EXIT_CODE_MEANINGS.items())
+    return (f"\b\nExit codes:\n{rows}\n\n"
+            "\b\nExamples:\n"
+            "  # on the node itself, by hand: print the plan, change nothing\n"
+            "  sudo nvidia-driver-installer install --host-root / --dry-run\n"
+            "  # a pinned driver, waiting up to 10 minutes for another installer\n"
+            "  nvidia-driver-installer install --driver-version 550.127.05 \\\n"
+            "      --driver-sha256 <sha256 of the .run> --lock-timeout 600")
+
+
+@cli.command(short_help="Install or load the cached driver, then verify it (nvidia-smi).",
+             epilog=_exit_codes_epilog())
 @_host_options
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
               help="Driver version, or on COS an alias: default, latest, R535 … "
@@ -185,7 +198,7 @@ def detect(output: str, **opts: Any) -> None:
     click.echo(render(detect_mod.run(_settings(**opts)), output), nl=False)
 
 
-@cli.command(short_help="Print the last run's status.json and .cache record; exit with its code.")
+@cli.command(short_help="Print status.json and the .cache record; exit with its code.")
 @_host_options
 @_output_option
 def status(output: str, **opts: Any) -> int:
@@ -209,7 +222,7 @@ def verify(output: str, **opts: Any) -> None:
     click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 
-@cli.command(short_help="Check this node's driver set-up; print each finding with a fix.")
+@cli.command(short_help="Check the node's driver set-up; print each finding with its fix.")
 @_host_options
 @_output_option
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json.")
@@ -231,7 +244,7 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
     return report.exit_code
 
 
-@cli.command(short_help="Unload the NVIDIA modules and remove the install (keeps logs, status).")
+@cli.command(short_help="Unload the modules and remove the install; keep logs and status.")
 @_host_options
 @click.option("--lock-timeout", "lock_timeout_s", type=click.FloatRange(min=0),
               envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,

@@ -31,6 +31,27 @@ class ExitCode(enum.IntEnum):
     TERMINATED = 143  # SIGTERM (the kubelet deleting the pod): 128 + 15
 
 
+# What each exit code means, for `install --help` and the README (DESIGN §3, plus 12).
+EXIT_CODE_MEANINGS = {
+    ExitCode.OK: "installed and verified (or --dry-run done)",
+    ExitCode.INTERNAL: "unexpected internal error (a bug: traceback shown)",
+    ExitCode.USAGE: "usage error (bad flag or combination; not root / not privileged)",
+    ExitCode.UNSUPPORTED_HOST: "unsupported or unreadable host (no os-release, unknown OS, "
+                               "read-only root)",
+    ExitCode.LOCKED: "another installer holds the host lock",
+    ExitCode.DOWNLOAD: "download failed",
+    ExitCode.INTEGRITY: "integrity failure (checksum mismatch, corrupt archive or status file)",
+    ExitCode.BUILD: "build failed (no kernel headers, NVIDIA installer failed)",
+    ExitCode.MODULE_LOAD: "module load failed, or another driver is loaded and in use",
+    ExitCode.VERIFY: "verification failed (nvidia-smi, device nodes; doctor: a check failed)",
+    ExitCode.SECURE_BOOT: "blocked by Secure Boot / module signature enforcement",
+    ExitCode.DISK_SPACE: "not enough disk space",
+    ExitCode.NOT_INSTALLED: "status: the installer has not run on this node",
+    ExitCode.INTERRUPTED: "interrupted (SIGINT, Ctrl-C)",
+    ExitCode.TERMINATED: "terminated (SIGTERM: the kubelet deleting the pod)",
+}
+
+
 class InstallerError(Exception):
     """An expected failure: logged as one line, no traceback."""
 

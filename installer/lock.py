@@ -89,6 +89,7 @@ class HostLock:
         try:
             dir_fd, name = self.host.open_parent(self.host_path)
         except OSError as exc:
+            exc.filename = self.host_path
             raise (_unprivileged(exc) or self._refuse(
                 f"cannot open its directory: {exc.strerror or exc}")) from None
         try:

@@ -211,7 +211,7 @@ def test_stale_cache_after_kernel_update(node, capsys):
     assert code == 9
     f = found["cache"]
     assert f["verdict"] == "fail"
-    assert f"for kernel {RELEASE}" in f["detail"] and "host runs 5.15.0-1050-gke" in f["detail"]
+    assert f"for kernel {RELEASE}" in f["detail"] and "the node runs kernel 5.15.0-1050-gke" in f["detail"]
     assert "rebuilds" in f["fix"]
 
 
