@@ -166,6 +166,9 @@ def check_installer_status(n: Node) -> Finding:
                        "installer has not run with this install dir",
                        "run install, or check --install-dir / NVIDIA_INSTALL_DIR_CONTAINER "
                        "points at the host's install dir")
+    if s.get("outcome") == "unreadable":
+        return Finding("installer_status", FAIL, f"corrupt status file: {s['message']}",
+                       f"remove {where}; the next install writes a new one")
     when = s.get("finished_at", "?")
     if s.get("outcome") == "ok":
         return Finding("installer_status", OK, f"last run ok at {when}: driver "
