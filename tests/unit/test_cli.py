@@ -183,6 +183,16 @@ def test_status_prints_text_by_default_and_exits_with_the_runs_code(capsys, tmp_
                                 "  exit_code: 5", "cache: -"]
 
 
+def failed_in(wrapper, args, code):
+    """``failed`` for the CLI run as a child process under ``wrapper`` (setpriv, unshare)."""
+    proc = subprocess.run([*wrapper, sys.executable, "-m", "installer", *args, "--log-format",
+                           "json"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"]})
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return last_event(proc.stderr)["message"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="needs root to drop to an unprivileged user with setpriv")
 @pytest.mark.parametrize("command", ["install", "uninstall"])
@@ -191,25 +201,15 @@ def test_without_root_privileges(command):
     import tempfile
 
     with tempfile.TemporaryDirectory(dir="/tmp") as top:  # pytest's tmp dirs are root-only
-        tmp_path = Path(top)
-        tmp_path.chmod(0o755)
-        proc = _as_nobody(command, ubuntu_root(tmp_path), tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert last_event(proc.stderr)["message"] == (
+        host = ubuntu_root(Path(top))
+        for path in (Path(top), host, host / "etc"):
+            path.chmod(0o755)
+        message = failed_in(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],
+                            [command, "--host-root", str(host), "--install-dir", top], 2)
+    assert message == (
         "FAILED (usage, exit 2): permission denied on /tmp/cos_gpu_installer_lock: the installer "
         "needs root privileges. What to do: run as root on the node, or in a privileged container "
         "(the DaemonSet's securityContext.privileged: true).")
-
-
-def _as_nobody(command, host, tmp_path):
-    for path in (host, host / "etc"):
-        path.chmod(0o755)
-    return subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-         "installer", command, "--host-root", str(host), "--install-dir", str(tmp_path),
-         "--log-format", "json"],
-        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -219,13 +219,9 @@ def test_a_read_only_host_root(tmp_path):
     (host / "tmp").mkdir(mode=0o1777)
     script = (f"mount --make-rprivate / && mount --bind {host} {host} && "
               f"mount -o remount,bind,ro {host} && exec \"$@\"")
-    proc = subprocess.run(
-        ["unshare", "--mount", "sh", "-c", script, "sh", sys.executable, "-m", "installer",
-         "install", "--host-root", str(host), "--install-dir", str(tmp_path), "--log-format",
-         "json"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 3, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert last_event(proc.stderr)["message"] == (
+    message = failed_in(["unshare", "--mount", "sh", "-c", script, "sh"],
+                        ["install", "--host-root", str(host), "--install-dir", str(tmp_path)], 3)
+    assert message == (
         "FAILED (unsupported_host, exit 3): read-only file system on /tmp/cos_gpu_installer_lock: "
         "the installer writes to the host root. What to do: mount the host's / read-write "
         "(the pod's /root volume must not be readOnly).")
