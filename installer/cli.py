@@ -188,7 +188,7 @@ def install(output: str, **opts: Any) -> None:
         click.echo(render(outcome["dry_run"], output, text=plan_text), nl=False)
 
 
-@cli.command(short_help="Print the detected host: OS, kernel, flow, GPUs, loaded driver.")
+@cli.command()
 @_host_options
 @_output_option
 def detect(output: str, **opts: Any) -> None:

@@ -23,9 +23,9 @@ log = structlog.get_logger(__name__)
 
 def run(settings: Settings) -> dict[str, object]:
     """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
-    started = time.monotonic()
     from installer.urls import check_url_scheme  # no requests import: cache hits stay fast
 
+    started = time.monotonic()
     for url in filter(None, (settings.driver_url, settings.driver_base_url)):
         check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
     outcome = _install(settings, started)

@@ -10,7 +10,6 @@ from typing import Any
 from installer import __version__, cache, redact
 from installer.errors import IntegrityError, NotInstalledError
 from installer.fsutil import UnreadableFile, read_limited, write_atomic
-from installer.installdir import InstallDir
 from installer.settings import Settings
 
 MAX_BYTES = 1 << 20
@@ -47,8 +46,9 @@ def read(path: Path) -> dict[str, Any] | None:
 
 def report(settings: Settings) -> dict[str, Any]:
     """The ``status`` command's document: the last run and the ``.cache`` record."""
-    assert settings.install_dir is not None, "settings must be resolved"
-    install = InstallDir(settings.install_dir, settings.install_dir_host)
+    from installer.context import Context
+
+    install = Context.from_settings(settings, strict=False).install  # any host OS will do
     try:
         last = read(install.status_file)
     except UnreadableFile as exc:
