@@ -256,3 +256,14 @@ def test_every_result_command_takes_output_text_or_json(command):
     option = next(p for p in cli.commands[command].params if p.name == "output")
     assert option.opts == ["-o", "--output"] and option.default == "text"
     assert list(option.type.choices) == ["text", "json"]
+
+
+def test_readme_exit_codes_table_lists_every_exit_code():
+    import re
+
+    from installer.errors import EXIT_CODE_MEANINGS, ExitCode
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("### Exit codes"):readme.index("## Security")]
+    rows = {int(n) for row in re.findall(r"^\| (\d+)(?: / (\d+))? \|", table, re.M) for n in row if n}
+    assert rows == {int(c) for c in ExitCode} == {int(c) for c in EXIT_CODE_MEANINGS}
