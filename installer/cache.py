@@ -87,9 +87,9 @@ class CacheRecord:
         if self.driver_version != key.driver_version:
             return f"cached driver {self.driver_version}, want {key.driver_version}"
         if key.build_id is not None and self.build_id != key.build_id:
-            return f"cached for build {self.build_id}, host is {key.build_id}"
+            return f"cached for build {self.build_id}, the node runs build {key.build_id}"
         if key.kernel_release is not None and self.kernel_release != key.kernel_release:
-            return f"cached for kernel {self.kernel_release}, host runs {key.kernel_release}"
+            return f"cached for kernel {self.kernel_release}, the node runs kernel {key.kernel_release}"
         if key.flavor and self.flavor and self.flavor != key.flavor:
             return f"cached flavour {self.flavor}, want {key.flavor}"
         return None

@@ -6,9 +6,7 @@ stay inside the commands so ``--help`` and cache hits start fast.
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -16,7 +14,8 @@ from typing import Any
 import click
 
 from installer import __version__
-from installer.errors import ExitCode, InstallerError, UsageError
+from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
+from installer.output import FORMATS, plan_text, render
 from installer.settings import (
     DEFAULT_COS_ARTIFACTS_URL,
     DEFAULT_DRIVER_BASE_URL,
@@ -50,6 +49,12 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ]):
         fn = option(fn)
     return fn
+
+
+def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("-o", "--output", type=click.Choice(FORMATS), default="text",
+                        show_default=True,
+                        help="text: for people; json: for tools.")(fn)
 
 
 def _settings(**opts: Any) -> Settings:
@@ -100,7 +105,20 @@ def cli() -> None:
     """Install NVIDIA GPU drivers on Kubernetes nodes (Container-Optimized OS, Ubuntu)."""
 
 
-@cli.command()
+def _exit_codes_epilog() -> str:
+    """The exit codes table (DESIGN §3) and two examples, kept as typed (``\\b``)."""
+    rows = "\n".join(f"  {int(code):>3}  {meaning}" for code, meaning in EXIT_CODE_MEANINGS.items())
+    return (f"\b\nExit codes:\n{rows}\n\n"
+            "\b\nExamples:\n"
+            "  # on the node itself, by hand: print the plan, change nothing\n"
+            "  sudo nvidia-driver-installer install --host-root / --dry-run\n"
+            "  # a pinned driver, waiting up to 10 minutes for another installer\n"
+            "  nvidia-driver-installer install --driver-version 550.127.05 \\\n"
+            "      --driver-sha256 <sha256 of the .run> --lock-timeout 600")
+
+
+@cli.command(short_help="Install or load the cached driver, then verify it (nvidia-smi).",
+             epilog=_exit_codes_epilog())
 @_host_options
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
               help="Driver version, or on COS an alias: default, latest, R535 … "
@@ -160,120 +178,55 @@ def cli() -> None:
               default=60, show_default=True, show_envvar=True,
               help="The window (seconds) --download-min-rate is measured over.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
-def install(**opts: Any) -> None:
+@_output_option
+def install(output: str, **opts: Any) -> None:
     """Install (or load the cached) driver, then verify it with nvidia-smi."""
     from installer import install as install_flow
 
-    started = time.monotonic()
-    settings = _settings(**opts)
-    for url in filter(None, (settings.driver_url, settings.driver_base_url)):
-        _check_url(url, allow_insecure_http=settings.allow_insecure_http)
-    outcome = install_flow.run(settings)
-    _final_log().info(
-        "install_finished",
-        outcome=outcome.get("outcome"),
-        plan=outcome.get("plan"),
-        driver_version=outcome.get("driver_version"),
-        duration_s=round(time.monotonic() - started, 3),
-        message=_success_message(outcome),
-    )
-
-
-def _check_url(url: str, *, allow_insecure_http: bool) -> None:
-    from installer.net.policy import check_url_scheme  # no requests import: cache hits stay fast
-
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
-
-
-def _success_message(outcome: dict[str, Any]) -> str:
-    if outcome.get("outcome") == "dry_run":
-        return f"dry run: printed the {outcome.get('plan')} plan, changed nothing"
-    if outcome.get("plan") == "preload":
-        return "preload done: COS toolchain and kernel headers cached; no driver installed"
-    how = "loaded from the cache" if outcome.get("plan") == "cached" else "installed"
-    return f"NVIDIA driver {outcome.get('driver_version')} {how} and verified"
-
-
-def _final_log() -> Any:
-    import structlog
-
-    return structlog.get_logger("installer")
+    outcome = install_flow.run(_settings(**opts))
+    if "dry_run" in outcome:
+        click.echo(render(outcome["dry_run"], output, text=plan_text), nl=False)
 
 
 @cli.command()
 @_host_options
-def detect(**opts: Any) -> None:
-    """Print the detected host as JSON."""
-    from installer import distros, gpus
-    from installer.install import make_context
-    from installer.modules import loaded_driver_version
+@_output_option
+def detect(output: str, **opts: Any) -> None:
+    """Print the detected host: OS, kernel, flow, GPUs, loaded driver."""
+    from installer import detect as detect_mod
 
-    ctx = make_context(_settings(**opts))
-    distro = distros.for_host(ctx.host_info)
-    doc = {
-        **ctx.host_info.to_dict(),
-        "flow": distro.name,
-        "install_dir": str(ctx.install.root),
-        "signatures_enforced": ctx.kernel.signatures_enforced(),
-        "loaded_driver_version": loaded_driver_version(ctx.kernel),
-        "gpus": [g.to_dict() for g in gpus.scan(ctx.kernel.sys_dir)],
-    }
-    click.echo(json.dumps(doc, indent=2))
+    click.echo(render(detect_mod.run(_settings(**opts)), output), nl=False)
 
 
-@cli.command()
+@cli.command(short_help="Print status.json and the .cache record; exit with its code.")
 @_host_options
-def status(**opts: Any) -> None:
-    """Print the last run's status.json and the .cache record; exit with its exit code."""
-    from installer import cache
-    from installer import status as status_file
-    from installer.errors import IntegrityError
-    from installer.fsutil import UnreadableFile
-    from installer.installdir import InstallDir
+@_output_option
+def status(output: str, **opts: Any) -> int:
+    """Print the last run's status.json and the .cache record; exit with its exit code
+    (12 when the installer has not run on this node)."""
+    from installer import status as status_mod
 
-    settings = _settings(**opts)
-    assert settings.install_dir is not None
-    install = InstallDir(settings.install_dir, settings.install_dir_host)
-    try:
-        last = status_file.read(install.status_file)
-    except UnreadableFile as exc:
-        raise IntegrityError(f"{install.status_file} {exc.reason}",
-                             hint="remove it; the next install writes a new one",
-                             path=str(install.status_file)) from None
-    record = cache.read(install.cache_file)
-    click.echo(json.dumps({
-        "install_dir": str(install.root),
-        "last_run": last,
-        "cache": record.fields if record else None,
-    }, indent=2))
-    if last is None:
-        raise UsageError(f"no status.json in {install.root}: the installer has not run here",
-                         path=str(install.status_file))
-    sys.exit(int(last.get("exit_code") or 0))
+    doc = status_mod.report(_settings(**opts))
+    click.echo(render(doc, output), nl=False)
+    return status_mod.exit_code(doc)
 
 
-@cli.command()
+@cli.command(short_help="Check the device nodes and nvidia-smi (exit 9 if broken).")
 @_host_options
-def verify(**opts: Any) -> None:
+@_output_option
+def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
-    from installer.install import make_context
-    from installer.verify import REQUIRED_NODES, nvidia_smi
+    from installer import verify as verify_mod
 
-    ctx = make_context(_settings(**opts))
-    missing = [n for n in REQUIRED_NODES if not ctx.kernel.device_node(n).exists()]
-    if missing:
-        from installer.errors import VerifyError
-
-        raise VerifyError(f"device nodes missing: {', '.join('/dev/' + m for m in missing)}",
-                          hint="re-run install to load the driver and create them")
-    gpus = nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)
-    click.echo(json.dumps([g.__dict__ for g in gpus], indent=2))
+    gpus = verify_mod.run(_settings(**opts))
+    click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 
-@cli.command()
+@cli.command(short_help="Check the node's driver set-up; print each finding with its fix.")
 @_host_options
-@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON (for tools).")
-def doctor(as_json: bool, **opts: Any) -> int:
+@_output_option
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as -o json.")
+def doctor(output: str, as_json: bool, **opts: Any) -> int:
     """Check this node's driver set-up; print each finding with a fix.
 
     Exit 0 when no check fails (warnings allowed), 9 when any fails.
@@ -285,16 +238,13 @@ def doctor(as_json: bool, **opts: Any) -> int:
     settings = _settings(**opts)
     configure(log_format, "debug" if verbose else "warning")  # the report is the output
     report = doctor_mod.run(settings)
+    as_json = as_json or output == "json"
     click.echo(doctor_mod.render_json(report) if as_json else doctor_mod.render_text(report),
                nl=False)
-    # A failed check means the installed driver is not verified working: the verify
-    # class (9), as for `verify`. The other codes name why an install run stopped
-    # (download, build, lock ...); doctor runs nothing, so 9 is the honest one, and
-    # the finding names the cause (including an earlier run's own exit code).
-    return 0 if report.healthy else int(ExitCode.VERIFY)
+    return report.exit_code
 
 
-@cli.command()
+@cli.command(short_help="Unload the modules and remove the install; keep logs and status.")
 @_host_options
 @click.option("--lock-timeout", "lock_timeout_s", type=click.FloatRange(min=0),
               envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,
@@ -307,6 +257,17 @@ def uninstall(**opts: Any) -> None:
     from installer import uninstall as uninstall_mod
 
     uninstall_mod.run(_settings(**opts))
+
+
+def env_vars() -> tuple[str, ...]:
+    """Every environment variable an option of a command reads: the env contract
+    (``manifests`` checks ``--env`` against it, a test against the README)."""
+    names: dict[str, None] = {}
+    for command in cli.commands.values():
+        for param in command.params:
+            envvar = getattr(param, "envvar", None)
+            names.update(dict.fromkeys([envvar] if isinstance(envvar, str) else envvar or ()))
+    return tuple(names)
 
 
 # What to do next, per failure class, when the error carries no hint of its own.
@@ -322,6 +283,7 @@ NEXT_STEP = {
     "verify": "run `nvidia-driver-installer doctor` on the node for a full check",
     "secure_boot": "disable Secure Boot / module.sig_enforce on the node pool, or use signed modules",
     "disk_space": "free disk space on the node and re-run",
+    "not_installed": "run install on this node",
 }
 TAIL_FIELDS = ("installer_log_tail", "kernel_log_tail")
 
@@ -349,8 +311,10 @@ def _json_logging() -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run a command; the only place outcomes become exit codes (DESIGN §3)."""
     from installer import signals
 
+    command = _command_name(argv)
     with signals.handled():
         try:
             rv = cli.main(args=argv, prog_name="nvidia-driver-installer", standalone_mode=False)
@@ -361,19 +325,33 @@ def main(argv: list[str] | None = None) -> None:
             exc.show()
             sys.exit(exc.exit_code)
         except InstallerError as exc:
-            _report_failure(exc, _command_name(argv))
+            _report_failure(exc, command)
             sys.exit(int(exc.exit_code))
         except signals.Interrupted as exc:
-            _report_interrupt(exc, _command_name(argv))
+            _report_interrupt(exc, command)
             sys.exit(exc.exit_code)
-        except Exception:  # a bug: the traceback is shown, secrets still are not
-            import traceback
+        except Exception as exc:  # noqa: BLE001 - the one boundary
+            from installer.errors import from_os_error
 
-            from installer.net.policy import scrub_text
-
-            sys.stderr.write(scrub_text(traceback.format_exc()))
+            known = from_os_error(exc) if isinstance(exc, OSError) else None
+            if known is not None:  # no privileges, a read-only host: one line, no traceback
+                _report_failure(known, command)
+                sys.exit(int(known.exit_code))
+            _report_bug(exc, command)
             sys.exit(int(ExitCode.INTERNAL))
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _report_bug(exc: Exception, command: str) -> None:
+    """A bug: the traceback (secrets scrubbed), then one final ``internal`` event."""
+    import traceback
+
+    from installer.net.policy import scrub_text
+
+    sys.stderr.write(scrub_text(traceback.format_exc()))
+    _report_failure(InstallerError(
+        f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+        hint="this is a bug in the installer: report it with the traceback above"), command)
 
 
 def _report_interrupt(exc: Any, command: str) -> None:

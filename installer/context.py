@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from installer.errors import UnsupportedHostError
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
-from installer.osinfo import HostInfo
+from installer.osinfo import HostInfo, host_info_from_text
 from installer.runner import Runner
-from installer.settings import Settings
+from installer.settings import DEFAULT_HOST_ROOT, Settings
 
 if TYPE_CHECKING:
     import requests
+
+UNKNOWN_FAMILY = "unknown"
 
 
 @dataclass
@@ -32,6 +36,29 @@ class Context:
     scratch: list[Path] = field(default_factory=list)
     _session: requests.Session | None = None
 
+    @classmethod
+    def from_settings(cls, settings: Settings, kernel: KernelState | None = None,
+                      runner: Runner | None = None, *, strict: bool = True) -> Context:
+        """The one way every command (and every test) builds its context.
+
+        ``kernel`` and ``runner`` are the seams tests replace. Not ``strict``: a host
+        whose OS cannot be told gets ``UNKNOWN_FAMILY`` instead of an error (doctor and
+        uninstall still work there).
+        """
+        assert settings.install_dir is not None, "settings must be resolved"
+        host = HostRoot(settings.host_root)
+        kernel = kernel or KernelState()
+        release = settings.kernel_release or kernel.release()
+        try:
+            host_info = detect(host, release)
+        except UnsupportedHostError:
+            if strict:
+                raise
+            host_info = HostInfo(UNKNOWN_FAMILY, UNKNOWN_FAMILY, "", UNKNOWN_FAMILY, release)
+        return cls(settings=settings, host=host, kernel=kernel, runner=runner or Runner(),
+                   install=InstallDir(settings.install_dir, settings.install_dir_host),
+                   host_info=host_info)
+
     @property
     def http(self) -> requests.Session:
         if self._session is None:
@@ -42,3 +69,31 @@ class Context:
             self._session = make_session(limits=TransferLimits(
                 s.download_deadline_s, s.download_min_rate, s.download_min_rate_time_s))
         return self._session
+
+
+def detect(host: HostRoot, kernel_release: str) -> HostInfo:
+    """The host's OS from its os-release and lsb-release."""
+    os_release = host.read_text("/etc/os-release")
+    if os_release is None and _run_by_hand_on_the_node(host):
+        raise UnsupportedHostError(
+            f"cannot read {host.path('/etc/os-release')}: --host-root is {host.root}, but this "
+            "runs on the node itself, not in the installer's pod",
+            hint="pass --host-root / (or ROOT_MOUNT_DIR=/) when running on the node by hand",
+            path=str(host.path("/etc/os-release")))
+    return host_info_from_text(
+        os_release,
+        host.read_text("/etc/lsb-release"),
+        kernel_release,
+        os_release_path=str(host.path("/etc/os-release")),
+    )
+
+
+# Files container runtimes create in every container (docker, podman / CRI-O).
+CONTAINER_MARKERS = (Path("/.dockerenv"), Path("/run/.containerenv"))
+
+
+def _run_by_hand_on_the_node(host: HostRoot) -> bool:
+    """The default --host-root /root, outside any container (so / is the host's own)."""
+    return (host.root == DEFAULT_HOST_ROOT and Path("/etc/os-release").is_file()
+            and not any(m.exists() for m in CONTAINER_MARKERS)
+            and "KUBERNETES_SERVICE_HOST" not in os.environ)

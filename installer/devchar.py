@@ -116,3 +116,15 @@ def remove(dev_dir: Path) -> list[str]:
             link.unlink()
             removed.append(link.name)
     return removed
+
+
+def remove_nodes(dev_dir: Path) -> list[str]:
+    """Remove the NVIDIA device nodes (stale once the modules are gone): uninstall."""
+    removed = []
+    for dev in nvidia_char_devices(dev_dir):
+        (dev_dir / dev.rel).unlink(missing_ok=True)
+        removed.append(dev.rel)
+    caps = dev_dir / CAPS_DIR
+    if caps.is_dir() and not any(caps.iterdir()):
+        caps.rmdir()
+    return removed

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import stat
 import textwrap
@@ -17,15 +16,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from installer import cache, devchar, firmware, gpus, modules, readiness
+from installer import cache, devchar, firmware, gpus, ldcache, modules, readiness
 from installer import status as status_file
-from installer.errors import InstallerError
+from installer.cache import CacheKey
+from installer.context import UNKNOWN_FAMILY, Context, detect
+from installer.errors import ExitCode, InstallerError
 from installer.fsutil import UnreadableFile
-from installer.hostroot import HostRoot
-from installer.installdir import InstallDir
 from installer.kernel import KernelState
 from installer.osinfo import HostInfo
-from installer.runner import CommandError, Runner
+from installer.runner import CommandError
 from installer.settings import Settings
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -49,19 +48,23 @@ class Finding:
 
 @dataclass
 class Node:
-    """Everything the checks read, resolved once."""
+    """The run's context plus what the checks read once (status, cache record, GPUs)."""
 
-    settings: Settings
-    host: HostRoot
-    kernel: KernelState
-    install: InstallDir
-    runner: Runner
-    host_info: HostInfo | None = None
-    host_error: str | None = None
-    kernel_release: str = ""
+    ctx: Context
     status: dict | None = None
     record: cache.CacheRecord | None = None
     pci: list[gpus.PciGpu] = field(default_factory=list)
+
+    def __getattr__(self, name: str):  # host, kernel, install, runner, settings: the context's
+        return getattr(self.ctx, name)
+
+    @property
+    def host_info(self) -> HostInfo | None:
+        return None if self.ctx.host_info.family == UNKNOWN_FAMILY else self.ctx.host_info
+
+    @property
+    def kernel_release(self) -> str:
+        return self.ctx.host_info.kernel_release
 
     @property
     def loaded_version(self) -> str | None:
@@ -69,24 +72,13 @@ class Node:
 
 
 def _load(settings: Settings) -> Node:
-    from installer.install import detect
-
-    assert settings.install_dir is not None
-    kernel = KernelState()
-    node = Node(settings=settings, host=HostRoot(settings.host_root), kernel=kernel,
-                install=InstallDir(settings.install_dir, settings.install_dir_host),
-                runner=Runner())
-    node.kernel_release = settings.kernel_release or kernel.release()
-    try:
-        node.host_info = detect(node.host, node.kernel_release)
-    except InstallerError as exc:
-        node.host_error = exc.message
+    node = Node(Context.from_settings(settings, strict=False))
     try:
         node.status = status_file.read(node.install.status_file)
     except UnreadableFile as exc:  # reported by check_installer_status, never a hang
         node.status = {"outcome": "unreadable", "message": f"status.json {exc.reason}"}
     node.record = cache.read(node.install.cache_file)
-    node.pci = gpus.scan(kernel.sys_dir)
+    node.pci = gpus.scan(node.kernel.sys_dir)
     return node
 
 
@@ -95,7 +87,12 @@ def _load(settings: Settings) -> Node:
 
 def check_host(n: Node) -> Finding:
     if n.host_info is None:
-        return Finding("host", FAIL, f"cannot tell the host OS: {n.host_error}",
+        try:
+            detect(n.host, n.kernel_release)
+            error = "unknown"
+        except InstallerError as exc:
+            error = exc.message
+        return Finding("host", FAIL, f"cannot tell the host OS: {error}",
                        "check --host-root points at the node's / (ROOT_MOUNT_DIR) and that "
                        "it has /etc/os-release")
     h = n.host_info
@@ -169,6 +166,9 @@ def check_installer_status(n: Node) -> Finding:
                        "installer has not run with this install dir",
                        "run install, or check --install-dir / NVIDIA_INSTALL_DIR_CONTAINER "
                        "points at the host's install dir")
+    if s.get("outcome") == "unreadable":
+        return Finding("installer_status", FAIL, f"corrupt status file: {s['message']}",
+                       f"remove {where}; the next install writes a new one")
     when = s.get("finished_at", "?")
     if s.get("outcome") == "ok":
         return Finding("installer_status", OK, f"last run ok at {when}: driver "
@@ -194,15 +194,15 @@ def check_cache(n: Node) -> Finding:
     target = (f"build {r.build_id}" if r.build_id else f"kernel {r.kernel_release}")
     what = f"driver {r.driver_version} for {target} ({r.flavor or 'flavour not recorded'})"
     info = n.host_info
-    if r.build_id and info is not None and info.build_id and r.build_id != info.build_id:
-        return Finding("cache", FAIL, f"stale: {what}, but the node runs build {info.build_id} "
-                       "(node image upgraded?)",
-                       "re-run install (restart the installer pod): it reinstalls for this build")
-    if not r.build_id and r.kernel_release and r.kernel_release != n.kernel_release:
-        return Finding("cache", FAIL, f"stale: {what}, but the node runs kernel "
-                       f"{n.kernel_release} (kernel updated?)",
-                       "re-run install (restart the installer pod): it rebuilds for the running "
-                       "kernel")
+    # The record's own key, against what this node runs (build on COS, else kernel).
+    key = CacheKey(r.driver_version or "", build_id=info.build_id if info and r.build_id
+                   else None, kernel_release=None if r.build_id else n.kernel_release)
+    stale = r.mismatch(key)
+    if stale:
+        why, does = (("node image upgraded?", "reinstalls for this build") if r.build_id
+                     else ("kernel updated?", "rebuilds for the running kernel"))
+        return Finding("cache", FAIL, f"stale: {stale} ({why})",
+                       f"re-run install (restart the installer pod): it {does}")
     broken = cache.check_files(r, n.install.root)
     if broken:
         return Finding("cache", FAIL, f"{what}, but {broken}",
@@ -341,19 +341,6 @@ def check_nvidia_smi(n: Node) -> Finding:
                    f"{names or 'no GPUs listed'}")
 
 
-_LDCONFIG_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
-
-
-def parse_ldconfig_p(text: str) -> dict[str, list[str]]:
-    """``ldconfig -p`` output -> soname: [paths of 64-bit entries, in lookup order]."""
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        m = _LDCONFIG_LINE.match(line)
-        if m and "64" in m.group(2):  # libc6,x86-64 / libc6,AArch64, not 32-bit libc6
-            out.setdefault(m.group(1), []).append(m.group(3))
-    return out
-
-
 def check_host_ld_cache(n: Node) -> Finding:
     cache_file = n.host.path("/etc/ld.so.cache")
     lib_dir = n.install.lib64_host()
@@ -363,11 +350,10 @@ def check_host_ld_cache(n: Node) -> Finding:
     if not cache_file.is_file():
         return Finding("host_ld_cache", FAIL, "the host has no /etc/ld.so.cache", fix)
     try:
-        result = n.runner.run(["ldconfig", "-p", "-C", str(cache_file)], timeout=30)
+        entries = ldcache.host_entries(n.host, n.runner)
     except CommandError as exc:
         return Finding("host_ld_cache", FAIL, f"cannot read the host ld cache: "
                        f"{exc.stderr_tail(2)}", fix)
-    entries = parse_ldconfig_p(result.stdout)
     problems, good = [], []
     for lib in LIBS:
         paths = entries.get(lib, [])
@@ -469,6 +455,13 @@ class Report:
     @property
     def healthy(self) -> bool:
         return not self.failed
+
+    @property
+    def exit_code(self) -> int:
+        # A failed check means the installed driver is not verified working: the verify
+        # class (9), as for `verify`. The other codes name why an install run stopped;
+        # doctor runs nothing, and the finding names the cause.
+        return 0 if self.healthy else int(ExitCode.VERIFY)
 
     def to_dict(self) -> dict[str, object]:
         return {"healthy": self.healthy, "node": self.node,

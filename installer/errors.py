@@ -8,6 +8,8 @@ what to do next, and the URL / path / kernel release it is about.
 from __future__ import annotations
 
 import enum
+import errno
+import os
 from typing import Any
 
 
@@ -24,8 +26,30 @@ class ExitCode(enum.IntEnum):
     VERIFY = 9
     SECURE_BOOT = 10
     DISK_SPACE = 11
+    NOT_INSTALLED = 12  # `status`: the installer has never run on this node
     INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
     TERMINATED = 143  # SIGTERM (the kubelet deleting the pod): 128 + 15
+
+
+# What each exit code means, for `install --help` and the README (DESIGN §3, plus 12).
+EXIT_CODE_MEANINGS = {
+    ExitCode.OK: "installed and verified (or --dry-run done)",
+    ExitCode.INTERNAL: "unexpected internal error (a bug: traceback shown)",
+    ExitCode.USAGE: "usage error (bad flag or combination; not root / not privileged)",
+    ExitCode.UNSUPPORTED_HOST: "unsupported or unreadable host (no os-release, unknown OS, "
+                               "read-only root)",
+    ExitCode.LOCKED: "another installer holds the host lock",
+    ExitCode.DOWNLOAD: "download failed",
+    ExitCode.INTEGRITY: "integrity failure (checksum mismatch, corrupt archive or status file)",
+    ExitCode.BUILD: "build failed (no kernel headers, NVIDIA installer failed)",
+    ExitCode.MODULE_LOAD: "module load failed, or another driver is loaded and in use",
+    ExitCode.VERIFY: "verification failed (nvidia-smi, device nodes; doctor: a check failed)",
+    ExitCode.SECURE_BOOT: "blocked by Secure Boot / module signature enforcement",
+    ExitCode.DISK_SPACE: "not enough disk space",
+    ExitCode.NOT_INSTALLED: "status: the installer has not run on this node",
+    ExitCode.INTERRUPTED: "interrupted (SIGINT, Ctrl-C)",
+    ExitCode.TERMINATED: "terminated (SIGTERM: the kubelet deleting the pod)",
+}
 
 
 class InstallerError(Exception):
@@ -90,3 +114,29 @@ class SecureBootError(InstallerError):
 class DiskSpaceError(InstallerError):
     exit_code = ExitCode.DISK_SPACE
     error_class = "disk_space"
+
+
+class NotInstalledError(InstallerError):
+    exit_code = ExitCode.NOT_INSTALLED
+    error_class = "not_installed"
+
+
+PRIVILEGES_HINT = ("run as root on the node, or in a privileged container (the DaemonSet's "
+                   "securityContext.privileged: true)")
+
+
+def from_os_error(exc: OSError) -> InstallerError | None:
+    """The environment failures any command can meet, as a one-line error: no privileges
+    (usage: run it as documented, exit 2), a read-only host (exit 3); else None (a bug)."""
+    path = os.fsdecode(exc.filename) if exc.filename else None
+    where = f" on {path}" if path else ""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        why = ("the installer needs root privileges" if os.geteuid() != 0 else
+               "root here lacks privileges (an unprivileged container, or a security module)")
+        return UsageError(f"permission denied{where}: {why}", hint=PRIVILEGES_HINT, path=path)
+    if exc.errno == errno.EROFS:
+        return UnsupportedHostError(
+            f"read-only file system{where}: the installer writes to the host root",
+            hint="mount the host's / read-write (the pod's /root volume must not be readOnly)",
+            path=path)
+    return None

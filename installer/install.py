@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import asdict
+from typing import Any
 
 import structlog
 
@@ -14,48 +13,40 @@ from installer.context import Context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
-from installer.hostroot import HostRoot
-from installer.installdir import InstallDir
-from installer.kernel import KernelState
 from installer.lock import HostLock
 from installer.net.policy import scrub
-from installer.osinfo import HostInfo, host_info_from_text
 from installer.plan import StepTiming, execute
-from installer.runner import Runner
 from installer.settings import Settings
 from installer.signals import Interrupted
 
 log = structlog.get_logger(__name__)
 
 
-def detect(host: HostRoot, kernel_release: str) -> HostInfo:
-    return host_info_from_text(
-        host.read_text("/etc/os-release"),
-        host.read_text("/etc/lsb-release"),
-        kernel_release,
-        os_release_path=str(host.path("/etc/os-release")),
-    )
-
-
-def make_context(settings: Settings) -> Context:
-    host = HostRoot(settings.host_root)
-    kernel = KernelState()
-    info = detect(host, settings.kernel_release or kernel.release())
-    assert settings.install_dir is not None, "settings must be resolved"
-    return Context(
-        settings=settings,
-        host=host,
-        kernel=kernel,
-        runner=Runner(),
-        install=InstallDir(settings.install_dir, settings.install_dir_host),
-        host_info=info,
-    )
-
-
 def run(settings: Settings) -> dict[str, object]:
-    """Install (or print the plan with --dry-run). Returns the outcome fields."""
+    """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
+    from installer.net.policy import check_url_scheme  # no requests import: cache hits stay fast
+
     started = time.monotonic()
-    ctx = make_context(settings)
+    for url in filter(None, (settings.driver_url, settings.driver_base_url)):
+        check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
+    outcome = _install(settings, started)
+    log.info("install_finished", outcome=outcome.get("outcome"), plan=outcome.get("plan"),
+             driver_version=outcome.get("driver_version"),
+             duration_s=round(time.monotonic() - started, 3), message=_success_message(outcome))
+    return outcome
+
+
+def _success_message(outcome: dict[str, Any]) -> str:
+    if outcome.get("outcome") == "dry_run":
+        return f"dry run: printed the {outcome.get('plan')} plan, changed nothing"
+    if outcome.get("plan") == "preload":
+        return "preload done: COS toolchain and kernel headers cached; no driver installed"
+    how = "loaded from the cache" if outcome.get("plan") == "cached" else "installed"
+    return f"NVIDIA driver {outcome.get('driver_version')} {how} and verified"
+
+
+def _install(settings: Settings, started: float) -> dict[str, Any]:
+    ctx = Context.from_settings(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)
@@ -66,8 +57,7 @@ def run(settings: Settings) -> dict[str, object]:
         doc = {"dry_run": True, "host": ctx.host_info.to_dict(),
                "install_dir": str(ctx.install.root), **plan.describe(),
                "readiness_file": str(readiness.READY_HOST_PATH)}
-        sys.stdout.write(json.dumps(scrub(doc), indent=2) + "\n")
-        return {"outcome": "dry_run", "plan": plan.kind}
+        return {"outcome": "dry_run", "plan": plan.kind, "dry_run": scrub(doc)}
     with HostLock(ctx.host, settings.lock_timeout_s):
         # Consumers waiting on driver-ready must not start while the driver may change.
         readiness.clear(ctx.host)

@@ -8,6 +8,7 @@ has no ld.so.conf.d include) and remove duplicates of our own path.
 from __future__ import annotations
 
 import fnmatch
+import re
 from pathlib import Path, PurePosixPath
 
 import structlog
@@ -80,6 +81,49 @@ def update_host(host: HostRoot, runner: Runner, lib_dir_host: PurePosixPath) -> 
             path=str(LD_SO_CONF)) from exc
     _ldconfig(runner, ["ldconfig", "-r", str(host.root)], "host")
     log.info("ld_cache_updated", scope="host", lib_dir_host=str(lib_dir_host))
+
+
+def remove_host(host: HostRoot, runner: Runner, lib_dir_host: PurePosixPath, *,
+                refresh: bool = False) -> list[str]:
+    """The inverse of ``update_host``: drop our ld.so.conf line(s) and our drop-in, then
+    refresh the host ld cache if anything changed (or ``refresh``: the libraries went).
+    Returns the host paths changed."""
+    changed = []
+    entry = str(lib_dir_host)
+    text = host.read_text(LD_SO_CONF)
+    if text is not None:
+        kept = [ln for ln in text.splitlines() if ln.strip() != entry]
+        if len(kept) != len(text.splitlines()):
+            host.write_atomic(LD_SO_CONF, "\n".join(kept) + ("\n" if kept else ""))
+            changed.append(str(LD_SO_CONF))
+    drop_in = host.read_text(HOST_DROP_IN)
+    if drop_in is not None and drop_in.strip() == entry:
+        host.unlink(HOST_DROP_IN)  # only ours: another package's nvidia.conf stays
+        changed.append(str(HOST_DROP_IN))
+    if changed or refresh:
+        _ldconfig(runner, ["ldconfig", "-r", str(host.root)], "host")
+    return changed
+
+
+_LDCONFIG_P_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
+
+
+def parse_ldconfig_p(text: str) -> dict[str, list[str]]:
+    """``ldconfig -p`` output -> soname: [paths of 64-bit entries, in lookup order]."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = _LDCONFIG_P_LINE.match(line)
+        if m and "64" in m.group(2):  # libc6,x86-64 / libc6,AArch64, not 32-bit libc6
+            out.setdefault(m.group(1), []).append(m.group(3))
+    return out
+
+
+def host_entries(host: HostRoot, runner: Runner) -> dict[str, list[str]]:
+    """What the host's /etc/ld.so.cache resolves (``parse_ldconfig_p``); CommandError if
+    ldconfig cannot read it."""
+    cache_file = host.path("/etc/ld.so.cache")
+    return parse_ldconfig_p(runner.run(["ldconfig", "-p", "-C", str(cache_file)],
+                                       timeout=LDCONFIG_TIMEOUT_S).stdout)
 
 
 def update_container(runner: Runner, lib_dir: Path, container_root: Path = Path("/")) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from installer.errors import LockHeldError
+from installer.errors import InstallerError, LockHeldError, from_os_error
 from installer.hostroot import HostRoot
 
 log = structlog.get_logger(__name__)
@@ -60,6 +60,11 @@ def _content(fd: int) -> str:
         return ""
 
 
+def _unprivileged(exc: OSError) -> InstallerError | None:
+    """Not root: say so (as root, EACCES here is a planted file or protected_symlinks)."""
+    return from_os_error(exc) if os.geteuid() != 0 or exc.errno == errno.EROFS else None
+
+
 class HostLock:
     """``with HostLock(host): ...`` holds the host lock (``path`` is a host path)."""
 
@@ -84,7 +89,9 @@ class HostLock:
         try:
             dir_fd, name = self.host.open_parent(self.host_path)
         except OSError as exc:
-            raise self._refuse(f"cannot open its directory: {exc.strerror or exc}") from None
+            exc.filename = self.host_path
+            raise (_unprivileged(exc) or self._refuse(
+                f"cannot open its directory: {exc.strerror or exc}")) from None
         try:
             try:
                 return os.open(name, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644,
@@ -94,7 +101,8 @@ class HostLock:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise self._refuse("it is a symlink") from None
-            raise self._refuse(exc.strerror or str(exc)) from None
+            exc.filename = self.host_path  # not the bare name opened relative to /tmp
+            raise (_unprivileged(exc) or self._refuse(exc.strerror or str(exc))) from None
         finally:
             os.close(dir_fd)
 

@@ -26,29 +26,18 @@ from installer import __version__
 from installer.distros.ubuntu import DEFAULT_DRIVER_VERSION as UBUNTU_DEFAULT_VERSION
 from installer.versions import is_driver_version
 
-# Every environment variable the installer reads (DESIGN.md section 3). This is
-# the single source of truth: the manifests may only set these (plus the proxy
-# and CA variables below), and a test checks that each is the envvar of some
-# option of ``install``.
-INSTALLER_ENV_VARS: tuple[str, ...] = (
-    "ROOT_MOUNT_DIR",
-    "NVIDIA_INSTALL_DIR_HOST",
-    "NVIDIA_INSTALL_DIR_CONTAINER",
-    "NVIDIA_DRIVER_VERSION",
-    "NVIDIA_DRIVER_DOWNLOAD_URL",
-    "NVIDIA_DRIVER_BASE_URL",
-    "NVIDIA_DRIVER_SHA256",
-    "COS_DOWNLOAD_GCS",
-    "KERNEL_RELEASE",
-    "KERNEL_SOURCE_PATH",
-    "FORCE_REINSTALL",
-    "LOCK_TIMEOUT",
-    "LOG_FORMAT",
-    "ALLOW_INSECURE_HTTP",
-    "PRELOAD",
-    "NVIDIA_PERSISTENCE_MODE",
-    "NVIDIA_MODULE_ARGS",
-)
+
+def _installer_env_vars() -> tuple[str, ...]:
+    """Every environment variable the installer reads (DESIGN.md section 3), derived from
+    the CLI's options so the two cannot drift; the manifests may only set these (plus the
+    proxy and CA variables below)."""
+    from installer.cli import env_vars
+    from installer.net.retry import ENV_RETRIES, ENV_TIMEOUT  # read by the retry policy itself
+
+    return (*env_vars(), ENV_RETRIES, ENV_TIMEOUT)
+
+
+INSTALLER_ENV_VARS: tuple[str, ...] = _installer_env_vars()
 
 # Read by ``requests`` rather than by our options (DESIGN.md section 3:
 # downloads honour proxies and REQUESTS_CA_BUNDLE / SSL_CERT_FILE).

@@ -207,6 +207,11 @@ def ensure_replaceable(kernel: KernelState, want_version: str) -> None:
     current = loaded_driver_version(kernel)
     if current is None or current == want_version:
         return
+    ensure_unused(kernel, f"cannot replace it with {want_version}")
+
+
+def ensure_unused(kernel: KernelState, refusing: str) -> None:
+    """Exit 8 (naming the holders) if the loaded NVIDIA driver is in use: replace, uninstall."""
     busy = users(kernel)
     if busy:
         holders = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
@@ -214,10 +219,10 @@ def ensure_replaceable(kernel: KernelState, want_version: str) -> None:
         if processes:
             holders += "; " + "; ".join(processes)
         raise ModuleLoadError(
-            f"NVIDIA driver {current} is loaded and in use ({holders}); cannot replace it "
-            f"with {want_version}",
-            hint="drain GPU workloads from this node (kubectl drain) and re-run; "
-            "the installed driver was left as it is",
+            f"NVIDIA driver {loaded_driver_version(kernel)} is loaded and in use ({holders}); "
+            f"{refusing}",
+            hint="drain GPU workloads from this node (kubectl drain <node> --ignore-daemonsets) "
+            "and re-run; the installed driver was left as it is",
         )
 
 

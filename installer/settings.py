@@ -60,6 +60,11 @@ class Settings:
             # Resolved on the host (kubectl debug: a symlinked /home must not send us into
             # this container's own /home).
             install_dir = HostRoot(self.host_root).resolve(self.install_dir_host)
+        if install_dir.exists() and not install_dir.is_dir():
+            named = "--install-dir" if self.install_dir else "<host-root>/<install-dir-host>"
+            raise UsageError(f"{named} {install_dir} is not a directory",
+                             hint="name the driver's install dir (NVIDIA_INSTALL_DIR_CONTAINER / "
+                             "NVIDIA_INSTALL_DIR_HOST), not a file in it")
         sha = normalize_sha256(self.driver_sha256 or None, "--driver-sha256")
         if self.lock_timeout_s < 0:
             raise UsageError("--lock-timeout must be >= 0 seconds")

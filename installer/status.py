@@ -7,9 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from installer import __version__
-from installer.fsutil import read_limited, write_atomic
+from installer import __version__, cache
+from installer.errors import IntegrityError, NotInstalledError
+from installer.fsutil import UnreadableFile, read_limited, write_atomic
 from installer.net.policy import scrub
+from installer.settings import Settings
 
 MAX_BYTES = 1 << 20
 
@@ -24,13 +26,50 @@ def write(path: Path, **fields: Any) -> None:
 
 
 def read(path: Path) -> dict[str, Any] | None:
-    """The last run's record; None when there is none (or it is not JSON).
+    """The last run's record; None when there is none.
 
-    Raises ``UnreadableFile`` for something that is not a small regular file
-    (a FIFO there must not hang ``status`` or ``doctor``).
+    Raises ``UnreadableFile`` for something that is not a small regular file holding a
+    JSON object (a FIFO there must not hang ``status`` or ``doctor``; a corrupt file is
+    reported as corrupt, not as missing).
     """
     try:
-        doc = json.loads(read_limited(path, MAX_BYTES))
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        raw = read_limited(path, MAX_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return doc if isinstance(doc, dict) else None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise UnreadableFile("is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise UnreadableFile(f"holds a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def report(settings: Settings) -> dict[str, Any]:
+    """The ``status`` command's document: the last run and the ``.cache`` record."""
+    from installer.context import Context
+
+    install = Context.from_settings(settings, strict=False).install  # any host OS will do
+    try:
+        last = read(install.status_file)
+    except UnreadableFile as exc:
+        raise IntegrityError(f"corrupt status file: {install.status_file} {exc.reason}",
+                             hint="remove it; the next install writes a new one",
+                             path=str(install.status_file)) from None
+    record = cache.read(install.cache_file)
+    return {"install_dir": str(install.root), "last_run": last,
+            "cache": record.fields if record else None}
+
+
+def exit_code(doc: dict[str, Any]) -> int:
+    """The last run's exit code; ``NotInstalledError`` when the installer never ran here."""
+    if doc["last_run"] is None:
+        raise NotInstalledError(
+            f"the installer has not run on this node (no status.json in {doc['install_dir']})",
+            hint="run install, or check --install-dir / NVIDIA_INSTALL_DIR_CONTAINER names "
+            "the driver's install dir", path=doc["install_dir"])
+    code = doc["last_run"].get("exit_code", 0)
+    if type(code) is not int or not 0 <= code <= 255:
+        raise IntegrityError(f"corrupt status file in {doc['install_dir']}: exit_code is "
+                             f"{str(code)[:40]!r}", hint="remove it; the next install writes a new one")
+    return code

@@ -11,6 +11,7 @@ from installer.errors import VerifyError
 from installer.installdir import Tree
 from installer.kernel import KernelState
 from installer.runner import CommandError, Runner
+from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -49,13 +50,27 @@ def create_device_nodes(tree: Tree, kernel: KernelState, runner: Runner) -> None
             hint="check that the nvidia and nvidia-uvm modules are loaded",
             path=str(modprobe),
         ) from exc
+    require_device_nodes(kernel, "after nvidia-modprobe",
+                         hint="check /dev is the host's /dev (mounted into the container)")
+    log.info("device_nodes_ready", nodes=sorted(p.name for p in kernel.dev_dir.glob("nvidia*")))
+
+
+def require_device_nodes(kernel: KernelState, when: str, *, hint: str) -> None:
+    """The nodes CUDA needs (``/dev/nvidiactl``, ``/dev/nvidia-uvm``) exist, or exit 9."""
     missing = [n for n in REQUIRED_NODES if not kernel.device_node(n).exists()]
     if missing:
-        raise VerifyError(
-            f"device nodes missing after nvidia-modprobe: {', '.join('/dev/' + m for m in missing)}",
-            hint="check /dev is the host's /dev (mounted into the container)",
-        )
-    log.info("device_nodes_ready", nodes=sorted(p.name for p in kernel.dev_dir.glob("nvidia*")))
+        raise VerifyError(f"device nodes missing {when}: "
+                          f"{', '.join('/dev/' + m for m in missing)}", hint=hint)
+
+
+def run(settings: Settings) -> list[Gpu]:
+    """The ``verify`` command: the installed driver's device nodes and nvidia-smi."""
+    from installer.context import Context
+
+    ctx = Context.from_settings(settings)
+    require_device_nodes(ctx.kernel, "on this node",
+                         hint="re-run install to load the driver and create them")
+    return nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)
 
 
 def nvidia_smi(

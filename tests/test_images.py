@@ -300,7 +300,7 @@ def test_entrypoint_renders_the_committed_manifests(pod):
 
 
 def test_detect_reads_the_node_through_the_pod_mounts(pod, image, kernel):
-    proc = pod.run("detect")
+    proc = pod.run("detect", "-o", "json")
     assert proc.returncode == 0, proc.stderr
     host = json.loads(proc.stdout)
     text = json.dumps(host)

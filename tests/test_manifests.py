@@ -8,7 +8,7 @@ var names of section 3.
 
 from __future__ import annotations
 
-import importlib
+import re
 import shutil
 import subprocess
 import sys
@@ -355,31 +355,43 @@ def test_yaml_str_is_never_ambiguous(value):
     assert yaml.safe_load(f"k: {m.yaml_str(value)}") == {"k": value}
 
 
-def test_env_var_list_is_the_design_contract():
-    assert len(set(m.INSTALLER_ENV_VARS)) == len(m.INSTALLER_ENV_VARS) == 17
+def test_env_var_list_is_every_option_env_var():
+    """Derived from the click options (plus the retry policy's two), so none can be
+    missing: `manifests render --env` accepts every variable the installer reads."""
+    from installer.cli import cli, env_vars
+
+    declared = {p.envvar for c in cli.commands.values() for p in c.params if p.envvar}
+    assert set(m.INSTALLER_ENV_VARS) == declared | {"DOWNLOAD_RETRIES", "DOWNLOAD_TIMEOUT"}
+    assert len(set(m.INSTALLER_ENV_VARS)) == len(m.INSTALLER_ENV_VARS) == len(env_vars()) + 2
     assert set(m.CONTRACT_ENV) <= set(m.INSTALLER_ENV_VARS)
+    for name in ("NVIDIA_KERNEL_MODULE_TYPE", "NVIDIA_INSTALLER_METRICS_FILE",
+                 "COS_TOOLS_DIR_CONTAINER", "DOWNLOAD_RETRIES"):
+        assert m.parse_env([f"{name}=x"]) == {name: "x"}
 
 
-def test_every_env_var_is_read_by_install():
-    try:
-        cli = importlib.import_module("installer.cli")
-    except ModuleNotFoundError as exc:
-        if exc.name != "installer.cli":
-            raise
-        pytest.skip("installer/cli.py does not exist yet")
-    install = None
-    for obj in vars(cli).values():
-        if isinstance(obj, click.Group) and "install" in obj.commands:
-            install = obj.commands["install"]
-            break
-    if install is None:
-        pytest.skip("installer.cli has no group with an `install` command yet")
-    envvars: set[str] = set()
-    for param in install.params:
-        ev = getattr(param, "envvar", None)
-        envvars.update([ev] if isinstance(ev, str) else (ev or []))
-    missing = sorted(set(m.INSTALLER_ENV_VARS) - envvars)
-    assert not missing, f"`install` has no option reading {missing} (DESIGN.md §3)"
+def _readme_env_paragraph() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("Every option also reads an environment variable")
+    return text[start:text.index("A flag wins over its variable.", start)]
+
+
+def test_readme_documents_exactly_the_env_vars_the_installer_reads():
+    """Both ways: every variable the README's list names is read, every one read is listed."""
+    listed = set(re.findall(r"`([A-Z][A-Z0-9_]{2,})`", _readme_env_paragraph()))
+    assert listed == set(m.INSTALLER_ENV_VARS), (
+        f"in README only: {sorted(listed - set(m.INSTALLER_ENV_VARS))}; "
+        f"read but not in README: {sorted(set(m.INSTALLER_ENV_VARS) - listed)}")
+
+
+def test_committed_manifests_set_only_env_vars_the_installer_reads():
+    allowed = set(m.INSTALLER_ENV_VARS) | set(m.PASSTHROUGH_ENV_VARS)
+    for path in sorted((REPO / "manifests").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") != "DaemonSet":
+                continue
+            for c in doc["spec"]["template"]["spec"].get("initContainers", []):
+                names = {e["name"] for e in c.get("env", [])}
+                assert names <= allowed, f"{path.name}: {sorted(names - allowed)}"
 
 
 # --- the CLI -------------------------------------------------------------------------

@@ -158,7 +158,7 @@ def test_dry_run_resolves_aliases_and_prints_urls(node, pod, kernel, server, req
                                                   alias_file):
     before = tree_digest(node.root)
     env = {"NVIDIA_DRIVER_VERSION": requested} if requested else {}
-    proc = ok(pod.run("install", "--dry-run", env=env))
+    proc = ok(pod.run("install", "--dry-run", "-o", "json", env=env))
     doc = json.loads(proc.stdout)
     base = f"{server.url}{BUILD}"
     assert doc["dry_run"] is True and doc["kind"] == "fresh"

@@ -65,7 +65,7 @@ def use_k80(kernel) -> None:
 
 def test_healthy_node(node, pod, kernel):
     assert ready(node) is None
-    detected = json.loads(ok(pod.run("detect")).stdout)
+    detected = json.loads(ok(pod.run("detect", "-o", "json")).stdout)
     assert [(g["name"], g["arch"]) for g in detected["gpus"]] == [("NVIDIA L4", "Ada Lovelace")]
     ok(pod.run("install"))
     code, found = doctor(pod)

@@ -198,7 +198,7 @@ def test_signature_enforcement_exit_10_before_download(node, pod, kernel, server
 
 def test_dry_run_changes_nothing(node, pod, kernel, server):
     before = tree_digest(node.root)
-    proc = ok(pod.run("install", "--dry-run"))
+    proc = ok(pod.run("install", "--dry-run", "-o", "json"))
     plan = json.loads(proc.stdout)
     assert plan["kind"] == "fresh" and plan["driver_version"] == V1
     assert [s["name"] for s in plan["steps"]][:4] == [
@@ -273,12 +273,12 @@ def test_modules_built_for_another_kernel_never_unload_the_working_driver(node, 
 
 def test_status_and_verify_commands(node, pod, kernel, server):
     never = pod.run("status")
-    assert never.returncode == 2 and "has not run here" in never.stderr
+    assert never.returncode == 12 and "the installer has not run on this node" in never.stderr
     ok(pod.run("install"))
-    status = json.loads(ok(pod.run("status")).stdout)
+    status = json.loads(ok(pod.run("status", "-o", "json")).stdout)
     assert status["last_run"]["outcome"] == "ok"
     assert status["cache"]["CACHE_NVIDIA_DRIVER_VERSION"] == V1
-    gpus = json.loads(ok(pod.run("verify")).stdout)
+    gpus = json.loads(ok(pod.run("verify", "-o", "json")).stdout)
     assert gpus == [{"name": "NVIDIA L4", "driver_version": V1, "bus_id": "00000000:00:04.0"}]
     kernel.unload_all()  # a reboot before the installer ran again
     broken = pod.run("verify")
@@ -286,7 +286,7 @@ def test_status_and_verify_commands(node, pod, kernel, server):
     assert "device nodes missing" in last_event(broken)["error"]
     failed = pod.run("install", env={"NVIDIA_DRIVER_VERSION": "999.99.99"})
     assert failed.returncode == 5
-    after = pod.run("status")
+    after = pod.run("status", "-o", "json")
     assert after.returncode == 5  # status mirrors the last run's exit code
     assert json.loads(after.stdout)["last_run"]["error_class"] == "download"
 

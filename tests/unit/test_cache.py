@@ -62,7 +62,7 @@ def test_mismatch_reasons():
     rec = CacheRecord.parse("CACHE_KERNEL_VERSION=5.15.0-1\nCACHE_NVIDIA_DRIVER_VERSION=535.1\n")
     assert rec.mismatch(KEY) == "cached driver 535.1, want 550.54.14"
     rec = CacheRecord.parse("CACHE_KERNEL_VERSION=5.15.0-1\nCACHE_NVIDIA_DRIVER_VERSION=550.54.14\n")
-    assert rec.mismatch(KEY) == "cached for kernel 5.15.0-1, host runs 5.15.0-1049-gke"
+    assert rec.mismatch(KEY) == "cached for kernel 5.15.0-1, the node runs kernel 5.15.0-1049-gke"
 
 
 def _age_record(cache_file, seconds=5):

@@ -1,5 +1,11 @@
 """CLI contract: option/env names, usage errors exit 2 with one line, no traceback."""
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from installer.cli import cli, main
@@ -81,6 +87,10 @@ def test_a_bug_traceback_is_shown_without_secrets(capsys, monkeypatch, tmp_path)
     code, _, err = run_main(capsys, ["install", "--host-root", str(tmp_path), "--driver-url", url])
     assert code == 1 and "Traceback" in err and "RuntimeError: boom" in err
     assert "Hunter2pass" not in err and "Sig9secret" not in err
+    final = last_event(err)  # then one final `internal` event
+    assert final["error_class"] == "internal" and final["event"] == "install_failed"
+    assert final["message"].startswith(
+        "FAILED (internal, exit 1): RuntimeError: boom fetching https://***@h.example/")
 
 
 def test_help_lists_commands(capsys):
@@ -102,3 +112,158 @@ def test_version_parsing():
     with pytest.raises(UsageError) as err:
         version_from_url("https://m/driver.run")
     assert "--driver-version" in err.value.hint
+
+
+# -- issue 14: everyday mistakes end in one line and a documented exit code -----------------
+
+
+def last_event(err: str) -> dict:
+    import json
+
+    return json.loads(err.strip().splitlines()[-1])
+
+
+def failed(capsys, args, code):
+    """Run with JSON logs; the exit code, no traceback, and the final event's one line."""
+    got, out, err = run_main(capsys, [*args, "--log-format", "json"])
+    assert got == code, err
+    assert "Traceback" not in err
+    message = last_event(err)["message"]
+    assert "\n" not in message
+    return message, out
+
+
+def ubuntu_root(tmp_path):
+    host = tmp_path / "host"
+    (host / "etc").mkdir(parents=True)
+    (host / "etc/os-release").write_text('ID=ubuntu\nVERSION_ID="22.04"\n')
+    return host
+
+
+@pytest.mark.parametrize("command", [["status"], ["doctor"], ["install", "--dry-run"]])
+def test_install_dir_naming_a_file_is_a_usage_error(capsys, tmp_path, command):
+    host = ubuntu_root(tmp_path)
+    (tmp_path / "afile").write_text("")
+    message, _ = failed(capsys, [*command, "--host-root", str(host), "--install-dir",
+                                 str(tmp_path / "afile")], 2)
+    assert message == (
+        f"FAILED (usage, exit 2): --install-dir {tmp_path}/afile is not a directory. What to do: "
+        "name the driver's install dir (NVIDIA_INSTALL_DIR_CONTAINER / NVIDIA_INSTALL_DIR_HOST), "
+        "not a file in it.")
+
+
+@pytest.mark.parametrize(("content", "what"), [
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ("{not json", "is not valid JSON"),
+])
+def test_status_with_a_corrupt_status_file(capsys, tmp_path, content, what):
+    (tmp_path / "status.json").write_text(content)
+    message, _ = failed(capsys, ["status", "--host-root", str(tmp_path), "--install-dir",
+                                 str(tmp_path)], 6)
+    assert message == (f"FAILED (integrity, exit 6): corrupt status file: {tmp_path}/status.json "
+                       f"{what}. What to do: remove it; the next install writes a new one.")
+
+
+def test_status_when_the_installer_never_ran(capsys, tmp_path):
+    message, out = failed(capsys, ["status", "--host-root", str(tmp_path), "--install-dir",
+                                   str(tmp_path), "-o", "json"], 12)
+    assert message == (
+        f"FAILED (not_installed, exit 12): the installer has not run on this node (no status.json "
+        f"in {tmp_path}). What to do: run install, or check --install-dir / "
+        "NVIDIA_INSTALL_DIR_CONTAINER names the driver's install dir.")
+    assert '"last_run": null' in out
+
+
+def test_status_prints_text_by_default_and_exits_with_the_runs_code(capsys, tmp_path):
+    (tmp_path / "status.json").write_text('{"outcome": "error", "exit_code": 5}')
+    code, out, _ = run_main(capsys, ["status", "--host-root", str(tmp_path), "--install-dir",
+                                     str(tmp_path)])
+    assert code == 5
+    assert out.splitlines() == [f"install_dir: {tmp_path}", "last_run:", "  outcome: error",
+                                "  exit_code: 5", "cache: -"]
+
+
+def failed_in(wrapper, args, code):
+    """``failed`` for the CLI run as a child process under ``wrapper`` (setpriv, unshare)."""
+    proc = subprocess.run([*wrapper, sys.executable, "-m", "installer", *args, "--log-format",
+                           "json"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"]})
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return last_event(proc.stderr)["message"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to drop to an unprivileged user with setpriv")
+@pytest.mark.parametrize("command", ["install", "uninstall"])
+def test_without_root_privileges(command):
+    """A real unprivileged user (nobody): the host lock's dir cannot be created."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:  # pytest's tmp dirs are root-only
+        host = ubuntu_root(Path(top))
+        for path in (Path(top), host, host / "etc"):
+            path.chmod(0o755)
+        message = failed_in(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],
+                            [command, "--host-root", str(host), "--install-dir", top], 2)
+    assert message == (
+        "FAILED (usage, exit 2): permission denied on /tmp/cos_gpu_installer_lock: the installer "
+        "needs root privileges. What to do: run as root on the node, or in a privileged container "
+        "(the DaemonSet's securityContext.privileged: true).")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare(1) for a read-only bind mount")
+def test_a_read_only_host_root(tmp_path):
+    host = ubuntu_root(tmp_path)
+    (host / "tmp").mkdir(mode=0o1777)
+    script = (f"mount --make-rprivate / && mount --bind {host} {host} && "
+              f"mount -o remount,bind,ro {host} && exec \"$@\"")
+    message = failed_in(["unshare", "--mount", "sh", "-c", script, "sh"],
+                        ["install", "--host-root", str(host), "--install-dir", str(tmp_path)], 3)
+    assert message == (
+        "FAILED (unsupported_host, exit 3): read-only file system on /tmp/cos_gpu_installer_lock: "
+        "the installer writes to the host root. What to do: mount the host's / read-write "
+        "(the pod's /root volume must not be readOnly).")
+
+
+@pytest.mark.skipif(not Path("/etc/os-release").is_file() or Path("/root/etc/os-release").exists(),
+                    reason="needs this machine's /etc/os-release and no /root/etc/os-release")
+def test_default_host_root_by_hand_on_a_node_says_pass_host_root_slash(capsys, monkeypatch,
+                                                                        tmp_path):
+    from installer import context
+
+    monkeypatch.setattr(context, "CONTAINER_MARKERS", ())  # as on a node, outside containers
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    message, _ = failed(capsys, ["detect", "--install-dir", str(tmp_path)], 3)
+    assert message == (
+        "FAILED (unsupported_host, exit 3): cannot read /root/etc/os-release: --host-root is "
+        "/root, but this runs on the node itself, not in the installer's pod. What to do: pass "
+        "--host-root / (or ROOT_MOUNT_DIR=/) when running on the node by hand.")
+
+
+def test_help_summaries_are_whole_and_install_help_has_exit_codes_and_examples(capsys):
+    _, out, _ = run_main(capsys, ["--help"])
+    assert "…" not in out and "..." not in out.split("Commands:")[1]
+    assert "Install or load the cached driver, then verify it (nvidia-smi)." in out
+    _, out, _ = run_main(capsys, ["install", "--help"])
+    assert "Exit codes:" in out and "     12  status: the installer has not run on this node" in out
+    assert "sudo nvidia-driver-installer install --host-root / --dry-run" in out
+
+
+@pytest.mark.parametrize("command", ["detect", "status", "verify", "doctor", "install"])
+def test_every_result_command_takes_output_text_or_json(command):
+    option = next(p for p in cli.commands[command].params if p.name == "output")
+    assert option.opts == ["-o", "--output"] and option.default == "text"
+    assert list(option.type.choices) == ["text", "json"]
+
+
+def test_readme_exit_codes_table_lists_every_exit_code():
+    import re
+
+    from installer.errors import EXIT_CODE_MEANINGS, ExitCode
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("### Exit codes"):readme.index("## Security")]
+    rows = {int(n) for row in re.findall(r"^\| (\d+)(?: / (\d+))? \|", table, re.M) for n in row if n}
+    assert rows == {int(c) for c in ExitCode} == {int(c) for c in EXIT_CODE_MEANINGS}

@@ -15,11 +15,7 @@ from installer.context import Context
 from installer.distros import for_host
 from installer.distros.cos import Cos, decide_modules, signing_policy
 from installer.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
-from installer.hostroot import HostRoot
-from installer.install import detect
-from installer.installdir import InstallDir
 from installer.kernel import KernelState
-from installer.runner import Runner
 from installer.settings import Settings
 from tests.cosbucket import CC, CXX, DEFAULT_V, LATEST_V, TRIPLE, Bucket
 from tests.fixtures.kernel import FakeKernel
@@ -68,11 +64,8 @@ class Env:
             toolchain_dir=self.tools_dir,
             **settings,
         ).resolved()
-        host = HostRoot(s.host_root)
         kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)
-        return Context(settings=s, host=host, kernel=kernel, runner=Runner(),
-                       install=InstallDir(s.install_dir, s.install_dir_host),
-                       host_info=detect(host, COS_KERNEL))
+        return Context.from_settings(s, kernel)
 
 
 @pytest.fixture
@@ -393,12 +386,14 @@ def test_malicious_headers_refused_during_preload(env, tmp_path):
     assert not list((env.tools_dir / COS_BUILD_ID).glob(".kernel-headers*"))
 
 
-def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys):
-    """`install --dry-run` end to end in-process: nothing written, plan on stdout."""
+@pytest.mark.parametrize("output", ["json", "text"])
+def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys, output):
+    """`install --dry-run` end to end in-process: nothing written, plan on stdout (-o json:
+    the document for tools; text: the steps as a numbered list)."""
     from installer.cli import main
 
     env.bucket.write()
-    argv = ["install", "--dry-run", "--host-root", str(env.node.root),
+    argv = ["install", "--dry-run", "-o", output, "--host-root", str(env.node.root),
             "--install-dir", str(env.node.install_dir), "--toolchain-dir", str(env.tools_dir),
             "--cos-artifacts-url", env.bucket.file_url(),
             "--driver-base-url", f"file://{env.tesla}", "--log-format", "json"]
@@ -416,13 +411,21 @@ def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys):
                 os.environ[k] = v
         os.environ.pop("KERNEL_RELEASE", None)
     assert exit_.value.code == 0
-    doc = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert not env.tools_dir.exists()
+    assert not any(env.node.install_dir.iterdir())
+    if output == "text":
+        lines = out.splitlines()
+        assert lines[0].startswith("dry run: fresh plan for ") and f"kernel {COS_KERNEL}" in lines[0]
+        assert f"driver_version: {DEFAULT_V}" in lines
+        numbered = [ln.split(".", 1)[1].split(":")[0].strip() for ln in lines[lines.index("steps:") + 1:]]
+        assert numbered == COMPILE_STEPS
+        return
+    doc = json.loads(out)
     assert doc["dry_run"] is True and doc["kind"] == "fresh"
     assert doc["driver_version"] == DEFAULT_V and doc["build_id"] == COS_BUILD_ID
     assert doc["kernel_headers_url"].endswith("/kernel-headers.tgz")
     assert [s["name"] for s in doc["steps"]] == COMPILE_STEPS
-    assert not env.tools_dir.exists()
-    assert not any(env.node.install_dir.iterdir())
 
 
 def test_driver_url_names_the_version(env):

@@ -84,3 +84,11 @@ def test_remove_takes_only_nvidia_links(dev):
     removed = devchar.remove(dev)
     assert sorted(removed) == ["195:0", "195:255", "237:1", "511:0", "511:1"]
     assert [p.name for p in (dev / "char").iterdir()] == ["1:3"]
+
+
+def test_remove_nodes_takes_only_nvidia_char_devices(dev):
+    removed = devchar.remove_nodes(dev)
+    assert sorted(removed) == ["nvidia-caps/nvidia-cap1", "nvidia-uvm", "nvidia-uvm-tools",
+                               "nvidia0", "nvidiactl"]
+    assert sorted(p.name for p in dev.iterdir()) == ["null", "nvidia-notadevice"]
+    assert devchar.remove_nodes(dev) == []

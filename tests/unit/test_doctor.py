@@ -141,7 +141,7 @@ class FakeNode:
         return exit_.value.code, capsys.readouterr().out
 
     def findings(self, capsys) -> tuple[int, dict[str, dict]]:
-        code, out = self.doctor("--json", capsys=capsys)
+        code, out = self.doctor("-o", "json", capsys=capsys)
         doc = json.loads(out)
         assert doc["healthy"] is (code == 0)
         return code, {f["check"]: f for f in doc["findings"]}
@@ -211,7 +211,7 @@ def test_stale_cache_after_kernel_update(node, capsys):
     assert code == 9
     f = found["cache"]
     assert f["verdict"] == "fail"
-    assert f"for kernel {RELEASE}" in f["detail"] and "runs kernel 5.15.0-1050-gke" in f["detail"]
+    assert f"for kernel {RELEASE}" in f["detail"] and "the node runs kernel 5.15.0-1050-gke" in f["detail"]
     assert "rebuilds" in f["fix"]
 
 
@@ -450,3 +450,12 @@ def test_gsp_firmware_the_kernel_cannot_find_fails(node, capsys):
     copy = node.write(node.root / f"lib/firmware/updates/nvidia/{V}/gsp_ga10x.bin", "GSP")
     assert copy.exists() and gsp.exists()
     assert node.findings(capsys)[1]["gpu_firmware"]["verdict"] == "ok"
+
+
+def test_corrupt_status_file_is_reported_as_corrupt(node, capsys):
+    node.write(node.install / "status.json", "[1, 2]")
+    code, found = node.findings(capsys)
+    assert code == 9
+    f = found["installer_status"]
+    assert f["detail"] == "corrupt status file: status.json holds a JSON list, not an object"
+    assert f["fix"] == f"remove {node.install}/status.json; the next install writes a new one"

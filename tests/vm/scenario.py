@@ -37,7 +37,7 @@ def missing_url(key: str) -> str:
 
 def install_steps() -> list[Step]:
     return [
-        Step("detect", "nvidia-driver-installer detect --host-root /"),
+        Step("detect", "nvidia-driver-installer detect -o json --host-root /"),
         Step("install-a", install("a"), timeout=INSTALL_TIMEOUT),
         Step("probe-a", PROBE),
         Step("installer-log-a", f"cat {INSTALL_DIR}/nvidia-installer.log"),

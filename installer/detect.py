@@ -1,0 +1,20 @@
+"""The ``detect`` command: what the installer sees on this node, without changing it."""
+
+from __future__ import annotations
+
+from installer import distros, gpus
+from installer.context import Context
+from installer.modules import loaded_driver_version
+from installer.settings import Settings
+
+
+def run(settings: Settings) -> dict[str, object]:
+    ctx = Context.from_settings(settings)
+    return {
+        **ctx.host_info.to_dict(),
+        "flow": distros.for_host(ctx.host_info).name,
+        "install_dir": str(ctx.install.root),
+        "signatures_enforced": ctx.kernel.signatures_enforced(),
+        "loaded_driver_version": loaded_driver_version(ctx.kernel),
+        "gpus": [g.to_dict() for g in gpus.scan(ctx.kernel.sys_dir)],
+    }

@@ -1,0 +1,57 @@
+"""How commands print their result: readable text by default, ``-o json`` for tools
+(kubectl's convention). The JSON shapes are the contract; the text is for people."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+FORMATS = ("text", "json")
+
+
+def render(doc: Any, output: str, text: Callable[[Any], str] | None = None) -> str:
+    if output == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    return (text or as_text)(doc)
+
+
+def as_text(doc: Any) -> str:
+    """``key: value`` lines, nested blocks indented, list items as ``- ``."""
+    return "\n".join(_lines(doc, 0)) + "\n"
+
+
+def _scalar(value: Any) -> str:
+    return "-" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _lines(doc: Any, depth: int) -> list[str]:
+    pad = "  " * depth
+    if isinstance(doc, dict):
+        out = []
+        for key, value in doc.items():
+            if isinstance(value, dict | list) and value:
+                out += [f"{pad}{key}:", *_lines(value, depth + 1)]
+            else:
+                out.append(f"{pad}{key}: {_scalar(value) if value not in ({}, []) else '-'}")
+        return out
+    if isinstance(doc, list):
+        out = []
+        for item in doc:
+            inner = _lines(item, depth + 1)
+            out.append(f"{pad}- {inner[0].lstrip()}")
+            out += inner[1:]
+        return out or [f"{pad}(none)"]
+    return [pad + _scalar(doc)]
+
+
+def plan_text(doc: dict[str, Any]) -> str:
+    """``install --dry-run``: what would be installed, then the steps as a numbered list."""
+    host = doc.get("host") or {}
+    head = (f"dry run: {doc.get('kind')} plan for {host.get('pretty_name') or host.get('os_id')}, "
+            f"kernel {host.get('kernel_release')}; nothing was changed")
+    skip = {"dry_run", "host", "kind", "steps"}
+    summary = as_text({k: v for k, v in doc.items() if k not in skip}).splitlines()
+    steps = [f"  {i:2}. {s['name']}: {s['detail']}" if s.get("detail") else f"  {i:2}. {s['name']}"
+             for i, s in enumerate(doc.get("steps") or [], 1)]
+    return "\n".join([head, *summary, "steps:", *steps]) + "\n"
