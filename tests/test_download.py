@@ -34,7 +34,7 @@ from installer.download import DownloadJob, check_url_scheme, download, download
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
 from installer.progress import Progress
 from installer.retry import RetryPolicy
-from tests.https_fixtures import *  # noqa: F403 - the shared HTTPS fixtures
+from tests.fixtures.https import *  # noqa: F403 - the shared HTTPS fixtures
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -26,7 +26,7 @@ from installer.retry import (
     parse_retry_after,
     policy_from_env,
 )
-from tests.https_fixtures import *  # noqa: F403 - the shared HTTPS fixtures
+from tests.fixtures.https import *  # noqa: F403 - the shared HTTPS fixtures
 
 PAYLOAD = b"0123456789" * 1000
 
