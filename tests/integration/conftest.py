@@ -1,6 +1,6 @@
 """A fixture Ubuntu node, its kernel, an artifact server and the pod that installs on it.
 
-The COS tests override node, kernel, server and pod with their COS counterparts."""
+The COS tests override node, server and pod with their COS counterparts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.kernel import UBUNTU_KERNEL, FakeKernel
+from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import build_ubuntu_node
 from tests.fixtures.runfile import build_driver_run
 from tests.fixtures.server import ArtifactServer
@@ -37,9 +37,9 @@ def server(driver_runs):
 
 
 @pytest.fixture
-def kernel(tmp_path):
-    k = FakeKernel(tmp_path / "kernel", UBUNTU_KERNEL)
-    k.add_gpu()
+def kernel(node, tmp_path):
+    k = FakeKernel(tmp_path / "kernel", node.kernel_release)
+    k.add_gpu()  # an NVIDIA L4
     return k
 
 

@@ -31,7 +31,6 @@ from tests.cosbucket import (
     fake_pkcs7,
     recorded_env,
 )
-from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, INSTALL_HOST, build_cos_node, tree_digest
 from tests.integration.conftest import serve_runs
 from tests.pod import Pod, last_event, ok, pod_on
@@ -69,13 +68,6 @@ def bucket(tmp_path):
 @pytest.fixture
 def server(cos_runs):
     yield from serve_runs(cos_runs)
-
-
-@pytest.fixture
-def kernel(tmp_path):
-    k = FakeKernel(tmp_path / "kernel", COS_KERNEL)
-    k.add_gpu()  # NVIDIA L4
-    return k
 
 
 @pytest.fixture

@@ -14,53 +14,44 @@ from installer.context import Context
 from installer.distros import for_host
 from installer.distros.ubuntu import DEFAULT_DRIVER_VERSION, Ubuntu, find_kernel_headers
 from installer.errors import ExitCode, InstallerError, UsageError
-from installer.hostroot import HostRoot
-from installer.install import detect
-from installer.installdir import InstallDir
-from installer.kernel import KernelState
-from installer.runner import Runner
+from installer.install import make_context
 from installer.settings import Settings
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import UBUNTU_KERNEL, build_ubuntu_node
+from tests.fixtures.plans import ACTIVATE_STAGED, LOAD_CACHED
 
 FRESH_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver",
     "find_kernel_headers", "prepare_staging", "download_driver", "extract_driver",
-    "build_driver",
-    "check_staged_modules", "unload_other_driver", "gpu_firmware", "load_modules", "device_nodes",
-    "verify_staged", "promote", "gpu_firmware",
-    "container_ld_cache", "host_ld_cache", "verify", "record_cache",
+    "build_driver", *ACTIVATE_STAGED,
 ]
-CACHED_STEPS = [
-    "check_gpu_compatibility", "clear_leftovers", "check_loaded_driver", "unload_other_driver",
-    "gpu_firmware", "load_modules",
-    "device_nodes", "container_ld_cache", "host_ld_cache", "verify",
-]
+CACHED_STEPS = ["check_gpu_compatibility", *LOAD_CACHED]
 K80 = "0x102d"  # Kepler: R470 is its last branch, and only proprietary modules
 
 
 class Env:
-    def __init__(self, tmp_path: Path, *, headers: bool = True):
+    """A fixture Ubuntu node and its FakeKernel, which the kernel seams point at."""
+
+    def __init__(self, tmp_path: Path, monkeypatch, *, headers: bool = True):
         self.node = build_ubuntu_node(tmp_path / "node", headers=headers)
         self.kernel = FakeKernel(tmp_path / "kernel", UBUNTU_KERNEL)
         self.tesla = tmp_path / "tesla"
+        for name, value in self.kernel.env().items():
+            monkeypatch.setenv(name, value)
 
     def add_gpu(self, device: str = "0x27b8") -> None:  # an L4 unless told
         self.kernel.add_gpu(device=device)
 
     def ctx(self, **settings) -> Context:
-        s = Settings(host_root=self.node.root, install_dir=self.node.install_dir,
-                     driver_base_url=f"file://{self.tesla}", **settings).resolved()
-        host = HostRoot(s.host_root)
-        kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)
-        return Context(settings=s, host=host, kernel=kernel, runner=Runner(),
-                       install=InstallDir(s.install_dir, s.install_dir_host),
-                       host_info=detect(host, UBUNTU_KERNEL))
+        """The context the install command builds (the release read from the fake kernel)."""
+        return make_context(Settings(host_root=self.node.root, install_dir=self.node.install_dir,
+                                     driver_base_url=f"file://{self.tesla}",
+                                     **settings).resolved())
 
 
 @pytest.fixture
-def env(tmp_path):
-    e = Env(tmp_path)
+def env(tmp_path, monkeypatch):
+    e = Env(tmp_path, monkeypatch)
     e.add_gpu()
     return e
 
@@ -116,8 +107,8 @@ def test_driver_url_names_the_version(env):
     assert plan.summary["driver_version"] == "550.90.07" and plan.summary["driver_url"] == url
 
 
-def test_default_falls_back_to_a_branch_the_gpu_supports(tmp_path):
-    e = Env(tmp_path)
+def test_default_falls_back_to_a_branch_the_gpu_supports(tmp_path, monkeypatch):
+    e = Env(tmp_path, monkeypatch)
     e.add_gpu(K80)
     s = Ubuntu().plan(e.ctx()).summary
     assert s["driver_version"].startswith("470.") and s["kernel_module_type"] == "proprietary"
@@ -167,7 +158,7 @@ def test_headers_on_the_host_are_found_without_apt(env):
 
 
 def test_missing_headers_name_what_was_tried(tmp_path, monkeypatch):
-    e = Env(tmp_path, headers=False)
+    e = Env(tmp_path, monkeypatch, headers=False)
     monkeypatch.setenv("PATH", str(tmp_path / "no-apt"))  # no apt-get: nothing is installed
     with pytest.raises(InstallerError) as err:
         find_kernel_headers().run(e.ctx())
