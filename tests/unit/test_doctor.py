@@ -53,9 +53,9 @@ def libs(tmp_path_factory):
 class FakeNode:
     def __init__(self, tmp: Path, libs: Path):
         self.kernel = FakeKernel(tmp / "kernel", RELEASE)
-        self.root = fixture_node.build_ubuntu_node(tmp / "host", kernel_release=RELEASE).root
+        tree = fixture_node.build_ubuntu_node(tmp / "host", kernel_release=RELEASE)
+        self.root, self.install = tree.root, tree.install_dir
         self.proc, self.sys, self.dev = self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir
-        self.install = self.root / INSTALL_HOST.relative_to("/")
         self.libs = libs
 
     # -- building blocks ---------------------------------------------------
