@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from tests.fixtures.kernel import fake_ko
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL
-from tests.fixtures.runfile import LABEL, driver_payload, nvidia_header, run_name
+from tests.fixtures.runfile import driver_payload, pack_run, run_name
 
 TRIPLE = "x86_64-cos-linux-gnu"
 CC = f"{TRIPLE}-gcc"
@@ -263,14 +262,7 @@ def _wrapped_run(run: Path, version: str, extra: dict[str, bytes]) -> Path:
             (payload / rel).write_bytes(data)
         if "mkprecompiled" in extra:
             (payload / "mkprecompiled").chmod(0o755)
-        header = work / "nvidia-header.sh"
-        header.write_text(nvidia_header())
-        run.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["makeself", "--header", str(header), "--nox11", "--keep-umask", "--sha256",
-             str(payload), str(run), f"{LABEL} {version}", "./nvidia-installer"],
-            check=True, capture_output=True, text=True)
-        return run
+        return pack_run(payload, run, version, "--sha256")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -18,9 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.fixtures.kernel import UBUNTU_KERNEL
 from tests.pod import ubuntu_pod
 
-RELEASE = "5.15.0-1049-gke"
+RELEASE = UBUNTU_KERNEL
 VERSION = "550.54.14"
 
 

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.fixtures.kernel import UBUNTU_KERNEL
+
 # The venv is made from Debian's python (/usr/bin/python3): pyenv's lives under
 # /root, which the pod hides behind the fixture node.
 PYTHON = sys.executable
@@ -134,7 +136,7 @@ class Pod:
 
 
 @contextlib.contextmanager
-def ubuntu_pod(work: Path, *, version: str = "550.54.14", release: str = "5.15.0-1049-gke",
+def ubuntu_pod(work: Path, *, version: str = "550.54.14", release: str = UBUNTU_KERNEL,
                pod_class: type[Pod] = Pod, env: dict[str, str] | None = None):
     """A fixture Ubuntu node with a GPU, its fake kernel, the driver .run on a local HTTPS
     server, and a pod wired to them: what the demo and the benches install on.
@@ -152,13 +154,19 @@ def ubuntu_pod(work: Path, *, version: str = "550.54.14", release: str = "5.15.0
     run_file = build_driver_run(work / "runs", version)
     with ArtifactServer() as server:
         server.serve(f"/tesla/{version}/{run_file.name}", run_file)
-        pod = pod_class(
-            node_root=node.root, install_dir=node.install_dir, scratch=work / "pod",
-            fakebin=kernel.bin_dir, shared=[kernel.root],
-            env={**kernel.env(), "NVIDIA_DRIVER_VERSION": version,
-                 "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
-                 "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path), **(env or {})})
+        pod = pod_on(node, kernel, server, work / "pod", pod_class=pod_class,
+                     env={"NVIDIA_DRIVER_VERSION": version, **(env or {})})
         yield node, kernel, server, pod
+
+
+def pod_on(node, kernel, server, scratch: Path, *, pod_class: type[Pod] = Pod,
+           env: dict[str, str] | None = None) -> Pod:
+    """A pod on a fixture node and its FakeKernel that fetches drivers from ``server``'s
+    /tesla (trusting its CA)."""
+    return pod_class(node_root=node.root, install_dir=node.install_dir, scratch=scratch,
+                     fakebin=kernel.bin_dir, shared=[kernel.root],
+                     env={**kernel.env(), "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
+                          "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path), **(env or {})})
 
 
 def events(stderr: str) -> list[dict]:
@@ -172,3 +180,14 @@ def events(stderr: str) -> list[dict]:
         except ValueError:
             out.append({"raw": line})
     return out
+
+
+def last_event(proc) -> dict:
+    """The last JSON event a finished run logged."""
+    return [e for e in events(proc.stderr) if "event" in e][-1]
+
+
+def ok(proc):
+    """The run, once it is known to have succeeded (else its stderr's tail)."""
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc

@@ -1,6 +1,10 @@
-"""A fixture Ubuntu node, its kernel, an artifact server and the pod that installs on it."""
+"""A fixture Ubuntu node, its kernel, an artifact server and the pod that installs on it.
+
+The COS tests override node, server and pod with their COS counterparts."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -8,50 +12,42 @@ from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import build_ubuntu_node
 from tests.fixtures.runfile import build_driver_run
 from tests.fixtures.server import ArtifactServer
-from tests.pod import Pod
+from tests.pod import pod_on
 
-RELEASE = "5.15.0-1049-gke"
-VERSIONS = ("550.54.14", "535.183.01")
+V1, V2 = "550.54.14", "535.183.01"  # the default driver and the one a test switches to
 
 
 @pytest.fixture(scope="session")
 def driver_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    return {v: build_driver_run(out, v) for v in VERSIONS}
+    return {v: build_driver_run(out, v) for v in (V1, V2)}
 
 
-@pytest.fixture
-def server(driver_runs):
+def serve_runs(runs: dict[str, Path]):
+    """An artifact server with each .run at NVIDIA's /tesla/<V>/<name> layout."""
     with ArtifactServer() as srv:
-        for version, run in driver_runs.items():
+        for version, run in runs.items():
             srv.serve(f"/tesla/{version}/{run.name}", run)
         yield srv
 
 
 @pytest.fixture
-def kernel(tmp_path):
-    k = FakeKernel(tmp_path / "kernel", RELEASE)
-    k.add_gpu()
+def server(driver_runs):
+    yield from serve_runs(driver_runs)
+
+
+@pytest.fixture
+def kernel(node, tmp_path):
+    k = FakeKernel(tmp_path / "kernel", node.kernel_release)
+    k.add_gpu()  # an NVIDIA L4
     return k
 
 
 @pytest.fixture
 def node(tmp_path):
-    return build_ubuntu_node(tmp_path / "node", kernel_release=RELEASE)
+    return build_ubuntu_node(tmp_path / "node")
 
 
 @pytest.fixture
 def pod(node, kernel, server, tmp_path):
-    return Pod(
-        node_root=node.root,
-        install_dir=node.install_dir,
-        scratch=tmp_path / "pod",
-        fakebin=kernel.bin_dir,
-        shared=[kernel.root],
-        env={
-            **kernel.env(),
-            "NVIDIA_DRIVER_VERSION": VERSIONS[0],
-            "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
-            "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path),
-        },
-    )
+    return pod_on(node, kernel, server, tmp_path / "pod", env={"NVIDIA_DRIVER_VERSION": V1})

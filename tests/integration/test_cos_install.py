@@ -31,38 +31,14 @@ from tests.cosbucket import (
     fake_pkcs7,
     recorded_env,
 )
-from tests.fixtures.kernel import FakeKernel
-from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, build_cos_node
-from tests.fixtures.server import ArtifactServer
-from tests.pod import Pod, events
+from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, INSTALL_HOST, build_cos_node, tree_digest
+from tests.integration.conftest import serve_runs
+from tests.pod import Pod, last_event, ok, pod_on
 
 pytestmark = pytest.mark.chroot
 
-INSTALL_HOST = "/home/kubernetes/bin/nvidia"
 BUILD = f"/cos-tools/{COS_BUILD_ID}"
 BIG = ("kernel-headers.tgz", "toolchain.tar.xz", ".run")
-
-
-def last_event(proc) -> dict:
-    return [e for e in events(proc.stderr) if "event" in e][-1]
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    import hashlib
-
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
-            p = Path(dirpath) / name
-            out[str(p.relative_to(root))] = (
-                "link:" + os.readlink(p) if p.is_symlink()
-                else hashlib.sha256(p.read_bytes()).hexdigest())
-    return out
 
 
 def gets(server, suffix: str) -> list:
@@ -91,22 +67,12 @@ def bucket(tmp_path):
 
 @pytest.fixture
 def server(cos_runs):
-    with ArtifactServer() as srv:
-        for version, run in cos_runs.items():
-            srv.serve(f"/tesla/{version}/{run.name}", run)
-        yield srv
-
-
-@pytest.fixture
-def kernel(tmp_path):
-    k = FakeKernel(tmp_path / "kernel", COS_KERNEL)
-    k.add_gpu()  # NVIDIA L4
-    return k
+    yield from serve_runs(cos_runs)
 
 
 @pytest.fixture
 def node(tmp_path):
-    return build_cos_node(tmp_path / "node", kernel_release=COS_KERNEL)
+    return build_cos_node(tmp_path / "node")
 
 
 @pytest.fixture
@@ -123,18 +89,7 @@ def pod(node, kernel, server, bucket, tmp_path):
                 self.served = True
             return super().run(*args, **kw)
 
-    return CosPod(
-        node_root=node.root,
-        install_dir=node.install_dir,
-        scratch=tmp_path / "pod",
-        fakebin=kernel.bin_dir,
-        shared=[kernel.root],
-        env={
-            **kernel.env(),
-            "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
-            "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path),
-        },
-    )
+    return pod_on(node, kernel, server, tmp_path / "pod", pod_class=CosPod)
 
 
 def tools(node) -> Path:

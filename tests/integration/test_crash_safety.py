@@ -16,8 +16,9 @@ import time
 import pytest
 
 from installer import cache
-from tests.integration.test_ubuntu_install import V1, V2, last_event, ok, tree_digest
-from tests.pod import events
+from tests.fixtures.node import tree_digest
+from tests.integration.conftest import V1, V2
+from tests.pod import events, last_event, ok
 
 pytestmark = pytest.mark.chroot
 

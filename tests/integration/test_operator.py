@@ -14,25 +14,17 @@ import subprocess
 
 import pytest
 
+from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
+from tests.fixtures.kernel import UBUNTU_KERNEL_UPDATE
+from tests.fixtures.node import INSTALL_HOST
 from tests.fixtures.runfile import build_driver_run
-from tests.pod import events
+from tests.integration.conftest import V1, V2
+from tests.pod import events, last_event, ok
 
 pytestmark = pytest.mark.chroot
 
-V1, V2 = "550.54.14", "535.183.01"
-RELEASE = "5.15.0-1049-gke"
-INSTALL_HOST = "/home/kubernetes/bin/nvidia"
 READY = "run/nvidia/validations/driver-ready"
 K80 = "0x102d"
-
-
-def last_event(proc) -> dict:
-    return [e for e in events(proc.stderr) if "event" in e][-1]
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 def doctor(pod) -> tuple[int, dict[str, dict]]:
@@ -111,13 +103,13 @@ def test_missing_device_nodes(node, pod, kernel):
 def test_stale_cache_after_kernel_update(node, pod, kernel):
     ok(pod.run("install"))
     kernel.unload_all()  # the reboot into the new kernel
-    (kernel.proc_dir / "sys/kernel/osrelease").write_text("5.15.0-1050-gke\n")
+    (kernel.proc_dir / "sys/kernel/osrelease").write_text(UBUNTU_KERNEL_UPDATE + "\n")
     code, found = doctor(pod)
     assert code == 9
     assert found["cache"]["verdict"] == "fail"
     detail = found["cache"]["detail"]
     assert detail.startswith("stale:") and f"for kernel {RELEASE}" in detail
-    assert "the node runs kernel 5.15.0-1050-gke" in detail
+    assert f"the node runs kernel {UBUNTU_KERNEL_UPDATE}" in detail
     assert "rebuilds for the running kernel" in found["cache"]["fix"]
     assert found["kernel_modules"]["detail"] == "no NVIDIA kernel module is loaded"
 

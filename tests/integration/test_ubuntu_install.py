@@ -8,42 +8,18 @@ nvidia-smi's hardware.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.pod import events
+from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
+from tests.fixtures.node import INSTALL_HOST, tree_digest
+from tests.integration.conftest import V1, V2
+from tests.pod import events, last_event, ok
 
 pytestmark = pytest.mark.chroot
-
-V1, V2 = "550.54.14", "535.183.01"
-RELEASE = "5.15.0-1049-gke"
-INSTALL_HOST = "/home/kubernetes/bin/nvidia"
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    """Every file and link under root with its content hash: 'byte-identical' made testable."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            out[rel] = ("link:" + os.readlink(p)) if p.is_symlink() else hashlib.sha256(
-                p.read_bytes()).hexdigest()
-    return out
-
-
-def last_event(proc) -> dict:
-    return [e for e in events(proc.stderr) if "event" in e][-1]
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 def loads(kernel) -> list[str]:

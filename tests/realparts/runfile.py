@@ -1,7 +1,7 @@
 """build_real_run: NVIDIA-Linux-x86_64-<V>.run made of NVIDIA's real parts.
 
-A makeself archive with NVIDIA's ``-x``/``--extract-only`` header
-(tests/fixtures/runfile.py ``nvidia_header``), laid out like NVIDIA's::
+A makeself archive packed by tests/fixtures/runfile.py ``pack_run`` (NVIDIA's
+``-x``/``--extract-only`` header), laid out like NVIDIA's::
 
     kernel/               the proprietary module tree (Kbuild, Makefile, conftest.sh, blobs)
     kernel-open/          the open module tree (535; 470 has none)
@@ -22,28 +22,22 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 from tests.fixtures.nvidia_options import option_table
-from tests.fixtures.runfile import STOCK_HEADER, nvidia_header
+from tests.fixtures.runfile import STOCK_HEADER, pack_run, run_name
 from tests.realparts import cache
 from tests.realparts.provision import DriverParts, RealParts
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "nvidia-installer"
 MODPROBE_STANDIN = HERE / "nvidia-modprobe"
-LABEL = "NVIDIA Accelerated Graphics Driver for Linux-x86_64"
 TREE_EXCLUDE = ("debian",)
 # full: every tree the version has (NVIDIA's 470/535 .run); proprietary / open: one tree.
 FLAVORS = ("full", "proprietary", "open")
 # NVIDIA's 470 and 535 .run files are xz-compressed (555+ use zstd): extracting one
 # needs xz on the node, and so does this one. -1 and threads: fast enough to build.
 COMPRESSION = ["--xz", "--complevel", "1", "--threads", "0"]
-
-
-def run_name(version: str) -> str:
-    return f"NVIDIA-Linux-x86_64-{version}.run"
 
 
 def _trees(driver: DriverParts, flavor: str) -> dict[str, Path]:
@@ -121,14 +115,8 @@ def build_real_run(version: str, flavor: str, parts: RealParts, dest_dir: Path |
     def produce(work: Path) -> None:
         payload = work / f"NVIDIA-Linux-x86_64-{version}"
         _payload(driver, flavor, parts, table, payload, userspace)
-        header = work / "nvidia-header.sh"
-        header.write_text(nvidia_header())
-        subprocess.run(
-            ["makeself", "--header", str(header), "--nox11", "--keep-umask", "--sha256", *COMPRESSION,
-             "--tar-quietly", "--noprogress", str(payload), str(work / run_name(version)),
-             f"{LABEL} {version}", "./nvidia-installer"],
-            check=True, capture_output=True, text=True)
+        pack_run(payload, work / run_name(version), version, "--sha256", *COMPRESSION,
+                 "--tar-quietly", "--noprogress")
         shutil.rmtree(payload)
-        header.unlink()
 
     return cache.cached_dir(Path(dest_dir) if dest_dir else "runs", k, produce) / run_name(version)

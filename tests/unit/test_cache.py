@@ -1,7 +1,8 @@
 from installer import cache
 from installer.cache import CacheKey, CacheRecord
+from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 
-KEY = CacheKey("550.54.14", kernel_release="5.15.0-1049-gke", flavor="compiled-proprietary")
+KEY = CacheKey("550.54.14", kernel_release=RELEASE, flavor="compiled-proprietary")
 
 
 def _install(tmp_path):
@@ -41,12 +42,12 @@ def test_written_record_is_valid_shell_with_gke_keys(tmp_path):
     out = subprocess.run(
         ["sh", "-ec", '. "$1"; echo "$CACHE_KERNEL_VERSION $CACHE_NVIDIA_DRIVER_VERSION"', "sh",
          str(root / ".cache")], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["5.15.0-1049-gke", "550.54.14"]
+    assert out.stdout.split() == [RELEASE, "550.54.14"]
 
 
 def test_gke_written_records_are_recognised(tmp_path):
     ubuntu = CacheRecord.parse(
-        "CACHE_KERNEL_VERSION=5.15.0-1049-gke\nCACHE_NVIDIA_DRIVER_VERSION=550.54.14\n")
+        f"CACHE_KERNEL_VERSION={RELEASE}\nCACHE_NVIDIA_DRIVER_VERSION=550.54.14\n")
     assert ubuntu.mismatch(KEY) is None
     cos_v1 = CacheRecord.parse("CACHE_BUILD_ID=17801.218.41\nCACHE_NVIDIA_DRIVER_VERSION=535.183.01\n")
     assert cos_v1.mismatch(CacheKey("535.183.01", build_id="17801.218.41")) is None
@@ -62,7 +63,7 @@ def test_mismatch_reasons():
     rec = CacheRecord.parse("CACHE_KERNEL_VERSION=5.15.0-1\nCACHE_NVIDIA_DRIVER_VERSION=535.1\n")
     assert rec.mismatch(KEY) == "cached driver 535.1, want 550.54.14"
     rec = CacheRecord.parse("CACHE_KERNEL_VERSION=5.15.0-1\nCACHE_NVIDIA_DRIVER_VERSION=550.54.14\n")
-    assert rec.mismatch(KEY) == "cached for kernel 5.15.0-1, the node runs kernel 5.15.0-1049-gke"
+    assert rec.mismatch(KEY) == f"cached for kernel 5.15.0-1, the node runs kernel {RELEASE}"
 
 
 def _age_record(cache_file, seconds=5):

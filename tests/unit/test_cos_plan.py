@@ -20,28 +20,21 @@ from installer.settings import Settings
 from tests.cosbucket import CC, CXX, DEFAULT_V, LATEST_V, TRIPLE, Bucket
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, build_cos_node
+from tests.fixtures.plans import ACTIVATE_STAGED, LOAD_CACHED
 
 COMPILE_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
     "fetch_artifacts",
     "prepare_kernel_headers", "prepare_toolchain", "extract_driver", "build_driver",
-    "check_staged_modules", "unload_other_driver", "gpu_firmware", "load_modules", "device_nodes",
-    "verify_staged", "promote", "gpu_firmware",
-    "container_ld_cache", "host_ld_cache", "verify", "record_cache",
+    *ACTIVATE_STAGED,
 ]
 PREBUILT_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
     "fetch_artifacts",
     "unpack_prebuilt", "extract_driver", "build_driver", "place_prebuilt",
-    "check_staged_modules", "unload_other_driver", "gpu_firmware", "load_modules", "device_nodes",
-    "verify_staged", "promote", "gpu_firmware",
-    "container_ld_cache", "host_ld_cache", "verify", "record_cache",
+    *ACTIVATE_STAGED,
 ]
-CACHED_STEPS = [
-    "check_gpu_compatibility", "clear_leftovers", "check_loaded_driver", "unload_other_driver",
-    "gpu_firmware", "load_modules",
-    "device_nodes", "container_ld_cache", "host_ld_cache", "verify",
-]
+CACHED_STEPS = ["check_gpu_compatibility", *LOAD_CACHED]
 
 
 class Env:

@@ -1,9 +1,10 @@
 """doctor against fake node trees: one healthy node, then one thing broken at a time.
 
-The node is a host root (install dir, real ld.so.cache from the real ldconfig,
-status.json, .cache, readiness file, device plugin socket) plus fake proc/sys/dev
-trees behind the kernel seams. Each test breaks one thing and checks the finding
-that names it, its fix, and the exit code.
+The node is the kit's Ubuntu node and FakeKernel with a finished install on them
+(install dir, real ld.so.cache from the real ldconfig, status.json, .cache,
+readiness file, device plugin socket, the NVIDIA modules loaded, device nodes).
+Each test breaks one thing and checks the finding that names it, its fix, and the
+exit code.
 """
 
 from __future__ import annotations
@@ -20,16 +21,15 @@ import pytest
 
 from installer import cache, cli, doctor
 from installer.cache import CacheKey
+from tests.fixtures import node as fixture_node
+from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
+from tests.fixtures.kernel import UBUNTU_KERNEL_UPDATE, FakeKernel, fake_ko
 
-RELEASE = "5.15.0-1049-gke"
 V = "550.54.14"
-INSTALL_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
-HEALTHY_MODULES = (
-    "nvidia_drm 16384 0 - Live 0x0 (POE)\n"
-    "nvidia_modeset 16384 1 nvidia_drm, Live 0x0 (POE)\n"
-    "nvidia_uvm 16384 0 - Live 0x0 (POE)\n"
-    "nvidia 16384 2 nvidia_uvm,nvidia_modeset, Live 0x0 (POE)\n"
-)
+INSTALL_HOST = PurePosixPath(fixture_node.INSTALL_HOST)
+# The NVIDIA modules and what each needs (NVIDIA's real ones also need drm and video).
+NVIDIA_MODULES = {"nvidia": (), "nvidia_modeset": ("nvidia",), "nvidia_uvm": ("nvidia",),
+                  "nvidia_drm": ("nvidia_modeset",)}
 NODES = {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (511, 0),
          "nvidia-uvm-tools": (511, 1), "nvidia-modeset": (195, 254)}
 
@@ -52,9 +52,10 @@ def libs(tmp_path_factory):
 
 class FakeNode:
     def __init__(self, tmp: Path, libs: Path):
-        self.root = tmp / "host"
-        self.proc, self.sys, self.dev = tmp / "proc", tmp / "sys", tmp / "dev"
-        self.install = self.root / INSTALL_HOST.relative_to("/")
+        self.kernel = FakeKernel(tmp / "kernel", RELEASE)
+        tree = fixture_node.build_ubuntu_node(tmp / "host", kernel_release=RELEASE)
+        self.root, self.install = tree.root, tree.install_dir
+        self.proc, self.sys, self.dev = self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir
         self.libs = libs
 
     # -- building blocks ---------------------------------------------------
@@ -70,9 +71,6 @@ class FakeNode:
 
     def build(self) -> FakeNode:
         w = self.write
-        w(self.root / "etc/os-release", 'ID=ubuntu\nVERSION_ID="22.04"\n'
-          'PRETTY_NAME="Ubuntu 22.04.4 LTS"\n')
-        w(self.root / "etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
         w(self.root / "etc/ld.so.conf.d/nvidia.conf", f"{INSTALL_HOST}/lib64\n")
         self.set_smi(f"NVIDIA L4, {V}, 00000000:00:04.0")
         w(self.install / "bin/nvidia-modprobe", "#!/bin/sh\nexit 0\n", 0o755)
@@ -91,17 +89,9 @@ class FakeNode:
         w(self.root / "run/nvidia/validations/driver-ready",
           f"IS_HOST_DRIVER=true\nNVIDIA_DRIVER_VERSION={V}\nREADY_AT=2026-01-01T00:00:00Z\n")
         self.plugin_socket()
-        # kernel
-        w(self.proc / "sys/kernel/osrelease", RELEASE + "\n")
-        w(self.proc / "cmdline", "BOOT_IMAGE=/vmlinuz ro\n")
-        w(self.proc / "modules", HEALTHY_MODULES)
-        for name in ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"):
-            (self.sys / "module" / name).mkdir(parents=True)
-        w(self.sys / "module/nvidia/version", V + "\n")
-        w(self.sys / "module/module/parameters/sig_enforce", "N\n")
-        w(self.sys / "kernel/security/lockdown", "[none] integrity confidentiality\n")
-        self.add_gpu("0000:00:04.0", "0x27b8")
-        self.dev.mkdir()
+        for name, deps in NVIDIA_MODULES.items():
+            self.kernel.preload(fake_ko(name, RELEASE, version=V, depends=deps))
+        self.kernel.add_gpu()  # an L4 at 0000:00:04.0
         for name, (major, minor) in NODES.items():
             os.mknod(self.dev / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
             os.chmod(self.dev / name, 0o666)
@@ -127,10 +117,6 @@ class FakeNode:
         finally:
             os.chdir(cwd)
 
-    def add_gpu(self, addr: str, device: str) -> None:
-        base = self.sys / "bus/pci/devices" / addr
-        for name, value in (("vendor", "0x10de"), ("device", device), ("class", "0x030200")):
-            self.write(base / name, value + "\n")
 
     # -- running doctor ----------------------------------------------------
 
@@ -206,12 +192,13 @@ def test_device_nodes_not_world_accessible(node, capsys):
 
 
 def test_stale_cache_after_kernel_update(node, capsys):
-    node.write(node.proc / "sys/kernel/osrelease", "5.15.0-1050-gke\n")
+    node.write(node.proc / "sys/kernel/osrelease", UBUNTU_KERNEL_UPDATE + "\n")
     code, found = node.findings(capsys)
     assert code == 9
     f = found["cache"]
     assert f["verdict"] == "fail"
-    assert f"for kernel {RELEASE}" in f["detail"] and "the node runs kernel 5.15.0-1050-gke" in f["detail"]
+    assert f"for kernel {RELEASE}" in f["detail"]
+    assert f"the node runs kernel {UBUNTU_KERNEL_UPDATE}" in f["detail"]
     assert "rebuilds" in f["fix"]
 
 
@@ -225,8 +212,7 @@ def test_tampered_install_files(node, capsys):
 
 def test_loaded_version_differs_and_in_use(node, capsys):
     node.write(node.sys / "module/nvidia/version", "535.183.01\n")
-    node.write(node.proc / "modules", HEALTHY_MODULES.replace(
-        "nvidia 16384 2 nvidia_uvm", "nvidia 16384 4 nvidia_uvm"))  # 2 other references
+    node.kernel.hold("nvidia", 2)  # 2 references besides nvidia_uvm and nvidia_modeset
     code, found = node.findings(capsys)
     assert code == 9
     f = found["kernel_modules"]
@@ -254,7 +240,7 @@ def test_nothing_loaded(node, capsys):
 
 def test_k80_with_a_too_new_driver(node, capsys):
     shutil.rmtree(node.sys / "bus/pci/devices/0000:00:04.0")
-    node.add_gpu("0000:00:05.0", "0x102d")
+    node.kernel.add_gpu("0000:00:05.0", "0x102d")
     code, found = node.findings(capsys)
     assert code == 9
     f = found["gpus"]
@@ -278,9 +264,9 @@ def test_secure_boot_blocks_unsigned_modules(node, capsys, how):
         efivar.parent.mkdir(parents=True)
         efivar.write_bytes(b"\x06\x00\x00\x00\x01")
     elif how == "sig_enforce":
-        node.write(node.sys / "module/module/parameters/sig_enforce", "Y\n")
+        node.kernel.set_sig_enforce(True)
     else:
-        node.write(node.sys / "kernel/security/lockdown", "none [integrity] confidentiality\n")
+        node.kernel.set_lockdown("integrity")
     code, found = node.findings(capsys)
     assert code == 9
     f = found["module_signing"]
@@ -299,7 +285,7 @@ def test_secure_boot_off_efivar(node, capsys):
 
 
 def test_secure_boot_with_signed_modules_loaded_is_fine(node, capsys):
-    node.write(node.sys / "module/module/parameters/sig_enforce", "Y\n")
+    node.kernel.set_sig_enforce(True)
     code, found = node.findings(capsys)
     assert code == 0
     assert "were accepted" in found["module_signing"]["detail"]
@@ -318,8 +304,7 @@ def test_missing_ld_cache_entry(node, capsys):
 
 
 def test_ld_cache_resolving_another_copy_first(node, capsys):
-    other = node.root / "usr/lib/x86_64-linux-gnu"
-    other.mkdir(parents=True)
+    other = node.root / "usr/lib/x86_64-linux-gnu"  # the node's multiarch dir
     shutil.copy(node.libs / f"libcuda.so.{V}", other)
     node.write(node.root / "etc/ld.so.conf", "/usr/lib/x86_64-linux-gnu\n"
                "include /etc/ld.so.conf.d/*.conf\n")
@@ -418,7 +403,7 @@ def test_unreadable_host_still_reports(node, capsys):
 
 def test_table_puts_the_fix_under_each_failure(node, capsys):
     (node.dev / "nvidia-uvm").unlink()
-    node.write(node.proc / "sys/kernel/osrelease", "5.15.0-1050-gke\n")
+    node.write(node.proc / "sys/kernel/osrelease", UBUNTU_KERNEL_UPDATE + "\n")
     code, out = node.doctor(capsys=capsys)
     lines = out.rstrip().splitlines()
     assert code == 9

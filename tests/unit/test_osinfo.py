@@ -2,6 +2,7 @@ import pytest
 
 from installer.errors import UnsupportedHostError
 from installer.osinfo import host_info_from_text, parse_env_file
+from tests.fixtures.kernel import UBUNTU_KERNEL
 
 UBUNTU = '''PRETTY_NAME="Ubuntu 22.04.4 LTS"
 NAME="Ubuntu"
@@ -39,9 +40,9 @@ def test_parse_env_file(text, expected):
 
 
 def test_ubuntu_detected_with_kernel():
-    info = host_info_from_text(UBUNTU, None, "5.15.0-1049-gke")
+    info = host_info_from_text(UBUNTU, None, UBUNTU_KERNEL)
     assert (info.os_id, info.family, info.version_id, info.kernel_release) == (
-        "ubuntu", "ubuntu", "22.04", "5.15.0-1049-gke")
+        "ubuntu", "ubuntu", "22.04", UBUNTU_KERNEL)
     assert info.build_id is None
 
 

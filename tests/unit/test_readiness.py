@@ -12,6 +12,7 @@ from installer.errors import BuildError
 from installer.hostroot import HostRoot
 from installer.plan import Plan, Step
 from installer.settings import Settings
+from tests.fixtures.kernel import UBUNTU_KERNEL
 
 INSTALL_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
 
@@ -30,7 +31,7 @@ def host(tmp_path, monkeypatch):
 
 
 def settings_for(host: HostRoot, **kw) -> Settings:
-    return Settings(host_root=host.root, kernel_release="5.15.0-1049-gke", **kw).resolved()
+    return Settings(host_root=host.root, kernel_release=UBUNTU_KERNEL, **kw).resolved()
 
 
 def test_fields_round_trip(host):

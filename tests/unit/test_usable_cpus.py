@@ -6,6 +6,7 @@ import os
 
 from installer.nvidia_options import installer_args
 from installer.nvidia_run import usable_cpus
+from tests.fixtures.kernel import UBUNTU_KERNEL
 
 HOST = len(os.sched_getaffinity(0))
 
@@ -59,7 +60,7 @@ def test_no_cgroup_files_means_affinity(tmp_path):
 
 def test_concurrency_reaches_the_installer_argv(tmp_path):
     fs, me = _tree(tmp_path, {"fs/cpu.max": "100000 100000\n"})
-    argv = installer_args(version="535.261.03", kernel_release="5.15.0-1049-gke",
+    argv = installer_args(version="535.261.03", kernel_release=UBUNTU_KERNEL,
                           kernel_source_path=None, kernel_output_path=None,
                           concurrency=usable_cpus(fs, me), module_type=None)
     assert "--concurrency-level=1" in argv

@@ -32,11 +32,11 @@ import tempfile
 from pathlib import Path
 
 from tests.fixtures import nvidia_options
+from tests.fixtures.runfile import pack_run, run_name
 
 HERE = Path(__file__).resolve().parent
 KMOD_SRC = HERE / "kmod-src"
 DRIVER_SRC = HERE / "driver"
-MAKESELF_HEADER = Path("/usr/share/makeself/makeself-header.sh")
 MODULE_FILES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 KERNEL_FILES = (
     "Kbuild",
@@ -46,30 +46,6 @@ KERNEL_FILES = (
     "nvidia-modeset.c",
     "nvidia-drm.c",
 )
-
-
-def run_name(version: str) -> str:
-    return f"NVIDIA-Linux-x86_64-{version}.run"
-
-
-def nvidia_header(dest: Path) -> Path:
-    """The stock makeself header, plus NVIDIA's ``-x`` and pass-through of unknown flags."""
-    src = MAKESELF_HEADER.read_text()
-    patched = src.replace(
-        '\t--noexec)\n\tscript=""',
-        '    -x | --extract-only)\n\tscript=""\n\tcleanup_script=""\n\tkeep=y\n\tshift\n'
-        '\t;;\n\t--noexec)\n\tscript=""',
-        1,
-    )
-    patched = patched.replace(
-        '    -*)\n\techo Unrecognized flag : "\\$1" >&2\n\tMS_Help\n\texit 1\n\t;;',
-        "    -*)\n\tbreak ;;",
-        1,
-    )
-    if patched.count("--extract-only") < 1 or "break ;;" not in patched:
-        raise RuntimeError(f"cannot patch {MAKESELF_HEADER}: makeself's header has changed")
-    dest.write_text(patched)
-    return dest
 
 
 def _gcc(argv: list[str], cwd: Path) -> None:
@@ -223,25 +199,8 @@ def build_run(
             f"NVIDIA Accelerated Graphics Driver for Linux-x86_64 {version} (fake)\n"
         )
         build_userspace(payload, version)
-        header = nvidia_header(t / "nvidia-header.sh")
-        out = out_dir / run_name(version)
-        subprocess.run(
-            [
-                "makeself",
-                "--header",
-                str(header),
-                "--nox11",
-                "--keep-umask",
-                "--packaging-date",
-                "Thu Jan  1 00:00:00 UTC 2025",
-                str(payload),
-                str(out),
-                f"NVIDIA Accelerated Graphics Driver for Linux-x86_64 {version}",
-                "./nvidia-installer",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        out = pack_run(payload, out_dir / run_name(version), version,
+                       "--packaging-date", "Thu Jan  1 00:00:00 UTC 2025")
     return out
 
 

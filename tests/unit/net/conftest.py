@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.https_fixtures import *  # noqa: F403 - the shared HTTPS fixtures
+from tests.fixtures.https import *  # noqa: F403 - the shared HTTPS fixtures
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from installer import manifests as m
 
 yaml = pytest.importorskip("yaml")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 VENV_BIN = Path(sys.executable).parent
 DIGEST = "sha256:" + "ab" * 32

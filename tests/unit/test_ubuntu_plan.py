@@ -1,0 +1,170 @@
+"""The Ubuntu distro's plans (fresh, cached) and its header lookup, against a fixture
+Ubuntu node and a fake kernel (no root, no network, nothing run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from installer import cache
+from installer.cache import CacheKey
+from installer.context import Context
+from installer.distros import for_host
+from installer.distros.ubuntu import DEFAULT_DRIVER_VERSION, Ubuntu, find_kernel_headers
+from installer.errors import ExitCode, InstallerError, UsageError
+from installer.settings import Settings
+from tests.fixtures.kernel import FakeKernel
+from tests.fixtures.node import UBUNTU_KERNEL, build_ubuntu_node
+from tests.fixtures.plans import ACTIVATE_STAGED, LOAD_CACHED
+
+FRESH_STEPS = [
+    "check_gpu_compatibility", "check_module_signing", "check_loaded_driver",
+    "find_kernel_headers", "prepare_staging", "download_driver", "extract_driver",
+    "build_driver", *ACTIVATE_STAGED,
+]
+CACHED_STEPS = ["check_gpu_compatibility", *LOAD_CACHED]
+K80 = "0x102d"  # Kepler: R470 is its last branch, and only proprietary modules
+
+
+class Env:
+    """A fixture Ubuntu node and its FakeKernel, which the kernel seams point at."""
+
+    def __init__(self, tmp_path: Path, monkeypatch, *, headers: bool = True):
+        self.node = build_ubuntu_node(tmp_path / "node", headers=headers)
+        self.kernel = FakeKernel(tmp_path / "kernel", UBUNTU_KERNEL)
+        self.tesla = tmp_path / "tesla"
+        for name, value in self.kernel.env().items():
+            monkeypatch.setenv(name, value)
+
+    def add_gpu(self, device: str = "0x27b8") -> None:  # an L4 unless told
+        self.kernel.add_gpu(device=device)
+
+    def ctx(self, **settings) -> Context:
+        """The context the install command builds (the release read from the fake kernel)."""
+        return Context.from_settings(Settings(host_root=self.node.root, install_dir=self.node.install_dir,
+                                     driver_base_url=f"file://{self.tesla}",
+                                     **settings).resolved())
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    e = Env(tmp_path, monkeypatch)
+    e.add_gpu()
+    return e
+
+
+def names(plan) -> list[str]:
+    return [s.name for s in plan.steps]
+
+
+def run_url(base: Path, version: str) -> str:
+    return f"file://{base}/{version}/NVIDIA-Linux-x86_64-{version}.run"
+
+
+def test_detected_as_ubuntu(env):
+    assert isinstance(for_host(env.ctx().host_info), Ubuntu)
+
+
+def test_fresh_plan_builds_against_the_host_kernel(env):
+    plan = Ubuntu().plan(env.ctx())
+    assert plan.kind == "fresh" and names(plan) == FRESH_STEPS
+    assert plan.summary == {
+        "driver_version": DEFAULT_DRIVER_VERSION, "kernel_release": UBUNTU_KERNEL,
+        # An L4 on R550: NVIDIA's default is proprietary before R560 (open from R560).
+        "kernel_module_type": "proprietary",
+        "driver_url": run_url(env.tesla, DEFAULT_DRIVER_VERSION),
+    }
+    download = next(s for s in plan.steps if s.name == "download_driver")
+    assert download.detail == plan.summary["driver_url"]
+    # Planning wrote nothing (dry-run safety), and what --dry-run prints is JSON.
+    assert not (env.node.install_dir / ".staging").exists()
+    assert json.loads(json.dumps(plan.describe()))
+
+
+def test_persistence_mode_is_the_last_step(env):
+    assert names(Ubuntu().plan(env.ctx(persistence_mode=True)))[-1] == "persistence_mode"
+
+
+@pytest.mark.parametrize("requested", ["open", "proprietary"])
+def test_requested_module_type_is_planned_and_keyed(env, requested):
+    ctx = env.ctx(kernel_module_type=requested)
+    assert Ubuntu().plan(ctx).summary["kernel_module_type"] == requested
+    assert Ubuntu().cache_key(ctx, DEFAULT_DRIVER_VERSION).flavor == f"compiled-{requested}"
+
+
+def test_explicit_version_is_pinned(env):
+    plan = Ubuntu().plan(env.ctx(driver_version="535.183.01"))
+    assert plan.summary["driver_version"] == "535.183.01"
+    assert plan.summary["driver_url"] == run_url(env.tesla, "535.183.01")
+
+
+def test_driver_url_names_the_version(env):
+    url = "https://127.0.0.1:1/mirror/NVIDIA-Linux-x86_64-550.90.07.run"
+    plan = Ubuntu().plan(env.ctx(driver_url=url))
+    assert plan.summary["driver_version"] == "550.90.07" and plan.summary["driver_url"] == url
+
+
+def test_default_falls_back_to_a_branch_the_gpu_supports(tmp_path, monkeypatch):
+    e = Env(tmp_path, monkeypatch)
+    e.add_gpu(K80)
+    s = Ubuntu().plan(e.ctx()).summary
+    assert s["driver_version"].startswith("470.") and s["kernel_module_type"] == "proprietary"
+
+
+@pytest.mark.parametrize("version", ["550", "latest", "550.127.05; rm -rf /"])
+def test_bad_version_is_a_usage_error(env, version):
+    with pytest.raises(UsageError, match="not a driver version"):
+        Ubuntu().plan(env.ctx(driver_version=version))
+
+
+def test_preload_is_refused_on_ubuntu(env):
+    with pytest.raises(UsageError) as err:
+        Ubuntu().plan(env.ctx(preload=True))
+    assert err.value.exit_code == ExitCode.USAGE and "Container-Optimized OS" in err.value.message
+
+
+def _install_files(root: Path, version: str) -> None:
+    for rel, data in {"drivers/nvidia.ko": b"ko", "bin/nvidia-smi": b"smi",
+                      f"lib64/libnvidia-ml.so.{version}": b"nvml"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def test_cache_hit_needs_version_kernel_and_flavour(env):
+    ctx = env.ctx()
+    _install_files(ctx.install.root, DEFAULT_DRIVER_VERSION)
+    cache.write(ctx.install.cache_file, Ubuntu().cache_key(ctx, DEFAULT_DRIVER_VERSION),
+                ctx.install.root, "test")
+    plan = Ubuntu().plan(ctx)
+    assert plan.kind == "cached" and names(plan) == CACHED_STEPS
+    assert "driver_url" not in plan.summary  # nothing to download
+    assert Ubuntu().plan(env.ctx(force=True)).kind == "fresh"
+    assert Ubuntu().plan(env.ctx(driver_version="535.183.01")).kind == "fresh"
+    assert Ubuntu().plan(env.ctx(kernel_module_type="open")).kind == "fresh"
+    other_kernel = CacheKey(DEFAULT_DRIVER_VERSION, kernel_release="5.15.0-1050-gke",
+                            flavor="compiled-proprietary")
+    cache.write(ctx.install.cache_file, other_kernel, ctx.install.root, "test")
+    assert Ubuntu().plan(env.ctx()).kind == "fresh"
+
+
+def test_headers_on_the_host_are_found_without_apt(env):
+    ctx = env.ctx()
+    find_kernel_headers().run(ctx)
+    tree = ctx.facts["kernel_tree"]
+    assert tree.source == env.node.headers_dir
+
+
+def test_missing_headers_name_what_was_tried(tmp_path, monkeypatch):
+    e = Env(tmp_path, monkeypatch, headers=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-apt"))  # no apt-get: nothing is installed
+    with pytest.raises(InstallerError) as err:
+        find_kernel_headers().run(e.ctx())
+    assert UBUNTU_KERNEL in err.value.message
+
+
+def test_explicit_kernel_source_path_is_the_only_place_looked(env, tmp_path):
+    with pytest.raises(InstallerError) as err:
+        find_kernel_headers().run(env.ctx(kernel_source_path=tmp_path / "nowhere"))
+    assert "--kernel-source-path" in str(err.value.context) + err.value.message
