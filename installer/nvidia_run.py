@@ -143,6 +143,48 @@ def _out_of_space(where: Path, detail: str) -> DiskSpaceError:
     )
 
 
+# An NVIDIA .run is a makeself archive: a shell header, then the payload. NVIDIA's makeself
+# (1.6.0-nv2, shipped inside the .run as makeself.sh) starts it with "#! /bin/sh" and the lines
+# CRCsum=, MD5=, skip=, label=; stock makeself 2.x writes "#!/bin/sh", CRCsum=, label=, skip=.
+# The payload starts after `skip` lines (`tail -n +$skip` / `head -n $skip`).
+_SHEBANG = re.compile(rb"#! ?/bin/(?:ba)?sh\s")
+_HEADER_VARS = (re.compile(rb"^CRCsum=", re.M), re.compile(rb"^label=", re.M))
+_SKIP = re.compile(rb'^skip="?(\d+)', re.M)
+HEAD_BYTES = 64 * 1024  # the variables sit in the first few hundred bytes
+PREVIEW_CHARS = 40
+
+
+def preview(data: bytes, limit: int = PREVIEW_CHARS) -> str:
+    """``data`` as text safe to print: non-printable bytes become '.', cut with an ellipsis."""
+    text = "".join(c if c.isprintable() and c.isascii() else "." if c not in "\n\r\t" else " "
+                   for c in data[:limit].decode("latin-1"))
+    return text + ("…" if len(data) > limit else "")
+
+
+def check_run_file(run_file: Path) -> None:
+    """Exit 6 before running anything of ``run_file`` when it is not a whole makeself archive:
+    an HTML page from a proxy, random bytes or a header cut off would otherwise be run by sh
+    and fail as shell syntax errors (a "build failure")."""
+    with run_file.open("rb") as f:
+        head = f.read(HEAD_BYTES)
+        skip = _SKIP.search(head)
+        if _SHEBANG.match(head) and skip and all(v.search(head) for v in _HEADER_VARS):
+            lines, want = head.count(b"\n"), int(skip.group(1)) - 1
+            while lines < want and (chunk := f.read(HEAD_BYTES)):
+                lines += chunk.count(b"\n")
+            if lines >= want:
+                return
+            why = f"its makeself header is cut off after {lines} of {want} lines"
+        else:
+            why = f"starts with: '{preview(head)}'" if head else "the file is empty"
+    raise IntegrityError(
+        f"{run_file.name} is not an NVIDIA installer ({why})",
+        hint="the server sent something else (a proxy's HTML page, an error, a cut-off "
+        "download): check --driver-url and the proxy, then re-run",
+        path=str(run_file),
+    )
+
+
 RUN_IN_CHROOT = "/tmp/nvidia-driver-installer/run"
 OUT_IN_CHROOT = "/tmp/nvidia-driver-installer/out"
 
@@ -171,6 +213,7 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
     """``sh NVIDIA-….run -x --target DIR`` in the sandbox: the .run's shell header is the
     download's own code, so whatever else it writes stays in the sandbox's overlay. The
     archive checks its own checksums first."""
+    check_run_file(run_file)
     check_space(run_file, target.parent)
     workdir = target.parent / "extract-sandbox"
     remove_tree(workdir)
@@ -193,7 +236,7 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
     finally:
         remove_tree(workdir)
     if rc != 0:
-        detail = tail(text, 3)
+        detail = " | ".join(preview(ln.encode(), 200) for ln in tail(text, 3).splitlines())
         if _ENOSPC in text:
             raise _out_of_space(target.parent, detail)
         if any(s in detail for s in ("checksum", "Checksum", "archive size", "integrity", "corrupt")):
