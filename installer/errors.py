@@ -16,8 +16,8 @@ from typing import Any
 ECHO_LIMIT = 80
 MESSAGE_LIMIT = 2000
 # A repr'd value: a quote not inside a word (so "can't … NVIDIA's" is left alone).
-_QUOTED = re.compile(r"(?<!\w)('[^'\n]{%d,}'|\"[^\"\n]{%d,}\")(?!\w)" % (ECHO_LIMIT + 1,
-                                                                        ECHO_LIMIT + 1))
+_LONG = f"{{{ECHO_LIMIT + 1},}}"
+_QUOTED = re.compile(rf"""(?<!\w)('[^'\n]{_LONG}'|"[^"\n]{_LONG}")(?!\w)""")
 
 
 def clip(text: str, limit: int = ECHO_LIMIT) -> str:
