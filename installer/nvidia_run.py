@@ -191,13 +191,18 @@ OUT_IN_CHROOT = "/tmp/nvidia-driver-installer/out"
 
 def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: float,
                 what: str) -> int:
-    """Run ``spec`` in a private mount namespace; the command's exit status."""
+    """Run ``spec`` in a private mount namespace; the command's exit status. It runs for
+    minutes: a heartbeat shows its last line, from its output or its log file (in the
+    overlay's upper dir, when that is not the tmpfs fallback only the sandbox sees)."""
     write_spec(spec, spec_file)
+    watch = [Path(spec.output_file)]
+    if spec.log_file:
+        watch.append(Path(spec.workdir) / "upper" / spec.log_file.lstrip("/"))
     try:
         runner.run(
             ["unshare", "--mount", "--propagation", "private", "--",
              sys.executable, "-m", "installer.sandbox", spec_file],
-            timeout=timeout,
+            timeout=timeout, long_running=what, watch=watch,
         )
     except CommandError as exc:
         if _ENOSPC in exc.stderr:
