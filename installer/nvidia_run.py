@@ -150,6 +150,12 @@ def _out_of_space(where: Path, detail: str) -> DiskSpaceError:
 _SHEBANG = re.compile(rb"#! ?/bin/(?:ba)?sh\s")
 _HEADER_VARS = (re.compile(rb"^CRCsum=", re.M), re.compile(rb"^label=", re.M))
 _SKIP = re.compile(rb'^skip="?(\d+)', re.M)
+# What each makeself prints when the archive fails its own check: NVIDIA's "Error in check
+# sums" / "Error in md5 sums"; 2.x's "Error in checksums", "Error in MD5|SHA256 checksums",
+# "Unexpected archive size". Not "integrity": both print "Verifying archive integrity..."
+# before every extraction.
+_CORRUPT = re.compile(r"error in (?:check ?sums|md5 (?:check)?sums|sha256 checksums)"
+                      r"|unexpected archive size|corrupt", re.I)
 HEAD_BYTES = 64 * 1024  # the variables sit in the first few hundred bytes
 PREVIEW_CHARS = 40
 
@@ -244,7 +250,7 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
         detail = " | ".join(preview(ln.encode(), 200) for ln in tail(text, 3).splitlines())
         if _ENOSPC in text:
             raise _out_of_space(target.parent, detail)
-        if any(s in detail for s in ("checksum", "Checksum", "archive size", "integrity", "corrupt")):
+        if _CORRUPT.search(detail):
             raise IntegrityError(
                 f"the driver package is corrupt: {detail}",
                 hint="the download was damaged or truncated: re-run to download it again",

@@ -29,3 +29,24 @@ def test_an_html_page_for_the_run_is_an_integrity_failure(node, pod, server, log
     else:
         assert proc.stderr.rstrip().splitlines()[-1] == sentence
     assert not (node.install_dir / "drivers").exists()
+
+
+CUT_HINT = ("the server sent something else (a proxy's HTML page, an error, a cut-off "
+            "download): check --driver-url and the proxy, then re-run")
+
+
+@pytest.mark.parametrize(("keep", "said"), [
+    (3000, f"{RUN} is not an NVIDIA installer (its makeself header is cut off after 134 of 720 "
+           f"lines). What to do: {CUT_HINT}."),
+    (-5000, "the driver package is corrupt: Creating directory /tmp/nvidia-driver-installer/out/"
+            "extract | Verifying archive integrity... Unexpected archive size.. What to do: the "
+            "download was damaged or truncated: re-run to download it again."),
+])
+def test_a_cut_off_run_is_an_integrity_failure(pod, server, driver_runs, keep, said):
+    whole = driver_runs[V].read_bytes()
+    server.serve(f"/tesla/{V}/{RUN}", whole[:keep])
+    proc = pod.run("install")
+    assert proc.returncode == 6, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert events(proc.stderr)[-1]["message"] == (
+        f"FAILED in step extract_driver (integrity, exit 6): {said}")

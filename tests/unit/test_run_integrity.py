@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from installer.errors import ExitCode, IntegrityError
-from installer.nvidia_run import check_run_file, preview
+from installer.nvidia_run import _CORRUPT, check_run_file, preview
 from tests.fixtures.runfile import build_driver_run
 
 NAME = "NVIDIA-Linux-x86_64-550.54.14.run"
@@ -81,3 +81,15 @@ def test_an_empty_file_is_refused(tmp_path):
 
 def test_preview_keeps_short_text_whole():
     assert preview(b"#!/bin/sh\n") == "#!/bin/sh "
+
+
+@pytest.mark.parametrize(("output", "corrupt"), [
+    ("Verifying archive integrity... Error in check sums 123 456", True),  # NVIDIA's makeself
+    ("Verifying archive integrity... Error in md5 sums abc def", True),
+    ("Error in checksums: 1 is different from 2", True),  # makeself 2.x
+    ("Error in SHA256 checksums: a is different from b", True),
+    ("Verifying archive integrity... Unexpected archive size.", True),
+    ("Verifying archive integrity... OK\nUncompressing NVIDIA … xz: command not found", False),
+])
+def test_makeselfs_own_check_failures_are_corruption_and_nothing_else(output, corrupt):
+    assert bool(_CORRUPT.search(output)) is corrupt
