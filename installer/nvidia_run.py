@@ -247,12 +247,13 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
     finally:
         remove_tree(workdir)
     if rc != 0:
-        detail = " | ".join(preview(ln.encode(), 200) for ln in tail(text, 3).splitlines())
+        lines = [preview(ln.encode(), 200) for ln in tail(text, 3).splitlines()]
+        detail = " | ".join(lines)
         if _ENOSPC in text:
             raise _out_of_space(target.parent, detail)
-        if _CORRUPT.search(detail):
+        if corrupt := next((ln for ln in lines if _CORRUPT.search(ln)), None):
             raise IntegrityError(
-                f"the driver package is corrupt: {detail}",
+                f"the driver package is corrupt: {corrupt}",
                 hint="the download was damaged or truncated: re-run to download it again",
                 path=str(run_file),
             )
