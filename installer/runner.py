@@ -66,6 +66,7 @@ class _Pumps:
     whole output kept for the error tail) and the last non-empty line at hand."""
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
         self.chunks: dict[str, list[str]] = {"out": [], "err": []}
         self.last = ""
         self.threads = [threading.Thread(target=self._read, args=(pipe, self.chunks[key]),
@@ -86,6 +87,18 @@ class _Pumps:
             thread.join(wait)
         return "".join(self.chunks["out"]), "".join(self.chunks["err"])
 
+    def collect(self, wait: float) -> tuple[str, str]:
+        """For stop_group: the output once the process has exited (TimeoutExpired if not)."""
+        self.proc.wait(wait)
+        return self.output(wait)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
 
 def _wait_alive(proc: subprocess.Popen[str], pumps: _Pumps, *, timeout: float, every: float,
                 name: str, watch: Sequence[Path]) -> None:
@@ -100,8 +113,8 @@ def _wait_alive(proc: subprocess.Popen[str], pumps: _Pumps, *, timeout: float, e
         except subprocess.TimeoutExpired:
             if left <= every:
                 raise
-        files = sorted((p for p in watch if p.is_file()), key=lambda p: p.stat().st_mtime)
-        line = (last_line(files[-1]) if files else "") or pumps.last
+        stamped = [(t, p) for p in watch if (t := _mtime(p)) is not None]
+        line = (last_line(max(stamped)[1]) if stamped else "") or pumps.last
         log.info("still_running", command=name, elapsed_s=round(time.monotonic() - start),
                  last_line=clip(line, HEARTBEAT_LINE_CHARS) or None)
 
@@ -169,7 +182,7 @@ class Runner:
             reason = "was not found"
         else:
             pumps = _Pumps(proc) if long_running else None
-            collect = (lambda wait: (proc.wait(wait), pumps.output(wait))[1]) if pumps else None
+            collect = pumps.collect if pumps else None
             try:
                 if pumps:
                     _wait_alive(proc, pumps, timeout=timeout, every=self.heartbeat_s,

@@ -25,10 +25,11 @@ def test_heartbeats_carry_the_elapsed_time_and_the_last_line():
     with capture_logs() as logs:
         result = Runner(heartbeat_s=0.5).run(["sh", "-c", SCRIPT], long_running="demo")
     beats = _beats(logs)
-    assert 6 <= len(beats) <= 9, beats
+    assert len(beats) >= 6, beats  # ~4 s at 0.5 s (more on a loaded machine)
     assert {b["command"] for b in beats} == {"demo"}
     assert [b["elapsed_s"] for b in beats] == sorted(b["elapsed_s"] for b in beats)
-    assert beats[0]["last_line"] == "a" and beats[-1]["last_line"] == "b"
+    lines = [b.get("last_line") for b in beats]
+    assert "a" in lines[:3] and lines[-1] == "b"
     assert (result.stdout, result.stderr, result.returncode) == ("a\n", "b\n", 0)
 
 
