@@ -54,6 +54,13 @@ class Settings:
                 f"--install-dir-host must be an absolute host path without '..', got "
                 f"{str(self.install_dir_host)!r}"
             )
+        release = self.kernel_release
+        if release is not None and (not _KERNEL_RELEASE.fullmatch(release) or ".." in release):
+            raise UsageError(
+                f"--kernel-release {release!r} is not a kernel release",
+                hint="give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and "
+                ". - _ + ~, at most 64 characters)",
+            )
         install_dir = self.install_dir
         if install_dir is None and DEFAULT_INSTALL_DIR_CONTAINER.is_dir():
             install_dir = DEFAULT_INSTALL_DIR_CONTAINER
@@ -63,13 +70,6 @@ class Settings:
             # Resolved on the host (kubectl debug: a symlinked /home must not send us into
             # this container's own /home).
             install_dir = HostRoot(self.host_root).resolve(self.install_dir_host)
-        release = self.kernel_release
-        if release is not None and (not _KERNEL_RELEASE.fullmatch(release) or ".." in release):
-            raise UsageError(
-                f"--kernel-release {release!r} is not a kernel release",
-                hint="give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and "
-                ". - _ + ~, at most 64 characters)",
-            )
         sha = self.driver_sha256.lower() if self.driver_sha256 else None
         if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
             raise UsageError(
