@@ -6,7 +6,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install deps test test-vm demo lint manifests images test-images bench clean
+.PHONY: help install deps test test-vm demo lint manifests images test-images bench clean
+
+help:  ## list the targets
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON_BASE) -m venv $(VENV)
@@ -25,7 +28,7 @@ test: install  ## the default test run (unit + chroot fixture tests), well under
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
 	$(PY) -m tests.demo
 
-lint: install
+lint: install  ## ruff, yamllint and hadolint
 	$(VENV)/bin/ruff check installer tests bench
 	$(VENV)/bin/yamllint -s manifests
 	$(VENV)/bin/hadolint --config images/.hadolint.yaml images/cos/Dockerfile images/ubuntu/Dockerfile
@@ -45,5 +48,5 @@ test-vm: install  ## NVIDIA's real modules built through the installer, loaded i
 bench: install  ## performance figures vs baselines measured in the same run
 	$(PY) bench/run_all.py
 
-clean:
+clean:  ## remove the venv and build leftovers
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -368,15 +368,13 @@ def _report_interrupt(exc: Any, command: str) -> None:
                "(the pod restarts the installer by itself).")
     structlog.get_logger("installer").warning(
         f"{command}_interrupted", signal=exc.name, exit_code=exc.exit_code, message=message)
-    if not _json_logging():
-        click.echo(message, err=True)
 
 
 def _report_failure(exc: InstallerError, command: str = "install") -> None:
     """One final event: class, exit code, error, hint, log tails and a sentence.
 
     JSON logs: that event is the last line. Console: the log tails are printed as
-    indented blocks before it, and the sentence is repeated as the very last line.
+    indented blocks before it, and its sentence is the very last line (installer.log).
     """
     import structlog
 
@@ -404,7 +402,5 @@ def _report_failure(exc: InstallerError, command: str = "install") -> None:
         error=exc.message,
         hint=exc.hint,
         **context,
-        message=message,
+        message=message,  # the console prints it last, on a line of its own
     )
-    if console:
-        click.echo(scrub_text(message), err=True)

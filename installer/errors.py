@@ -10,7 +10,27 @@ from __future__ import annotations
 import enum
 import errno
 import os
+import re
 from typing import Any
+
+# A value the user gave, echoed back in a message, is cut to this many characters: a
+# 10 kB --driver-version must not fill the terminal (or the log line) three times over.
+ECHO_LIMIT = 80
+MESSAGE_LIMIT = 2000
+# A repr'd value: a quote not inside a word (so "can't … NVIDIA's" is left alone).
+_LONG = f"{{{ECHO_LIMIT + 1},}}"
+_QUOTED = re.compile(rf"""(?<!\w)('[^'\n]{_LONG}'|"[^"\n]{_LONG}")(?!\w)""")
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, with an ellipsis when it was longer."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def clip_message(message: str) -> str:
+    """Quoted values (``{value!r}``) over ECHO_LIMIT are cut; so is the whole message."""
+    message = _QUOTED.sub(lambda m: m[0][0] + clip(m[0][1:-1]) + m[0][0], message)
+    return clip(message, MESSAGE_LIMIT)
 
 
 class ExitCode(enum.IntEnum):
@@ -59,6 +79,7 @@ class InstallerError(Exception):
     error_class: str = "internal"
 
     def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+        message = clip_message(message)
         super().__init__(message)
         self.message = message
         self.hint = hint

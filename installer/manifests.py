@@ -91,10 +91,8 @@ AFFINITY_MODES: tuple[str, ...] = ("gke", "label", "none")
 # Node Feature Discovery's "system" source: present on GPU nodes of most
 # non-GKE clusters. ``{flavor}`` is replaced per DaemonSet so the COS and the
 # Ubuntu DaemonSet never land on the same node.
-DEFAULT_NODE_LABELS: tuple[str, ...] = (
-    "nvidia.com/gpu.present=true",
-    "feature.node.kubernetes.io/system-os_release.ID={flavor}",
-)
+OS_ID_LABEL = "feature.node.kubernetes.io/system-os_release.ID"
+DEFAULT_NODE_LABELS: tuple[str, ...] = ("nvidia.com/gpu.present=true", OS_ID_LABEL + "={flavor}")
 # Values of GKE's cloud.google.com/gke-os-distribution label per flavour
 # (the *_containerd names are the image-type spellings GKE has also used).
 GKE_OS_DISTRIBUTIONS = {"cos": ("cos", "cos_containerd"), "ubuntu": ("ubuntu", "ubuntu_containerd")}
@@ -291,6 +289,23 @@ class RenderOptions:
 
 
 def _match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
+    """The flavour's node affinity. The COS and the Ubuntu DaemonSet must never land on the
+    same node: with --affinity label, when the labels do not tell the flavours apart, the
+    other flavour's own label keys must be absent (``example.com/os-{flavor}``), else the
+    node's OS must be this flavour (NFD's os_release.ID)."""
+    exprs = _flavor_expressions(flavor, opts)
+    for other in FLAVORS:
+        theirs = _flavor_expressions(other, opts)
+        if other == flavor or opts.affinity != "label" or _disjoint(exprs, theirs):
+            continue
+        ours = {e["key"] for e in exprs}
+        only_theirs = [e["key"] for e in theirs if e["key"] not in ours]
+        exprs += ([{"key": k, "operator": "DoesNotExist"} for k in only_theirs] or
+                  [{"key": OS_ID_LABEL, "operator": "In", "values": [flavor]}])
+    return exprs
+
+
+def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
     if opts.affinity == "none":
         return []
     if opts.affinity == "gke":
@@ -315,6 +330,22 @@ def _match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]
                 exprs.append({"key": key, "operator": "In", "values": [value]})
         return exprs
     raise ValueError(f"unknown affinity mode {opts.affinity!r}")
+
+
+def _disjoint(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
+    """No node can satisfy both expression lists: some key is required In disjoint values,
+    or required by one and DoesNotExist in the other."""
+    def needs(exprs: Sequence[Mapping[str, Any]]) -> dict[str, set[str] | None]:
+        return {e["key"]: set(e["values"]) if e["operator"] == "In" else None
+                for e in exprs if e["operator"] in ("In", "Exists")}
+
+    def absent(exprs: Sequence[Mapping[str, Any]]) -> set[str]:
+        return {e["key"] for e in exprs if e["operator"] == "DoesNotExist"}
+
+    need_a, need_b = needs(a), needs(b)
+    return (any(need_a[k] is not None and need_b[k] is not None and not need_a[k] & need_b[k]
+                for k in need_a.keys() & need_b.keys())
+            or bool(need_a.keys() & absent(b)) or bool(need_b.keys() & absent(a)))
 
 
 def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
@@ -508,7 +539,9 @@ def manifests() -> None:
     default="gke",
     show_default=True,
     help="gke: GKE GPU nodes whose driver GKE does not manage; "
-    "label: nodes with the --node-label labels; none: no node affinity.",
+    "label: nodes with the --node-label labels (and the flavor's OS, "
+    "feature.node.kubernetes.io/system-os_release.ID, unless the labels name it); "
+    "none: no node affinity (one --flavor only).",
 )
 @click.option(
     "--node-label",
@@ -549,6 +582,9 @@ def render_command(
     selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS
     if node_labels and affinity != "label":
         raise click.UsageError("--node-label only applies with --affinity label")
+    if affinity == "none" and len(selected) > 1:
+        raise click.UsageError("--affinity none puts every flavor on every node: render one "
+                               "--flavor, or use --affinity gke or label")
     if image and len(selected) > 1 and "{flavor}" not in image:
         raise click.BadParameter(
             "each flavor has its own image: include '{flavor}' in REF or render one --flavor",

@@ -143,19 +143,72 @@ def _out_of_space(where: Path, detail: str) -> DiskSpaceError:
     )
 
 
+# An NVIDIA .run is a makeself archive: a shell header, then the payload. NVIDIA's makeself
+# (1.6.0-nv2, shipped inside the .run as makeself.sh) starts it with "#! /bin/sh" and the lines
+# CRCsum=, MD5=, skip=, label=; stock makeself 2.x writes "#!/bin/sh", CRCsum=, label=, skip=.
+# The payload starts after `skip` lines (`tail -n +$skip` / `head -n $skip`).
+_SHEBANG = re.compile(rb"#! ?/bin/(?:ba)?sh\s")
+_HEADER_VARS = (re.compile(rb"^CRCsum=", re.M), re.compile(rb"^label=", re.M))
+_SKIP = re.compile(rb'^skip="?(\d+)', re.M)
+# What each makeself prints when the archive fails its own check: NVIDIA's "Error in check
+# sums" / "Error in md5 sums"; 2.x's "Error in checksums", "Error in MD5|SHA256 checksums",
+# "Unexpected archive size". Not "integrity": both print "Verifying archive integrity..."
+# before every extraction.
+_CORRUPT = re.compile(r"error in (?:check ?sums|md5 (?:check)?sums|sha256 checksums)"
+                      r"|unexpected archive size|corrupt", re.I)
+HEAD_BYTES = 64 * 1024  # the variables sit in the first few hundred bytes
+PREVIEW_CHARS = 40
+
+
+def preview(data: bytes, limit: int = PREVIEW_CHARS) -> str:
+    """``data`` as text safe to print: non-printable bytes become '.', cut with an ellipsis."""
+    text = "".join(c if c.isprintable() and c.isascii() else "." if c not in "\n\r\t" else " "
+                   for c in data[:limit].decode("latin-1"))
+    return text + ("…" if len(data) > limit else "")
+
+
+def check_run_file(run_file: Path) -> None:
+    """Exit 6 before running anything of ``run_file`` when it is not a whole makeself archive:
+    an HTML page from a proxy, random bytes or a header cut off would otherwise be run by sh
+    and fail as shell syntax errors (a "build failure")."""
+    with run_file.open("rb") as f:
+        head = f.read(HEAD_BYTES)
+        skip = _SKIP.search(head)
+        if _SHEBANG.match(head) and skip and all(v.search(head) for v in _HEADER_VARS):
+            lines, want = head.count(b"\n"), int(skip.group(1)) - 1
+            while lines < want and (chunk := f.read(HEAD_BYTES)):
+                lines += chunk.count(b"\n")
+            if lines >= want:
+                return
+            why = f"its makeself header is cut off after {lines} of {want} lines"
+        else:
+            why = f"starts with: '{preview(head)}'" if head else "the file is empty"
+    raise IntegrityError(
+        f"{run_file.name} is not an NVIDIA installer ({why})",
+        hint="the server sent something else (a proxy's HTML page, an error, a cut-off "
+        "download): check --driver-url and the proxy, then re-run",
+        path=str(run_file),
+    )
+
+
 RUN_IN_CHROOT = "/tmp/nvidia-driver-installer/run"
 OUT_IN_CHROOT = "/tmp/nvidia-driver-installer/out"
 
 
 def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: float,
                 what: str) -> int:
-    """Run ``spec`` in a private mount namespace; the command's exit status."""
+    """Run ``spec`` in a private mount namespace; the command's exit status. It runs for
+    minutes: a heartbeat shows its last line, from its output or its log file (in the
+    overlay's upper dir, when that is not the tmpfs fallback only the sandbox sees)."""
     write_spec(spec, spec_file)
+    watch = [Path(spec.output_file)]
+    if spec.log_file:
+        watch.append(Path(spec.workdir) / "upper" / spec.log_file.lstrip("/"))
     try:
         runner.run(
             ["unshare", "--mount", "--propagation", "private", "--",
              sys.executable, "-m", "installer.sandbox", spec_file],
-            timeout=timeout,
+            timeout=timeout, long_running=what, watch=watch,
         )
     except CommandError as exc:
         if _ENOSPC in exc.stderr:
@@ -171,6 +224,7 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
     """``sh NVIDIA-….run -x --target DIR`` in the sandbox: the .run's shell header is the
     download's own code, so whatever else it writes stays in the sandbox's overlay. The
     archive checks its own checksums first."""
+    check_run_file(run_file)
     check_space(run_file, target.parent)
     workdir = target.parent / "extract-sandbox"
     remove_tree(workdir)
@@ -193,12 +247,13 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
     finally:
         remove_tree(workdir)
     if rc != 0:
-        detail = tail(text, 3)
+        lines = [preview(ln.encode(), 200) for ln in tail(text, 3).splitlines()]
+        detail = " | ".join(lines)
         if _ENOSPC in text:
             raise _out_of_space(target.parent, detail)
-        if any(s in detail for s in ("checksum", "Checksum", "archive size", "integrity", "corrupt")):
+        if corrupt := next((ln for ln in lines if _CORRUPT.search(ln)), None):
             raise IntegrityError(
-                f"the driver package is corrupt: {detail}",
+                f"the driver package is corrupt: {corrupt}",
                 hint="the download was damaged or truncated: re-run to download it again",
                 path=str(run_file),
             )

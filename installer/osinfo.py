@@ -103,7 +103,8 @@ def host_info_from_text(
     if not os_id:
         raise UnsupportedHostError(
             f"{os_release_path} has no ID field",
-            hint="this does not look like an os-release file",
+            hint="point --host-root (ROOT_MOUNT_DIR) at the node's root filesystem, whose "
+            "/etc/os-release names the OS in an ID= line (e.g. ID=cos or ID=ubuntu)",
             path=os_release_path,
         )
     pretty = fields.get("PRETTY_NAME", os_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
@@ -14,6 +15,9 @@ DEFAULT_INSTALL_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
 DEFAULT_INSTALL_DIR_CONTAINER = Path("/usr/local/nvidia")
 DEFAULT_DRIVER_BASE_URL = "https://us.download.nvidia.com/tesla"
 DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
+# `uname -r` shapes: 5.15.0-1049-gke, 6.1.0-56-cloud-amd64, 6.6.68+, 4.19.0~rc1. The release
+# names paths (/lib/modules/<r>, the cache key), so no '/' and no '..'.
+_KERNEL_RELEASE = re.compile(r"[A-Za-z0-9._+~-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,13 @@ class Settings:
             raise UsageError(
                 f"--install-dir-host must be an absolute host path without '..', got "
                 f"{str(self.install_dir_host)!r}"
+            )
+        release = self.kernel_release
+        if release is not None and (not _KERNEL_RELEASE.fullmatch(release) or ".." in release):
+            raise UsageError(
+                f"--kernel-release {release!r} is not a kernel release",
+                hint="give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and "
+                ". - _ + ~, at most 64 characters)",
             )
         install_dir = self.install_dir
         if install_dir is None and DEFAULT_INSTALL_DIR_CONTAINER.is_dir():

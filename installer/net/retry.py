@@ -416,7 +416,7 @@ def network_retryer(
             hint = "the server keeps failing; try again later or use a mirror"
         elif exc is not None:
             hint = "check network access, proxy settings (HTTPS_PROXY) and DNS from the node"
-        log.error(
+        log.debug(  # the DownloadError below is the one error event (issue 14)
             "download_gave_up",
             url=shown_url,
             limit=which,

@@ -85,7 +85,11 @@ def test_a_cos_artifact_the_manifest_does_not_list_is_refused_before_any_downloa
 # -- case 14: the .run's shell header -------------------------------------------------------------
 
 EVIL_HEADER_RUN = """#!/bin/sh
-# A .run whose makeself header does more than extract: it writes where it can.
+# A .run whose makeself header does more than extract: it writes where it can. It names
+# makeself's variables, so it passes the installer's header check and really runs.
+CRCsum="0"
+label="NVIDIA Accelerated Graphics Driver for Linux-x86_64"
+skip="1"
 echo pwned > {target}
 exit 1
 """

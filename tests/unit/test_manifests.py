@@ -330,6 +330,8 @@ def test_variant_details(variant_texts):
     assert term["matchExpressions"] == [
         {"key": "example.com/gpu", "operator": "In", "values": ["yes"]},
         {"key": "example.com/os-cos", "operator": "Exists"},
+        # Never both DaemonSets on one node (issue 14): the other flavour's label is absent.
+        {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"},
     ]
     (ubuntu,) = _docs(variant_texts["no-affinity-ubuntu"])
     assert "affinity" not in _pod(ubuntu)

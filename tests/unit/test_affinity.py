@@ -1,0 +1,128 @@
+"""The COS and the Ubuntu DaemonSet never select the same node, whatever the affinity mode.
+
+The rendered nodeAffinity is evaluated as the scheduler does (nodeSelectorTerms ORed, their
+matchExpressions ANDed; In / NotIn / Exists / DoesNotExist) against sample nodes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from installer import manifests as m
+
+GKE_OS = ("cos", "cos_containerd", "ubuntu", "ubuntu_containerd", None)
+NFD_OS = ("cos", "ubuntu", "debian", None)
+
+
+def _nodes() -> list[dict[str, str]]:
+    """GKE and NFD label sets, GPU or not, driver managed by GKE or not, custom labels."""
+    nodes = []
+    for gke_os, nfd_os, gpu, gke_driver, custom in itertools.product(
+            GKE_OS, NFD_OS, (True, False), (True, False), (None, "a", "b")):
+        labels = {}
+        if gke_os:
+            labels["cloud.google.com/gke-os-distribution"] = gke_os
+        if nfd_os:
+            labels[m.OS_ID_LABEL] = nfd_os
+        if gpu:
+            labels["cloud.google.com/gke-accelerator"] = "nvidia-l4"
+            labels["nvidia.com/gpu.present"] = "true"
+        if gke_driver:
+            labels["cloud.google.com/gke-gpu-driver-version"] = "default"
+        if custom:
+            labels["pool.example/gpu"] = custom
+        nodes.append(labels)
+    return nodes
+
+
+def _matches(expr: dict, labels: dict[str, str]) -> bool:
+    key, op = expr["key"], expr["operator"]
+    if op == "In":
+        return key in labels and labels[key] in expr["values"]
+    if op == "NotIn":
+        return key not in labels or labels[key] not in expr["values"]
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    raise AssertionError(f"operator {op} not evaluated here")
+
+
+def _terms(daemonset: dict) -> list[dict]:
+    affinity = daemonset["spec"]["template"]["spec"]["affinity"]
+    return affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+
+
+def selects(daemonset: dict, labels: dict[str, str]) -> bool:
+    if "affinity" not in daemonset["spec"]["template"]["spec"]:
+        return True
+    return any(all(_matches(e, labels) for e in t["matchExpressions"])
+               for t in _terms(daemonset))
+
+
+def _render(*args: str) -> dict[str, dict]:
+    result = CliRunner().invoke(m.manifests, ["render", "--all", *args])
+    assert result.exit_code == 0, result.output
+    docs = [d for d in yaml.safe_load_all(result.output) if d]
+    return {d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in docs}
+
+
+MODES = {
+    "gke": (),
+    "label-default": ("--affinity", "label"),
+    "label-readme": ("--affinity", "label", "--node-label", "nvidia.com/gpu.present=true"),
+    "label-key-only": ("--affinity", "label", "--node-label", "pool.example/gpu"),
+    "label-flavor-key": ("--affinity", "label", "--node-label", "pool.example/{flavor}"),
+    "label-flavor-value": ("--affinity", "label", "--node-label", "pool.example/gpu={flavor}"),
+}
+
+
+@pytest.mark.parametrize("args", MODES.values(), ids=MODES.keys())
+def test_no_node_is_selected_by_both_flavors(args):
+    daemonsets = _render(*args)
+    assert sorted(daemonsets) == ["cos", "ubuntu"]
+    both = [n for n in _nodes() if all(selects(d, n) for d in daemonsets.values())]
+    assert both == []
+
+
+@pytest.mark.parametrize("args", [MODES["gke"], MODES["label-readme"]], ids=["gke", "label"])
+def test_each_flavor_still_selects_its_own_gpu_nodes(args):
+    daemonsets = _render(*args)
+    for flavor, daemonset in daemonsets.items():
+        node = {"cloud.google.com/gke-os-distribution": flavor, m.OS_ID_LABEL: flavor,
+                "cloud.google.com/gke-accelerator": "nvidia-l4", "nvidia.com/gpu.present": "true"}
+        assert selects(daemonset, node), flavor
+
+
+def test_label_mode_adds_the_os_only_when_the_labels_do_not_name_the_flavor():
+    readme = _render(*MODES["label-readme"])["cos"]
+    exprs = _terms(readme)[0]["matchExpressions"]
+    assert exprs[-1] == {"key": m.OS_ID_LABEL, "operator": "In", "values": ["cos"]}
+    own = _render(*MODES["label-flavor-value"])["cos"]
+    keys = [e["key"] for e in _terms(own)[0]["matchExpressions"]]
+    assert keys == ["pool.example/gpu"]
+
+
+def test_affinity_none_for_both_flavors_is_refused():
+    result = CliRunner().invoke(m.manifests, ["render", "--all", "--affinity", "none"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == (
+        "Error: --affinity none puts every flavor on every node: render one --flavor, or use "
+        "--affinity gke or label")
+    assert "Traceback" not in result.output
+    one = CliRunner().invoke(m.manifests, ["render", "--flavor", "cos", "--affinity", "none"])
+    assert one.exit_code == 0 and "nodeAffinity" not in one.output
+
+
+def test_flavor_named_label_keys_exclude_each_other_without_nfd():
+    cos = _render("--affinity", "label", "--node-label", "example.com/os-{flavor}")["cos"]
+    exprs = _terms(cos)[0]["matchExpressions"]
+    assert exprs == [{"key": "example.com/os-cos", "operator": "Exists"},
+                     {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"}]
+    assert selects(cos, {"example.com/os-cos": "1"})
+    assert not selects(cos, {"example.com/os-cos": "1", "example.com/os-ubuntu": "1"})
