@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import structlog
 
@@ -21,6 +23,7 @@ from installer import (
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.errors import InstallerError, SecureBootError, UsageError, VerifyError
+from installer.fsutil import remove_tree
 from installer.installdir import Tree
 from installer.plan import Step
 from installer.runner import CommandError
@@ -85,6 +88,50 @@ def download_driver(url: str, sha256: str | None) -> Step:
         ctx.facts["run_sha256"] = result.sha256
 
     return Step("download_driver", run, url)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    fact: str  # ctx.facts key receiving the Downloaded result
+    url: str
+    label: str
+    sha256: str | None = None
+    into: Path | None = None  # a download dir outside staging (None: <staging>/downloads)
+
+
+def _file_name(url: str, fallback: str) -> str:
+    name = unquote(urlsplit(url).path).rstrip("/").rsplit("/", 1)[-1]
+    return name if name and name not in (".", "..") else fallback
+
+
+def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
+    """Download everything the plan needs at once (download_all: parallel, first failure
+    cancels the rest)."""
+
+    def run(ctx: Context) -> None:
+        from installer.download import DownloadJob, download_all
+
+        for into in sorted({f.into for f in fetches if f.into is not None}):
+            # Archives a killed run left (what is extracted from them is kept only when
+            # complete); a failing run removes its own.
+            remove_tree(into)
+            ctx.scratch.append(into)
+        jobs = []
+        for f in fetches:
+            base = f.into or ctx.facts["staging"].root / "downloads"
+            jobs.append(DownloadJob(
+                url=f.url, dest=base / _file_name(f.url, f.label), expected_sha256=f.sha256,
+                label=f.label, allow_insecure_http=ctx.settings.allow_insecure_http,
+            ))
+        results = download_all(ctx.http, jobs)
+        for f, result in zip(fetches, results, strict=True):
+            ctx.facts[f.fact] = result
+        if "driver_download" in ctx.facts:
+            ctx.facts["run_file"] = ctx.facts["driver_download"].path
+            ctx.facts["run_sha256"] = ctx.facts["driver_download"].sha256
+
+    detail = "in parallel: " + ", ".join(f.url for f in fetches)
+    return Step("fetch_artifacts", run, detail)
 
 
 def extract_driver() -> Step:

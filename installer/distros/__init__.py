@@ -10,7 +10,7 @@ from installer.osinfo import HostInfo
 
 # Imported only for the host's family: the COS flow pulls in requests, tenacity
 # and tarfile, which an Ubuntu cache hit does not need (see bench/cache_hit.py).
-FLOWS = {"cos": "installer.distros.cos:Cos", "ubuntu": "installer.distros.ubuntu:Ubuntu"}
+FLOWS = {"cos": "installer.distros.cos.flow:Cos", "ubuntu": "installer.distros.ubuntu:Ubuntu"}
 
 
 def _flow(family: str) -> type[Distro]:

@@ -13,7 +13,8 @@ from installer import cache
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros import for_host
-from installer.distros.cos import Cos, decide_modules, signing_policy
+from installer.distros.cos.choice import decide_modules, signing_policy
+from installer.distros.cos.flow import Cos
 from installer.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
 from installer.hostroot import HostRoot
 from installer.install import detect
@@ -227,7 +228,7 @@ def test_alias_falls_back_to_cache_when_artifacts_unreachable(env):
 
 
 def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
-    import installer.distros.cos as cos_mod
+    import installer.distros.cos.versions as cos_mod
     from installer.retry import RetryPolicy
 
     ctx = env.ctx()
