@@ -204,7 +204,7 @@ def _final_log() -> Any:
 @_host_options
 def detect(**opts: Any) -> None:
     """Print the detected host as JSON."""
-    from installer import distros, gpus
+    from installer import distros, gpus, signing
     from installer.install import make_context
     from installer.modules import loaded_driver_version
 
@@ -214,7 +214,7 @@ def detect(**opts: Any) -> None:
         **ctx.host_info.to_dict(),
         "flow": distro.name,
         "install_dir": str(ctx.install.root),
-        "signatures_enforced": ctx.kernel.signatures_enforced(),
+        "signatures_enforced": signing.policy(ctx.kernel).enforced,
         "loaded_driver_version": loaded_driver_version(ctx.kernel),
         "gpus": [g.to_dict() for g in gpus.scan(ctx.kernel.sys_dir)],
     }

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from installer import cache, devchar, firmware, gpus, modules, readiness
+from installer import cache, devchar, firmware, gpus, modules, readiness, signing
 from installer import status as status_file
 from installer.errors import InstallerError
 from installer.fsutil import UnreadableFile
@@ -31,7 +31,6 @@ from installer.settings import Settings
 OK, WARN, FAIL = "ok", "warn", "fail"
 LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 DEVICE_PLUGIN_DIR = PurePosixPath("/var/lib/kubelet/device-plugins")
-SECURE_BOOT_EFIVAR = "firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 # A fresh install downloads the .run (~400 MB), extracts it (~1 GB) and builds.
 FREE_FOR_INSTALL = 2 << 30
 FREE_MINIMUM = 256 << 20
@@ -125,27 +124,13 @@ def check_gpus(n: Node) -> Finding:
     return Finding("gpus", OK, detail)
 
 
-def _secure_boot(kernel: KernelState) -> bool | None:
-    try:
-        data = (kernel.sys_dir / SECURE_BOOT_EFIVAR).read_bytes()
-    except OSError:
-        return None
-    return bool(data) and data[-1] == 1  # 4 bytes of attributes, then the value
-
-
 def check_module_signing(n: Node) -> Finding:
-    reasons = []
-    if _secure_boot(n.kernel):
-        reasons.append("Secure Boot is on")
-    lockdown = n.kernel.lockdown()
-    if lockdown != "none":
-        reasons.append(f"kernel lockdown={lockdown}")
-    if n.kernel.signatures_enforced():
-        reasons.append("module.sig_enforce is on")
-    if not reasons:
-        return Finding("module_signing", OK, "unsigned modules may load (no Secure Boot, "
-                       "lockdown or module.sig_enforce)")
-    why = ", ".join(reasons)
+    policy = signing.policy(n.kernel)
+    if not policy.enforced:
+        return Finding("module_signing", OK, "unsigned modules may load (no lockdown or "
+                       "module.sig_enforce" + (", although Secure Boot is on)" if policy.secure_boot
+                                               else ")"))
+    why = policy.why()
     if n.loaded_version is not None:
         return Finding("module_signing", OK, f"{why}; the loaded NVIDIA modules were accepted "
                        "(they are signed)")

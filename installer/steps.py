@@ -18,6 +18,7 @@ from installer import (
     modules,
     nvidia_options,
     nvidia_run,
+    signing,
     verify,
 )
 from installer.cache import CacheKey
@@ -48,14 +49,10 @@ def check_module_signing(need_signed: str) -> Step:
     """Stop before any big download when the kernel would reject our unsigned modules."""
 
     def run(ctx: Context) -> None:
-        # Lockdown (integrity or confidentiality; Ubuntu turns it on with Secure Boot)
-        # refuses unsigned modules just as module.sig_enforce does.
-        lockdown = ctx.kernel.lockdown()
-        if ctx.kernel.signatures_enforced() or lockdown != "none":
-            why = ("module signature enforcement is on" if ctx.kernel.signatures_enforced()
-                   else f"kernel lockdown is {lockdown}, as with Secure Boot")
+        policy = signing.policy(ctx.kernel)
+        if policy.enforced:
             raise SecureBootError(
-                f"this kernel only loads signed modules ({why}) and {need_signed}",
+                f"this kernel only loads signed modules ({policy.why()}) and {need_signed}",
                 hint="disable Secure Boot / module.sig_enforce on this node pool, or use a "
                 "driver version with signed prebuilt modules",
                 kernel_release=ctx.host_info.kernel_release,

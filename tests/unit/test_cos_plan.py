@@ -13,7 +13,7 @@ from installer import cache
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros import for_host
-from installer.distros.cos.choice import decide_modules, signing_policy
+from installer.distros.cos.choice import decide_modules
 from installer.distros.cos.flow import Cos
 from installer.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
 from installer.hostroot import HostRoot
@@ -241,24 +241,6 @@ def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
 
 
 # --------------------------------------------------------------------------- signing
-
-
-def test_signing_policy_reads_cmdline_param_lockdown_loadpin(env):
-    k = env.kernel
-    state = KernelState(k.proc_dir, k.sys_dir, k.dev_dir)
-    assert signing_policy(state).enforced is False
-    k.set_cmdline("console=ttyS0 module.sig_enforce=1 loadpin.exclude=kernel-module "
-                  "modules-load=loadpin_trigger loadpin.enforce=1")
-    p = signing_policy(state)
-    assert p.enforced and not p.loadpin_blocks
-    assert p.reasons == ("module.sig_enforce=1 is on the kernel command line",)
-    k.set_cmdline("console=ttyS0 loadpin.enforce=1")
-    k.set_sig_enforce(True)
-    k.set_lockdown("integrity")
-    p = signing_policy(state)
-    assert p.loadpin_blocks
-    assert p.reasons == ("/sys/module/module/parameters/sig_enforce is Y",
-                         "kernel lockdown is 'integrity'")
 
 
 def test_enforced_signatures_without_prebuilt_stop_first_with_exit_10(env):

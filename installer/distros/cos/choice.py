@@ -5,39 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from installer.kernel import KernelState, cmdline_enforces_signatures
-
 FLAVOR_PREBUILT = "prebuilt-open"
 FLAVOR_COMPILED = "compiled-proprietary"  # "compiled-open" when the open modules are built
 FLAVOR_PRECOMPILED = "precompiled-signed"  # proprietary modules linked here, Google-signed
-
-
-@dataclass(frozen=True)
-class SigningPolicy:
-    reasons: tuple[str, ...]  # why only signed modules load (empty: unsigned ones load)
-    loadpin_blocks: bool  # LoadPin refuses modules from outside the root filesystem
-
-    @property
-    def enforced(self) -> bool:
-        return bool(self.reasons)
-
-
-def signing_policy(kernel: KernelState) -> SigningPolicy:
-    reasons = []
-    cmdline = kernel.cmdline()
-    if cmdline_enforces_signatures(cmdline):
-        reasons.append("module.sig_enforce=1 is on the kernel command line")
-    elif kernel.signatures_enforced():
-        reasons.append("/sys/module/module/parameters/sig_enforce is Y")
-    lockdown = kernel.lockdown()
-    if lockdown != "none":
-        reasons.append(f"kernel lockdown is {lockdown!r}")
-    words = cmdline.split()
-    excluded = any(
-        w.startswith("loadpin.exclude=") and "kernel-module" in w.partition("=")[2].split(",")
-        for w in words
-    )
-    return SigningPolicy(tuple(reasons), "loadpin.enforce=1" in words and not excluded)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, headers, pins, steps
+from installer import cache, headers, pins, signing, steps
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros.base import Distro
@@ -29,7 +29,6 @@ from installer.distros.cos.choice import (
     FLAVOR_PRECOMPILED,
     decide_modules,
     flavor_module_type,
-    signing_policy,
 )
 from installer.distros.cos.precompiled import link_precompiled, unpack_signatures
 from installer.distros.cos.steps import (
@@ -140,7 +139,7 @@ class Cos(Distro):
         for note in decision.notes:
             log.warning("kernel_module_choice", note=note)
         prebuilt = decision.use_prebuilt
-        policy = signing_policy(ctx.kernel)
+        policy = signing.policy(ctx.kernel)
         signatures_url = arts.url(signatures_name(version))
         custom_url = arts.url(custom_run_name(version))
         # The precompiled proprietary driver is used only where it is needed: when the

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import structlog
 
-from installer import archive, headers, steps
+from installer import archive, headers, signing, steps
 from installer.context import Context
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import KERNEL_HEADERS, prebuilt_modules_name
-from installer.distros.cos.choice import signing_policy
 from installer.distros.cos.toolchain import BuildTools
 from installer.errors import BuildError, IntegrityError, SecureBootError
 from installer.installdir import Tree
@@ -42,7 +41,7 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
     """Exit 10 before any big download when the modules we would use cannot load."""
 
     def run(ctx: Context) -> None:
-        policy = signing_policy(ctx.kernel)
+        policy = signing.policy(ctx.kernel)
         if policy.loadpin_blocks:
             raise SecureBootError(
                 "LoadPin is enforced for kernel modules (loadpin.enforce=1 without "
@@ -61,7 +60,7 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
                 why += (f", nor a signed precompiled driver for these GPUs "
                         f"({signatures_url} and its -custom.run)")
             raise SecureBootError(
-                f"this node only loads signed kernel modules ({'; '.join(policy.reasons)}) "
+                f"this node only loads signed kernel modules ({policy.why()}) "
                 f"and {why}; compiled modules would be rejected",
                 hint="choose a driver version this build ships prebuilt modules for "
                 "(--driver-version=default or latest usually do), or run on a node pool "
