@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from installer import cache, devchar, firmware, gpus, modules, readiness, signing
+from installer import cache, devchar, distros, firmware, gpus, modules, readiness, signing
 from installer import status as status_file
 from installer.errors import InstallerError
 from installer.fsutil import UnreadableFile
@@ -134,11 +134,10 @@ def check_module_signing(n: Node) -> Finding:
     if n.loaded_version is not None:
         return Finding("module_signing", OK, f"{why}; the loaded NVIDIA modules were accepted "
                        "(they are signed)")
-    if n.host_info is not None and n.host_info.family == "cos":
-        return Finding("module_signing", WARN, f"{why}: only signed modules load; COS installs "
-                       "use NVIDIA's signed prebuilt modules",
-                       "run install: it fetches the signed modules for this COS build; if there "
-                       "are none for the driver version, pick one that has them (default/latest)")
+    distro = distros.by_name(n.host_info.family) if n.host_info is not None else None
+    if distro is not None and distro.signed_modules is not None:
+        offer, fix = distro.signed_modules
+        return Finding("module_signing", WARN, f"{why}: only signed modules load; {offer}", fix)
     return Finding("module_signing", FAIL,
                    f"{why}: the kernel only loads signed modules and this node's flow builds "
                    "unsigned ones (install exits 10)",

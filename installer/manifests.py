@@ -23,6 +23,7 @@ from typing import Any
 import click
 
 from installer import __version__
+from installer.distros import DISTROS
 
 # Every environment variable the installer reads (DESIGN.md section 3). This is
 # the single source of truth: the manifests may only set these (plus the proxy
@@ -61,8 +62,9 @@ PASSTHROUGH_ENV_VARS: tuple[str, ...] = (
     "SSL_CERT_FILE",
 )
 
-FLAVORS: tuple[str, ...] = ("cos", "ubuntu")
-FLAVOR_TITLES = {"cos": "Container-Optimized OS", "ubuntu": "Ubuntu"}
+# One DaemonSet flavour per distro class, with what the class declares about itself.
+FLAVORS: tuple[str, ...] = tuple(d.name for d in DISTROS)
+FLAVOR_TITLES = {d.name: d.title for d in DISTROS}
 
 # The pod contract (DESIGN.md section 2). Fixed: the mounts and these env
 # values must agree, so ``--env`` cannot change them.
@@ -86,7 +88,7 @@ COS_MOUNTS: dict[str, tuple[str, str]] = {
     COS_TOOLS_DIR_HOST: (COS_TOOLS_DIR_CONTAINER, "DirectoryOrCreate"),
 }
 
-DEFAULT_DRIVER_VERSION = {"cos": "default", "ubuntu": "550.127.05"}
+DEFAULT_DRIVER_VERSION = {d.name: d.default_version for d in DISTROS}
 DEFAULT_IMAGE_REPO = "ghcr.io/nvidia-driver-installer/nvidia-driver-installer-{flavor}"
 DEFAULT_PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 DEFAULT_NAMESPACE = "kube-system"
@@ -103,9 +105,8 @@ DEFAULT_NODE_LABELS: tuple[str, ...] = (
     "nvidia.com/gpu.present=true",
     "feature.node.kubernetes.io/system-os_release.ID={flavor}",
 )
-# Values of GKE's cloud.google.com/gke-os-distribution label per flavour
-# (the *_containerd names are the image-type spellings GKE has also used).
-GKE_OS_DISTRIBUTIONS = {"cos": ("cos", "cos_containerd"), "ubuntu": ("ubuntu", "ubuntu_containerd")}
+# Values of GKE's cloud.google.com/gke-os-distribution label per flavour.
+GKE_OS_DISTRIBUTIONS = {d.name: d.gke_os_distributions for d in DISTROS}
 
 TEMPLATE_PACKAGE = "installer"
 TEMPLATE_DIR = "templates"

@@ -1,4 +1,4 @@
-"""The COS distro: its inputs (artifacts, tools dir) and its plans."""
+"""COS installs: the inputs (the build's artifacts, the tools dir) and the plans."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import structlog
 from installer import cache, headers, pins, signing, steps
 from installer.cache import CacheKey
 from installer.context import Context
-from installer.distros.base import Distro
-from installer.distros.cos import toolchain, versions
+from installer.distros.base import cached_plan, fresh_plan
+from installer.distros.cos import Cos, toolchain, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
     TOOLCHAIN_ENV_FILE,
@@ -52,8 +52,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-class Cos(Distro):
-    name = "cos"
+class CosFlow(Cos):
+    def __init__(self) -> None:
+        self._pins: pins.Manifest | None = None
 
     # -- inputs
 
@@ -71,18 +72,18 @@ class Cos(Distro):
                          manifest=self._manifest(ctx))
 
     def _manifest(self, ctx: Context) -> pins.Manifest | None:
-        """--cos-artifacts-sha256, loaded once per run."""
+        """--cos-artifacts-sha256, loaded once per run (one CosFlow per run)."""
         location = ctx.settings.cos_artifacts_sha256
         if not location:
             return None
-        if "cos_manifest" not in ctx.facts:
+        if self._pins is None:
             from installer.download import fetch_text
 
             if "://" in location:
                 check_url_scheme(location, allow_insecure_http=ctx.settings.allow_insecure_http)
-            ctx.facts["cos_manifest"] = pins.load(location, lambda url: fetch_text(
+            self._pins = pins.load(location, lambda url: fetch_text(
                 ctx.http, url, allow_insecure_http=ctx.settings.allow_insecure_http))
-        return ctx.facts["cos_manifest"]
+        return self._pins
 
     def _tools(self, ctx: Context) -> BuildTools:
         assert ctx.host_info.build_id is not None
@@ -121,10 +122,9 @@ class Cos(Distro):
             summary["flavor"] = record.flavor if record else None
             cached_type = flavor_module_type(summary["flavor"])
             summary["kernel_module_type"] = cached_type
-            return Plan("cached", (
-                check_gpus(version, ctx.settings.kernel_module_type, cached_type),
-                *steps.load_cached(ctx, version),
-            ), summary)
+            return cached_plan(
+                ctx, version, check_gpus(version, ctx.settings.kernel_module_type, cached_type),
+                summary)
 
         arts = self._artifacts(ctx)
 
@@ -185,77 +185,48 @@ class Cos(Distro):
             signatures_url=signatures_url if policy.enforced else None,
             signed_what="precompiled modules signed by Google" if precompiled
             else "signed prebuilt modules")
-        tail = steps.activate_staged(ctx, version, key)
         run_sha = ctx.settings.driver_sha256 or (arts.manifest.lookup(run_url.rsplit("/", 1)[-1])
                                                  if arts.manifest else None)
-        run_fetch = Fetch("driver_download", run_url, "driver", run_sha)
         summary["driver_sha256"] = run_sha
+        fetches = [Fetch("driver_download", run_url, "driver", run_sha)]
         if prebuilt:
-            fetches = (run_fetch,
-                       Fetch("prebuilt_download", prebuilt_url, "prebuilt modules",
-                             arts.pin(prebuilt_url, "prebuilt modules")))
-            return Plan("fresh", (
-                check_gpus(version, ctx.settings.kernel_module_type, "open"),
-                sign_step,
-                steps.check_loaded_driver(version),
-                steps.prepare_staging(),
-                steps.fetch_artifacts(fetches),
-                unpack_prebuilt(version),
-                steps.extract_driver(),
-                steps.build_driver(version, userspace_only=True),
-                place_prebuilt(),
-                *tail,
-            ), summary)
-
-        tools = self._tools(ctx)
-        tc_env, tc_url = self._toolchain_source(ctx, arts)
-        headers_preset = self._host_headers(ctx)
-        fetches = [run_fetch]
-        if precompiled:
-            # The custom .run replaces NVIDIA's public one (--driver-sha256 names that).
-            fetches = [Fetch("driver_download", custom_url, "precompiled driver",
-                             arts.pin(custom_url, "precompiled driver")),
-                       Fetch("signatures_download", signatures_url, "signatures",
-                             arts.pin(signatures_url, "signatures"))]
-            summary["driver_url"] = custom_url
-            summary["driver_sha256"] = fetches[0].sha256
-        headers_url = arts.url(KERNEL_HEADERS)
-        fetches += self._tools_fetches(arts, tools, tc_env, tc_url, headers_preset is None)
-        summary.update({
-            "kernel_headers_url": headers_url if headers_preset is None else None,
-            "kernel_source_path": headers_preset.describe() if headers_preset else None,
-            "toolchain_url": tc_url,
-            "toolchain_env": {k: tc_env[k] for k in ("CC", "CXX") if k in tc_env},
-            "tools_dir": str(tools.root),
-        })
-        if precompiled:
-            return Plan("fresh", (
-                check_gpus(version, ctx.settings.kernel_module_type, "proprietary"),
-                sign_step,
-                steps.check_loaded_driver(version),
-                steps.prepare_staging(),
-                steps.fetch_artifacts(tuple(fetches)),
-                unpack_signatures(version),
-                prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
-                prepare_toolchain(tools, tc_env),
-                steps.extract_driver(),
-                link_precompiled(tools, tc_env, version),
-                steps.build_driver(version, userspace_only=True),
-                place_prebuilt(),
-                *tail,
-            ), summary)
-        return Plan("fresh", (
-            check_gpus(version, ctx.settings.kernel_module_type, decision.compiled_type),
-            sign_step,
-            steps.check_loaded_driver(version),
-            steps.prepare_staging(),
-            steps.fetch_artifacts(tuple(fetches)),
-            prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
-            prepare_toolchain(tools, tc_env),
-            steps.extract_driver(),
-            steps.build_driver(version, decision.compiled_type),
-            *tail,
-        ), summary)
+            fetches.append(Fetch("prebuilt_download", prebuilt_url, "prebuilt modules",
+                                 arts.pin(prebuilt_url, "prebuilt modules")))
+            work = [unpack_prebuilt(version), steps.extract_driver()]
+        else:
+            tools = self._tools(ctx)
+            tc_env, tc_url = self._toolchain_source(ctx, arts)
+            headers_preset = self._host_headers(ctx)
+            if precompiled:
+                # The custom .run replaces NVIDIA's public one (--driver-sha256 names that).
+                fetches = [Fetch("driver_download", custom_url, "precompiled driver",
+                                 arts.pin(custom_url, "precompiled driver")),
+                           Fetch("signatures_download", signatures_url, "signatures",
+                                 arts.pin(signatures_url, "signatures"))]
+                summary["driver_url"] = custom_url
+                summary["driver_sha256"] = fetches[0].sha256
+            fetches += self._tools_fetches(arts, tools, tc_env, tc_url, headers_preset is None)
+            summary.update({
+                "kernel_headers_url": arts.url(KERNEL_HEADERS) if headers_preset is None else None,
+                "kernel_source_path": headers_preset.describe() if headers_preset else None,
+                "toolchain_url": tc_url,
+                "toolchain_env": {k: tc_env[k] for k in ("CC", "CXX") if k in tc_env},
+                "tools_dir": str(tools.root),
+            })
+            work = [*([unpack_signatures(version)] if precompiled else []),
+                    prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
+                    prepare_toolchain(tools, tc_env),
+                    steps.extract_driver(),
+                    *([link_precompiled(tools, tc_env, version)] if precompiled else [])]
+        # Signed modules come ready: the NVIDIA installer then installs user space only.
+        work.append(steps.build_driver(version, decision.compiled_type, userspace_only=signed_ok))
+        if signed_ok:
+            work.append(place_prebuilt())
+        return fresh_plan(
+            ctx, version, key, summary,
+            check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
+                                  "open" if prebuilt else decision.compiled_type),
+            check_signing=sign_step, build=(steps.fetch_artifacts(tuple(fetches)), *work))
 
     def _tools_fetches(self, arts: Artifacts, tools: BuildTools, tc_env: dict[str, str],
                        tc_url: str, want_headers: bool) -> list[Fetch]:
