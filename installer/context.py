@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
@@ -12,6 +12,7 @@ from installer.kernel import KernelState
 from installer.osinfo import HostInfo
 from installer.runner import Runner
 from installer.settings import Settings
+from installer.workstate import WorkState
 
 if TYPE_CHECKING:
     import requests
@@ -25,8 +26,8 @@ class Context:
     runner: Runner
     install: InstallDir
     host_info: HostInfo
-    # Facts steps hand to later steps (downloaded paths, the staging tree, ...).
-    facts: dict[str, Any] = field(default_factory=dict)
+    # What steps hand to later steps (downloaded paths, the staging tree, ...).
+    work: WorkState = field(default_factory=WorkState)
     # What this run made outside the staging dir that is worthless if it fails (the COS
     # tools dir's downloads): removed with the staging dir.
     scratch: list[Path] = field(default_factory=list)

@@ -79,8 +79,8 @@ def run(settings: Settings) -> dict[str, object]:
                      **plan.summary)
             _warn_unpinned(ctx, plan)
             execute(plan, ctx, timings)
-            if "gpus" in ctx.facts:  # set by the verify step: no readiness for --preload
-                _write_ready(ctx, plan, len(ctx.facts["gpus"]))
+            if ctx.work.gpus is not None:  # set by the verify step: no readiness for --preload
+                _write_ready(ctx, plan, len(ctx.work.gpus))
         except InstallerError as exc:
             exc.context.update(failure_details(ctx, exc.error_class, started_wall))
             _discard(ctx)
@@ -99,7 +99,7 @@ def run(settings: Settings) -> dict[str, object]:
                     exit_code=1, message=f"{type(exc).__name__}: {exc}",
                     hint="this is a bug in the installer: report it with the traceback")
             raise
-        gpus = ctx.facts.get("gpus", [])
+        gpus = ctx.work.gpus or []
         outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
                           gpus=[asdict(g) for g in gpus])
     return outcome
@@ -130,7 +130,7 @@ def _warn_unpinned(ctx: Context, plan) -> None:
 
 def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
     """driver-ready, written last: everything above verified the driver."""
-    module_type = ctx.facts.get("kernel_module_type") or plan.summary.get("kernel_module_type")
+    module_type = ctx.work.kernel_module_type or plan.summary.get("kernel_module_type")
     try:
         _write_ready_file(ctx, plan, gpu_count, module_type)
     except OSError as exc:
@@ -150,7 +150,7 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
         plan=plan.kind,
         module_type=module_type,
         gpu_count=gpu_count,
-        persistence_mode=ctx.facts.get("persistence_mode", "off"),
+        persistence_mode=ctx.work.persistence_mode,
         installer_version=__version__,
     ))
 

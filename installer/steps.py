@@ -28,6 +28,7 @@ from installer.fsutil import remove_tree
 from installer.installdir import Tree
 from installer.plan import Step
 from installer.runner import CommandError
+from installer.workstate import Artifact
 
 log = structlog.get_logger(__name__)
 
@@ -35,7 +36,7 @@ log = structlog.get_logger(__name__)
 def prepare_staging() -> Step:
     def run(ctx: Context) -> None:
         ctx.install.clear_leftovers()
-        ctx.facts["staging"] = ctx.install.new_staging()
+        ctx.work.staging = ctx.install.new_staging()
 
     return Step("prepare_staging", run, "build aside in <install-dir>/.staging")
 
@@ -74,22 +75,21 @@ def download_driver(url: str, sha256: str | None) -> Step:
     def run(ctx: Context) -> None:
         from installer.download import download
 
-        staging: Tree = ctx.facts["staging"]
+        staging = ctx.work.staged()
         dest = staging.root / "downloads" / url.rstrip("/").rsplit("/", 1)[-1]
         dest.parent.mkdir(parents=True, exist_ok=True)
         result = download(
             ctx.http, url, dest, expected_sha256=sha256,
             allow_insecure_http=ctx.settings.allow_insecure_http, label="driver",
         )
-        ctx.facts["run_file"] = result.path
-        ctx.facts["run_sha256"] = result.sha256
+        ctx.work.run_file = result.path
 
     return Step("download_driver", run, url)
 
 
 @dataclass(frozen=True)
 class Fetch:
-    fact: str  # ctx.facts key receiving the Downloaded result
+    artifact: Artifact  # where the result goes: ctx.work.downloads[artifact]
     url: str
     label: str
     sha256: str | None = None
@@ -115,17 +115,16 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
             ctx.scratch.append(into)
         jobs = []
         for f in fetches:
-            base = f.into or ctx.facts["staging"].root / "downloads"
+            base = f.into or ctx.work.staged().root / "downloads"
             jobs.append(DownloadJob(
                 url=f.url, dest=base / _file_name(f.url, f.label), expected_sha256=f.sha256,
                 label=f.label, allow_insecure_http=ctx.settings.allow_insecure_http,
             ))
         results = download_all(ctx.http, jobs)
         for f, result in zip(fetches, results, strict=True):
-            ctx.facts[f.fact] = result
-        if "driver_download" in ctx.facts:
-            ctx.facts["run_file"] = ctx.facts["driver_download"].path
-            ctx.facts["run_sha256"] = ctx.facts["driver_download"].sha256
+            ctx.work.downloads[f.artifact] = result
+        if "driver" in ctx.work.downloads:
+            ctx.work.run_file = ctx.work.downloads["driver"].path
 
     detail = "in parallel: " + ", ".join(f.url for f in fetches)
     return Step("fetch_artifacts", run, detail)
@@ -133,9 +132,9 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
 
 def extract_driver() -> Step:
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
-        ctx.facts["extract_dir"] = nvidia_run.extract(
-            ctx.runner, ctx.facts["run_file"], staging.root / "extract"
+        staging = ctx.work.staged()
+        ctx.work.extract_dir = nvidia_run.extract(
+            ctx.runner, ctx.work.run_file, staging.root / "extract"
         )
 
     return Step("extract_driver", run, "sh NVIDIA-Linux-x86_64-<V>.run -x --target <staging>/extract")
@@ -146,7 +145,7 @@ def build_driver(version: str, module_type: str | None = None, *,
     """nvidia-installer in the sandbox with only the options ``version`` accepts."""
 
     def argv(ctx: Context) -> list[str]:
-        tree = None if userspace_only else ctx.facts["kernel_tree"]
+        tree = None if userspace_only else ctx.work.kernel_tree
         return nvidia_options.installer_args(
             version=version,
             kernel_release=ctx.host_info.kernel_release,
@@ -157,18 +156,19 @@ def build_driver(version: str, module_type: str | None = None, *,
         )
 
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
+        staging = ctx.work.staged()
         binds = [] if ctx.host.root == Path("/") else [(str(ctx.host.root), str(ctx.host.root))]
         # Dirs the build needs that an overlay of the container root does not show
         # (e.g. the COS toolchain on its own mount): (container path, chroot path).
-        binds += ctx.facts.get("build_binds", [])
+        toolchain = ctx.work.toolchain
+        binds += toolchain.binds if toolchain else ()
         # A kernel-state seam (tests) must mean the same kernel inside the sandbox.
         seams = ctx.kernel.seam_env()
         binds += [(path, path) for path in seams.values()]
-        env = {**seams, **ctx.facts.get("build_env", {})}
+        env = {**seams, **(toolchain.env if toolchain else {})}
         try:
             nvidia_run.build(
-                ctx.runner, extract_dir=ctx.facts["extract_dir"], staging=staging,
+                ctx.runner, extract_dir=ctx.work.extract_dir, staging=staging,
                 argv=argv(ctx), kernel_release=ctx.host_info.kernel_release, binds=binds,
                 env=env, kernel_module=not userspace_only,
             )
@@ -186,7 +186,7 @@ def check_staged_modules() -> Step:
     """Every built module must match the running kernel before the working driver goes."""
 
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
+        staging = ctx.work.staged()
         release = ctx.kernel.release()
         for ko in sorted(staging.drivers.glob("*.ko")):
             modules.check_vermagic(ko, release)
@@ -200,7 +200,7 @@ def unload_other_driver(version: str) -> Step:
         if loaded is not None and loaded != version:
             modules.ensure_replaceable(ctx.kernel, version)
             removed = modules.unload(ctx.kernel, ctx.runner)
-            ctx.facts["unloaded_version"] = loaded
+            ctx.work.unloaded_version = loaded
             log.info("old_driver_unloaded", version=loaded, modules=removed)
 
     return Step("unload_other_driver", run, "rmmod a different, unused driver version")
@@ -212,7 +212,7 @@ def _modprobe_root(ctx: Context) -> Path | None:
 
 def gpu_firmware(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
-        tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
+        tree: Tree = ctx.work.staged() if from_staging else ctx.install
         firmware.make_findable(ctx.kernel, ctx.host, ctx.install, tree)
 
     where = "<install-dir-host>/.staging/firmware" if from_staging else "<install-dir-host>/firmware"
@@ -222,7 +222,7 @@ def gpu_firmware(from_staging: bool) -> Step:
 
 def load_modules(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
-        tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
+        tree: Tree = ctx.work.staged() if from_staging else ctx.install
         loads = modules.plan_loads(tree.drivers, ctx.settings.module_args)
         loaded_now: list[str] = []
         try:
@@ -242,7 +242,7 @@ def _roll_back(ctx: Context, loaded_now: list[str], *, reload_previous: bool) ->
     original error is what gets reported)."""
     try:
         modules.unload(ctx.kernel, ctx.runner, only=loaded_now)
-        previous = ctx.facts.get("unloaded_version")
+        previous = ctx.work.unloaded_version
         record = cache.read(ctx.install.cache_file)
         if not (reload_previous and previous and record and record.driver_version == previous
                 and cache.check_files(record, ctx.install.root) is None):
@@ -256,7 +256,7 @@ def _roll_back(ctx: Context, loaded_now: list[str], *, reload_previous: bool) ->
 
 def device_nodes(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
-        tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
+        tree: Tree = ctx.work.staged() if from_staging else ctx.install
         verify.create_device_nodes(tree, ctx.kernel, ctx.runner)
         _create_dev_char_links(ctx)
 
@@ -265,7 +265,7 @@ def device_nodes(from_staging: bool) -> Step:
 
 def verify_staged(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
+        staging = ctx.work.staged()
         gpus = verify.nvidia_smi(staging, ctx.kernel, ctx.runner, lib_dir=staging.lib64)
         verify.check_driver_version(gpus, version)
 
@@ -274,7 +274,7 @@ def verify_staged(version: str | None = None) -> Step:
 
 def promote() -> Step:
     def run(ctx: Context) -> None:
-        ctx.install.promote(ctx.facts["staging"])
+        ctx.install.promote(ctx.work.staged())
         log.info("install_promoted", install_dir=str(ctx.install.root))
 
     return Step("promote", run, "swap the staged bin/ lib64/ drivers/ firmware/ into place")
@@ -296,8 +296,8 @@ def host_ld_cache() -> Step:
 
 def verify_install(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
-        ctx.facts["gpus"] = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
-        verify.check_driver_version(ctx.facts["gpus"], version)
+        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
+        verify.check_driver_version(ctx.work.gpus, version)
 
     return Step("verify", run, "nvidia-smi")
 
@@ -315,9 +315,8 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
 
     def run(ctx: Context) -> None:
         found = gpus.scan(ctx.kernel.sys_dir)
-        ctx.facts["pci_gpus"] = found
         choice = gpus.choose_module_type(found, version, requested_module_type)
-        ctx.facts["kernel_module_type"] = choice.module_type
+        ctx.work.kernel_module_type = choice.module_type
         if not found:
             log.warning("no_gpu_found", sys_dir=str(ctx.kernel.sys_dir),
                         hint="nvidia-smi will find no device: check a GPU is attached to this node")
@@ -374,12 +373,12 @@ def persistence_mode() -> Step:
             ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S,
                            env=ctx.kernel.seam_env())
         except CommandError as exc:
-            ctx.facts["persistence_mode"] = "failed"
+            ctx.work.persistence_mode = "failed"
             log.warning("persistence_mode_failed",
                         error=exc.stderr_tail(2) or exc.stdout.strip()[-300:],
                         hint="the driver works without it; check nvidia-smi -q for the GPU state")
             return
-        ctx.facts["persistence_mode"] = "on"
+        ctx.work.persistence_mode = "on"
         log.info("persistence_mode_enabled")
 
     return Step("persistence_mode", run, "nvidia-smi -pm 1")

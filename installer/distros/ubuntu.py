@@ -26,7 +26,7 @@ def find_kernel_headers() -> Step:
         if tree is None:
             raise headers.not_found(release, tried)
         log.info("kernel_headers_found", source=str(tree.source), output=str(tree.output))
-        ctx.facts["kernel_tree"] = tree
+        ctx.work.kernel_tree = tree
 
     return Step("find_kernel_headers", run,
                 "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get")

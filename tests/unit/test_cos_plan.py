@@ -269,7 +269,7 @@ def test_enforced_signatures_with_prebuilt_pass(env):
     assert plan.summary["flavor"] == "prebuilt-open" and "blocked" not in plan.summary
     plan.steps[0].run(ctx)
     plan.steps[1].run(ctx)  # no error
-    assert ctx.facts["kernel_module_type"] == "open"
+    assert ctx.work.kernel_module_type == "open"
 
 
 def test_decide_modules_matrix():
@@ -324,18 +324,18 @@ def test_preload_plan_and_run(env):
     tools = env.tools_dir / COS_BUILD_ID
     headers = tools / f"kernel-headers/usr/src/linux-headers-{COS_KERNEL}"
     assert (headers / "Makefile").is_file()
-    assert ctx.facts["kernel_tree"].source == ctx.facts["kernel_tree"].output == headers
+    assert ctx.work.kernel_tree.source == ctx.work.kernel_tree.output == headers
     tc = tools / "toolchain"
     assert os.access(tc / f"bin/{CC}", os.X_OK)
     assert os.readlink(tc / "bin/ld") == f"{TRIPLE}-ld.lld"
     assert not (tc / "usr/lib64/rustlib").exists()
     assert not list((tc / "usr/lib64").glob("librustc*"))
     assert not (tools / ".downloads/kernel-headers.tgz").exists()  # archives removed
-    env_ = ctx.facts["build_env"]
+    env_ = ctx.work.toolchain.env
     assert env_["CC"] == CC and env_["CXX"] == CXX
     assert env_["PATH"].split(":")[0] == str(tc / "bin")
     assert env_["SYSROOT"] == str(tc / f"usr/{TRIPLE}")
-    assert ctx.facts["build_binds"] == [(str(tools), str(tools))]
+    assert ctx.work.toolchain.binds == ((str(tools), str(tools)),)
     marker = json.loads((tc / ".nvidia-driver-installer.json").read_text())
     assert marker["source_url"].endswith("/toolchain.tar.xz") and len(marker["sha256"]) == 64
     # Nothing was installed; the install dir is untouched.

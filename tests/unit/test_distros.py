@@ -49,7 +49,7 @@ def test_unsupported_host_names_every_distro():
 def test_manifest_flavours_come_from_the_distro_classes():
     assert manifests.FLAVORS == tuple(d.name for d in DISTROS) == ("cos", "ubuntu")
     assert manifests.FLAVOR_TITLES["cos"] == Cos.title
-    assert manifests.DEFAULT_DRIVER_VERSION == {"cos": "default", "ubuntu": Ubuntu.default_version}
+    assert {"cos": "default", "ubuntu": Ubuntu.default_version} == manifests.DEFAULT_DRIVER_VERSION
     assert manifests.GKE_OS_DISTRIBUTIONS["ubuntu"] == ("ubuntu", "ubuntu_containerd")
 
 

@@ -102,7 +102,7 @@ def test_readiness_absent_during_the_run_and_written_after_verify(host, monkeypa
         seen.append(readiness.read(ctx.host))
 
     def verified(ctx):
-        ctx.facts["gpus"] = []
+        ctx.work.gpus = []
 
     run_with(monkeypatch, host, [Step("look", look), Step("verify", verified)])
     assert seen == [None]
@@ -207,7 +207,7 @@ def test_unwritable_readiness_is_a_verify_failure(host, monkeypatch):
     (host.root / "run/nvidia/validations").write_text("a file, not a directory")
 
     def verified(ctx):
-        ctx.facts["gpus"] = []
+        ctx.work.gpus = []
 
     with pytest.raises(VerifyError, match="readiness file could not be written"):
         run_with(monkeypatch, host, [Step("verify", verified)])

@@ -188,9 +188,9 @@ class CosFlow(Cos):
         run_sha = ctx.settings.driver_sha256 or (arts.manifest.lookup(run_url.rsplit("/", 1)[-1])
                                                  if arts.manifest else None)
         summary["driver_sha256"] = run_sha
-        fetches = [Fetch("driver_download", run_url, "driver", run_sha)]
+        fetches = [Fetch("driver", run_url, "driver", run_sha)]
         if prebuilt:
-            fetches.append(Fetch("prebuilt_download", prebuilt_url, "prebuilt modules",
+            fetches.append(Fetch("prebuilt", prebuilt_url, "prebuilt modules",
                                  arts.pin(prebuilt_url, "prebuilt modules")))
             work = [unpack_prebuilt(version), steps.extract_driver()]
         else:
@@ -199,9 +199,9 @@ class CosFlow(Cos):
             headers_preset = self._host_headers(ctx)
             if precompiled:
                 # The custom .run replaces NVIDIA's public one (--driver-sha256 names that).
-                fetches = [Fetch("driver_download", custom_url, "precompiled driver",
+                fetches = [Fetch("driver", custom_url, "precompiled driver",
                                  arts.pin(custom_url, "precompiled driver")),
-                           Fetch("signatures_download", signatures_url, "signatures",
+                           Fetch("signatures", signatures_url, "signatures",
                                  arts.pin(signatures_url, "signatures"))]
                 summary["driver_url"] = custom_url
                 summary["driver_sha256"] = fetches[0].sha256
@@ -235,11 +235,11 @@ class CosFlow(Cos):
         headers_url = arts.url(KERNEL_HEADERS)
         pin = arts.pin(headers_url, "kernel headers") if want_headers else None
         if want_headers and not tools.headers_ready(pin):
-            fetches.append(Fetch("headers_download", headers_url, "kernel headers", pin,
+            fetches.append(Fetch("headers", headers_url, "kernel headers", pin,
                                  tools.downloads))
         pin = arts.pin(tc_url, "toolchain")
         if not tools.toolchain_ready(tc_env["CC"], pin):
-            fetches.append(Fetch("toolchain_download", tc_url, "toolchain", pin, tools.downloads))
+            fetches.append(Fetch("toolchain", tc_url, "toolchain", pin, tools.downloads))
         return fetches
 
     def _toolchain_source(self, ctx: Context, arts: Artifacts) -> tuple[dict[str, str], str]:

@@ -14,7 +14,6 @@ from installer.distros.cos import modsign, toolchain
 from installer.distros.cos.artifacts import custom_run_name, signatures_name
 from installer.distros.cos.toolchain import BuildTools
 from installer.errors import BuildError, IntegrityError
-from installer.installdir import Tree
 from installer.modinfo import read_modinfo
 from installer.plan import Step
 
@@ -28,8 +27,8 @@ def unpack_signatures(version: str) -> Step:
     """Extract nvidia-drivers-<V>-signature.tar.gz safely (a tampered one is exit 6)."""
 
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
-        got = ctx.facts["signatures_download"]
+        staging = ctx.work.staged()
+        got = ctx.work.downloads["signatures"]
         dest = staging.root / "signatures"
         label = signatures_name(version).rsplit("/", 1)[-1]
         archive.extract(got.path, dest, label=label)
@@ -39,7 +38,7 @@ def unpack_signatures(version: str) -> Step:
             raise IntegrityError(
                 f"{label} has no signature for {', '.join(missing)}",
                 hint="the artifact is incomplete; check the COS artifacts URL", url=got.url)
-        ctx.facts["signatures_dir"] = dest
+        ctx.work.signatures_dir = dest
 
     return Step("unpack_signatures", run,
                 f"{signatures_name(version)} -> <staging>/signatures (safe extraction)")
@@ -57,8 +56,8 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
     def run(ctx: Context) -> None:
         from installer.runner import CommandError
 
-        staging: Tree = ctx.facts["staging"]
-        extract: Path = ctx.facts["extract_dir"]
+        staging = ctx.work.staged()
+        extract: Path = ctx.work.extract_dir
         kernel_dir = extract / "kernel"
         pre_dir = kernel_dir / "precompiled"
         packed = sorted(p for p in pre_dir.iterdir() if p.is_file()) if pre_dir.is_dir() else []
@@ -69,7 +68,7 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
             log.warning("precompiled_archives_several", names=[p.name for p in packed],
                         using=packed[-1].name)
         # scripts/module.lds is generated: it lives in the kbuild output dir.
-        source: Path = ctx.facts["kernel_tree"].output
+        source: Path = ctx.work.kernel_tree.output
         script = next((source / "scripts" / n for n in ("module.lds", "module-common.lds")
                        if (source / "scripts" / n).is_file()), None)
         if script is None:
@@ -93,7 +92,7 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
         for name in ("nvidia-uvm.ko", "nvidia-drm.ko"):  # shipped pre-linked
             if (pre_dir / name).is_file():
                 os.replace(pre_dir / name, kernel_dir / name)
-        sigs: Path = ctx.facts["signatures_dir"]
+        sigs: Path = ctx.work.signatures_dir
         out = staging.root / "precompiled" / "drivers"
         out.mkdir(parents=True, exist_ok=True)
         for name in PRECOMPILED_MODULES:
@@ -111,7 +110,7 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
             raise IntegrityError(f"{custom_run_name(version)} holds nvidia.ko version {built}, "
                                  f"not {version}")
         archive.remove_tree(sigs)
-        ctx.facts["prebuilt_dir"] = out.parent
+        ctx.work.prebuilt_dir = out.parent
         log.info("precompiled_modules_linked", modules=list(PRECOMPILED_MODULES),
                  linker=str(lld), linker_script=str(script), signed=True)
 

@@ -14,9 +14,9 @@ from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import KERNEL_HEADERS, prebuilt_modules_name
 from installer.distros.cos.toolchain import BuildTools
 from installer.errors import BuildError, IntegrityError, SecureBootError
-from installer.installdir import Tree
 from installer.modinfo import read_modinfo
 from installer.plan import Step
+from installer.workstate import BuildToolchain
 
 log = structlog.get_logger(__name__)
 
@@ -29,7 +29,7 @@ def check_gpus(version: str, requested: str, module_type: str | None) -> Step:
     def run(ctx: Context) -> None:
         inner.run(ctx)
         if module_type:
-            ctx.facts["kernel_module_type"] = module_type
+            ctx.work.kernel_module_type = module_type
 
     return Step(inner.name, run, inner.detail)
 
@@ -81,16 +81,16 @@ def prepare_kernel_headers(tools: BuildTools, release: str,
                            preset: headers.KernelTree | None) -> Step:
     def run(ctx: Context) -> None:
         if preset is not None:
-            ctx.facts["kernel_tree"] = preset
+            ctx.work.kernel_tree = preset
             return
-        got = ctx.facts.get("headers_download")
+        got = ctx.work.downloads.get("headers")
         if got is not None:
             toolchain.install_archive(got.path, tools.headers, source_url=got.url,
                                       sha256=got.sha256, label=KERNEL_HEADERS)
         elif not tools.headers_ready():
             raise BuildError(f"kernel headers missing from {tools.headers}", path=str(tools.headers))
         tree = toolchain.find_kernel_tree(tools.headers, release)
-        ctx.facts["kernel_tree"] = headers.KernelTree(tree, tree)
+        ctx.work.kernel_tree = headers.KernelTree(tree, tree)
         log.info("kernel_headers_ready", path=str(tree), cached=got is None)
 
     where = preset.describe() if preset else f"{tools.headers} (safe extraction, reused when present)"
@@ -101,7 +101,7 @@ def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
     def run(ctx: Context) -> None:
         from installer.sandbox import SANDBOX_PATH
 
-        got = ctx.facts.get("toolchain_download")
+        got = ctx.work.downloads.get("toolchain")
         if got is not None:
             toolchain.install_archive(got.path, tools.toolchain, source_url=got.url,
                                       sha256=got.sha256, label="COS toolchain",
@@ -111,10 +111,11 @@ def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
         toolchain.ensure_exec(tools.root, ctx.runner)
         linker = toolchain.link_ld(tools.toolchain, env)
         toolchain.check_compiler(tools.toolchain, env)
-        ctx.facts["build_env"] = toolchain.compile_env(tools.toolchain, env, SANDBOX_PATH)
-        # The sandbox is an overlay of the container's root: a separately mounted
-        # tools dir (/build/cos-tools) must be bound into it.
-        ctx.facts["build_binds"] = [(str(tools.root), str(tools.root))]
+        ctx.work.toolchain = BuildToolchain(
+            toolchain.compile_env(tools.toolchain, env, SANDBOX_PATH),
+            # The sandbox is an overlay of the container's root: a separately mounted
+            # tools dir (/build/cos-tools) must be bound into it.
+            binds=((str(tools.root), str(tools.root)),))
         toolchain.prune_other_builds(tools.tools_dir, tools.build_id)
         log.info("toolchain_ready", path=str(tools.toolchain), cc=env.get("CC"),
                  cxx=env.get("CXX"), ld=str(linker) if linker else None, cached=got is None)
@@ -128,8 +129,8 @@ def unpack_prebuilt(version: str) -> Step:
     """Extract nvidia-drivers-<V>.tgz safely into the staging area and check it."""
 
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
-        got = ctx.facts["prebuilt_download"]
+        staging = ctx.work.staged()
+        got = ctx.work.downloads["prebuilt"]
         dest = staging.root / "prebuilt"
         archive.extract(got.path, dest, label=prebuilt_modules_name(version), keep_xattrs=True)
         got.path.unlink(missing_ok=True)
@@ -146,7 +147,7 @@ def unpack_prebuilt(version: str) -> Step:
                 f"{prebuilt_modules_name(version)} holds nvidia.ko version {built}, not {version}",
                 url=got.url,
             )
-        ctx.facts["prebuilt_dir"] = dest
+        ctx.work.prebuilt_dir = dest
         log.info("prebuilt_modules_unpacked", modules=sorted(modules), version=version)
 
     return Step("unpack_prebuilt", run, f"{prebuilt_modules_name(version)} -> <staging>/prebuilt "
@@ -164,8 +165,8 @@ def place_prebuilt() -> Step:
     """After the user-space install: the signed modules into drivers/, firmware merged in."""
 
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
-        src: Path = ctx.facts["prebuilt_dir"]
+        staging = ctx.work.staged()
+        src: Path = ctx.work.prebuilt_dir
         for name, path in prebuilt_modules(src).items():
             os.chmod(path, 0o644)
             os.replace(path, staging.drivers / name)
