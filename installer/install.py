@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import structlog
 
-from installer import __version__, distros, readiness, redact, status
+from installer import __version__, distros, metrics, readiness, redact, status
 from installer.context import Context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
@@ -169,7 +169,7 @@ def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fie
     if ctx.install.root.is_dir():
         status.write(ctx.install.status_file, **doc)
     if ctx.settings.metrics_file is not None:
-        readiness.write_metrics(ctx.host, ctx.settings.metrics_file, readiness.format_metrics(
+        metrics.write_metrics(ctx.host, ctx.settings.metrics_file, metrics.format_metrics(
             outcome=doc["outcome"], exit_code=doc["exit_code"], duration_s=doc["duration_s"],
             driver_version=doc["driver_version"], plan=doc["plan"],
             kernel_release=ctx.host_info.kernel_release, error_class=doc.get("error_class"),

@@ -11,6 +11,7 @@ import structlog
 from installer import (
     __version__,
     cache,
+    cpus,
     devchar,
     firmware,
     gpus,
@@ -25,6 +26,7 @@ from installer.cache import CacheKey
 from installer.context import Context
 from installer.errors import InstallerError, SecureBootError, UsageError, VerifyError
 from installer.fsutil import remove_tree
+from installer.headers import KernelTree
 from installer.installdir import Tree
 from installer.plan import Step
 from installer.runner import CommandError
@@ -130,28 +132,34 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
     return Step("fetch_artifacts", run, detail)
 
 
+EXTRACT_DIR = "extract"  # under the staging dir
+
+
 def extract_driver() -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
         ctx.work.extract_dir = nvidia_run.extract(
-            ctx.runner, ctx.work.run_file, staging.root / "extract"
+            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR
         )
 
-    return Step("extract_driver", run, "sh NVIDIA-Linux-x86_64-<V>.run -x --target <staging>/extract")
+    argv = nvidia_run.extract_argv("<driver>.run", EXTRACT_DIR)
+    return Step("extract_driver", run, f"{' '.join(argv)} (in a sandbox; the staging dir's "
+                f"downloads and {EXTRACT_DIR}/ bound in)")
 
 
-def build_driver(version: str, module_type: str | None = None, *,
+def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
                  userspace_only: bool = False) -> Step:
     """nvidia-installer in the sandbox with only the options ``version`` accepts."""
 
-    def argv(ctx: Context) -> list[str]:
-        tree = None if userspace_only else ctx.work.kernel_tree
+    release = ctx.host_info.kernel_release
+
+    def argv(tree: KernelTree | None) -> list[str]:
         return nvidia_options.installer_args(
             version=version,
-            kernel_release=ctx.host_info.kernel_release,
+            kernel_release=release,
             kernel_source_path=tree.source if tree else None,
             kernel_output_path=tree.output if tree else None,
-            concurrency=nvidia_run.usable_cpus(),
+            concurrency=cpus.usable_cpus(),
             module_type=None if userspace_only else module_type,
         )
 
@@ -169,17 +177,17 @@ def build_driver(version: str, module_type: str | None = None, *,
         try:
             nvidia_run.build(
                 ctx.runner, extract_dir=ctx.work.extract_dir, staging=staging,
-                argv=argv(ctx), kernel_release=ctx.host_info.kernel_release, binds=binds,
-                env=env, kernel_module=not userspace_only,
+                argv=argv(None if userspace_only else ctx.work.kernel_tree),
+                kernel_release=release, binds=binds, env=env, kernel_module=not userspace_only,
             )
         except Exception:
             nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
             raise
 
-    what = "user space only" if userspace_only else f"{module_type or 'default'} kernel modules"
-    detail = (f"nvidia-installer {version} --silent ({what}) in a private overlay of the "
-              "container root, with only the options that release accepts")
-    return Step("build_driver", run, detail)
+    # What --dry-run shows is this release's argv, with the headers a later step finds.
+    headers = None if userspace_only else KernelTree(Path("<kernel-source>"), Path("<kernel-output>"))
+    return Step("build_driver", run, f"{' '.join(argv(headers))} (NVIDIA {version}, in a "
+                "private overlay of the container root)")
 
 
 def check_staged_modules() -> Step:
@@ -254,13 +262,15 @@ def _roll_back(ctx: Context, loaded_now: list[str], *, reload_previous: bool) ->
         log.warning("roll_back_incomplete", error=exc.message)
 
 
-def device_nodes(from_staging: bool) -> Step:
+def device_nodes(ctx: Context, from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
         verify.create_device_nodes(tree, ctx.kernel, ctx.runner)
         _create_dev_char_links(ctx)
 
-    return Step("device_nodes", run, "nvidia-modprobe -c0 -u -m; /dev/char/<major>:<minor> links")
+    argv = verify.modprobe_args(len(gpus.scan(ctx.kernel.sys_dir)))
+    return Step("device_nodes", run,
+                f"nvidia-modprobe {' '.join(argv)}; /dev/char/<major>:<minor> links")
 
 
 def verify_staged(version: str | None = None) -> Step:
@@ -397,7 +407,7 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
         unload_other_driver(version),
         gpu_firmware(from_staging=False),
         load_modules(from_staging=False),
-        device_nodes(from_staging=False),
+        device_nodes(ctx, from_staging=False),
         container_ld_cache(),
         host_ld_cache(),
         verify_install(version),
@@ -412,7 +422,7 @@ def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ..
         unload_other_driver(version),
         gpu_firmware(from_staging=True),
         load_modules(from_staging=True),
-        device_nodes(from_staging=True),
+        device_nodes(ctx, from_staging=True),
         verify_staged(version),
         promote(),
         gpu_firmware(from_staging=False),

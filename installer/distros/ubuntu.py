@@ -82,4 +82,4 @@ class Ubuntu(Distro):
             before_staging=(find_kernel_headers(),),
             build=(steps.download_driver(url, ctx.settings.driver_sha256),
                    steps.extract_driver(),
-                   steps.build_driver(version, module_type)))
+                   steps.build_driver(ctx, version, module_type)))

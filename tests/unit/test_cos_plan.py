@@ -123,6 +123,23 @@ def test_compile_plan(env):
     json.dumps(plan.describe())  # what --dry-run prints is JSON
 
 
+def test_dry_run_texts_are_the_argv_the_steps_run(env):
+    from installer import cpus, verify
+    from installer.nvidia_options import installer_args
+
+    env.kernel.add_gpu("0000:00:04.0")
+    env.kernel.add_gpu("0000:00:05.0")
+    plan = CosFlow().plan(env.ctx())
+    assert step(plan, "device_nodes").detail.startswith(
+        "nvidia-modprobe " + " ".join(verify.modprobe_args(2)) + ";")
+    assert "-c0 -c1 -u -m" in step(plan, "device_nodes").detail
+    argv = installer_args(version=DEFAULT_V, kernel_release=COS_KERNEL,
+                          kernel_source_path=Path("<kernel-source>"),
+                          kernel_output_path=Path("<kernel-output>"),
+                          concurrency=cpus.usable_cpus(), module_type="proprietary")
+    assert step(plan, "build_driver").detail.startswith(" ".join(argv) + " (NVIDIA ")
+
+
 def test_prebuilt_plan_is_preferred(env):
     env.bucket.prebuilt_versions = (LATEST_V,)
     plan = CosFlow().plan(env.ctx(driver_version="latest"))

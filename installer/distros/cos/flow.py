@@ -219,7 +219,8 @@ class CosFlow(Cos):
                     steps.extract_driver(),
                     *([link_precompiled(tools, tc_env, version)] if precompiled else [])]
         # Signed modules come ready: the NVIDIA installer then installs user space only.
-        work.append(steps.build_driver(version, decision.compiled_type, userspace_only=signed_ok))
+        work.append(steps.build_driver(ctx, version, decision.compiled_type,
+                                       userspace_only=signed_ok))
         if signed_ok:
             work.append(place_prebuilt())
         return fresh_plan(
