@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -70,7 +70,6 @@ class CommandError(Exception):
 class Runner:
     """Runs commands; keeps the total time spent in them (for overhead figures)."""
 
-    base_env: Mapping[str, str] = field(default_factory=dict)
     total_s: float = 0.0
     count: int = 0
 
@@ -84,7 +83,7 @@ class Runner:
         check: bool = True,
     ) -> CommandResult:
         args = tuple(str(a) for a in argv)
-        full_env = {**os.environ, **self.base_env, **(env or {})}
+        full_env = {**os.environ, **(env or {})}
         log.debug("command_started", argv=list(args))
         start = time.monotonic()
         reason = None
