@@ -2,7 +2,7 @@
 
     python bench/build_concurrency.py [--json-out FILE]
 
-1. ``installer.nvidia_run.usable_cpus()`` against fake cgroup trees (v2 quota
+1. ``installer.cpus.usable_cpus()`` against fake cgroup trees (v2 quota
    at the namespace root, v2 quota on an ancestor seen through
    /proc/self/cgroup, v1 CFS quota, no quota) next to ``os.cpu_count()``.
 2. End to end (root only): a fresh install in the pod-like chroot with a fake
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json-out", help="write the summary rows here (for run_all.py)")
     ap.add_argument("--no-pod", action="store_true", help="skip the end-to-end install")
     args = ap.parse_args(argv)
+    from installer.cpus import usable_cpus
     from installer.nvidia_options import installer_args
-    from installer.nvidia_run import usable_cpus
 
     work = Path(tempfile.mkdtemp(prefix="bench-build-", dir="/tmp"))
     try:

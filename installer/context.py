@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from installer.errors import UnsupportedHostError
 from installer.hostroot import HostRoot
@@ -14,6 +14,7 @@ from installer.kernel import KernelState
 from installer.osinfo import HostInfo, host_info_from_text
 from installer.runner import Runner
 from installer.settings import DEFAULT_HOST_ROOT, Settings
+from installer.workstate import WorkState
 
 if TYPE_CHECKING:
     import requests
@@ -29,8 +30,8 @@ class Context:
     runner: Runner
     install: InstallDir
     host_info: HostInfo
-    # Facts steps hand to later steps (downloaded paths, the staging tree, ...).
-    facts: dict[str, Any] = field(default_factory=dict)
+    # What steps hand to later steps (downloaded paths, the staging tree, ...).
+    work: WorkState = field(default_factory=WorkState)
     # What this run made outside the staging dir that is worthless if it fails (the COS
     # tools dir's downloads): removed with the staging dir.
     scratch: list[Path] = field(default_factory=list)

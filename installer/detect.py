@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from installer import distros, gpus
+from installer import distros, gpus, signing
 from installer.context import Context
 from installer.modules import loaded_driver_version
 from installer.settings import Settings
@@ -14,7 +14,7 @@ def run(settings: Settings) -> dict[str, object]:
         **ctx.host_info.to_dict(),
         "flow": distros.for_host(ctx.host_info).name,
         "install_dir": str(ctx.install.root),
-        "signatures_enforced": ctx.kernel.signatures_enforced(),
+        "signatures_enforced": signing.policy(ctx.kernel).enforced,
         "loaded_driver_version": loaded_driver_version(ctx.kernel),
         "gpus": [g.to_dict() for g in gpus.scan(ctx.kernel.sys_dir)],
     }

@@ -16,13 +16,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from installer import cache, devchar, firmware, gpus, ldcache, modules, readiness
+from installer import cache, devchar, distros, firmware, gpus, ldcache, modules, readiness, signing
 from installer import status as status_file
 from installer.cache import CacheKey
 from installer.context import UNKNOWN_FAMILY, Context, detect
 from installer.errors import ExitCode, InstallerError
 from installer.fsutil import UnreadableFile
-from installer.kernel import KernelState
 from installer.osinfo import HostInfo
 from installer.runner import CommandError
 from installer.settings import Settings
@@ -30,7 +29,6 @@ from installer.settings import Settings
 OK, WARN, FAIL = "ok", "warn", "fail"
 LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 DEVICE_PLUGIN_DIR = PurePosixPath("/var/lib/kubelet/device-plugins")
-SECURE_BOOT_EFIVAR = "firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 # A fresh install downloads the .run (~400 MB), extracts it (~1 GB) and builds.
 FREE_FOR_INSTALL = 2 << 30
 FREE_MINIMUM = 256 << 20
@@ -122,35 +120,20 @@ def check_gpus(n: Node) -> Finding:
     return Finding("gpus", OK, detail)
 
 
-def _secure_boot(kernel: KernelState) -> bool | None:
-    try:
-        data = (kernel.sys_dir / SECURE_BOOT_EFIVAR).read_bytes()
-    except OSError:
-        return None
-    return bool(data) and data[-1] == 1  # 4 bytes of attributes, then the value
-
-
 def check_module_signing(n: Node) -> Finding:
-    reasons = []
-    if _secure_boot(n.kernel):
-        reasons.append("Secure Boot is on")
-    lockdown = n.kernel.lockdown()
-    if lockdown != "none":
-        reasons.append(f"kernel lockdown={lockdown}")
-    if n.kernel.signatures_enforced():
-        reasons.append("module.sig_enforce is on")
-    if not reasons:
-        return Finding("module_signing", OK, "unsigned modules may load (no Secure Boot, "
-                       "lockdown or module.sig_enforce)")
-    why = ", ".join(reasons)
+    policy = signing.policy(n.kernel)
+    if not policy.enforced:
+        return Finding("module_signing", OK, "unsigned modules may load (no lockdown or "
+                       "module.sig_enforce" + (", although Secure Boot is on)" if policy.secure_boot
+                                               else ")"))
+    why = policy.why()
     if n.loaded_version is not None:
         return Finding("module_signing", OK, f"{why}; the loaded NVIDIA modules were accepted "
                        "(they are signed)")
-    if n.host_info is not None and n.host_info.family == "cos":
-        return Finding("module_signing", WARN, f"{why}: only signed modules load; COS installs "
-                       "use NVIDIA's signed prebuilt modules",
-                       "run install: it fetches the signed modules for this COS build; if there "
-                       "are none for the driver version, pick one that has them (default/latest)")
+    distro = distros.by_name(n.host_info.family) if n.host_info is not None else None
+    if distro is not None and distro.signed_modules is not None:
+        offer, fix = distro.signed_modules
+        return Finding("module_signing", WARN, f"{why}: only signed modules load; {offer}", fix)
     return Finding("module_signing", FAIL,
                    f"{why}: the kernel only loads signed modules and this node's flow builds "
                    "unsigned ones (install exits 10)",

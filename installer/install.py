@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from installer import __version__, distros, readiness, status
+from installer import __version__, distros, metrics, readiness, status
 from installer.context import Context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
@@ -70,8 +70,8 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
                      **plan.summary)
             _warn_unpinned(ctx, plan)
             execute(plan, ctx, timings)
-            if "gpus" in ctx.facts:  # set by the verify step: no readiness for --preload
-                _write_ready(ctx, plan, len(ctx.facts["gpus"]))
+            if ctx.work.gpus is not None:  # set by the verify step: no readiness for --preload
+                _write_ready(ctx, plan, len(ctx.work.gpus))
         except InstallerError as exc:
             exc.context.update(failure_details(ctx, exc.error_class, started_wall))
             _discard(ctx)
@@ -90,7 +90,7 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
                     exit_code=1, message=f"{type(exc).__name__}: {exc}",
                     hint="this is a bug in the installer: report it with the traceback")
             raise
-        gpus = ctx.facts.get("gpus", [])
+        gpus = ctx.work.gpus or []
         outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
                           gpus=[asdict(g) for g in gpus])
     return outcome
@@ -121,7 +121,7 @@ def _warn_unpinned(ctx: Context, plan) -> None:
 
 def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
     """driver-ready, written last: everything above verified the driver."""
-    module_type = ctx.facts.get("kernel_module_type") or plan.summary.get("kernel_module_type")
+    module_type = ctx.work.kernel_module_type or plan.summary.get("kernel_module_type")
     try:
         _write_ready_file(ctx, plan, gpu_count, module_type)
     except OSError as exc:
@@ -141,7 +141,7 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
         plan=plan.kind,
         module_type=module_type,
         gpu_count=gpu_count,
-        persistence_mode=ctx.facts.get("persistence_mode", "off"),
+        persistence_mode=ctx.work.persistence_mode,
         installer_version=__version__,
     ))
 
@@ -160,7 +160,7 @@ def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fie
     if ctx.install.root.is_dir():
         status.write(ctx.install.status_file, **doc)
     if ctx.settings.metrics_file is not None:
-        readiness.write_metrics(ctx.host, ctx.settings.metrics_file, readiness.format_metrics(
+        metrics.write_metrics(ctx.host, ctx.settings.metrics_file, metrics.format_metrics(
             outcome=doc["outcome"], exit_code=doc["exit_code"], duration_s=doc["duration_s"],
             driver_version=doc["driver_version"], plan=doc["plan"],
             kernel_release=ctx.host_info.kernel_release, error_class=doc.get("error_class"),

@@ -46,12 +46,9 @@ class Tree:
         return self.root / "firmware"
 
 
+@dataclass(frozen=True)
 class InstallDir(Tree):
-    def __init__(self, path: Path, host_path: PurePosixPath) -> None:
-        super().__init__(path)
-        object.__setattr__(self, "host_path", host_path)
-
-    host_path: PurePosixPath
+    host_path: PurePosixPath  # where the host sees ``root`` (the pod mounts it elsewhere)
 
     @property
     def cache_file(self) -> Path:

@@ -1,4 +1,4 @@
-"""What the running kernel says: loaded modules, command line, signing policy.
+"""What the running kernel says: loaded modules, command line (signing: ``signing``).
 
 All reads go through ``KernelState`` so that tests (and the chroot fixture) can
 point it at a fake procfs/sysfs with NVIDIA_INSTALLER_PROC_DIR / _SYS_DIR /
@@ -42,21 +42,6 @@ def module_name(file_or_name: str) -> str:
     if base.endswith(".ko"):
         base = base[:-3]
     return base.replace("-", "_")
-
-
-def cmdline_enforces_signatures(cmdline: str) -> bool:
-    return any(
-        word in ("module.sig_enforce=1", "module.sig_enforce=y", "module.sig_enforce=Y")
-        for word in cmdline.split()
-    )
-
-
-def parse_lockdown(text: str) -> str:
-    """``none [integrity] confidentiality`` -> ``integrity``."""
-    for word in text.split():
-        if word.startswith("[") and word.endswith("]"):
-            return word[1:-1]
-    return "none"
 
 
 class KernelState:
@@ -106,13 +91,6 @@ class KernelState:
 
     def cmdline(self) -> str:
         return (self._read(self.proc_dir / "cmdline") or "").strip()
-
-    def signatures_enforced(self) -> bool:
-        param = (self._read(self.sys_dir / "module/module/parameters/sig_enforce") or "").strip()
-        return param in ("Y", "1") or cmdline_enforces_signatures(self.cmdline())
-
-    def lockdown(self) -> str:
-        return parse_lockdown(self._read(self.sys_dir / "kernel/security/lockdown") or "")
 
     def device_node(self, name: str) -> Path:
         return self.dev_dir / name

@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from installer import __version__
-from installer.distros.ubuntu import DEFAULT_DRIVER_VERSION as UBUNTU_DEFAULT_VERSION
+from installer.distros import DISTROS
 from installer.versions import is_driver_version
 
 
@@ -52,8 +52,9 @@ PASSTHROUGH_ENV_VARS: tuple[str, ...] = (
     "SSL_CERT_FILE",
 )
 
-FLAVORS: tuple[str, ...] = ("cos", "ubuntu")
-FLAVOR_TITLES = {"cos": "Container-Optimized OS", "ubuntu": "Ubuntu"}
+# One DaemonSet flavour per distro class, with what the class declares about itself.
+FLAVORS: tuple[str, ...] = tuple(d.name for d in DISTROS)
+FLAVOR_TITLES = {d.name: d.title for d in DISTROS}
 
 # The pod contract (DESIGN.md section 2). Fixed: the mounts and these env
 # values must agree, so ``--env`` cannot change them.
@@ -77,8 +78,7 @@ COS_MOUNTS: dict[str, tuple[str, str]] = {
     COS_TOOLS_DIR_HOST: (COS_TOOLS_DIR_CONTAINER, "DirectoryOrCreate"),
 }
 
-# The Ubuntu default is the distro's own (one tested version); COS resolves an alias.
-DEFAULT_DRIVER_VERSION = {"cos": "default", "ubuntu": UBUNTU_DEFAULT_VERSION}
+DEFAULT_DRIVER_VERSION = {d.name: d.default_version for d in DISTROS}
 DEFAULT_IMAGE_REPO = "ghcr.io/nvidia-driver-installer/nvidia-driver-installer-{flavor}"
 DEFAULT_PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 DEFAULT_NAMESPACE = "kube-system"
@@ -93,9 +93,8 @@ AFFINITY_MODES: tuple[str, ...] = ("gke", "label", "none")
 # Ubuntu DaemonSet never land on the same node.
 OS_ID_LABEL = "feature.node.kubernetes.io/system-os_release.ID"
 DEFAULT_NODE_LABELS: tuple[str, ...] = ("nvidia.com/gpu.present=true", OS_ID_LABEL + "={flavor}")
-# Values of GKE's cloud.google.com/gke-os-distribution label per flavour
-# (the *_containerd names are the image-type spellings GKE has also used).
-GKE_OS_DISTRIBUTIONS = {"cos": ("cos", "cos_containerd"), "ubuntu": ("ubuntu", "ubuntu_containerd")}
+# Values of GKE's cloud.google.com/gke-os-distribution label per flavour.
+GKE_OS_DISTRIBUTIONS = {d.name: d.gke_os_distributions for d in DISTROS}
 
 TEMPLATE_PACKAGE = "installer"
 TEMPLATE_DIR = "templates"

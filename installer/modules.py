@@ -8,6 +8,7 @@ from pathlib import Path
 
 import structlog
 
+from installer import signing
 from installer.errors import ModuleLoadError, SecureBootError
 from installer.kernel import KernelState, module_name
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
@@ -75,7 +76,7 @@ def load(
     names loaded now, so a caller can undo a half-done load."""
     loaded_now = [] if loaded_now is None else loaded_now
     release = kernel.release()
-    lockdown = kernel.lockdown()
+    lockdown = signing.policy(kernel).lockdown
     for item in loads:
         present = kernel.modules()
         if item.name in present:

@@ -7,7 +7,6 @@ tree and the compiler come from.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -64,57 +63,6 @@ def version_from_url(url: str) -> str:
             hint="also pass --driver-version (NVIDIA_DRIVER_VERSION)",
         )
     return check_version(match.group(1))
-
-
-def _cgroup_dirs(cgroup_root: Path, self_cgroup: Path) -> list[Path]:
-    """Dirs whose CPU quota caps this process: the mounted root of each hierarchy (the
-    container's own cgroup under a cgroup namespace) and, when the host's hierarchy is
-    mounted instead, our cgroup from /proc/self/cgroup and its ancestors."""
-    v1_roots = [cgroup_root / "cpu", cgroup_root / "cpu,cpuacct"]
-    dirs = [cgroup_root, *v1_roots]
-    try:
-        lines = self_cgroup.read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
-        if controllers == "":
-            bases = [cgroup_root]  # v2 unified
-        elif "cpu" in controllers.split(","):
-            bases = v1_roots
-        else:
-            continue
-        parts = [p for p in path.split("/") if p and p not in (".", "..")]
-        for base in bases:
-            dirs += [base.joinpath(*parts[:n]) for n in range(len(parts), 0, -1)]
-    return list(dict.fromkeys(dirs))
-
-
-def _quota_cpus(cgroup_dir: Path) -> int | None:
-    """ceil(quota / period) of a v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``; None if unlimited."""
-    try:
-        q, p = (cgroup_dir / "cpu.max").read_text().split()[:2]
-        quota, period = (None, None) if q == "max" else (int(q), int(p))
-    except (OSError, ValueError):
-        try:
-            quota = int((cgroup_dir / "cpu.cfs_quota_us").read_text())
-            period = int((cgroup_dir / "cpu.cfs_period_us").read_text())
-        except (OSError, ValueError):
-            return None
-    if not quota or not period or quota <= 0 or period <= 0:
-        return None
-    return max(1, math.ceil(quota / period))
-
-
-def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup"),
-                self_cgroup: Path = Path("/proc/self/cgroup")) -> int:
-    """CPUs this container may really use: affinity, capped by every cgroup v2/v1 CPU
-    quota between its own cgroup and the root (the tightest one wins)."""
-    cpus = len(os.sched_getaffinity(0))
-    quotas = [q for d in _cgroup_dirs(cgroup_root, self_cgroup) if (q := _quota_cpus(d))]
-    if quotas:
-        cpus = min(cpus, *quotas)
-    return max(1, cpus)
 
 
 # Extracted payload plus what nvidia-installer writes is about this many times the .run.
@@ -220,6 +168,11 @@ def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: flo
     return json.loads(Path(spec.result_file).read_text())["returncode"]
 
 
+def extract_argv(run_name: str, target_name: str) -> list[str]:
+    """The .run's own self-extraction, run in the sandbox (paths as the sandbox sees them)."""
+    return ["sh", f"{RUN_IN_CHROOT}/{run_name}", "-x", "--target", f"{OUT_IN_CHROOT}/{target_name}"]
+
+
 def extract(runner: Runner, run_file: Path, target: Path) -> Path:
     """``sh NVIDIA-….run -x --target DIR`` in the sandbox: the .run's shell header is the
     download's own code, so whatever else it writes stays in the sandbox's overlay. The
@@ -232,8 +185,7 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
     output = workdir / "output.log"
     spec = SandboxSpec(
         workdir=str(workdir),
-        argv=["sh", f"{RUN_IN_CHROOT}/{run_file.name}", "-x", "--target",
-              f"{OUT_IN_CHROOT}/{target.name}"],
+        argv=extract_argv(run_file.name, target.name),
         cwd="/", env={},
         binds=[(str(run_file.parent), RUN_IN_CHROOT), (str(target.parent), OUT_IN_CHROOT)],
         exec_binds=[RUN_IN_CHROOT, OUT_IN_CHROOT],

@@ -7,9 +7,6 @@ from dataclasses import asdict, dataclass
 
 from installer.errors import UnsupportedHostError
 
-# Debian-family hosts follow the Ubuntu flow (same packaging, same kernel layout).
-_UBUNTU_FAMILY = {"ubuntu", "debian"}
-
 
 def parse_env_file(text: str) -> dict[str, str]:
     """Parse shell-style ``KEY=value`` lines (os-release(5), lsb-release, .cache).
@@ -74,7 +71,7 @@ _DQ_ESCAPE = re.compile(r'\\(["\\])')
 @dataclass(frozen=True)
 class HostInfo:
     os_id: str  # "cos", "ubuntu", "debian"
-    family: str  # the distro class that handles it: "cos" or "ubuntu"
+    family: str  # the name of the distro class that recognised it: "cos" or "ubuntu"
     version_id: str
     pretty_name: str
     kernel_release: str
@@ -107,29 +104,6 @@ def host_info_from_text(
             "/etc/os-release names the OS in an ID= line (e.g. ID=cos or ID=ubuntu)",
             path=os_release_path,
         )
-    pretty = fields.get("PRETTY_NAME", os_id)
-    version_id = fields.get("VERSION_ID", "")
-    if os_id == "cos":
-        build_id = fields.get("BUILD_ID", "")
-        if not _looks_like_cos_build_id(build_id):
-            what = "no BUILD_ID" if not build_id else f"a malformed BUILD_ID {build_id!r}"
-            raise UnsupportedHostError(
-                f"{os_release_path} has {what}; a COS host must name its build",
-                hint="expected BUILD_ID=<major>.<minor>.<patch>, e.g. BUILD_ID=17800.66.78",
-                path=os_release_path,
-            )
-        board = parse_env_file(lsb_release or "").get("CHROMEOS_RELEASE_BOARD") or None
-        return HostInfo("cos", "cos", version_id, pretty, kernel_release, build_id, board)
-    id_like = set(fields.get("ID_LIKE", "").lower().split())
-    if os_id in _UBUNTU_FAMILY or id_like & _UBUNTU_FAMILY:
-        return HostInfo(os_id, "ubuntu", version_id, pretty, kernel_release)
-    raise UnsupportedHostError(
-        f"unsupported host OS {os_id!r} ({pretty})",
-        hint="supported: Container-Optimized OS (ID=cos), Ubuntu and Debian",
-        path=os_release_path,
-    )
+    from installer.distros import recognise  # the distros import this module
 
-
-def _looks_like_cos_build_id(build_id: str) -> bool:
-    parts = build_id.split(".")
-    return len(parts) >= 2 and all(p.isdigit() for p in parts)
+    return recognise(fields, lsb_release, kernel_release, os_release_path)

@@ -1,4 +1,4 @@
-"""Readiness for other components, and an optional node_exporter textfile.
+"""Readiness for other components (the metrics textfile is ``metrics``).
 
 The NVIDIA GPU operator convention: ``/run/nvidia/validations/driver-ready``
 on the host holds ``KEY=VALUE`` lines and exists only while a verified driver
@@ -6,9 +6,6 @@ is loaded. Every install removes it first and writes it again, atomically, only
 after verification, so a consumer (device plugin, toolkit, a workload's init
 container) waiting for the file never starts against a half-installed or
 replaced driver. ``/run`` is a tmpfs: a reboot removes it with the driver.
-
-The metrics file (``--metrics-file``, a host path) is a Prometheus text file
-for node_exporter's textfile collector, written on success and on failure.
 """
 
 from __future__ import annotations
@@ -19,13 +16,11 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from installer.errors import InstallerError
 from installer.hostroot import HostRoot
 
 log = structlog.get_logger(__name__)
 
 READY_HOST_PATH = PurePosixPath("/run/nvidia/validations/driver-ready")
-METRIC_PREFIX = "nvidia_driver_installer"
 
 
 def clear(host: HostRoot) -> bool:
@@ -98,53 +93,3 @@ def ready_fields(
         "INSTALLER_VERSION": installer_version,
         "READY_AT": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-
-def _label(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def format_metrics(
-    *,
-    outcome: str,
-    exit_code: int,
-    duration_s: float,
-    driver_version: str | None,
-    plan: str | None,
-    kernel_release: str,
-    error_class: str | None,
-    finished_at: float | None = None,
-) -> str:
-    """node_exporter textfile: HELP/TYPE lines, one sample per metric."""
-    labels = (f'driver_version="{_label(driver_version or "")}",plan="{_label(plan or "")}",'
-              f'kernel_release="{_label(kernel_release)}",outcome="{_label(outcome)}",'
-              f'error_class="{_label(error_class or "")}"')
-    p = METRIC_PREFIX
-    samples = [
-        ("info", "gauge", "The last run: driver version, plan, kernel, outcome (always 1).",
-         f"{p}_info{{{labels}}} 1"),
-        ("success", "gauge", "1 if the last run installed and verified the driver, else 0.",
-         f"{p}_success {1 if outcome == 'ok' else 0}"),
-        ("exit_code", "gauge", "Exit code of the last run (0 ok; see the README).",
-         f"{p}_exit_code {int(exit_code)}"),
-        ("duration_seconds", "gauge", "Wall time of the last run.",
-         f"{p}_duration_seconds {duration_s:.3f}"),
-        ("last_run_timestamp_seconds", "gauge", "When the last run finished (Unix time).",
-         f"{p}_last_run_timestamp_seconds {finished_at if finished_at is not None else time.time():.0f}"),
-    ]
-    out = []
-    for name, kind, help_text, sample in samples:
-        out += [f"# HELP {p}_{name} {help_text}", f"# TYPE {p}_{name} {kind}", sample]
-    return "\n".join(out) + "\n"
-
-
-def write_metrics(host: HostRoot, host_path: PurePosixPath, text: str) -> Path | None:
-    """Write the textfile atomically; a failure is logged, never fatal."""
-    try:
-        path = host.write_atomic(host_path, text)  # temp name ends in .tmp: the collector skips it
-    except (OSError, InstallerError) as exc:
-        log.warning("metrics_not_written", path=str(host_path), error=str(exc),
-                    hint="check --metrics-file names a writable host path")
-        return None
-    log.info("metrics_written", path=str(host_path))
-    return path

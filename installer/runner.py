@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -148,7 +148,6 @@ class CommandError(Exception):
 class Runner:
     """Runs commands; keeps the total time spent in them (for overhead figures)."""
 
-    base_env: Mapping[str, str] = field(default_factory=dict)
     heartbeat_s: float = HEARTBEAT_S
     total_s: float = 0.0
     count: int = 0
@@ -167,7 +166,7 @@ class Runner:
         """Run ``argv``. ``long_running`` (the name to show) makes it log a heartbeat every
         ``heartbeat_s`` with the last line of its output or of the ``watch`` files."""
         args = tuple(str(a) for a in argv)
-        full_env = {**os.environ, **self.base_env, **(env or {})}
+        full_env = {**os.environ, **(env or {})}
         log.debug("command_started", argv=list(args))
         start = time.monotonic()
         reason = None

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from installer.errors import UsageError
@@ -46,7 +45,6 @@ class Settings:
     download_deadline_s: float = 3600.0  # one download, all attempts (retry.TransferLimits)
     download_min_rate: float = 10240.0  # bytes/s over each rate window; 0: no floor
     download_min_rate_time_s: float = 60.0
-    extra: dict[str, str] = field(default_factory=dict)
 
     def resolved(self) -> Settings:
         """Fill in derived defaults and check combinations (UsageError on bad input)."""
@@ -101,7 +99,3 @@ class Settings:
             raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
                              "seconds, --download-min-rate >= 0 bytes/s")
         return replace(self, install_dir=install_dir, driver_sha256=sha)
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "y", "on")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -9,6 +10,7 @@ import structlog
 from installer import (
     __version__,
     cache,
+    cpus,
     devchar,
     firmware,
     gpus,
@@ -16,15 +18,19 @@ from installer import (
     modules,
     nvidia_options,
     nvidia_run,
+    signing,
     verify,
 )
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.errors import InstallerError, SecureBootError, UsageError, VerifyError
+from installer.fsutil import remove_tree
+from installer.headers import KernelTree
 from installer.installdir import Tree
 from installer.net.policy import file_name
 from installer.plan import Step
 from installer.runner import CommandError
+from installer.workstate import Artifact
 
 log = structlog.get_logger(__name__)
 
@@ -32,7 +38,7 @@ log = structlog.get_logger(__name__)
 def prepare_staging() -> Step:
     def run(ctx: Context) -> None:
         ctx.install.clear_leftovers()
-        ctx.facts["staging"] = ctx.install.new_staging()
+        ctx.work.staging = ctx.install.new_staging()
 
     return Step("prepare_staging", run, "build aside in <install-dir>/.staging")
 
@@ -46,14 +52,10 @@ def check_module_signing(need_signed: str) -> Step:
     """Stop before any big download when the kernel would reject our unsigned modules."""
 
     def run(ctx: Context) -> None:
-        # Lockdown (integrity or confidentiality; Ubuntu turns it on with Secure Boot)
-        # refuses unsigned modules just as module.sig_enforce does.
-        lockdown = ctx.kernel.lockdown()
-        if ctx.kernel.signatures_enforced() or lockdown != "none":
-            why = ("module signature enforcement is on" if ctx.kernel.signatures_enforced()
-                   else f"kernel lockdown is {lockdown}, as with Secure Boot")
+        policy = signing.policy(ctx.kernel)
+        if policy.enforced:
             raise SecureBootError(
-                f"this kernel only loads signed modules ({why}) and {need_signed}",
+                f"this kernel only loads signed modules ({policy.why()}) and {need_signed}",
                 hint="disable Secure Boot / module.sig_enforce on this node pool, or use a "
                 "driver version with signed prebuilt modules",
                 kernel_release=ctx.host_info.kernel_release,
@@ -75,75 +77,119 @@ def download_driver(url: str, sha256: str | None) -> Step:
     def run(ctx: Context) -> None:
         from installer.net.transfer import download
 
-        staging: Tree = ctx.facts["staging"]
+        staging = ctx.work.staged()
         dest = staging.root / "downloads" / file_name(url, "driver.run")
         dest.parent.mkdir(parents=True, exist_ok=True)
         result = download(
             ctx.http, url, dest, expected_sha256=sha256,
             allow_insecure_http=ctx.settings.allow_insecure_http, label="driver",
         )
-        ctx.facts["run_file"] = result.path
-        ctx.facts["run_sha256"] = result.sha256
+        ctx.work.run_file = result.path
 
     return Step("download_driver", run, url)
 
 
+@dataclass(frozen=True)
+class Fetch:
+    artifact: Artifact  # where the result goes: ctx.work.downloads[artifact]
+    url: str
+    label: str
+    sha256: str | None = None
+    into: Path | None = None  # a download dir outside staging (None: <staging>/downloads)
+
+
+def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
+    """Download everything the plan needs at once (download_all: parallel, first failure
+    cancels the rest)."""
+
+    def run(ctx: Context) -> None:
+        from installer.net.parallel import DownloadJob, download_all
+
+        for into in sorted({f.into for f in fetches if f.into is not None}):
+            # Archives a killed run left (what is extracted from them is kept only when
+            # complete); a failing run removes its own.
+            remove_tree(into, ignore_errors=True)
+            ctx.scratch.append(into)
+        jobs = []
+        for f in fetches:
+            base = f.into or ctx.work.staged().root / "downloads"
+            jobs.append(DownloadJob(
+                url=f.url, dest=base / file_name(f.url, f.label), expected_sha256=f.sha256,
+                label=f.label, allow_insecure_http=ctx.settings.allow_insecure_http,
+            ))
+        results = download_all(ctx.http, jobs)
+        for f, result in zip(fetches, results, strict=True):
+            ctx.work.downloads[f.artifact] = result
+        if "driver" in ctx.work.downloads:
+            ctx.work.run_file = ctx.work.downloads["driver"].path
+
+    detail = "in parallel: " + ", ".join(f.url for f in fetches)
+    return Step("fetch_artifacts", run, detail)
+
+
+EXTRACT_DIR = "extract"  # under the staging dir
+
+
 def extract_driver() -> Step:
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
-        ctx.facts["extract_dir"] = nvidia_run.extract(
-            ctx.runner, ctx.facts["run_file"], staging.root / "extract"
+        staging = ctx.work.staged()
+        ctx.work.extract_dir = nvidia_run.extract(
+            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR
         )
 
-    return Step("extract_driver", run, "sh NVIDIA-Linux-x86_64-<V>.run -x --target <staging>/extract")
+    argv = nvidia_run.extract_argv("<driver>.run", EXTRACT_DIR)
+    return Step("extract_driver", run, f"{' '.join(argv)} (in a sandbox; the staging dir's "
+                f"downloads and {EXTRACT_DIR}/ bound in)")
 
 
-def build_driver(version: str, module_type: str | None = None, *,
+def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
                  userspace_only: bool = False) -> Step:
     """nvidia-installer in the sandbox with only the options ``version`` accepts."""
 
-    def argv(ctx: Context) -> list[str]:
-        tree = None if userspace_only else ctx.facts["kernel_tree"]
+    release = ctx.host_info.kernel_release
+
+    def argv(tree: KernelTree | None) -> list[str]:
         return nvidia_options.installer_args(
             version=version,
-            kernel_release=ctx.host_info.kernel_release,
+            kernel_release=release,
             kernel_source_path=tree.source if tree else None,
             kernel_output_path=tree.output if tree else None,
-            concurrency=nvidia_run.usable_cpus(),
+            concurrency=cpus.usable_cpus(),
             module_type=None if userspace_only else module_type,
         )
 
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
+        staging = ctx.work.staged()
         binds = [] if ctx.host.root == Path("/") else [(str(ctx.host.root), str(ctx.host.root))]
         # Dirs the build needs that an overlay of the container root does not show
         # (e.g. the COS toolchain on its own mount): (container path, chroot path).
-        binds += ctx.facts.get("build_binds", [])
+        toolchain = ctx.work.toolchain
+        binds += toolchain.binds if toolchain else ()
         # A kernel-state seam (tests) must mean the same kernel inside the sandbox.
         seams = ctx.kernel.seam_env()
         binds += [(path, path) for path in seams.values()]
-        env = {**seams, **ctx.facts.get("build_env", {})}
+        env = {**seams, **(toolchain.env if toolchain else {})}
         try:
             nvidia_run.build(
-                ctx.runner, extract_dir=ctx.facts["extract_dir"], staging=staging,
-                argv=argv(ctx), kernel_release=ctx.host_info.kernel_release, binds=binds,
-                env=env, kernel_module=not userspace_only,
+                ctx.runner, extract_dir=ctx.work.extract_dir, staging=staging,
+                argv=argv(None if userspace_only else ctx.work.kernel_tree),
+                kernel_release=release, binds=binds, env=env, kernel_module=not userspace_only,
             )
         except Exception:
             nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
             raise
 
-    what = "user space only" if userspace_only else f"{module_type or 'default'} kernel modules"
-    detail = (f"nvidia-installer {version} --silent ({what}) in a private overlay of the "
-              "container root, with only the options that release accepts")
-    return Step("build_driver", run, detail)
+    # What --dry-run shows is this release's argv, with the headers a later step finds.
+    headers = None if userspace_only else KernelTree(Path("<kernel-source>"), Path("<kernel-output>"))
+    return Step("build_driver", run, f"{' '.join(argv(headers))} (NVIDIA {version}, in a "
+                "private overlay of the container root)")
 
 
 def check_staged_modules() -> Step:
     """Every built module must match the running kernel before the working driver goes."""
 
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
+        staging = ctx.work.staged()
         release = ctx.kernel.release()
         for ko in sorted(staging.drivers.glob("*.ko")):
             modules.check_vermagic(ko, release)
@@ -157,7 +203,7 @@ def unload_other_driver(version: str) -> Step:
         if loaded is not None and loaded != version:
             modules.ensure_replaceable(ctx.kernel, version)
             removed = modules.unload(ctx.kernel, ctx.runner)
-            ctx.facts["unloaded_version"] = loaded
+            ctx.work.unloaded_version = loaded
             log.info("old_driver_unloaded", version=loaded, modules=removed)
 
     return Step("unload_other_driver", run, "rmmod a different, unused driver version")
@@ -169,7 +215,7 @@ def _modprobe_root(ctx: Context) -> Path | None:
 
 def gpu_firmware(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
-        tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
+        tree: Tree = ctx.work.staged() if from_staging else ctx.install
         firmware.make_findable(ctx.kernel, ctx.host, ctx.install, tree)
 
     where = "<install-dir-host>/.staging/firmware" if from_staging else "<install-dir-host>/firmware"
@@ -179,7 +225,7 @@ def gpu_firmware(from_staging: bool) -> Step:
 
 def load_modules(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
-        tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
+        tree: Tree = ctx.work.staged() if from_staging else ctx.install
         loads = modules.plan_loads(tree.drivers, ctx.settings.module_args)
         loaded_now: list[str] = []
         try:
@@ -199,7 +245,7 @@ def _roll_back(ctx: Context, loaded_now: list[str], *, reload_previous: bool) ->
     original error is what gets reported)."""
     try:
         modules.unload(ctx.kernel, ctx.runner, only=loaded_now)
-        previous = ctx.facts.get("unloaded_version")
+        previous = ctx.work.unloaded_version
         record = cache.read(ctx.install.cache_file)
         if not (reload_previous and previous and record and record.driver_version == previous
                 and cache.check_files(record, ctx.install.root) is None):
@@ -211,18 +257,20 @@ def _roll_back(ctx: Context, loaded_now: list[str], *, reload_previous: bool) ->
         log.warning("roll_back_incomplete", error=exc.message)
 
 
-def device_nodes(from_staging: bool) -> Step:
+def device_nodes(ctx: Context, from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
-        tree: Tree = ctx.facts["staging"] if from_staging else ctx.install
+        tree: Tree = ctx.work.staged() if from_staging else ctx.install
         verify.create_device_nodes(tree, ctx.kernel, ctx.runner)
         _create_dev_char_links(ctx)
 
-    return Step("device_nodes", run, "nvidia-modprobe -c0 -u -m; /dev/char/<major>:<minor> links")
+    argv = verify.modprobe_args(len(gpus.scan(ctx.kernel.sys_dir)))
+    return Step("device_nodes", run,
+                f"nvidia-modprobe {' '.join(argv)}; /dev/char/<major>:<minor> links")
 
 
 def verify_staged(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
-        staging: Tree = ctx.facts["staging"]
+        staging = ctx.work.staged()
         gpus = verify.nvidia_smi(staging, ctx.kernel, ctx.runner, lib_dir=staging.lib64)
         verify.check_driver_version(gpus, version)
 
@@ -231,7 +279,7 @@ def verify_staged(version: str | None = None) -> Step:
 
 def promote() -> Step:
     def run(ctx: Context) -> None:
-        ctx.install.promote(ctx.facts["staging"])
+        ctx.install.promote(ctx.work.staged())
         log.info("install_promoted", install_dir=str(ctx.install.root))
 
     return Step("promote", run, "swap the staged bin/ lib64/ drivers/ firmware/ into place")
@@ -253,8 +301,8 @@ def host_ld_cache() -> Step:
 
 def verify_install(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
-        ctx.facts["gpus"] = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
-        verify.check_driver_version(ctx.facts["gpus"], version)
+        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
+        verify.check_driver_version(ctx.work.gpus, version)
 
     return Step("verify", run, "nvidia-smi")
 
@@ -272,9 +320,8 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
 
     def run(ctx: Context) -> None:
         found = gpus.scan(ctx.kernel.sys_dir)
-        ctx.facts["pci_gpus"] = found
         choice = gpus.choose_module_type(found, version, requested_module_type)
-        ctx.facts["kernel_module_type"] = choice.module_type
+        ctx.work.kernel_module_type = choice.module_type
         if not found:
             log.warning("no_gpu_found", sys_dir=str(ctx.kernel.sys_dir),
                         hint="nvidia-smi will find no device: check a GPU is attached to this node")
@@ -331,12 +378,12 @@ def persistence_mode() -> Step:
             ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S,
                            env=ctx.kernel.seam_env())
         except CommandError as exc:
-            ctx.facts["persistence_mode"] = "failed"
+            ctx.work.persistence_mode = "failed"
             log.warning("persistence_mode_failed",
                         error=exc.stderr_tail(2) or exc.stdout.strip()[-300:],
                         hint="the driver works without it; check nvidia-smi -q for the GPU state")
             return
-        ctx.facts["persistence_mode"] = "on"
+        ctx.work.persistence_mode = "on"
         log.info("persistence_mode_enabled")
 
     return Step("persistence_mode", run, "nvidia-smi -pm 1")
@@ -355,7 +402,7 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
         unload_other_driver(version),
         gpu_firmware(from_staging=False),
         load_modules(from_staging=False),
-        device_nodes(from_staging=False),
+        device_nodes(ctx, from_staging=False),
         container_ld_cache(),
         host_ld_cache(),
         verify_install(version),
@@ -370,7 +417,7 @@ def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ..
         unload_other_driver(version),
         gpu_firmware(from_staging=True),
         load_modules(from_staging=True),
-        device_nodes(from_staging=True),
+        device_nodes(ctx, from_staging=True),
         verify_staged(version),
         promote(),
         gpu_firmware(from_staging=False),

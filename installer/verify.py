@@ -36,14 +36,19 @@ def parse_query_gpu(text: str) -> list[Gpu]:
     return gpus
 
 
+def modprobe_args(gpu_count: int) -> list[str]:
+    """nvidia-modprobe's options: one /dev/nvidia<N> per GPU (minors follow probe order,
+    not just nvidia0), /dev/nvidia-uvm and /dev/nvidia-modeset."""
+    return [*(f"-c{n}" for n in range(max(1, gpu_count))), "-u", "-m"]
+
+
 def create_device_nodes(tree: Tree, kernel: KernelState, runner: Runner) -> None:
     from installer.gpus import scan
 
     modprobe = tree.bin / "nvidia-modprobe"
-    # One /dev/nvidia<N> per GPU (minors follow probe order), not just nvidia0.
-    minors = [f"-c{n}" for n in range(max(1, len(scan(kernel.sys_dir))))]
     try:
-        runner.run([modprobe, *minors, "-u", "-m"], timeout=SMI_TIMEOUT_S, env=kernel.seam_env())
+        runner.run([modprobe, *modprobe_args(len(scan(kernel.sys_dir)))],
+                   timeout=SMI_TIMEOUT_S, env=kernel.seam_env())
     except CommandError as exc:
         raise VerifyError(
             f"nvidia-modprobe could not create the device nodes: {exc.stderr_tail(2)}",

@@ -1,31 +1,41 @@
-"""One class per host OS family, found through a registry keyed by ``HostInfo.family``."""
+"""One class per host OS family; each declares how it is recognised (cloud-init's
+distros own their OS-family membership the same way)."""
 
 from __future__ import annotations
 
-import importlib
-
 from installer.distros.base import Distro
+from installer.distros.cos import Cos
+from installer.distros.ubuntu import Ubuntu
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo
 
-# Imported only for the host's family: the COS flow pulls in requests, tenacity
-# and tarfile, which an Ubuntu cache hit does not need (see bench/cache_hit.py).
-FLOWS = {"cos": "installer.distros.cos:Cos", "ubuntu": "installer.distros.ubuntu:Ubuntu"}
+DISTROS: tuple[type[Distro], ...] = (Cos, Ubuntu)
 
 
-def _flow(family: str) -> type[Distro]:
-    module, attr = FLOWS[family].split(":")
-    return getattr(importlib.import_module(module), attr)
+def by_name(name: str) -> type[Distro] | None:
+    return next((d for d in DISTROS if d.name == name), None)
 
 
-def _registry() -> dict[str, type[Distro]]:
-    return {family: _flow(family) for family in FLOWS}
+def recognise(fields: dict[str, str], lsb_release: str | None, kernel_release: str,
+              os_release_path: str) -> HostInfo:
+    for distro in DISTROS:
+        info = distro.recognise(fields, lsb_release, kernel_release, os_release_path)
+        if info is not None:
+            return info
+    os_id = fields.get("ID", "").lower()
+    raise UnsupportedHostError(
+        f"unsupported host OS {os_id!r} ({fields.get('PRETTY_NAME', os_id)})",
+        hint="supported: " + ", ".join(
+            f"{d.title} (ID={'/'.join(d.os_ids)})" for d in DISTROS),
+        path=os_release_path,
+    )
 
 
 def for_host(info: HostInfo) -> Distro:
-    if info.family not in FLOWS:
+    distro = by_name(info.family)
+    if distro is None:
         raise UnsupportedHostError(
             f"no installer flow for {info.os_id}",
-            hint=f"supported: {', '.join(sorted(FLOWS))}",
+            hint=f"supported: {', '.join(d.name for d in DISTROS)}",
         )
-    return _flow(info.family)()
+    return distro.create()

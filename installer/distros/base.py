@@ -1,21 +1,53 @@
-"""What every distro provides: a driver version, a cache key and a plan."""
+"""What every distro declares (how it is recognised, its default driver version, its
+title and manifest flavour) and provides (a driver version, a cache key and a plan), and
+the plan skeleton all of them share."""
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
+from typing import ClassVar
 
 import structlog
 
-from installer import cache
+from installer import cache, steps
 from installer.cache import CacheKey
 from installer.context import Context
-from installer.plan import Plan
+from installer.osinfo import HostInfo
+from installer.plan import Plan, Step
 
 log = structlog.get_logger(__name__)
 
 
 class Distro(abc.ABC):
-    name: str
+    # The family name: HostInfo.family, the manifest flavour, the image's suffix.
+    name: ClassVar[str]
+    title: ClassVar[str]  # e.g. "Ubuntu", in manifests and messages
+    # os-release ID (or one of ID_LIKE) values this distro handles.
+    os_ids: ClassVar[tuple[str, ...]]
+    default_version: ClassVar[str]  # what NVIDIA_DRIVER_VERSION defaults to in the manifests
+    # GKE's cloud.google.com/gke-os-distribution values (the *_containerd names are the
+    # image-type spellings GKE has also used).
+    gke_os_distributions: ClassVar[tuple[str, ...]]
+    # Where this distro gets modules a signature-enforcing kernel accepts, and what to do
+    # about it (None: it only builds unsigned modules).
+    signed_modules: ClassVar[tuple[str, str] | None] = None
+
+    @classmethod
+    def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,
+                  os_release_path: str) -> HostInfo | None:
+        """The host facts when os-release ``fields`` name this distro, else None."""
+        os_id = fields.get("ID", "").lower()
+        id_like = fields.get("ID_LIKE", "").lower().split()
+        if os_id not in cls.os_ids and not set(id_like) & set(cls.os_ids):
+            return None
+        return HostInfo(os_id, cls.name, fields.get("VERSION_ID", ""),
+                        fields.get("PRETTY_NAME", os_id), kernel_release)
+
+    @classmethod
+    def create(cls) -> Distro:
+        """The instance that plans installs (a subclass may live in a heavier module)."""
+        return cls()
 
     @abc.abstractmethod
     def driver_version(self, ctx: Context) -> str:
@@ -42,3 +74,25 @@ class Distro(abc.ABC):
             return False
         log.info("cache_hit", key=key.describe())
         return True
+
+
+def cached_plan(ctx: Context, version: str, check_gpus: Step,
+                summary: dict[str, object]) -> Plan:
+    """A cache hit in any distro: check the GPUs, then load and verify what is installed."""
+    return Plan("cached", (check_gpus, *steps.load_cached(ctx, version)), summary)
+
+
+def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, object], *,
+               check_gpus: Step, check_signing: Step, before_staging: Sequence[Step] = (),
+               build: Sequence[Step]) -> Plan:
+    """A fresh install in any distro: every check before any download, then the distro's
+    own steps that fill the staging dir, then load, verify, swap in and record."""
+    return Plan("fresh", (
+        check_gpus,
+        check_signing,
+        steps.check_loaded_driver(version),
+        *before_staging,
+        steps.prepare_staging(),
+        *build,
+        *steps.activate_staged(ctx, version, key),
+    ), summary)

@@ -9,13 +9,10 @@ import structlog
 from installer import gpus, headers, steps
 from installer.cache import CacheKey
 from installer.context import Context
-from installer.distros.base import Distro
+from installer.distros.base import Distro, cached_plan, fresh_plan
 from installer.errors import UsageError
 from installer.nvidia_run import check_version, driver_url, version_from_url
 from installer.plan import Plan, Step
-
-# A version tested with this installer; NVIDIA_DRIVER_VERSION picks another.
-DEFAULT_DRIVER_VERSION = "550.127.05"
 
 log = structlog.get_logger(__name__)
 
@@ -29,7 +26,7 @@ def find_kernel_headers() -> Step:
         if tree is None:
             raise headers.not_found(release, tried)
         log.info("kernel_headers_found", source=str(tree.source), output=str(tree.output))
-        ctx.facts["kernel_tree"] = tree
+        ctx.work.kernel_tree = tree
 
     return Step("find_kernel_headers", run,
                 "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get")
@@ -37,6 +34,12 @@ def find_kernel_headers() -> Step:
 
 class Ubuntu(Distro):
     name = "ubuntu"
+    title = "Ubuntu"
+    # Debian-family hosts follow this flow (same packaging, same kernel layout).
+    os_ids = ("ubuntu", "debian")
+    # A version tested with this installer; NVIDIA_DRIVER_VERSION picks another.
+    default_version = "550.127.05"
+    gke_os_distributions = ("ubuntu", "ubuntu_containerd")
 
     def driver_version(self, ctx: Context) -> str:
         explicit = ctx.settings.driver_version
@@ -45,7 +48,7 @@ class Ubuntu(Distro):
         if ctx.settings.driver_url:
             return version_from_url(ctx.settings.driver_url)
         # The default, or the newest tested branch the GPUs here support (K80: R470).
-        version, why = gpus.pick_default(gpus.scan(ctx.kernel.sys_dir), DEFAULT_DRIVER_VERSION)
+        version, why = gpus.pick_default(gpus.scan(ctx.kernel.sys_dir), self.default_version)
         if why:
             log.info("driver_version_fallback", driver_version=version, reason=why)
         return version
@@ -71,19 +74,12 @@ class Ubuntu(Distro):
                    "kernel_module_type": module_type}
         check_gpus = steps.check_gpus(version, ctx.settings.kernel_module_type)
         if self.cache_hit(ctx, key):
-            return Plan("cached", (
-                check_gpus,
-                *steps.load_cached(ctx, version),
-            ), summary)
+            return cached_plan(ctx, version, check_gpus, summary)
         url = driver_url(ctx.settings, version)
-        return Plan("fresh", (
-            check_gpus,
-            steps.check_module_signing("this flow builds unsigned modules"),
-            steps.check_loaded_driver(version),
-            find_kernel_headers(),
-            steps.prepare_staging(),
-            steps.download_driver(url, ctx.settings.driver_sha256),
-            steps.extract_driver(),
-            steps.build_driver(version, module_type),
-            *steps.activate_staged(ctx, version, key),
-        ), {**summary, "driver_url": url})
+        return fresh_plan(
+            ctx, version, key, {**summary, "driver_url": url}, check_gpus=check_gpus,
+            check_signing=steps.check_module_signing("this flow builds unsigned modules"),
+            before_staging=(find_kernel_headers(),),
+            build=(steps.download_driver(url, ctx.settings.driver_sha256),
+                   steps.extract_driver(),
+                   steps.build_driver(ctx, version, module_type)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from installer import cos_artifacts as ca
+from installer.distros.cos import artifacts as ca
 from installer.errors import (
     DownloadError,
     ExitCode,

@@ -13,7 +13,9 @@ from installer import cache
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros import for_host
-from installer.distros.cos import Cos, decide_modules, signing_policy
+from installer.distros.cos import Cos
+from installer.distros.cos.choice import decide_modules
+from installer.distros.cos.flow import CosFlow
 from installer.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
 from installer.kernel import KernelState
 from installer.settings import Settings
@@ -82,7 +84,7 @@ def test_registry_and_detection(env):
 
 def test_compile_plan(env):
     ctx = env.ctx()
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     assert plan.kind == "fresh"
     assert names(plan) == COMPILE_STEPS
     base = f"file://{env.bucket.root}/{COS_BUILD_ID}"
@@ -107,9 +109,26 @@ def test_compile_plan(env):
     json.dumps(plan.describe())  # what --dry-run prints is JSON
 
 
+def test_dry_run_texts_are_the_argv_the_steps_run(env):
+    from installer import cpus, verify
+    from installer.nvidia_options import installer_args
+
+    env.kernel.add_gpu("0000:00:04.0")
+    env.kernel.add_gpu("0000:00:05.0")
+    plan = CosFlow().plan(env.ctx())
+    assert step(plan, "device_nodes").detail.startswith(
+        "nvidia-modprobe " + " ".join(verify.modprobe_args(2)) + ";")
+    assert "-c0 -c1 -u -m" in step(plan, "device_nodes").detail
+    argv = installer_args(version=DEFAULT_V, kernel_release=COS_KERNEL,
+                          kernel_source_path=Path("<kernel-source>"),
+                          kernel_output_path=Path("<kernel-output>"),
+                          concurrency=cpus.usable_cpus(), module_type="proprietary")
+    assert step(plan, "build_driver").detail.startswith(" ".join(argv) + " (NVIDIA ")
+
+
 def test_prebuilt_plan_is_preferred(env):
     env.bucket.prebuilt_versions = (LATEST_V,)
-    plan = Cos().plan(env.ctx(driver_version="latest"))
+    plan = CosFlow().plan(env.ctx(driver_version="latest"))
     assert names(plan) == PREBUILT_STEPS
     s = plan.summary
     assert s["driver_version"] == LATEST_V and s["flavor"] == "prebuilt-open"
@@ -122,7 +141,7 @@ def test_prebuilt_plan_is_preferred(env):
 
 def test_proprietary_request_skips_prebuilt_open_modules(env):
     env.bucket.prebuilt_versions = (LATEST_V,)
-    plan = Cos().plan(env.ctx(driver_version="latest", kernel_module_type="proprietary"))
+    plan = CosFlow().plan(env.ctx(driver_version="latest", kernel_module_type="proprietary"))
     assert names(plan) == COMPILE_STEPS
     assert plan.summary["flavor"] == "compiled-proprietary"
     assert any("proprietary" in n for n in plan.summary["kernel_module_notes"])
@@ -132,23 +151,23 @@ def test_pre_turing_gpu_skips_prebuilt_open_modules(env):
     for dev in (env.kernel.sys_dir / "bus/pci/devices").iterdir():
         (dev / "device").write_text("0x1db1\n")  # V100
     env.bucket.prebuilt_versions = (LATEST_V,)
-    plan = Cos().plan(env.ctx(driver_version="latest"))
+    plan = CosFlow().plan(env.ctx(driver_version="latest"))
     assert names(plan) == COMPILE_STEPS
     assert any("V100" in n for n in plan.summary["kernel_module_notes"])
 
 
 def test_branch_alias_and_explicit_version(env):
-    plan = Cos().plan(env.ctx(driver_version="R550"))
+    plan = CosFlow().plan(env.ctx(driver_version="R550"))
     assert plan.summary["driver_version"] == LATEST_V
     assert plan.summary["version_source"].endswith("/gpu_R550_version")
-    plan = Cos().plan(env.ctx(driver_version="535.104.05"))
+    plan = CosFlow().plan(env.ctx(driver_version="535.104.05"))
     assert plan.summary["driver_version"] == "535.104.05"
     assert plan.summary["version_source"] is None
 
 
 def test_missing_alias_is_exit_5_with_url(env):
     with pytest.raises(DownloadError) as err:
-        Cos().plan(env.ctx(driver_version="R470"))
+        CosFlow().plan(env.ctx(driver_version="R470"))
     assert err.value.exit_code == 5
     assert err.value.context["url"].endswith(f"{COS_BUILD_ID}/gpu_R470_version")
     assert COS_BUILD_ID in err.value.message and "R470" in err.value.message
@@ -157,7 +176,7 @@ def test_missing_alias_is_exit_5_with_url(env):
 def test_no_toolchain_env_uses_cros_defaults_and_toolchain_url(env):
     env.bucket.toolchain_env = None
     env.bucket.toolchain_via_url = "../toolchain-elsewhere.tar.xz"
-    s = Cos().plan(env.ctx()).summary
+    s = CosFlow().plan(env.ctx()).summary
     assert s["toolchain_env"] == {"CC": "x86_64-cros-linux-gnu-gcc",
                                   "CXX": "x86_64-cros-linux-gnu-g++"}
     assert s["toolchain_url"] == f"file://{env.bucket.root}/toolchain-elsewhere.tar.xz"
@@ -179,13 +198,13 @@ def test_cached_plan_needs_build_and_version(env):
                 ctx.install.root, "test")
     text = ctx.install.cache_file.read_text()
     assert f"CACHE_BUILD_ID={COS_BUILD_ID}" in text and "CACHE_FLAVOR=prebuilt-open" in text
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     assert plan.kind == "cached" and names(plan) == CACHED_STEPS
     assert plan.summary["flavor"] == "prebuilt-open"
     # Another version: fresh.
-    assert Cos().plan(env.ctx(driver_version="latest")).kind == "fresh"
+    assert CosFlow().plan(env.ctx(driver_version="latest")).kind == "fresh"
     # --force: fresh.
-    assert Cos().plan(env.ctx(force=True)).kind == "fresh"
+    assert CosFlow().plan(env.ctx(force=True)).kind == "fresh"
 
 
 def test_gke_v1_cache_record_is_recognised(env):
@@ -193,10 +212,10 @@ def test_gke_v1_cache_record_is_recognised(env):
     _install_files(env.node.install_dir, DEFAULT_V)
     ctx.install.cache_file.write_text(
         f"CACHE_BUILD_ID={COS_BUILD_ID}\nCACHE_NVIDIA_DRIVER_VERSION={DEFAULT_V}\n")
-    assert Cos().plan(ctx).kind == "cached"
+    assert CosFlow().plan(ctx).kind == "cached"
     ctx.install.cache_file.write_text(
         f"CACHE_BUILD_ID=17800.1.1\nCACHE_NVIDIA_DRIVER_VERSION={DEFAULT_V}\n")
-    assert Cos().plan(ctx).kind == "fresh"
+    assert CosFlow().plan(ctx).kind == "fresh"
 
 
 def test_alias_falls_back_to_cache_when_artifacts_unreachable(env):
@@ -207,13 +226,13 @@ def test_alias_falls_back_to_cache_when_artifacts_unreachable(env):
     # Nothing listens on port 9: connection refused, fast.
     ctx = env.ctx()
     object.__setattr__(ctx.settings, "cos_artifacts_url", "https://127.0.0.1:9/{build_id}")
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     assert plan.kind == "cached" and plan.summary["driver_version"] == DEFAULT_V
     assert "cached install" in plan.summary["version_source"]
 
 
 def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
-    import installer.distros.cos as cos_mod
+    import installer.distros.cos.versions as cos_mod
     from installer.net.retry import RetryPolicy
 
     ctx = env.ctx()
@@ -221,35 +240,17 @@ def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
     monkeypatch.setenv("DOWNLOAD_RETRIES", "1")
     monkeypatch.setattr(cos_mod, "quick_policy", lambda: RetryPolicy(1, 0, 0, 5, 2, 2))
     with pytest.raises(DownloadError) as err:
-        Cos().plan(ctx)
+        CosFlow().plan(ctx)
     assert err.value.exit_code == 5 and "127.0.0.1:9" in err.value.message
 
 
 # --------------------------------------------------------------------------- signing
 
 
-def test_signing_policy_reads_cmdline_param_lockdown_loadpin(env):
-    k = env.kernel
-    state = KernelState(k.proc_dir, k.sys_dir, k.dev_dir)
-    assert signing_policy(state).enforced is False
-    k.set_cmdline("console=ttyS0 module.sig_enforce=1 loadpin.exclude=kernel-module "
-                  "modules-load=loadpin_trigger loadpin.enforce=1")
-    p = signing_policy(state)
-    assert p.enforced and not p.loadpin_blocks
-    assert p.reasons == ("module.sig_enforce=1 is on the kernel command line",)
-    k.set_cmdline("console=ttyS0 loadpin.enforce=1")
-    k.set_sig_enforce(True)
-    k.set_lockdown("integrity")
-    p = signing_policy(state)
-    assert p.loadpin_blocks
-    assert p.reasons == ("/sys/module/module/parameters/sig_enforce is Y",
-                         "kernel lockdown is 'integrity'")
-
-
 def test_enforced_signatures_without_prebuilt_stop_first_with_exit_10(env):
     env.kernel.set_cmdline("module.sig_enforce=1")
     ctx = env.ctx()
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     assert plan.summary["signatures_enforced"] is True and "blocked" in plan.summary
     plan.steps[0].run(ctx)  # the GPU check passes
     sign = plan.steps[1]
@@ -267,11 +268,11 @@ def test_enforced_signatures_with_prebuilt_pass(env):
     env.kernel.set_lockdown("integrity")
     env.bucket.prebuilt_versions = (DEFAULT_V,)
     ctx = env.ctx()
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     assert plan.summary["flavor"] == "prebuilt-open" and "blocked" not in plan.summary
     plan.steps[0].run(ctx)
     plan.steps[1].run(ctx)  # no error
-    assert ctx.facts["kernel_module_type"] == "open"
+    assert ctx.work.kernel_module_type == "open"
 
 
 def test_decide_modules_matrix():
@@ -298,13 +299,13 @@ def test_default_alias_falls_back_to_a_branch_the_gpu_supports(env):
     for dev in (env.kernel.sys_dir / "bus/pci/devices").iterdir():
         (dev / "device").write_text("0x102d\n")  # K80: R470 at most
     env.bucket.aliases["R470"] = "470.256.02"
-    plan = Cos().plan(env.ctx())
+    plan = CosFlow().plan(env.ctx())
     s = plan.summary
     assert s["driver_version"] == "470.256.02" and s["version_alias"] == "R470"
     assert "K80" in s["version_note"] and s["requested_version"] == "default"
     # An explicit branch is never changed: the GPU check refuses it (exit 2).
     ctx = env.ctx(driver_version="R535")
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     assert plan.summary["driver_version"] == DEFAULT_V
     from installer.errors import UsageError
     with pytest.raises(UsageError, match="too new"):
@@ -316,7 +317,7 @@ def test_default_alias_falls_back_to_a_branch_the_gpu_supports(env):
 
 def test_preload_plan_and_run(env):
     ctx = env.ctx(preload=True)
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     assert plan.kind == "preload"
     assert names(plan) == ["fetch_artifacts", "prepare_kernel_headers", "prepare_toolchain",
                            "preload_finished"]
@@ -326,29 +327,29 @@ def test_preload_plan_and_run(env):
     tools = env.tools_dir / COS_BUILD_ID
     headers = tools / f"kernel-headers/usr/src/linux-headers-{COS_KERNEL}"
     assert (headers / "Makefile").is_file()
-    assert ctx.facts["kernel_tree"].source == ctx.facts["kernel_tree"].output == headers
+    assert ctx.work.kernel_tree.source == ctx.work.kernel_tree.output == headers
     tc = tools / "toolchain"
     assert os.access(tc / f"bin/{CC}", os.X_OK)
     assert os.readlink(tc / "bin/ld") == f"{TRIPLE}-ld.lld"
     assert not (tc / "usr/lib64/rustlib").exists()
     assert not list((tc / "usr/lib64").glob("librustc*"))
     assert not (tools / ".downloads/kernel-headers.tgz").exists()  # archives removed
-    env_ = ctx.facts["build_env"]
+    env_ = ctx.work.toolchain.env
     assert env_["CC"] == CC and env_["CXX"] == CXX
     assert env_["PATH"].split(":")[0] == str(tc / "bin")
     assert env_["SYSROOT"] == str(tc / f"usr/{TRIPLE}")
-    assert ctx.facts["build_binds"] == [(str(tools), str(tools))]
+    assert ctx.work.toolchain.binds == ((str(tools), str(tools)),)
     marker = json.loads((tc / ".nvidia-driver-installer.json").read_text())
     assert marker["source_url"].endswith("/toolchain.tar.xz") and len(marker["sha256"]) == 64
     # Nothing was installed; the install dir is untouched.
     assert not any(env.node.install_dir.iterdir())
 
     # Second preload: everything is cached, nothing to fetch.
-    plan2 = Cos().plan(env.ctx(preload=True))
+    plan2 = CosFlow().plan(env.ctx(preload=True))
     assert plan2.summary["already_cached"] is True
     assert names(plan2) == ["prepare_kernel_headers", "prepare_toolchain", "preload_finished"]
     # And the compile plan reuses them: only the .run is fetched.
-    plan3 = Cos().plan(env.ctx())
+    plan3 = CosFlow().plan(env.ctx())
     fetch = step(plan3, "fetch_artifacts").detail
     assert "toolchain" not in fetch and "kernel-headers" not in fetch
 
@@ -361,7 +362,7 @@ def test_preload_prunes_other_builds_it_made(env):
     foreign.mkdir()
     (foreign / "keep").write_text("not ours")
     ctx = env.ctx(preload=True)
-    for s in Cos().plan(ctx).steps:
+    for s in CosFlow().plan(ctx).steps:
         s.run(ctx)
     assert not old.exists() and foreign.exists()
 
@@ -369,7 +370,7 @@ def test_preload_prunes_other_builds_it_made(env):
 def test_malicious_headers_refused_during_preload(env, tmp_path):
     env.bucket.evil_headers = "symlink_out"
     ctx = env.ctx(preload=True)
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     step(plan, "fetch_artifacts").run(ctx)
     with pytest.raises(IntegrityError, match="symlink pointing outside") as err:
         step(plan, "prepare_kernel_headers").run(ctx)
@@ -423,11 +424,11 @@ def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys, output):
 
 def test_driver_url_names_the_version(env):
     url = "https://mirror.example/nvidia/NVIDIA-Linux-x86_64-550.90.07.run"
-    plan = Cos().plan(env.ctx(driver_url=url))
+    plan = CosFlow().plan(env.ctx(driver_url=url))
     assert plan.summary["driver_version"] == "550.90.07"
     assert plan.summary["driver_url"] == url
     # An explicit version or alias still wins over the URL's name.
-    plan = Cos().plan(env.ctx(driver_url=url, driver_version="latest"))
+    plan = CosFlow().plan(env.ctx(driver_url=url, driver_version="latest"))
     assert plan.summary["driver_version"] == LATEST_V
 
 
@@ -436,7 +437,7 @@ def test_stale_downloads_are_cleared_before_fetching(env):
     stale = env.tools_dir / COS_BUILD_ID / ".downloads/x86_64-cros-linux-gnu-2023.tar.xz"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"half a toolchain from a killed run")
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     step(plan, "fetch_artifacts").run(ctx)
     assert not stale.exists()
     assert (env.tools_dir / COS_BUILD_ID / ".downloads/toolchain.tar.xz").is_file()
@@ -446,6 +447,6 @@ def test_exit_10_says_why_existing_prebuilt_modules_are_not_used(env):
     env.kernel.set_sig_enforce(True)
     env.bucket.prebuilt_versions = (DEFAULT_V,)
     ctx = env.ctx(kernel_module_type="proprietary")
-    plan = Cos().plan(ctx)
+    plan = CosFlow().plan(ctx)
     with pytest.raises(SecureBootError, match="cannot be used here: prebuilt modules are open"):
         step(plan, "check_module_signing").run(ctx)

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import cache, cli, doctor
+from installer import cache, cli, doctor, signing
 from installer.cache import CacheKey
 from tests.fixtures import node as fixture_node
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
@@ -260,9 +260,10 @@ def test_no_gpu_on_the_bus(node, capsys):
 def test_secure_boot_blocks_unsigned_modules(node, capsys, how):
     node.write(node.proc / "modules", "")  # nothing loaded: the build would be refused
     if how == "efivar":
-        efivar = node.sys / doctor.SECURE_BOOT_EFIVAR
+        efivar = node.sys / signing.SECURE_BOOT_EFIVAR
         efivar.parent.mkdir(parents=True)
         efivar.write_bytes(b"\x06\x00\x00\x00\x01")
+        node.write(node.sys / "kernel/security/lockdown", "none [integrity] confidentiality\n")
     elif how == "sig_enforce":
         node.kernel.set_sig_enforce(True)
     else:
@@ -275,13 +276,16 @@ def test_secure_boot_blocks_unsigned_modules(node, capsys, how):
             "lockdown": "lockdown=integrity"}[how] in f["detail"]
 
 
-def test_secure_boot_off_efivar(node, capsys):
-    efivar = node.sys / doctor.SECURE_BOOT_EFIVAR
+@pytest.mark.parametrize("value", [0, 1])
+def test_secure_boot_without_enforcement_lets_unsigned_modules_load(node, capsys, value):
+    # The kernel's sig_enforce and lockdown decide; Secure Boot alone refuses nothing.
+    efivar = node.sys / signing.SECURE_BOOT_EFIVAR
     efivar.parent.mkdir(parents=True)
-    efivar.write_bytes(b"\x06\x00\x00\x00\x00")
+    efivar.write_bytes(b"\x06\x00\x00\x00" + bytes([value]))
     _, found = node.findings(capsys)
     assert found["module_signing"]["verdict"] == "ok"
     assert "unsigned modules may load" in found["module_signing"]["detail"]
+    assert ("although Secure Boot is on" in found["module_signing"]["detail"]) is bool(value)
 
 
 def test_secure_boot_with_signed_modules_loaded_is_fine(node, capsys):

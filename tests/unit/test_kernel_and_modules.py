@@ -1,14 +1,9 @@
 import struct
 
-from installer.kernel import (
-    KernelState,
-    cmdline_enforces_signatures,
-    module_name,
-    parse_lockdown,
-    parse_proc_modules,
-)
+from installer.kernel import KernelState, module_name, parse_proc_modules
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
 from installer.modules import params_for, plan_loads, users
+from installer.signing import cmdline_enforces_signatures, parse_lockdown
 
 PROC_MODULES = """nvidia_uvm 1380352 0 - Live 0x0000000000000000 (POE)
 nvidia_modeset 1241088 1 nvidia_drm, Live 0x0000000000000000 (POE)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from installer import modsign
+from installer.distros.cos import modsign
 
 MAGIC = b"~Module signature appended~\n"
 

@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import diagnostics, install, readiness
+from installer import diagnostics, install, metrics, readiness
 from installer.errors import BuildError
 from installer.hostroot import HostRoot
 from installer.plan import Plan, Step
@@ -63,7 +63,7 @@ def test_clear_reports_whether_there_was_a_file(host):
 
 
 def test_metrics_text_format():
-    text = readiness.format_metrics(outcome="error", exit_code=7, duration_s=12.5,
+    text = metrics.format_metrics(outcome="error", exit_code=7, duration_s=12.5,
                                     driver_version='5"50', plan="fresh", kernel_release="5.15",
                                     error_class="build", finished_at=1700000000)
     assert "nvidia_driver_installer_success 0" in text
@@ -76,7 +76,7 @@ def test_metrics_text_format():
 
 def test_metrics_write_failure_is_not_fatal(host):
     (host.root / "var").write_text("a file where a directory should be")
-    assert readiness.write_metrics(host, PurePosixPath("/var/lib/x.prom"), "x 1\n") is None
+    assert metrics.write_metrics(host, PurePosixPath("/var/lib/x.prom"), "x 1\n") is None
 
 
 class FakeDistro:
@@ -103,7 +103,7 @@ def test_readiness_absent_during_the_run_and_written_after_verify(host, monkeypa
         seen.append(readiness.read(ctx.host))
 
     def verified(ctx):
-        ctx.facts["gpus"] = []
+        ctx.work.gpus = []
 
     run_with(monkeypatch, host, [Step("look", look), Step("verify", verified)])
     assert seen == [None]
@@ -208,7 +208,7 @@ def test_unwritable_readiness_is_a_verify_failure(host, monkeypatch):
     (host.root / "run/nvidia/validations").write_text("a file, not a directory")
 
     def verified(ctx):
-        ctx.facts["gpus"] = []
+        ctx.work.gpus = []
 
     with pytest.raises(VerifyError, match="readiness file could not be written"):
         run_with(monkeypatch, host, [Step("verify", verified)])

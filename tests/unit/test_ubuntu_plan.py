@@ -12,12 +12,14 @@ from installer import cache
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros import for_host
-from installer.distros.ubuntu import DEFAULT_DRIVER_VERSION, Ubuntu, find_kernel_headers
+from installer.distros.ubuntu import Ubuntu, find_kernel_headers
 from installer.errors import ExitCode, InstallerError, UsageError
 from installer.settings import Settings
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import UBUNTU_KERNEL, build_ubuntu_node
 from tests.fixtures.plans import ACTIVATE_STAGED, LOAD_CACHED
+
+DEFAULT_DRIVER_VERSION = Ubuntu.default_version
 
 FRESH_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver",
@@ -152,7 +154,7 @@ def test_cache_hit_needs_version_kernel_and_flavour(env):
 def test_headers_on_the_host_are_found_without_apt(env):
     ctx = env.ctx()
     find_kernel_headers().run(ctx)
-    tree = ctx.facts["kernel_tree"]
+    tree = ctx.work.kernel_tree
     assert tree.source == env.node.headers_dir
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from installer.cpus import usable_cpus
 from installer.nvidia_options import installer_args
-from installer.nvidia_run import usable_cpus
 from tests.fixtures.kernel import UBUNTU_KERNEL
 
 HOST = len(os.sched_getaffinity(0))

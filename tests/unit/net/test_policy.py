@@ -132,17 +132,17 @@ def test_the_ubuntu_driver_download_is_named_by_the_same_rule(tmp_path):
 
     from installer import steps
     from installer.installdir import Tree
+    from installer.workstate import WorkState
 
     src = tmp_path / "src" / "NVIDIA-Linux-x86_64-550.127.05.run"
     src.parent.mkdir()
     src.write_bytes(b"#!/bin/sh\n")
-    ctx = SimpleNamespace(facts={"staging": Tree(tmp_path / "staging")}, http=None,
+    ctx = SimpleNamespace(work=WorkState(staging=Tree(tmp_path / "staging")), http=None,
                           settings=SimpleNamespace(allow_insecure_http=False))
     steps.download_driver(src.as_uri() + "?sig=secretvalue", None).run(ctx)
-    assert ctx.facts["run_file"] == tmp_path / "staging/downloads" / src.name
-    ctx.facts.clear()
-    ctx.facts["staging"] = Tree(tmp_path / "staging2")
+    assert ctx.work.run_file == tmp_path / "staging/downloads" / src.name
+    ctx.work = WorkState(staging=Tree(tmp_path / "staging2"))
     (src.parent / "sub").mkdir()
     steps.download_driver(src.parent.as_uri() + "/sub/..%2F" + src.name, None).run(ctx)
-    assert ctx.facts["run_file"] == tmp_path / "staging2/downloads" / src.name
+    assert ctx.work.run_file == tmp_path / "staging2/downloads" / src.name
     assert policy.file_name(src.parent.as_uri() + "/..", "driver.run") == "driver.run"

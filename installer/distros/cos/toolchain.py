@@ -199,6 +199,20 @@ def cross_linker(toolchain: Path, env: Mapping[str, str]) -> Path | None:
     return None
 
 
+def module_linker(toolchain: Path, env: Mapping[str, str]) -> Path:
+    """The toolchain's lld (COS 85+ kernels are linked with it), as Google's installer."""
+    bin_dir = toolchain / "bin"
+    prefix = _target_prefix(env.get("CC", ""))
+    for name in ("ld.lld", f"{prefix}ld.lld"):
+        if (bin_dir / name).is_file():
+            return bin_dir / name
+    found = cross_linker(toolchain, env)
+    if found is None or not found.name.endswith("ld.lld"):
+        raise BuildError(f"the COS toolchain has no ld.lld in {bin_dir}", path=str(bin_dir),
+                         hint="remove the tools dir to fetch the toolchain again")
+    return found
+
+
 def link_ld(toolchain: Path, env: Mapping[str, str]) -> Path | None:
     """``bin/ld`` -> the cross linker, so nvidia-installer (which runs ``ld``) uses it.
 

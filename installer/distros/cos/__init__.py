@@ -1,0 +1,73 @@
+"""Container-Optimized OS: prebuilt signed modules when the build has them, else a build
+with the build's own kernel headers and cross toolchain.
+
+Decisions are made when the plan is built (it may read the build's small
+metadata files: version aliases, ``toolchain_url``, ``toolchain_env``, and
+probe whether prebuilt modules exist); big artifacts are fetched by steps, in
+parallel, only after the signature policy allowed it.
+
+- **prebuilt** (``nvidia-drivers-<V>.tgz`` exists, preferred): its signed (open)
+  modules go into ``drivers/`` and the NVIDIA installer runs for user space
+  only (``--no-kernel-module``). Flavour ``prebuilt-open``.
+- **precompiled-signed** (signatures enforced, no usable prebuilt modules, and the
+  build has ``extensions/gpu/NVIDIA-Linux-x86_64-<V>-custom.run`` and
+  ``nvidia-drivers-<V>-signature.tar.gz``): as Google's installer, link
+  ``nvidia.ko``/``nvidia-modeset.ko`` from NVIDIA's precompiled kernel interfaces
+  with the toolchain's ``ld.lld -T module.lds``, append Google's PKCS#7
+  signatures, user space with ``--no-kernel-module``. Proprietary modules
+  (pre-Turing GPUs: P4, P100, V100, K80). Flavour ``precompiled-signed``.
+- **compiled**: ``kernel-headers.tgz`` and the toolchain, cached on the host
+  under the tools dir, then the shared nvidia-installer build with
+  ``--kernel-source-path`` and the toolchain's CC/CXX/PATH. Flavour
+  ``compiled-proprietary``. Refused with exit 10 before any big download if
+  the kernel only loads signed modules.
+- **cached**: same build, version and intact files: load and verify.
+- **preload** (``--preload``): fetch and cache the toolchain and headers only.
+"""
+
+
+from __future__ import annotations
+
+from installer.distros.base import Distro
+from installer.errors import UnsupportedHostError
+from installer.osinfo import HostInfo, parse_env_file
+
+
+class Cos(Distro):
+    """What identifies COS; its plans live in ``flow`` (imported only on COS: the
+    artifacts client and the archive code are not needed on other hosts)."""
+
+    name = "cos"
+    title = "Container-Optimized OS"
+    os_ids = ("cos",)
+    default_version = "default"  # the build's gpu_default_version (artifacts.DEFAULT_ALIAS)
+    gke_os_distributions = ("cos", "cos_containerd")
+    signed_modules = (
+        "COS installs use NVIDIA's signed prebuilt modules",
+        "run install: it fetches the signed modules for this COS build; if there are none "
+        "for the driver version, pick one that has them (default/latest)",
+    )
+
+    @classmethod
+    def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,
+                  os_release_path: str) -> HostInfo | None:
+        if fields.get("ID", "").lower() != "cos":  # ID_LIKE=cos names no COS build
+            return None
+        build_id = fields.get("BUILD_ID", "")
+        parts = build_id.split(".")
+        if len(parts) < 2 or not all(p.isdigit() for p in parts):
+            what = "no BUILD_ID" if not build_id else f"a malformed BUILD_ID {build_id!r}"
+            raise UnsupportedHostError(
+                f"{os_release_path} has {what}; a COS host must name its build",
+                hint="expected BUILD_ID=<major>.<minor>.<patch>, e.g. BUILD_ID=17800.66.78",
+                path=os_release_path,
+            )
+        board = parse_env_file(lsb_release or "").get("CHROMEOS_RELEASE_BOARD") or None
+        return HostInfo("cos", cls.name, fields.get("VERSION_ID", ""),
+                        fields.get("PRETTY_NAME", "cos"), kernel_release, build_id, board)
+
+    @classmethod
+    def create(cls) -> Distro:
+        from installer.distros.cos.flow import CosFlow
+
+        return CosFlow()

@@ -1,0 +1,66 @@
+"""An optional node_exporter textfile (``--metrics-file``, a host path): a Prometheus
+text file for the textfile collector, written on success and on failure."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path, PurePosixPath
+
+import structlog
+
+from installer.errors import InstallerError
+from installer.hostroot import HostRoot
+
+log = structlog.get_logger(__name__)
+
+METRIC_PREFIX = "nvidia_driver_installer"
+
+
+def _label(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def format_metrics(
+    *,
+    outcome: str,
+    exit_code: int,
+    duration_s: float,
+    driver_version: str | None,
+    plan: str | None,
+    kernel_release: str,
+    error_class: str | None,
+    finished_at: float | None = None,
+) -> str:
+    """node_exporter textfile: HELP/TYPE lines, one sample per metric."""
+    labels = (f'driver_version="{_label(driver_version or "")}",plan="{_label(plan or "")}",'
+              f'kernel_release="{_label(kernel_release)}",outcome="{_label(outcome)}",'
+              f'error_class="{_label(error_class or "")}"')
+    p = METRIC_PREFIX
+    samples = [
+        ("info", "gauge", "The last run: driver version, plan, kernel, outcome (always 1).",
+         f"{p}_info{{{labels}}} 1"),
+        ("success", "gauge", "1 if the last run installed and verified the driver, else 0.",
+         f"{p}_success {1 if outcome == 'ok' else 0}"),
+        ("exit_code", "gauge", "Exit code of the last run (0 ok; see the README).",
+         f"{p}_exit_code {int(exit_code)}"),
+        ("duration_seconds", "gauge", "Wall time of the last run.",
+         f"{p}_duration_seconds {duration_s:.3f}"),
+        ("last_run_timestamp_seconds", "gauge", "When the last run finished (Unix time).",
+         f"{p}_last_run_timestamp_seconds {finished_at if finished_at is not None else time.time():.0f}"),
+    ]
+    out = []
+    for name, kind, help_text, sample in samples:
+        out += [f"# HELP {p}_{name} {help_text}", f"# TYPE {p}_{name} {kind}", sample]
+    return "\n".join(out) + "\n"
+
+
+def write_metrics(host: HostRoot, host_path: PurePosixPath, text: str) -> Path | None:
+    """Write the textfile atomically; a failure is logged, never fatal."""
+    try:
+        path = host.write_atomic(host_path, text)  # temp name ends in .tmp: the collector skips it
+    except (OSError, InstallerError) as exc:
+        log.warning("metrics_not_written", path=str(host_path), error=str(exc),
+                    hint="check --metrics-file names a writable host path")
+        return None
+    log.info("metrics_written", path=str(host_path))
+    return path

@@ -1,0 +1,47 @@
+"""What steps hand to later steps during one run, typed: each field is set by one step
+(named in its comment) and read by later ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from installer.headers import KernelTree
+    from installer.installdir import Tree
+    from installer.net.transfer import Downloaded
+    from installer.verify import Gpu
+
+# What a fetch step downloads (the plan's Fetch.artifact).
+Artifact = Literal["driver", "prebuilt", "signatures", "headers", "toolchain"]
+
+
+@dataclass(frozen=True)
+class BuildToolchain:
+    """A toolchain the distro provides for the kernel module build (COS: its cross
+    toolchain); the shared build step uses it without knowing where it came from."""
+
+    env: dict[str, str]  # CC, CXX, PATH, ... for nvidia-installer
+    # (container path, sandbox path) dirs the sandbox must show (a separate mount)
+    binds: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class WorkState:
+    staging: Tree | None = None  # prepare_staging
+    downloads: dict[Artifact, Downloaded] = field(default_factory=dict)  # fetch_artifacts
+    run_file: Path | None = None  # download_driver / fetch_artifacts
+    extract_dir: Path | None = None  # extract_driver
+    kernel_tree: KernelTree | None = None  # the distro's kernel headers step
+    toolchain: BuildToolchain | None = None  # the distro's toolchain step (COS)
+    prebuilt_dir: Path | None = None  # unpack_prebuilt / link_precompiled (COS)
+    signatures_dir: Path | None = None  # unpack_signatures (COS)
+    kernel_module_type: str | None = None  # check_gpu_compatibility
+    unloaded_version: str | None = None  # unload_other_driver (for a roll-back)
+    gpus: list[Gpu] | None = None  # verify (None: no verify ran, as with --preload)
+    persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
+
+    def staged(self) -> Tree:
+        assert self.staging is not None, "prepare_staging runs first"
+        return self.staging

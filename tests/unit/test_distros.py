@@ -1,0 +1,62 @@
+import subprocess
+import sys
+
+import pytest
+
+from installer import distros, manifests
+from installer.distros import DISTROS, Cos, Ubuntu, by_name, recognise
+from installer.errors import UnsupportedHostError
+from installer.osinfo import parse_env_file
+
+COS = 'ID=cos\nVERSION_ID=113\nBUILD_ID=17801.218.41\nPRETTY_NAME="COS 113"\n'
+
+
+def _recognise(text, lsb=None):
+    return recognise(parse_env_file(text), lsb, "6.1.0", "/r/etc/os-release")
+
+
+@pytest.mark.parametrize(("os_release", "family", "os_id"), [
+    (COS, "cos", "cos"),
+    ("ID=ubuntu\nVERSION_ID=22.04\n", "ubuntu", "ubuntu"),
+    ("ID=debian\n", "ubuntu", "debian"),
+    # a derivative names its parent in ID_LIKE (os-release(5))
+    ("ID=pop\nID_LIKE=\"ubuntu debian\"\n", "ubuntu", "pop"),
+    ("ID=Ubuntu\n", "ubuntu", "ubuntu"),
+])
+def test_each_distro_recognises_its_hosts(os_release, family, os_id):
+    info = _recognise(os_release)
+    assert (info.family, info.os_id) == (family, os_id)
+    assert isinstance(distros.for_host(info), by_name(family))
+
+
+def test_cos_needs_its_build_and_reads_the_board():
+    info = _recognise(COS, "CHROMEOS_RELEASE_BOARD=lakitu\n")
+    assert (info.build_id, info.board, info.version_id) == ("17801.218.41", "lakitu", "113")
+    with pytest.raises(UnsupportedHostError, match="malformed BUILD_ID"):
+        _recognise(COS.replace("17801.218.41", "17801"))
+    # ID_LIKE=cos names no build: not a COS host
+    with pytest.raises(UnsupportedHostError, match="unsupported host OS 'cosish'"):
+        _recognise("ID=cosish\nID_LIKE=cos\n")
+
+
+def test_unsupported_host_names_every_distro():
+    with pytest.raises(UnsupportedHostError) as err:
+        _recognise('ID=fedora\nPRETTY_NAME="Fedora Linux 40"\n')
+    assert err.value.hint == ("supported: Container-Optimized OS (ID=cos), "
+                              "Ubuntu (ID=ubuntu/debian)")
+
+
+def test_manifest_flavours_come_from_the_distro_classes():
+    assert manifests.FLAVORS == tuple(d.name for d in DISTROS) == ("cos", "ubuntu")
+    assert manifests.FLAVOR_TITLES["cos"] == Cos.title
+    assert {"cos": "default", "ubuntu": Ubuntu.default_version} == manifests.DEFAULT_DRIVER_VERSION
+    assert manifests.GKE_OS_DISTRIBUTIONS["ubuntu"] == ("ubuntu", "ubuntu_containerd")
+
+
+def test_recognising_hosts_does_not_import_the_cos_flow():
+    # The COS plans pull in the artifacts client and archive code an Ubuntu run never uses.
+    code = ("import sys, installer.distros; "
+            "print('installer.distros.cos.flow' in sys.modules, 'tarfile' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False"]
