@@ -21,6 +21,7 @@ from installer import (
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.errors import InstallerError, SecureBootError, UsageError, VerifyError
+from installer.gke import vulkan_icd
 from installer.installdir import Tree
 from installer.plan import Step
 from installer.runner import CommandError
@@ -371,6 +372,7 @@ def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ..
         load_modules(from_staging=True),
         device_nodes(from_staging=True),
         verify_staged(version),
+        *vulkan_icd.steps_for(ctx),  # reads the extracted .run, which promote() removes
         promote(),
         gpu_firmware(from_staging=False),
         container_ld_cache(),

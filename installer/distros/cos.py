@@ -532,10 +532,19 @@ class Cos(Distro):
                 ctx.http, url, allow_insecure_http=ctx.settings.allow_insecure_http))
         return ctx.facts["cos_manifest"]
 
+    def _mirror(self, ctx: Context) -> str | None:
+        """Google's regional mirror of NVIDIA's files (gke/mirror.py says why), asked for
+        only when no driver URL or base URL was given."""
+        if ctx.settings.driver_url or ctx.settings.driver_base_url:
+            return None
+        from installer.gke import mirror
+
+        return mirror.mirror_base_url(mirror.gce_zone())
+
     def _tools(self, ctx: Context) -> BuildTools:
         assert ctx.host_info.build_id is not None
-        tools_dir = toolchain.default_tools_dir(ctx.settings.toolchain_dir,
-                                                ctx.host)
+        tools_dir = toolchain.default_tools_dir(ctx.settings.toolchain_dir, ctx.host,
+                                                str(ctx.settings.toolchain_dir_host))
         return BuildTools(tools_dir, ctx.host_info.build_id)
 
     def _usable_cache(self, ctx: Context) -> cache.CacheRecord | None:
@@ -632,7 +641,7 @@ class Cos(Distro):
 
         arts = self._artifacts(ctx)
 
-        run_url = driver_url(ctx.settings, version)
+        run_url = driver_url(ctx.settings, version, self._mirror(ctx))
         prebuilt_name = prebuilt_modules_name(version)
         prebuilt_url = arts.url(prebuilt_name)
         from installer import gpus
