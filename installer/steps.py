@@ -273,6 +273,8 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
     def run(ctx: Context) -> None:
         found = gpus.scan(ctx.kernel.sys_dir)
         ctx.facts["pci_gpus"] = found
+        for warning in gpus.unknown(found):
+            log.warning("unknown_gpu", message=warning)
         choice = gpus.choose_module_type(found, version, requested_module_type)
         ctx.facts["kernel_module_type"] = choice.module_type
         if not found:
