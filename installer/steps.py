@@ -9,6 +9,7 @@ import structlog
 from installer import (
     __version__,
     cache,
+    cgroup_memory,
     devchar,
     firmware,
     gpus,
@@ -109,7 +110,8 @@ def build_driver(version: str, module_type: str | None = None, *,
             kernel_release=ctx.host_info.kernel_release,
             kernel_source_path=tree.source if tree else None,
             kernel_output_path=tree.output if tree else None,
-            concurrency=nvidia_run.usable_cpus(),
+            concurrency=cgroup_memory.jobs_for(nvidia_run.usable_cpus(),
+                                               cgroup_memory.memory_limit()),
             module_type=None if userspace_only else module_type,
         )
 
