@@ -304,7 +304,7 @@ def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
             toolchain.install_archive(got.path, tools.toolchain, source_url=got.url,
                                       sha256=got.sha256, label="COS toolchain",
                                       exclude_patterns=toolchain.TOOLCHAIN_EXCLUDES)
-        elif not toolchain.read_marker(tools.toolchain):
+        elif not tools.toolchain_ready(env["CC"]):
             raise BuildError(f"toolchain missing from {tools.toolchain}", path=str(tools.toolchain))
         toolchain.ensure_exec(tools.root, ctx.runner)
         linker = toolchain.link_ld(tools.toolchain, env)
@@ -720,8 +720,11 @@ class Cos(Distro):
                 *tail,
             ), summary)
 
-        tools = self._tools(ctx)
         tc_env, tc_url = self._toolchain_source(ctx, arts)
+        from installer.gke import v2_tools
+
+        tools = v2_tools.adopt(self._tools(ctx), ctx.host_info.kernel_release, tc_env["CC"],
+                               pinned=arts.manifest is not None)
         headers_preset = self._host_headers(ctx)
         fetches = [run_fetch]
         if precompiled:

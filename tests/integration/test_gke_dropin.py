@@ -13,6 +13,7 @@ Test seams only: the fake kernel, and the local HTTPS server for the .run and ar
 from __future__ import annotations
 
 import shlex
+import shutil
 
 import pytest
 
@@ -153,3 +154,26 @@ def test_gke_ubuntu_daemonset_shape(tmp_path):
         assert _last(proc)["plan"] == "fresh"
         assert (node.root / "home/kubernetes/bin/nvidia/drivers/nvidia.ko").exists()
         assert "BUILD_ID=" not in (node.install_dir / ".cache").read_text()
+
+
+def test_v2_prepared_build_tools_are_reused(gke_pod, node, kernel, server):
+    ok = gke_pod.run_script("/cos-gpu-installer install -version=latest")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    # Re-shape the tools cache as v2's -prepare-build-tools leaves it: the toolchain and
+    # kernel-headers.tgz extracted at the top of /var/lib/cos-tools, nothing per build.
+    tools = node.root / "var/lib/cos-tools"
+    ours = tools / COS_BUILD_ID
+    for part in ("toolchain", "kernel-headers"):
+        for child in (ours / part).iterdir():
+            if not child.name.startswith("."):
+                shutil.copytree(child, tools / child.name, symlinks=True, dirs_exist_ok=True)
+    shutil.rmtree(ours)
+    kernel.unload_all()
+    before = len(server.requests)
+    proc = gke_pod.run_script("/cos-gpu-installer install -version=latest",
+                              env={"FORCE_REINSTALL": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _last(proc)["plan"] == "fresh"
+    fetched = [r.path for r in server.requests[before:]]
+    assert not [p for p in fetched if p.endswith(("kernel-headers.tgz", "toolchain.tar.xz"))]
+    assert not ours.exists()  # built from v2's tree, nothing re-downloaded into ours
