@@ -149,6 +149,13 @@ def decide_modules(gpus_found: list, version: str, requested: str,
     return ModuleDecision(use_prebuilt, choice.module_type, tuple(notes))
 
 
+def proprietary_allowed(gpus_found: list, requested: str) -> bool:
+    """The proprietary modules (all the precompiled .run has) can drive these GPUs and were
+    not refused (Blackwell and Grace Hopper need the open ones)."""
+    return requested != "open" and not any(
+        g.model and g.model.open_modules == "required" for g in gpus_found)
+
+
 def fallback_alias(gpus_found: list, version: str) -> list[str]:
     """Branch aliases (newest first) to try when ``version`` cannot drive these GPUs
     (K80 on a build whose default is R535: R470), as Google's installer falls back."""
@@ -661,9 +668,11 @@ class Cos(Distro):
         # default: it builds whichever module type the GPUs need (the custom .run is
         # proprietary only), from the build's own headers, and costs no probes of
         # Google-only artifacts on every fresh install.
+        # As cos-gpu-installer v2 (install.go L313: no prebuilt modules -> the precompiled
+        # .run), for any branch, unless these GPUs or the user need the open modules.
         precompiled = (
             not prebuilt and policy.enforced and not policy.loadpin_blocks
-            and decision.compiled_type == "proprietary"
+            and proprietary_allowed(gpus_found, ctx.settings.kernel_module_type)
             and arts.exists(signatures_name(version)) and arts.exists(custom_run_name(version))
         )
         signed_ok = prebuilt or precompiled
@@ -672,7 +681,8 @@ class Cos(Distro):
         key = self.cache_key(ctx, version, flavor)
         summary.update({
             "flavor": flavor,
-            "kernel_module_type": "open" if prebuilt else decision.compiled_type,
+            "kernel_module_type": ("open" if prebuilt else "proprietary" if precompiled
+                                   else decision.compiled_type),
             "driver_url": run_url,
             "prebuilt_modules_url": prebuilt_url,
             "prebuilt_modules_used": prebuilt,

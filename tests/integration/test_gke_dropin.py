@@ -17,8 +17,8 @@ import shutil
 
 import pytest
 
-from tests.cosbucket import LATEST_V
-from tests.fixtures.node import COS_BUILD_ID
+from tests.cosbucket import LATEST_V, custom_run
+from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL
 from tests.integration.test_cos_install import (  # noqa: F401  (pytest fixtures)
     bucket,
     cos_runs,
@@ -59,7 +59,14 @@ ENTRY = (f"#!/bin/sh\nexec {shlex.quote(PYTHON)} -c "
 class GkeCosPod(Pod):
     """The pod with GKE's extra mounts and /cos-gpu-installer, running `bash -c SCRIPT`."""
 
+    bucket = None  # written and served at the first run, so a test can change it first
+    server = None
+
     def run_script(self, script: str, **kw):
+        if self.bucket is not None:
+            self.bucket.write()
+            self.env["COS_DOWNLOAD_GCS"] = self.bucket.serve(self.server)
+            self.bucket = None
         self.cli = ["bash", "-c", script]
         return self.run(**kw)
 
@@ -80,14 +87,14 @@ class GkeCosPod(Pod):
 
 @pytest.fixture
 def gke_pod(node, kernel, server, bucket, tmp_path):
-    bucket.write()
-    return GkeCosPod(
+    pod = GkeCosPod(
         node_root=node.root, install_dir=node.install_dir, scratch=tmp_path / "pod",
         fakebin=kernel.bin_dir, shared=[kernel.root],
         env={**GKE_COS_ENV, **kernel.env(),
              "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
-             "COS_DOWNLOAD_GCS": bucket.serve(server),
              "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path)})
+    pod.bucket, pod.server = bucket, server
+    return pod
 
 
 def _last(proc) -> dict:
@@ -177,3 +184,18 @@ def test_v2_prepared_build_tools_are_reused(gke_pod, node, kernel, server):
     fetched = [r.path for r in server.requests[before:]]
     assert not [p for p in fetched if p.endswith(("kernel-headers.tgz", "toolchain.tar.xz"))]
     assert not ours.exists()  # built from v2's tree, nothing re-downloaded into ours
+
+
+def test_precompiled_for_any_branch_when_no_prebuilt_modules(gke_pod, node, kernel, bucket,
+                                                            tmp_path):
+    # v2 (install.go L296-318): no prebuilt modules -> the precompiled .run, whatever the
+    # branch. R570 on an L4 would build the open modules by default; signed, only the
+    # precompiled proprietary ones load.
+    version = "570.133.20"
+    kernel.set_sig_enforce(True)
+    bucket.custom_runs = {version: custom_run(tmp_path / "custom", version, COS_KERNEL)}
+    bucket.signature_versions = (version,)
+    proc = gke_pod.run_script(f"/cos-gpu-installer install --version={version}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CACHE_FLAVOR=precompiled-signed" in (node.install_dir / ".cache").read_text()
+    assert kernel.loaded()["nvidia"].version == version
