@@ -53,10 +53,13 @@ def install_icd() -> Step:
         if settings.vulkan_icd_dir is not None and settings.vulkan_icd_dir.is_dir():
             write_atomic(settings.vulkan_icd_dir / ICD_FILE, text)
             where = str(settings.vulkan_icd_dir / ICD_FILE)
-        else:
-            assert settings.vulkan_icd_dir_host is not None
+        elif settings.vulkan_icd_dir_host is not None:
             ctx.host.write_atomic(settings.vulkan_icd_dir_host / ICD_FILE, text)
             where = str(settings.vulkan_icd_dir_host / ICD_FILE)
+        else:
+            log.warning("vulkan_icd_skipped", reason=f"{settings.vulkan_icd_dir} is not a "
+                        "directory and no VULKAN_ICD_DIR_HOST names the host's")
+            return
         log.info("vulkan_icd_installed", path=where)
 
     return Step("vulkan_icd", run, f"copy the .run's {ICD_FILE} into the Vulkan ICD dir")

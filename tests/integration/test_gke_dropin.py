@@ -10,6 +10,7 @@ mount, /boot mounted, only NVIDIA_DRIVER_VERSION set, the image's own entrypoint
 Test seams only: the fake kernel, and the local HTTPS server for the .run and artifacts.
 """
 
+# ruff: noqa: F811  (test_cos_install's fixtures, imported, are used as arguments)
 from __future__ import annotations
 
 import shlex

@@ -4,16 +4,9 @@
 from __future__ import annotations
 
 from installer.cgroup_memory import JOB_PEAK_BYTES, RESERVE_BYTES, jobs_for, memory_limit
+from tests.unit.test_usable_cpus import _tree  # the same fake cgroup tree
 
 GIB = 1 << 30
-
-
-def _tree(root, files: dict[str, str], self_cgroup: str = "0::/\n"):
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    (root / "self_cgroup").write_text(self_cgroup)
-    return root / "fs", root / "self_cgroup"
 
 
 def test_96_cpus_under_4_gib_fit_the_limit():
