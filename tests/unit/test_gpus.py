@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import structlog.testing
 
 from installer import gpus
 from installer.errors import ExitCode, UsageError
@@ -175,3 +176,7 @@ def test_unknown_nvidia_gpu_is_warned_by_device_id(tmp_path):
     assert gpus.unknown(found) == [
         "unknown NVIDIA GPU 10de:3fff at 0000:00:05.0: its supported driver branches are not "
         "known here, none are enforced"]
+    with structlog.testing.capture_logs() as logs:
+        check_gpus("550.54.14").run(_ctx(tmp_path))
+    warned = [e for e in logs if e["event"] == "unknown_gpu"]
+    assert len(warned) == 1 and "10de:3fff" in warned[0]["message"]
