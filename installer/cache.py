@@ -16,6 +16,7 @@ from pathlib import Path
 import structlog
 
 from installer.fsutil import UnreadableFile, read_regular, sha256_file, write_atomic
+from installer.gke import v2_cache
 from installer.osinfo import parse_env_file
 
 log = structlog.get_logger(__name__)
@@ -76,7 +77,7 @@ class CacheRecord:
             driver_version=f.get("CACHE_NVIDIA_DRIVER_VERSION") or f.get("DRIVER_VERSION"),
             kernel_release=f.get("CACHE_KERNEL_VERSION"),
             build_id=f.get("CACHE_BUILD_ID") or f.get("BUILD_ID"),
-            flavor=f.get("CACHE_FLAVOR"),
+            flavor=f.get("CACHE_FLAVOR") or v2_cache.v2_flavor(f),
             file_hashes=hashes,
             fields=f,
             file_stats=stats,
@@ -166,8 +167,10 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
     stats = " ".join(
         f"{rel}:{':'.join(map(str, stat_signature(install_dir / rel)))}" for rel in rels)
     hashes = " ".join(f"{rel}:{sha256_file(install_dir / rel)}" for rel in rels)
+    flavor = key.flavor or "compiled-proprietary"
+    # No comment line: cos-gpu-installer v2's reader rejects lines without '='.
     lines = [
-        f"# written by nvidia-driver-installer {installer_version}; shell syntax, do not edit",
+        f"CACHE_WRITTEN_BY=nvidia-driver-installer-{installer_version}",
         f"CACHE_FORMAT={CACHE_FORMAT}",
     ]
     if key.build_id:
@@ -176,9 +179,10 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
         lines.append(f"CACHE_KERNEL_VERSION={key.kernel_release}")
     lines += [
         f"CACHE_NVIDIA_DRIVER_VERSION={key.driver_version}",
-        f"CACHE_FLAVOR={key.flavor or 'compiled-proprietary'}",
+        f"CACHE_FLAVOR={flavor}",
         f"CACHE_INSTALLED_AT={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
         f"CACHE_FILE_SHA256='{hashes}'",
         f"CACHE_FILE_STAT='{stats}'",
+        *v2_cache.v2_lines(key.build_id, key.driver_version, flavor.rsplit("-", 1)[-1]),
     ]
     write_atomic(cache_file, "\n".join(lines) + "\n")

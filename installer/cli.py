@@ -62,6 +62,9 @@ def _settings(**opts: Any) -> Settings:
 
     configure(opts.pop("log_format", "auto"), "debug" if opts.pop("verbose", False) else "info")
     opts["install_dir_host"] = PurePosixPath(opts["install_dir_host"])
+    for key in ("toolchain_dir_host", "vulkan_icd_dir_host"):
+        if opts.get(key):
+            opts[key] = PurePosixPath(opts[key])
     if opts.get("metrics_file"):
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
     _register_secrets(opts)
@@ -126,8 +129,13 @@ def _exit_codes_epilog() -> str:
 @click.option("--driver-url", envvar="NVIDIA_DRIVER_DOWNLOAD_URL", show_envvar=True,
               help="Full URL (https:// or file://) of the NVIDIA .run [default: from --driver-base-url].")
 @click.option("--driver-base-url", envvar="NVIDIA_DRIVER_BASE_URL", show_envvar=True,
-              default=DEFAULT_DRIVER_BASE_URL, show_default=True,
-              help="The .run is <base>/<V>/NVIDIA-Linux-x86_64-<V>.run.")
+              help="The .run is <base>/<V>/NVIDIA-Linux-x86_64-<V>.run [default: COS: Google's "
+              "regional mirror of NVIDIA's files (as GKE's installer); else "
+              f"{DEFAULT_DRIVER_BASE_URL.rsplit('/', 1)[0]}/<--driver-branch>].")
+@click.option("--driver-branch", envvar="NVIDIA_DRIVER_BRANCH", show_envvar=True,
+              default="tesla", show_default=True,
+              help="The path segment under NVIDIA's download host (GKE's Ubuntu installer's "
+              "variable).")
 @click.option("--driver-sha256", envvar="NVIDIA_DRIVER_SHA256", show_envvar=True,
               help="Expected SHA-256 of the .run (its own checksum is checked anyway).")
 @click.option("--cos-artifacts-url", envvar="COS_DOWNLOAD_GCS", show_envvar=True,
@@ -150,7 +158,17 @@ def _exit_codes_epilog() -> str:
 @click.option("--toolchain-dir", type=click.Path(path_type=Path),
               envvar="COS_TOOLS_DIR_CONTAINER", show_envvar=True,
               help="COS: where the toolchain and kernel headers are cached [default: "
-              "/build/cos-tools if it exists, else <host-root>/var/lib/cos-tools].")
+              "/build/cos-tools if it exists, else <host-root>/<toolchain-dir-host>].")
+@click.option("--toolchain-dir-host", envvar="COS_TOOLS_DIR_HOST", show_envvar=True,
+              default="/var/lib/cos-tools", show_default=True,
+              help="COS: the tools cache as the host sees it.")
+@click.option("--vulkan-icd-dir", type=click.Path(path_type=Path),
+              envvar="VULKAN_ICD_DIR_CONTAINER", show_envvar=True,
+              help="This process's view of the Vulkan ICD dir [default: "
+              "<host-root>/<vulkan-icd-dir-host>].")
+@click.option("--vulkan-icd-dir-host", envvar="VULKAN_ICD_DIR_HOST", show_envvar=True,
+              help="Host dir to write NVIDIA's Vulkan ICD file (nvidia_icd.json) to, as GKE's "
+              "installer does [default: none written].")
 @click.option("--kernel-module-type", type=click.Choice(["auto", "open", "proprietary"]),
               envvar="NVIDIA_KERNEL_MODULE_TYPE", default="auto", show_default=True,
               show_envvar=True,

@@ -71,7 +71,11 @@ class Model:
         return f"R{hi} or older" if lo <= 340 else f"R{lo} to R{hi}"
 
 
-# PCI device id (vendor 0x10de) -> model: the data-centre GPUs clouds ship.
+# PCI device id (vendor 0x10de) -> model: the data-centre GPUs clouds ship. Names and ids
+# as in the "Compatible GPUs" table of NVIDIA/open-gpu-kernel-modules' README; for the
+# later additions (H800 PCIe/NVL, RTX PRO 6000 Blackwell Server Edition, B300, GB300) the
+# minimum branch is the first release whose table lists the id (530.41.03, 535.104.05,
+# 575.57.08, 580.82.07).
 MODELS: dict[str, Model] = {
     "0x102d": Model("Tesla K80", "Kepler", 340),
     "0x13f2": Model("Tesla M60", "Maxwell", 346),
@@ -101,11 +105,16 @@ MODELS: dict[str, Model] = {
     "0x2331": Model("NVIDIA H100 PCIe", "Hopper", 525),
     "0x2321": Model("NVIDIA H100 NVL", "Hopper", 535),
     "0x2324": Model("NVIDIA H800", "Hopper", 525),
+    "0x2322": Model("NVIDIA H800 PCIe", "Hopper", 530),
+    "0x233a": Model("NVIDIA H800 NVL", "Hopper", 535),
     "0x2342": Model("NVIDIA GH200 480GB", "Grace Hopper", 535),
     "0x2335": Model("NVIDIA H200", "Hopper", 550),
     "0x233b": Model("NVIDIA H200 NVL", "Hopper", 550),
     "0x2901": Model("NVIDIA B200", "Blackwell", 570),
     "0x2941": Model("NVIDIA GB200", "Blackwell", 570),
+    "0x2bb5": Model("NVIDIA RTX PRO 6000 Blackwell Server Edition", "Blackwell", 575),
+    "0x3182": Model("NVIDIA B300 SXM6 AC", "Blackwell", 580),
+    "0x31c2": Model("NVIDIA GB300", "Blackwell", 580),
 }
 
 # Tested versions of the branches a GPU may have to fall back to when the
@@ -166,6 +175,13 @@ def scan(sys_dir: Path) -> list[PciGpu]:
         found.append(PciGpu(dev.name, device_id, pci_class,
                             _read(dev / "subsystem_device") or None, MODELS.get(device_id)))
     return found
+
+
+def unknown(found: list[PciGpu]) -> list[str]:
+    """One warning per NVIDIA GPU missing from the table (its branch limits are unknown)."""
+    return [f"unknown NVIDIA GPU 10de:{g.device_id.removeprefix('0x')} at {g.address}: its "
+            "supported driver branches are not known here, none are enforced" for g in found
+            if g.model is None]
 
 
 def branch_of(version: str) -> int | None:

@@ -74,9 +74,22 @@ CONTRACT_MOUNTS: dict[str, tuple[str, str]] = {
     "/dev": ("/dev", "Directory"),
     INSTALL_DIR_HOST: (INSTALL_DIR_CONTAINER, "DirectoryOrCreate"),
 }
+VULKAN_ICD_DIR_HOST = f"{INSTALL_DIR_HOST}/vulkan/icd.d"
+VULKAN_ICD_DIR_CONTAINER = "/etc/vulkan/icd.d"
+# COS, as GKE's COS DaemonSets: the tools cache and the Vulkan ICD dir, named in env too.
+COS_ENV: dict[str, str] = {
+    "COS_TOOLS_DIR_HOST": COS_TOOLS_DIR_HOST,
+    "COS_TOOLS_DIR_CONTAINER": COS_TOOLS_DIR_CONTAINER,
+    "VULKAN_ICD_DIR_HOST": VULKAN_ICD_DIR_HOST,
+    "VULKAN_ICD_DIR_CONTAINER": VULKAN_ICD_DIR_CONTAINER,
+}
 COS_MOUNTS: dict[str, tuple[str, str]] = {
     COS_TOOLS_DIR_HOST: (COS_TOOLS_DIR_CONTAINER, "DirectoryOrCreate"),
+    VULKAN_ICD_DIR_HOST: (VULKAN_ICD_DIR_CONTAINER, "DirectoryOrCreate"),
 }
+# Ubuntu, as GKE's Ubuntu DaemonSet: /boot (the running kernel's config-<release> and
+# System.map), so either image sees the same host under either manifest.
+UBUNTU_MOUNTS: dict[str, tuple[str, str]] = {"/boot": ("/boot", "Directory")}
 
 DEFAULT_DRIVER_VERSION = {d.name: d.default_version for d in DISTROS}
 DEFAULT_IMAGE_REPO = "ghcr.io/nvidia-driver-installer/nvidia-driver-installer-{flavor}"
@@ -204,7 +217,7 @@ def parse_env(items: Iterable[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"{item!r} is not KEY=VALUE")
-        if key in CONTRACT_ENV:
+        if key in CONTRACT_ENV or key in COS_ENV:
             raise ValueError(
                 f"{key} is fixed by the pod contract (it must match the volume mounts)"
             )
@@ -313,6 +326,9 @@ def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]
             # Nodes whose driver GKE installs itself (gpu-driver-version set at
             # node-pool creation) are left to GKE, as GKE's own manifests do.
             {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
+            # Confidential GPU nodes (TDX, SEV) need GKE's own confidential DaemonSet.
+            {"key": "cloud.google.com/gke-confidential-nodes-instance-type",
+             "operator": "DoesNotExist"},
             {
                 "key": "cloud.google.com/gke-os-distribution",
                 "operator": "In",
@@ -351,6 +367,8 @@ def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
     driver_version = opts.driver_version or DEFAULT_DRIVER_VERSION[flavor]
     validate_driver_version(flavor, driver_version)
     env: dict[str, str] = dict(CONTRACT_ENV)
+    if flavor == "cos":
+        env.update(COS_ENV)
     env["NVIDIA_DRIVER_VERSION"] = driver_version
     env["LOG_FORMAT"] = DEFAULT_LOG_FORMAT
     env["LOCK_TIMEOUT"] = DEFAULT_LOCK_TIMEOUT
@@ -386,8 +404,7 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "app.kubernetes.io/managed-by": "nvidia-driver-installer",
     }
     mounts = dict(CONTRACT_MOUNTS)
-    if flavor == "cos":
-        mounts.update(COS_MOUNTS)
+    mounts.update(COS_MOUNTS if flavor == "cos" else UBUNTU_MOUNTS)
     return {
         "flavor": flavor,
         "flavor_title": FLAVOR_TITLES[flavor],
@@ -405,6 +422,8 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "install_dir_container": INSTALL_DIR_CONTAINER,
         "cos_tools_dir_host": COS_TOOLS_DIR_HOST,
         "cos_tools_dir_container": COS_TOOLS_DIR_CONTAINER,
+        "vulkan_icd_dir_host": VULKAN_ICD_DIR_HOST,
+        "vulkan_icd_dir_container": VULKAN_ICD_DIR_CONTAINER,
         "version": __version__,
     }
 

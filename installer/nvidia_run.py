@@ -38,11 +38,15 @@ def run_file_name(version: str) -> str:
     return f"NVIDIA-Linux-x86_64-{version}.run"
 
 
-def driver_url(settings: Settings, version: str) -> str:
-    """--driver-url as given, else <base>/<V>/NVIDIA-Linux-x86_64-<V>.run."""
+def driver_url(settings: Settings, version: str, default_base: str | None = None) -> str:
+    """--driver-url as given, else <base>/<V>/NVIDIA-Linux-x86_64-<V>.run; the base is
+    --driver-base-url, else the distro's ``default_base``, else NVIDIA's for the branch."""
     if settings.driver_url:
         return settings.driver_url
-    return f"{settings.driver_base_url.rstrip('/')}/{version}/{run_file_name(version)}"
+    from installer.gke.mirror import nvidia_base_url
+
+    base = settings.driver_base_url or default_base or nvidia_base_url(settings.driver_branch)
+    return f"{base.rstrip('/')}/{version}/{run_file_name(version)}"
 
 
 def check_version(version: str) -> str:

@@ -26,7 +26,8 @@ class Settings:
     install_dir: Path | None = None  # this process's view; None: derived (see resolve)
     driver_version: str | None = None  # None: the distro's default
     driver_url: str | None = None
-    driver_base_url: str = DEFAULT_DRIVER_BASE_URL
+    driver_base_url: str | None = None  # None: the distro's default (nvidia_run.driver_url)
+    driver_branch: str = "tesla"  # the path segment under NVIDIA's download host
     driver_sha256: str | None = None
     cos_artifacts_url: str = DEFAULT_COS_ARTIFACTS_URL
     kernel_release: str | None = None
@@ -37,6 +38,9 @@ class Settings:
     allow_insecure_http: bool = False
     preload: bool = False
     toolchain_dir: Path | None = None  # COS tools cache; None: /build/cos-tools or the host's
+    toolchain_dir_host: PurePosixPath = PurePosixPath("/var/lib/cos-tools")
+    vulkan_icd_dir: Path | None = None  # this process's view; None: via the host root
+    vulkan_icd_dir_host: PurePosixPath | None = None  # None: no Vulkan ICD file written
     module_args: tuple[str, ...] = ()
     persistence_mode: bool = False
     kernel_module_type: str = "auto"  # auto | open | proprietary
@@ -89,6 +93,15 @@ class Settings:
                 f"bad --kernel-module-type {self.kernel_module_type!r}",
                 hint="use auto, open or proprietary",
             )
+        if not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", self.driver_branch) or \
+                ".." in self.driver_branch.split("/"):
+            raise UsageError(f"bad --driver-branch {self.driver_branch!r}",
+                             hint="a path under NVIDIA's download host, e.g. tesla")
+        for name, host_path in (("--toolchain-dir-host", self.toolchain_dir_host),
+                                ("--vulkan-icd-dir-host", self.vulkan_icd_dir_host)):
+            if host_path is not None and (not host_path.is_absolute() or ".." in host_path.parts):
+                raise UsageError(f"{name} must be an absolute host path without '..', got "
+                                 f"{str(host_path)!r}")
         if self.metrics_file is not None and not PurePosixPath(self.metrics_file).is_absolute():
             raise UsageError(
                 f"--metrics-file must be an absolute host path, got {str(self.metrics_file)!r}",

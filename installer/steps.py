@@ -10,6 +10,7 @@ import structlog
 from installer import (
     __version__,
     cache,
+    cgroup_memory,
     cpus,
     devchar,
     firmware,
@@ -25,6 +26,7 @@ from installer.cache import CacheKey
 from installer.context import Context
 from installer.errors import InstallerError, SecureBootError, UsageError, VerifyError
 from installer.fsutil import remove_tree
+from installer.gke import vulkan_icd
 from installer.headers import KernelTree
 from installer.installdir import Tree
 from installer.net.policy import file_name
@@ -154,7 +156,8 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
             kernel_release=release,
             kernel_source_path=tree.source if tree else None,
             kernel_output_path=tree.output if tree else None,
-            concurrency=cpus.usable_cpus(),
+            concurrency=cgroup_memory.jobs_for(cpus.usable_cpus(),
+                                               cgroup_memory.memory_limit()),
             module_type=None if userspace_only else module_type,
         )
 
@@ -320,6 +323,8 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
 
     def run(ctx: Context) -> None:
         found = gpus.scan(ctx.kernel.sys_dir)
+        for warning in gpus.unknown(found):
+            log.warning("unknown_gpu", message=warning)
         choice = gpus.choose_module_type(found, version, requested_module_type)
         ctx.work.kernel_module_type = choice.module_type
         if not found:
@@ -419,6 +424,7 @@ def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ..
         load_modules(from_staging=True),
         device_nodes(ctx, from_staging=True),
         verify_staged(version),
+        *vulkan_icd.steps_for(ctx),  # reads the extracted .run, which promote() removes
         promote(),
         gpu_firmware(from_staging=False),
         container_ld_cache(),

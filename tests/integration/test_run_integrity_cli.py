@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import VERSIONS
+from tests.integration.conftest import V1
 from tests.pod import events
 
 pytestmark = pytest.mark.chroot
 
-V = VERSIONS[0]
+V = V1
 RUN = f"NVIDIA-Linux-x86_64-{V}.run"
 PAGE = "<!DOCTYPE html>\n<html><body><h1>Proxy authentication required</h1></body></html>\n"
 

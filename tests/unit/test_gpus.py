@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import structlog.testing
 
 from installer import gpus
 from installer.errors import ExitCode, UsageError
@@ -154,3 +155,29 @@ def test_step_without_gpus_does_not_fail(tmp_path):
     check_gpus("550.54.14").run(ctx)
     # no GPU: no device says which type it needs, so NVIDIA's default for the branch
     assert ctx.work.kernel_module_type == "proprietary"
+
+
+@pytest.mark.parametrize("device, name, too_old, ok", [
+    # NVIDIA/open-gpu-kernel-modules README, Compatible GPUs (595.45.04)
+    ("0x2bb5", "NVIDIA RTX PRO 6000 Blackwell Server Edition", "570.133.20", "580.65.06"),
+    ("0x3182", "NVIDIA B300 SXM6 AC", "575.57.08", "580.82.07"),
+    ("0x31c2", "NVIDIA GB300", "570.133.20", "580.82.07"),
+    ("0x2322", "NVIDIA H800 PCIe", "525.147.05", "535.230.02"),
+    ("0x233a", "NVIDIA H800 NVL", "525.147.05", "535.230.02"),
+])
+def test_gke_gpus_are_known_with_their_first_branch(tmp_path, device, name, too_old, ok):
+    found = scan_of(tmp_path, device)
+    assert found[0].name == name
+    assert gpus.branch_problems(found, too_old) and not gpus.branch_problems(found, ok)
+    assert gpus.unknown(found) == []
+
+
+def test_unknown_nvidia_gpu_is_warned_by_device_id(tmp_path):
+    found = scan_of(tmp_path, "0x27b8", "0x3fff")
+    assert gpus.unknown(found) == [
+        "unknown NVIDIA GPU 10de:3fff at 0000:00:05.0: its supported driver branches are not "
+        "known here, none are enforced"]
+    with structlog.testing.capture_logs() as logs:
+        check_gpus("550.54.14").run(_ctx(tmp_path))
+    warned = [e for e in logs if e["event"] == "unknown_gpu"]
+    assert len(warned) == 1 and "10de:3fff" in warned[0]["message"]

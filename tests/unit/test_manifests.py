@@ -234,8 +234,9 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {vm["mountPath"]: vm["name"] for vm in init["volumeMounts"]}
         expected = dict(m.CONTRACT_MOUNTS)
-        if flavor == "cos":
-            expected.update(m.COS_MOUNTS)
+        expected.update(m.COS_MOUNTS if flavor == "cos" else m.UBUNTU_MOUNTS)
+        if flavor == "cos":  # named in env as GKE's COS DaemonSets do
+            assert m.COS_ENV.items() <= env.items(), label
         got = {
             volumes[name]["hostPath"]["path"]: (path, volumes[name]["hostPath"]["type"])
             for path, name in mounts.items()
@@ -262,7 +263,8 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
         # Pod-level choices (DESIGN §2, GKE's manifests).
         assert pod["priorityClassName"] == "system-node-critical"
         assert pod["automountServiceAccountToken"] is False
-        assert pod["hostPID"] is True and pod["hostNetwork"] is True
+        assert pod["hostPID"] is True
+        assert pod.get("hostNetwork", False) is (flavor == "cos"), label
         assert {"operator": "Exists"} in pod["tolerations"]
         strategy = ds["spec"]["updateStrategy"]
         assert strategy["type"] == "RollingUpdate"
@@ -296,6 +298,8 @@ def test_committed_defaults():
         exprs = {e["key"]: e for e in term["matchExpressions"]}
         assert exprs["cloud.google.com/gke-accelerator"]["operator"] == "Exists"
         assert exprs["cloud.google.com/gke-gpu-driver-version"]["operator"] == "DoesNotExist"
+        assert exprs["cloud.google.com/gke-confidential-nodes-instance-type"]["operator"] == \
+            "DoesNotExist"
         assert flavor in exprs["cloud.google.com/gke-os-distribution"]["values"]
 
 
@@ -366,9 +370,11 @@ def test_env_var_list_is_every_option_env_var():
     assert set(m.INSTALLER_ENV_VARS) == declared | {"DOWNLOAD_RETRIES", "DOWNLOAD_TIMEOUT"}
     assert len(set(m.INSTALLER_ENV_VARS)) == len(m.INSTALLER_ENV_VARS) == len(env_vars()) + 2
     assert set(m.CONTRACT_ENV) <= set(m.INSTALLER_ENV_VARS)
-    for name in ("NVIDIA_KERNEL_MODULE_TYPE", "NVIDIA_INSTALLER_METRICS_FILE",
-                 "COS_TOOLS_DIR_CONTAINER", "DOWNLOAD_RETRIES"):
+    for name in ("NVIDIA_KERNEL_MODULE_TYPE", "NVIDIA_INSTALLER_METRICS_FILE", "DOWNLOAD_RETRIES"):
         assert m.parse_env([f"{name}=x"]) == {name: "x"}
+    # Read by the installer, but the manifest sets it to match its own volume mount.
+    with pytest.raises(ValueError, match="COS_TOOLS_DIR_CONTAINER is fixed by the pod contract"):
+        m.parse_env(["COS_TOOLS_DIR_CONTAINER=/x"])
 
 
 def _readme_env_paragraph() -> str:

@@ -41,6 +41,13 @@ def decide_modules(gpus_found: list, version: str, requested: str,
     return ModuleDecision(use_prebuilt, choice.module_type, tuple(notes))
 
 
+def proprietary_allowed(gpus_found: list, requested: str) -> bool:
+    """The proprietary modules (all the precompiled .run has) can drive these GPUs and were
+    not refused (Blackwell and Grace Hopper need the open ones)."""
+    return requested != "open" and not any(
+        g.model and g.model.open_modules == "required" for g in gpus_found)
+
+
 def flavor_module_type(flavor: str | None) -> str | None:
     if flavor == FLAVOR_PRECOMPILED:
         return "proprietary"

@@ -29,6 +29,7 @@ from installer.distros.cos.choice import (
     FLAVOR_PRECOMPILED,
     decide_modules,
     flavor_module_type,
+    proprietary_allowed,
 )
 from installer.distros.cos.precompiled import link_precompiled, unpack_signatures
 from installer.distros.cos.steps import (
@@ -87,9 +88,18 @@ class CosFlow(Cos):
 
     def _tools(self, ctx: Context) -> BuildTools:
         assert ctx.host_info.build_id is not None
-        tools_dir = toolchain.default_tools_dir(ctx.settings.toolchain_dir,
-                                                ctx.host)
+        tools_dir = toolchain.default_tools_dir(ctx.settings.toolchain_dir, ctx.host,
+                                                str(ctx.settings.toolchain_dir_host))
         return BuildTools(tools_dir, ctx.host_info.build_id)
+
+    def _mirror(self, ctx: Context) -> str | None:
+        """Google's regional mirror of NVIDIA's files (gke/mirror.py says why), asked for
+        only when no driver URL or base URL was given."""
+        if ctx.settings.driver_url or ctx.settings.driver_base_url:
+            return None
+        from installer.gke import mirror
+
+        return mirror.mirror_base_url(mirror.gce_zone())
 
     def resolve(self, ctx: Context) -> Resolved:
         return versions.resolve(ctx, lambda policy: self._artifacts(ctx, policy))
@@ -128,7 +138,7 @@ class CosFlow(Cos):
 
         arts = self._artifacts(ctx)
 
-        run_url = driver_url(ctx.settings, version)
+        run_url = driver_url(ctx.settings, version, self._mirror(ctx))
         prebuilt_name = prebuilt_modules_name(version)
         prebuilt_url = arts.url(prebuilt_name)
         from installer import gpus
@@ -148,9 +158,11 @@ class CosFlow(Cos):
         # default: it builds whichever module type the GPUs need (the custom .run is
         # proprietary only), from the build's own headers, and costs no probes of
         # Google-only artifacts on every fresh install.
+        # As cos-gpu-installer v2 (install.go L313: no prebuilt modules -> the precompiled
+        # .run), for any branch, unless these GPUs or the user need the open modules.
         precompiled = (
             not prebuilt and policy.enforced and not policy.loadpin_blocks
-            and decision.compiled_type == "proprietary"
+            and proprietary_allowed(gpus_found, ctx.settings.kernel_module_type)
             and arts.exists(signatures_name(version)) and arts.exists(custom_run_name(version))
         )
         signed_ok = prebuilt or precompiled
@@ -159,7 +171,8 @@ class CosFlow(Cos):
         key = self.cache_key(ctx, version, flavor)
         summary.update({
             "flavor": flavor,
-            "kernel_module_type": "open" if prebuilt else decision.compiled_type,
+            "kernel_module_type": ("open" if prebuilt else "proprietary" if precompiled
+                                   else decision.compiled_type),
             "driver_url": run_url,
             "prebuilt_modules_url": prebuilt_url,
             "prebuilt_modules_used": prebuilt,
@@ -194,8 +207,11 @@ class CosFlow(Cos):
                                  arts.pin(prebuilt_url, "prebuilt modules")))
             work = [unpack_prebuilt(version), steps.extract_driver()]
         else:
-            tools = self._tools(ctx)
+            from installer.gke import v2_tools
+
             tc_env, tc_url = self._toolchain_source(ctx, arts)
+            tools = v2_tools.adopt(self._tools(ctx), ctx.host_info.kernel_release, tc_env["CC"],
+                                   pinned=arts.manifest is not None)
             headers_preset = self._host_headers(ctx)
             if precompiled:
                 # The custom .run replaces NVIDIA's public one (--driver-sha256 names that).

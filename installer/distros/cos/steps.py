@@ -107,7 +107,7 @@ def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
             toolchain.install_archive(got.path, tools.toolchain, source_url=got.url,
                                       sha256=got.sha256, label="COS toolchain",
                                       exclude_patterns=toolchain.TOOLCHAIN_EXCLUDES)
-        elif not toolchain.read_marker(tools.toolchain):
+        elif not tools.toolchain_ready(env["CC"]):
             raise BuildError(f"toolchain missing from {tools.toolchain}", path=str(tools.toolchain))
         toolchain.ensure_exec(tools.root, ctx.runner)
         linker = toolchain.link_ld(tools.toolchain, env)

@@ -52,13 +52,15 @@ _BUILD_DIR_RE = re.compile(r"^\d+(\.\d+)+$")
 _COMPILER_SUFFIXES = ("gcc", "cc", "clang", "g++", "c++", "clang++")
 
 
-def default_tools_dir(explicit: Path | None, host: HostRoot) -> Path:
-    """``--toolchain-dir``, else ``/build/cos-tools`` if mounted, else the host's dir."""
+def default_tools_dir(explicit: Path | None, host: HostRoot,
+                      host_dir: str = TOOLS_DIR_HOST) -> Path:
+    """``--toolchain-dir``, else ``/build/cos-tools`` if mounted, else the host's dir
+    (``--toolchain-dir-host``, GKE's ``COS_TOOLS_DIR_HOST``)."""
     if explicit is not None:
         return explicit
     if TOOLS_DIR_CONTAINER.is_dir():
         return TOOLS_DIR_CONTAINER
-    return host.resolve(TOOLS_DIR_HOST)  # a symlinked /var resolves on the host, not here
+    return host.resolve(host_dir)  # a symlinked /var resolves on the host, not here
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Drop-in pieces for GKE's own DaemonSets (their command line, cache and mirrors)."""

@@ -1,0 +1,33 @@
+"""cos-gpu-installer v2's keys in our ``.cache``, so each installer takes the other's
+install of the same build and driver as a cache hit.
+
+v2 (cos/tools ``src/cmd/cos_gpu_installer/internal/installer/cache.go`` L14-20,
+L73-85) writes ``BUILD_ID=``, ``DRIVER_VERSION=`` and, when it installed the open
+modules, ``KERNEL_OPEN=Y``; it hits when both values equal its own. Its reader
+(``src/pkg/utils/utils.go`` ``LoadEnvFromFile`` L227-255) fails on any non-blank
+line without ``=``, so our record must have no comment line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+KERNEL_OPEN_KEY = "KERNEL_OPEN"
+
+
+def v2_lines(build_id: str | None, driver_version: str, module_type: str | None) -> list[str]:
+    """The lines v2 reads (COS only: v2 keys its cache by the COS build)."""
+    if not build_id:
+        return []
+    lines = [f"BUILD_ID={build_id}", f"DRIVER_VERSION={driver_version}"]
+    if module_type == "open":
+        lines.append(f"{KERNEL_OPEN_KEY}=Y")
+    return lines
+
+
+def v2_flavor(fields: Mapping[str, str]) -> str | None:
+    """The flavour of a record v2 wrote (no CACHE_FLAVOR): its open modules come only as
+    the build's signed prebuilt ones, its proprietary ones as Google's precompiled .run."""
+    if "BUILD_ID" not in fields or "CACHE_FLAVOR" in fields:
+        return None
+    return "prebuilt-open" if fields.get(KERNEL_OPEN_KEY) == "Y" else "precompiled-signed"

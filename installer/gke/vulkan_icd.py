@@ -1,0 +1,72 @@
+"""NVIDIA's Vulkan ICD file, written where GKE's DaemonSets expect it.
+
+GKE's COS DaemonSets mount the host's ``/home/kubernetes/bin/nvidia/vulkan/icd.d``
+at ``/etc/vulkan/icd.d`` and name both in ``VULKAN_ICD_DIR_HOST`` /
+``VULKAN_ICD_DIR_CONTAINER``; workloads mount that dir to find the driver's
+Vulkan implementation. The ``.run`` ships the file as ``nvidia_icd.json``
+(from 435) or ``nvidia_icd.json.template`` with ``__NV_VK_ICD__`` standing for
+the library, which distributions replace by ``libGLX_nvidia.so.0`` (resolved
+through ``LD_LIBRARY_PATH=/usr/local/nvidia/lib64`` in workloads).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import structlog
+
+from installer.context import Context
+from installer.fsutil import write_atomic
+from installer.plan import Step
+
+log = structlog.get_logger(__name__)
+
+ICD_FILE = "nvidia_icd.json"
+ICD_LIBRARY = "libGLX_nvidia.so.0"
+
+
+def icd_text(extract_dir: Path) -> str | None:
+    """The ICD JSON of an extracted ``.run``, or None when it has none (or a broken one)."""
+    for name, raw in ((ICD_FILE, False), (ICD_FILE + ".template", True)):
+        path = extract_dir / name
+        if path.is_file() and not path.is_symlink():
+            text = path.read_text(errors="replace")[:1 << 16]
+            text = text.replace("__NV_VK_ICD__", ICD_LIBRARY) if raw else text
+            try:
+                json.loads(text)
+            except ValueError:
+                return None
+            return text
+    return None
+
+
+def install_icd() -> Step:
+    """Before the swap (the extracted .run is still there): copy its ICD file out."""
+
+    def run(ctx: Context) -> None:
+        settings = ctx.settings
+        assert ctx.work.extract_dir is not None, "extract_driver runs first"
+        text = icd_text(ctx.work.extract_dir)
+        if text is None:
+            log.info("vulkan_icd_skipped", reason="the .run has no nvidia_icd.json")
+            return
+        if settings.vulkan_icd_dir is not None and settings.vulkan_icd_dir.is_dir():
+            write_atomic(settings.vulkan_icd_dir / ICD_FILE, text)
+            where = str(settings.vulkan_icd_dir / ICD_FILE)
+        elif settings.vulkan_icd_dir_host is not None:
+            ctx.host.write_atomic(settings.vulkan_icd_dir_host / ICD_FILE, text)
+            where = str(settings.vulkan_icd_dir_host / ICD_FILE)
+        else:
+            log.warning("vulkan_icd_skipped", reason=f"{settings.vulkan_icd_dir} is not a "
+                        "directory and no VULKAN_ICD_DIR_HOST names the host's")
+            return
+        log.info("vulkan_icd_installed", path=where)
+
+    return Step("vulkan_icd", run, f"copy the .run's {ICD_FILE} into the Vulkan ICD dir")
+
+
+def steps_for(ctx: Context) -> tuple[Step, ...]:
+    """The ICD step when a Vulkan ICD dir was given (GKE's env names it)."""
+    wanted = ctx.settings.vulkan_icd_dir_host is not None or ctx.settings.vulkan_icd_dir
+    return (install_icd(),) if wanted else ()

@@ -1,0 +1,72 @@
+"""Either installer takes the other's .cache as a hit (cos-gpu-installer v2:
+cos/tools src/cmd/cos_gpu_installer/internal/installer/cache.go L14-85 and
+src/pkg/utils/utils.go LoadEnvFromFile L227-255)."""
+
+from __future__ import annotations
+
+import pytest
+
+from installer import cache
+from installer.cache import CacheKey, CacheRecord
+
+BUILD, V = "18244.151.14", "570.158.01"
+
+
+def v2_load_env(text: str) -> dict[str, str]:
+    """v2's reader, in its strictness: a non-blank line without '=' fails the whole read."""
+    envs = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            key, eq, value = line.partition("=")
+            if not eq:
+                raise ValueError(f"Unrecognized format: {line}")
+            envs[key] = value.strip("\"'")
+    return envs
+
+
+def v2_is_cached(text: str, build_id: str, version: str) -> tuple[bool, bool]:
+    envs = v2_load_env(text)
+    return (envs.get("BUILD_ID") == build_id and envs.get("DRIVER_VERSION") == version,
+            envs.get("KERNEL_OPEN") == "Y")
+
+
+@pytest.mark.parametrize("flavor, is_open", [
+    ("prebuilt-open", True), ("compiled-open", True),
+    ("precompiled-signed", False), ("compiled-proprietary", False),
+])
+def test_v2_reads_our_record_as_a_hit(tmp_path, flavor, is_open):
+    (tmp_path / "drivers").mkdir()
+    (tmp_path / "drivers/nvidia.ko").write_bytes(b"ko")
+    cache.write(tmp_path / ".cache", CacheKey(V, build_id=BUILD, flavor=flavor), tmp_path, "1.0")
+    text = (tmp_path / ".cache").read_text()
+    assert v2_is_cached(text, BUILD, V) == (True, is_open)
+    assert v2_is_cached(text, "18244.151.15", V)[0] is False
+    # ...and we still read our own record fully.
+    record = CacheRecord.parse(text)
+    assert record.flavor == flavor and record.mismatch(CacheKey(V, build_id=BUILD)) is None
+    assert "drivers/nvidia.ko" in record.file_hashes
+
+
+def test_ubuntu_record_carries_no_v2_keys(tmp_path):
+    cache.write(tmp_path / ".cache", CacheKey(V, kernel_release="6.8.0-1025-gke"), tmp_path, "1")
+    envs = v2_load_env((tmp_path / ".cache").read_text())
+    assert "BUILD_ID" not in envs and envs["CACHE_KERNEL_VERSION"] == "6.8.0-1025-gke"
+
+
+@pytest.mark.parametrize("text, flavor", [
+    # v2 writes its map unordered; KERNEL_OPEN only for the open modules
+    (f"DRIVER_VERSION={V}\nKERNEL_OPEN=Y\nBUILD_ID={BUILD}\n", "prebuilt-open"),
+    (f"BUILD_ID={BUILD}\nDRIVER_VERSION={V}\n", "precompiled-signed"),
+])
+def test_we_read_a_v2_record_as_a_hit(tmp_path, text, flavor):
+    for rel in cache.REQUIRED_FILES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    record = CacheRecord.parse(text)
+    assert record.mismatch(CacheKey(V, build_id=BUILD)) is None
+    assert record.mismatch(CacheKey("535.247.01", build_id=BUILD)) is not None
+    assert record.flavor == flavor
+    assert cache.check_files(record, tmp_path) is None
+    (tmp_path / "drivers/nvidia.ko").unlink()
+    assert cache.check_files(record, tmp_path) == "drivers/nvidia.ko is missing"
