@@ -76,8 +76,7 @@ class Ubuntu(Distro):
                 *steps.load_cached(ctx, version),
             ), summary)
         url = driver_url(ctx.settings, version)
-        return Plan("fresh", (
-            check_gpus,
+        build = (
             steps.check_module_signing("this flow builds unsigned modules"),
             steps.check_loaded_driver(version),
             find_kernel_headers(),
@@ -85,5 +84,13 @@ class Ubuntu(Distro):
             steps.download_driver(url, ctx.settings.driver_sha256),
             steps.extract_driver(),
             steps.build_driver(version, module_type),
+        )
+        if ctx.settings.prebuilt_url:  # issue 15: a prebuilt bundle, else the build steps
+            from installer.bundle.fetch import prebuilt_else
+
+            build = prebuilt_else(ctx, version, module_type, build)
+        return Plan("fresh", (
+            check_gpus,
+            *build,
             *steps.activate_staged(ctx, version, key),
         ), {**summary, "driver_url": url})
