@@ -356,7 +356,7 @@ def test_yaml_str_is_never_ambiguous(value):
 
 
 def test_env_var_list_is_the_design_contract():
-    assert len(set(m.INSTALLER_ENV_VARS)) == len(m.INSTALLER_ENV_VARS) == 17
+    assert len(set(m.INSTALLER_ENV_VARS)) == len(m.INSTALLER_ENV_VARS) == 20
     assert set(m.CONTRACT_ENV) <= set(m.INSTALLER_ENV_VARS)
 
 
