@@ -174,3 +174,15 @@ def test_pinned_sha256_without_index(node, pod, kernel, bundles):
     sha = (bundles["dir"] / f"{NAME}.sha256").read_text().split()[0]
     proc = ok(pod.run("install", env={"NVIDIA_PREBUILT_URL": url, "NVIDIA_PREBUILT_SHA256": sha}))
     assert not compiled(proc)
+
+
+def test_dry_run_shows_the_bundle_before_the_build_steps(node, pod, kernel, bundles):
+    url = publish(node, bundles)
+    proc = ok(pod.run("install", "--dry-run", env={"NVIDIA_PREBUILT_URL": url}))
+    steps = json.loads(proc.stdout)["steps"]
+    names = [s["name"] for s in steps]
+    assert names.index("fetch_prebuilt_bundle") < names.index("build_driver")
+    assert steps[names.index("fetch_prebuilt_bundle")]["detail"].startswith(
+        f"file:///root{OUT}/{NAME}")
+    assert "only without a prebuilt bundle" in steps[names.index("build_driver")]["detail"]
+    assert not (node.install_dir / ".staging").exists() and kernel.loaded() == {}
