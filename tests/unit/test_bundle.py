@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import tarfile
 from pathlib import Path
 
@@ -287,3 +288,47 @@ def test_unpack_refuses_path_traversal_and_extra_files(tmp_path):
     unlisted = repack(written.path, tmp_path / "c" / NAME, add("lib64/libextra.so"))
     with pytest.raises(IntegrityError, match="lib64/libextra.so is not in the manifest"):
         unpack(unlisted, staging(tmp_path), KEY, R)
+
+
+# -- signing with the kernel's scripts/sign-file -------------------------------------
+
+SIGN_FILE = f"""#!{sys.executable}
+# Stand-in for the kernel's scripts/sign-file: HASH KEY X509 MODULE, appends a signature.
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from installer.modsign import append_signature
+hash_algo, key, cert, module = sys.argv[1:5]
+if open(key).read() != "KEY":
+    sys.exit("sign-file: bad key")
+data = open(module, "rb").read()
+open(module, "wb").write(append_signature(data, b"PKCS7-" + hash_algo.encode()))
+"""
+
+
+def test_sign_modules_uses_the_headers_sign_file(tmp_path):
+    from types import SimpleNamespace
+
+    from installer.errors import BuildError
+    from installer.headers import KernelTree
+    from installer.modsign import parse_signature
+    from installer.runner import Runner
+
+    headers = tmp_path / "headers"
+    (headers / "scripts").mkdir(parents=True)
+    (headers / "scripts/sign-file").write_text(SIGN_FILE)
+    (headers / "scripts/sign-file").chmod(0o755)
+    key, cert = tmp_path / "mok.key", tmp_path / "mok.crt"
+    key.write_text("KEY")
+    cert.write_text("CERT")
+    stage = staging(tmp_path)
+    layout(stage.root / "t")
+    for ko in (stage.root / "t/drivers").iterdir():
+        ko.rename(stage.drivers / ko.name)
+    ctx = SimpleNamespace(facts={"kernel_tree": KernelTree(headers, headers), "staging": stage},
+                          runner=Runner())
+    build.sign_modules(build.Signing(key, cert)).run(ctx)
+    for ko in stage.drivers.glob("*.ko"):
+        assert parse_signature(ko.read_bytes()).pkcs7 == b"PKCS7-sha256"
+    key.write_text("WRONG")
+    with pytest.raises(BuildError, match="sign-file failed for nvidia"):
+        build.sign_modules(build.Signing(key, cert)).run(ctx)
