@@ -186,3 +186,12 @@ def test_dry_run_shows_the_bundle_before_the_build_steps(node, pod, kernel, bund
         f"file:///root{OUT}/{NAME}")
     assert "only without a prebuilt bundle" in steps[names.index("build_driver")]["detail"]
     assert not (node.install_dir / ".staging").exists() and kernel.loaded() == {}
+
+
+def test_unsigned_bundle_on_a_signature_enforcing_kernel_is_exit_10(node, pod, kernel, bundles):
+    url = publish(node, bundles)
+    kernel.set_sig_enforce(True)
+    proc = pod.run("install", env={"NVIDIA_PREBUILT_URL": url})
+    assert proc.returncode == 10, proc.stderr[-2000:]
+    assert NAME in last_event(proc)["error"] and "unsigned" in last_event(proc)["error"]
+    assert not compiled(proc) and kernel.loaded() == {}
