@@ -77,7 +77,8 @@ def _register_secrets(opts: dict[str, Any]) -> None:
 
     from installer.net.policy import register_url
 
-    for key in ("driver_url", "driver_base_url", "cos_artifacts_url", "cos_artifacts_sha256"):
+    for key in ("driver_url", "driver_base_url", "cos_artifacts_url", "cos_artifacts_sha256",
+                "prebuilt_url"):
         register_url(opts.get(key))
     for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
                 "all_proxy"):
@@ -87,7 +88,7 @@ def _register_secrets(opts: dict[str, Any]) -> None:
 class _LazyGroup(click.Group):
     """Subcommands whose modules load only when used (jinja2 is slow to import)."""
 
-    lazy = {"manifests": "installer.manifests:manifests"}
+    lazy = {"manifests": "installer.manifests:manifests", "bundle": "installer.bundle.cli:bundle"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])
@@ -195,6 +196,14 @@ def _exit_codes_epilog() -> str:
               type=click.FloatRange(min=0, min_open=True), envvar="DOWNLOAD_MIN_RATE_TIME",
               default=60, show_default=True, show_envvar=True,
               help="The window (seconds) --download-min-rate is measured over.")
+@click.option("--prebuilt-url", envvar="NVIDIA_PREBUILT_URL", show_envvar=True,
+              help="Install a prebuilt bundle (`bundle build`) before compiling: a URL template "
+              "(https:// or file://) with {driver_version}, {kernel_release}, {module_type}, or a "
+              "directory ending in '/'. Missing (404): compile; bad digest or kernel: exit 6.")
+@click.option("--prebuilt-sha256", envvar="NVIDIA_PREBUILT_SHA256", show_envvar=True,
+              help="The bundle's SHA-256 [default: from index.json beside the bundles].")
+@click.option("--prebuilt-only", is_flag=True, envvar="NVIDIA_PREBUILT_ONLY", show_envvar=True,
+              help="Never compile: a missing bundle is exit 5.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @_output_option
 def install(output: str, **opts: Any) -> None:

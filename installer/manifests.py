@@ -581,6 +581,21 @@ def manifests() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Write daemonset-<flavor>.yaml and kustomization.yaml here instead of stdout.",
 )
+@click.option("--kind", type=click.Choice(["daemonset", "bundle-job"]), default="daemonset",
+              show_default=True, help="bundle-job: the Job that builds precompiled bundles "
+              "(options below; --image, --namespace, --env and --output-dir apply too).")
+@click.option("--target", "targets", metavar="DRIVER@KERNEL", multiple=True,
+              help="bundle-job: one bundle to build (repeatable), e.g. 550.127.05@6.8.0-1015-gke.")
+@click.option("--kernel-module-type", type=click.Choice(["open", "proprietary"]),
+              default="proprietary", show_default=True, help="bundle-job: module type built.")
+@click.option("--parallelism", type=int, default=4, show_default=True,
+              help="bundle-job: pods building at once.")
+@click.option("--volume-claim", metavar="PVC", help="bundle-job: keep bundles and index.json "
+              "in this PersistentVolumeClaim [default: an emptyDir, for an uploader].")
+@click.option("--uploader-image", metavar="REF", help="bundle-job: image of the upload hook "
+              "(with gsutil, oras or curl).")
+@click.option("--upload-command", metavar="SH", help="bundle-job: shell command uploading "
+              "$BUNDLE_DIR/* (the bundle, its .sha256, index.json).")
 def render_command(
     flavors: tuple[str, ...],
     all_flavors: bool,
@@ -593,8 +608,16 @@ def render_command(
     node_labels: tuple[str, ...],
     extra_env: tuple[str, ...],
     output_dir: Path | None,
+    kind: str,
+    **job: Any,
 ) -> None:
-    """Render the installer DaemonSet(s) as YAML."""
+    """Render the installer DaemonSet(s), or the bundle build Job, as YAML."""
+    if kind == "bundle-job":  # issue 15
+        from installer.bundle.job import render_command as render_job
+
+        render_job(job, image=image, namespace=namespace, extra_env=extra_env,
+                   output_dir=output_dir)
+        return
     if all_flavors and flavors:
         raise click.UsageError("give --flavor or --all, not both")
     selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS

@@ -49,6 +49,10 @@ class Settings:
     download_deadline_s: float = 3600.0  # one download, all attempts (retry.TransferLimits)
     download_min_rate: float = 10240.0  # bytes/s over each rate window; 0: no floor
     download_min_rate_time_s: float = 60.0
+    # Issue 15: install a prebuilt bundle (URL template) before compiling.
+    prebuilt_url: str | None = None
+    prebuilt_sha256: str | None = None
+    prebuilt_only: bool = False
 
     def resolved(self) -> Settings:
         """Fill in derived defaults and check combinations (UsageError on bad input)."""
@@ -111,4 +115,12 @@ class Settings:
                 and self.download_min_rate_time_s > 0):
             raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
                              "seconds, --download-min-rate >= 0 bytes/s")
-        return replace(self, install_dir=install_dir, driver_sha256=sha)
+        prebuilt_sha = self.prebuilt_sha256
+        if self.prebuilt_url or prebuilt_sha or self.prebuilt_only:
+            from installer.bundle.fetch import check_settings
+
+            prebuilt_sha = check_settings(self.prebuilt_url, prebuilt_sha, self.prebuilt_only,
+                                          allow_insecure_http=self.allow_insecure_http)
+        return replace(self, install_dir=install_dir, driver_sha256=sha,
+                       prebuilt_sha256=prebuilt_sha)
+

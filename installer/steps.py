@@ -86,6 +86,7 @@ def download_driver(url: str, sha256: str | None) -> Step:
             ctx.http, url, dest, expected_sha256=sha256,
             allow_insecure_http=ctx.settings.allow_insecure_http, label="driver",
         )
+        ctx.work.downloads["driver"] = result
         ctx.work.run_file = result.path
 
     return Step("download_driver", run, url)

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from installer.bundle.build import Written
+    from installer.bundle.manifest import Manifest
     from installer.headers import KernelTree
     from installer.installdir import Tree
     from installer.net.transfer import Downloaded
@@ -40,6 +42,8 @@ class WorkState:
     kernel_module_type: str | None = None  # check_gpu_compatibility
     unloaded_version: str | None = None  # unload_other_driver (for a roll-back)
     gpus: list[Gpu] | None = None  # verify (None: no verify ran, as with --preload)
+    bundle: Manifest | None = None  # fetch_prebuilt_bundle: the staged tree came from it
+    bundle_written: Written | None = None  # write_bundle (bundle build)
     persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
 
     def staged(self) -> Tree:

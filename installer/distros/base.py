@@ -84,15 +84,38 @@ def cached_plan(ctx: Context, version: str, check_gpus: Step,
 
 def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, object], *,
                check_gpus: Step, check_signing: Step, before_staging: Sequence[Step] = (),
-               build: Sequence[Step]) -> Plan:
+               build: Sequence[Step], prebuilt: Step | None = None) -> Plan:
     """A fresh install in any distro: every check before any download, then the distro's
-    own steps that fill the staging dir, then load, verify, swap in and record."""
+    own steps that fill the staging dir, then load, verify, swap in and record.
+
+    ``prebuilt`` (a fleet's bundle, ``--prebuilt-url``) tries to fill the staging dir
+    first; the distro's signing check, headers and build then run only if it did not
+    (a signed bundle loads where our own unsigned build would be refused)."""
+    if prebuilt is None:
+        return Plan("fresh", (
+            check_gpus,
+            check_signing,
+            steps.check_loaded_driver(version),
+            *before_staging,
+            steps.prepare_staging(),
+            *build,
+            *steps.activate_staged(ctx, version, key),
+        ), summary)
     return Plan("fresh", (
         check_gpus,
-        check_signing,
         steps.check_loaded_driver(version),
-        *before_staging,
         steps.prepare_staging(),
-        *build,
+        prebuilt,
+        *(_unless_bundled(s) for s in (check_signing, *before_staging, *build)),
         *steps.activate_staged(ctx, version, key),
     ), summary)
+
+
+def _unless_bundled(step: Step) -> Step:
+    def run(ctx: Context) -> None:
+        if ctx.work.bundle is not None:
+            log.info("step_skipped", step=step.name, reason="installed from a prebuilt bundle")
+            return
+        step.run(ctx)
+
+    return Step(step.name, run, f"{step.detail} (only without a prebuilt bundle)")

@@ -76,10 +76,16 @@ class Ubuntu(Distro):
         if self.cache_hit(ctx, key):
             return cached_plan(ctx, version, check_gpus, summary)
         url = driver_url(ctx.settings, version)
+        prebuilt = None
+        if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
+            from installer.bundle.fetch import prebuilt_step
+
+            prebuilt = prebuilt_step(ctx, version, module_type)
         return fresh_plan(
             ctx, version, key, {**summary, "driver_url": url}, check_gpus=check_gpus,
             check_signing=steps.check_module_signing("this flow builds unsigned modules"),
             before_staging=(find_kernel_headers(),),
             build=(steps.download_driver(url, ctx.settings.driver_sha256),
                    steps.extract_driver(),
-                   steps.build_driver(ctx, version, module_type)))
+                   steps.build_driver(ctx, version, module_type)),
+            prebuilt=prebuilt)

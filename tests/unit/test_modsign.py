@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from installer.distros.cos import modsign
+from installer import modsign
 
 MAGIC = b"~Module signature appended~\n"
 

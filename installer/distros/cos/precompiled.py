@@ -8,9 +8,9 @@ from pathlib import Path
 
 import structlog
 
-from installer import archive
+from installer import archive, modsign
 from installer.context import Context
-from installer.distros.cos import modsign, toolchain
+from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import custom_run_name, signatures_name
 from installer.distros.cos.toolchain import BuildTools
 from installer.errors import BuildError, IntegrityError

@@ -1,0 +1,229 @@
+"""Cold install from a precompiled bundle vs compiling from the .run (issue 15).
+
+    python bench/bundle_install.py [--inputs auto|realparts|fixture] [--json-out FILE]
+
+Same machine, same run, each install the way the DaemonSet's pod runs it
+(tests/pod.py), wall time and CPU (this process's children: the pod, the
+installer, nvidia-installer, make, cc) of:
+
+1. compile: a fresh node, ``install`` from the .run (nvidia-installer builds
+   the modules in the sandbox);
+2. bundle build on a build node (``bundle build`` + ``bundle index``): once
+   per (driver, kernel, module type) for a whole fleet;
+3. bundle: a fresh node, ``install --prebuilt-url https://.../bundles/`` (the
+   index and the bundle over HTTPS on 127.0.0.1, no compiler run);
+4. the same node after a reboot: the cache hit; and the bundle's download time
+   from step 3's own ``download_finished`` event.
+
+Targets: bundle >= 10x faster than compile; bundle <= 1.5x (cache hit + download).
+
+Inputs: ``realparts`` is NVIDIA's real 535 kernel module source from the
+real-parts tier (tests/realparts: its cached .run, this machine's Debian
+kernel headers for the VM tier's kernel, so kbuild really compiles); the node's
+kernel is still the fake one (modules are not loaded for real here: the VM
+tier does that). ``fixture`` is the test fixture .run, whose "build" writes
+stand-in modules in well under a second: its ratio says nothing about a real
+compile, and the output says so. ``auto``: realparts when its cache is there.
+Needs root (mount namespaces), like ``make demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import MB, Row, print_rows, write_rows
+from _fixture import CLI, _pod_class, can_run_pods, events
+
+FIXTURE_VERSION, FIXTURE_RELEASE = "550.54.14", "5.15.0-1049-gke"
+OUT = "srv/bundles"  # under the build node's root
+TIMEOUT_S = 2400
+
+
+@dataclass
+class Inputs:
+    kind: str  # "realparts" | "fixture"
+    run: Path
+    version: str
+    release: str
+    os_release: str | None  # None: the node fixture's default (Ubuntu 22.04)
+    headers: object | None  # tests.realparts.kbuild.Headers, to link into each node
+    gpu: str | None  # PCI device id of the fake GPU
+
+
+def real_inputs() -> Inputs:
+    from tests.fixtures.node import DEBIAN_12
+    from tests.fixtures.runfile import driver_payload
+    from tests.realparts import kbuild, provision, runfile
+    from tests.realparts.through_installer import T4
+
+    parts = provision.provision()
+    version = parts.main.version
+    run = runfile.build_real_run(version, "full", parts, userspace=driver_payload(version))
+    headers = kbuild.kernel_headers()
+    return Inputs("realparts", run, version, headers.abi, DEBIAN_12, headers, T4)
+
+
+def fixture_inputs(work: Path) -> Inputs:
+    from tests.fixtures.runfile import build_driver_run
+
+    run = build_driver_run(work / "runs", FIXTURE_VERSION)
+    return Inputs("fixture", run, FIXTURE_VERSION, FIXTURE_RELEASE, None, None, None)
+
+
+def choose_inputs(which: str, work: Path) -> Inputs:
+    if which in ("auto", "realparts"):
+        try:
+            return real_inputs()
+        except Exception as exc:  # no cache, no network, no headers: say so, then fall back
+            if which == "realparts":
+                raise SystemExit(f"real parts unavailable: {exc}") from exc
+            print(f"real parts unavailable ({type(exc).__name__}: {exc}); using the fixture "
+                  ".run", file=sys.stderr)
+    return fixture_inputs(work)
+
+
+class Nodes:
+    """Fresh fixture nodes (real kernel headers linked in for realparts) and their pods."""
+
+    def __init__(self, work: Path, inputs: Inputs, server) -> None:
+        self.work, self.inputs, self.server = work, inputs, server
+
+    def new(self, name: str):
+        from tests.fixtures.kernel import FakeKernel
+        from tests.fixtures.node import build_ubuntu_node
+
+        i = self.inputs
+        kw = {"os_release": i.os_release} if i.os_release else {}
+        node = build_ubuntu_node(self.work / name / "node", kernel_release=i.release,
+                                 headers=i.headers is None, **kw)
+        if i.headers is not None:
+            from tests.realparts.through_installer import _link_headers
+
+            _link_headers(i.headers, node.root)
+        kernel = FakeKernel(self.work / name / "kernel", i.release)
+        kernel.add_gpu(**({"device": i.gpu} if i.gpu else {}))
+        pod = _pod_class()(
+            node_root=node.root, install_dir=node.install_dir, scratch=self.work / name / "pod",
+            fakebin=kernel.bin_dir, shared=[kernel.root],
+            env={**kernel.env(), "NVIDIA_DRIVER_VERSION": i.version,
+                 "NVIDIA_KERNEL_MODULE_TYPE": "proprietary",
+                 "NVIDIA_DRIVER_BASE_URL": f"{self.server.url}/tesla",
+                 "REQUESTS_CA_BUNDLE": str(self.server.ca_bundle_path)})
+        return node, kernel, pod
+
+
+def timed(pod, args: list[str], env: dict[str, str] | None = None) -> dict:
+    result = pod.timed([CLI, *args], env=env, timeout=TIMEOUT_S)
+    if result["rc"] != 0:
+        raise SystemExit(f"{' '.join(args)} failed (exit {result['rc']}):\n"
+                         f"{result['stderr'][-3000:]}")
+    result["events"] = events(result.pop("stderr"))
+    return result
+
+
+def event(result: dict, name: str, **match) -> dict | None:
+    found = [e for e in result["events"] if e.get("event") == name
+             and all(e.get(k) == v for k, v in match.items())]
+    return found[-1] if found else None
+
+
+@contextlib.contextmanager
+def served(inputs: Inputs) -> Iterator[object]:
+    from tests.fixtures.server import ArtifactServer
+
+    with ArtifactServer() as server:
+        server.serve(f"/tesla/{inputs.version}/{inputs.run.name}", inputs.run)
+        yield server
+
+
+def measure(inputs: Inputs, work: Path) -> dict:
+    with served(inputs) as server:
+        nodes = Nodes(work, inputs, server)
+        _, _, pod = nodes.new("compile")
+        compile_ = timed(pod, ["install"])
+        run_bytes = sum(r.body_bytes for r in server.requests if r.path.startswith("/tesla/"))
+
+        build_node, _, pod = nodes.new("build")
+        build = timed(pod, ["bundle", "build", "--output-dir", f"/root/{OUT}"])
+        timed(pod, ["bundle", "index", f"/root/{OUT}"])
+        server.serve_tree("/bundles", build_node.root / OUT)
+
+        node, kernel, pod = nodes.new("bundle")
+        before = len(server.requests)
+        bundle = timed(pod, ["install"], env={"NVIDIA_PREBUILT_URL": f"{server.url}/bundles/"})
+        fetched = sum(r.body_bytes for r in server.requests[before:])
+        assert event(bundle, "nvidia_installer_started") is None, "the bundle install compiled"
+        download = event(bundle, "download_finished", label="prebuilt bundle")
+        kernel.unload_all()  # a reboot
+        cached = timed(pod, ["install"])
+        assert event(cached, "install_finished")["plan"] == "cached"
+    bundle_file = next((build_node.root / OUT).glob("*.tar.gz"))
+    return {
+        "inputs": inputs.kind, "driver_version": inputs.version, "kernel_release": inputs.release,
+        "compile": {"wall_s": compile_["wall_s"], "cpu_s": compile_["cpu_s"],
+                    "bytes_fetched": run_bytes},
+        "bundle_build": {"wall_s": build["wall_s"], "cpu_s": build["cpu_s"],
+                         "bundle_bytes": bundle_file.stat().st_size},
+        "bundle": {"wall_s": bundle["wall_s"], "cpu_s": bundle["cpu_s"],
+                   "bytes_fetched": fetched, "download_s": download["seconds"]},
+        "cache_hit": {"wall_s": cached["wall_s"], "cpu_s": cached["cpu_s"]},
+    }
+
+
+def rows(r: dict) -> list[Row]:
+    c, b, h = r["compile"], r["bundle"], r["cache_hit"]
+    speedup = c["wall_s"] / b["wall_s"]
+    vs_hit = b["wall_s"] / (h["wall_s"] + b["download_s"])
+    fake = r["inputs"] == "fixture"
+    note = ("fixture .run: its build writes stand-in modules in well under a second, so this "
+            "ratio says nothing about a real compile; run with the real-parts cache"
+            if fake else "NVIDIA's real 535 module source compiled by kbuild against real "
+            "Debian headers; the node's kernel is the fake one (modules not loaded for real)")
+    return [
+        Row("bundle install >= 10x faster than compiling (wall)",
+            f"{b['wall_s']:.1f} s", f"compile {c['wall_s']:.1f} s", f"{speedup:.1f}x",
+            None if fake else speedup >= 10, note, r),
+        Row("bundle install CPU vs compiling", f"{b['cpu_s']:.1f} s",
+            f"compile {c['cpu_s']:.1f} s", f"{c['cpu_s'] / max(b['cpu_s'], 1e-9):.1f}x", None),
+        Row("bundle install <= 1.5x (cache hit + download)", f"{b['wall_s']:.1f} s",
+            f"{h['wall_s']:.1f} s + {b['download_s']:.1f} s", f"{vs_hit:.2f}x", vs_hit <= 1.5),
+        Row("bytes fetched by a node", f"{b['bytes_fetched'] / MB:.1f} MB (bundle + index)",
+            f"{c['bytes_fetched'] / MB:.1f} MB (.run)",
+            f"{b['bytes_fetched'] / max(c['bytes_fetched'], 1):.2f}x", None),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--inputs", choices=("auto", "realparts", "fixture"), default="auto")
+    ap.add_argument("--json-out")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir")
+    args = ap.parse_args(argv)
+    why = can_run_pods()
+    if why:
+        print(f"skipped: {why}", file=sys.stderr)
+        return 0
+    # On the root filesystem: the pod's overlay of / must see it (tests/pod.py).
+    work = Path(tempfile.mkdtemp(prefix="ndi-bench-bundle-", dir="/var/tmp"))
+    try:
+        result = measure(choose_inputs(args.inputs, work), work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+    table = rows(result)
+    print_rows(table)
+    write_rows(table, args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""``install --prebuilt-url``: a prebuilt bundle instead of compiling, checked to the last byte.
+
+One plan step, ``fetch_prebuilt_bundle``, put before the flow's build steps
+(:func:`prebuilt_step`). It expands the URL template for this node's driver,
+kernel and module type, takes the bundle's sha256 from ``--prebuilt-sha256``
+or the ``index.json`` beside the bundles, downloads it (the digest checked
+while streaming), extracts it with the bounded extractor, and checks that the
+extracted tree is exactly what the manifest lists, that the manifest is for
+this driver, kernel and module type, and that every module's vermagic names the
+running kernel. The staged tree is then what a build would have left: the
+usual load / verify / promote / record-cache steps take over, and the build
+steps are skipped.
+
+Outcomes: a missing bundle (HTTP 404, no such file) falls back to the build
+steps, or with ``--prebuilt-only`` is exit 5 naming it; a bundle that is not
+pinned, fails its digest, lies in its manifest or is for another kernel is
+exit 6 and never falls back; an unsigned bundle on a kernel that enforces
+signatures is exit 10.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import structlog
+
+from installer import archive, signing
+from installer.bundle import tree
+from installer.bundle.manifest import (
+    INDEX_NAME,
+    LAYOUT_DIRS,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    BundleError,
+    BundleKey,
+    Manifest,
+    check_template,
+    expand_url,
+    index_url,
+)
+from installer.context import Context
+from installer.errors import DownloadError, IntegrityError, SecureBootError, UsageError
+from installer.fsutil import UnreadableFile, read_limited, remove_tree
+from installer.installdir import Tree
+from installer.modinfo import read_modinfo, vermagic_release
+from installer.net.policy import check_url_scheme, local_path, redact_url
+from installer.plan import Step
+
+log = structlog.get_logger(__name__)
+
+MAX_BUNDLE_BYTES = 16 << 30  # unpacked; a 535 bundle is ~0.4 GB
+
+
+def check_settings(url: str | None, sha256: str | None, only: bool, *,
+                   allow_insecure_http: bool) -> str | None:
+    """The --prebuilt-* options, checked together; the sha256 lower-cased."""
+    if url is None:
+        if sha256 or only:
+            raise UsageError("--prebuilt-sha256 and --prebuilt-only need --prebuilt-url "
+                             "(NVIDIA_PREBUILT_URL)")
+        return None
+    try:
+        check_template(url)
+    except BundleError as exc:
+        raise UsageError(str(exc), hint="e.g. https://bundles.example.com/nvidia/ or "
+                         "file:///mnt/bundles/nvidia-driver-{driver_version}-{module_type}-"
+                         "{kernel_release}.tar.gz") from None
+    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    if sha256 is None:
+        return None
+    sha = sha256.strip().lower()
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise UsageError("--prebuilt-sha256 must be 64 hex digits",
+                         hint="the sha256 of the bundle file (its .sha256 file, first column)")
+    return sha
+
+
+def prebuilt_step(ctx: Context, version: str, module_type: str) -> Step:
+    """The plan's bundle step (the distro's build runs only if it found no bundle)."""
+    try:
+        key = BundleKey(version, ctx.host_info.kernel_release, module_type)
+    except BundleError as exc:
+        raise UsageError(f"no bundle can exist for this node: {exc}") from None
+    return fetch_prebuilt(key, expand_url(ctx.settings.prebuilt_url or "", key))
+
+
+def fetch_prebuilt(key: BundleKey, url: str) -> Step:
+    def run(ctx: Context) -> None:
+        # As the build path does before its big download: an in-use other driver is exit 8.
+        staging = ctx.work.staged()
+        digest = ctx.settings.prebuilt_sha256 or _digest_from_index(ctx, url, key)
+        path = _download(ctx, url, key, digest, staging)
+        if path is None:
+            return
+        if digest is None:
+            raise IntegrityError(
+                f"prebuilt bundle {key.name()} is not pinned: no entry in {INDEX_NAME} beside "
+                "it and no --prebuilt-sha256",
+                hint=f"run `nvidia-driver-installer bundle index` where the bundles are and "
+                f"publish {INDEX_NAME}, or pass --prebuilt-sha256", url=redact_url(url))
+        manifest = unpack(path, staging, key, ctx.kernel.release())
+        if signing.policy(ctx.kernel).enforced and not manifest.signed:
+            raise SecureBootError(
+                f"this kernel only loads signed modules and bundle {key.name()} is unsigned",
+                hint="build the bundles with --signing-key/--signing-cert of a key enrolled on "
+                "the nodes", kernel_release=key.kernel_release)
+        ctx.work.bundle = manifest
+        log.info("prebuilt_bundle_staged", bundle=key.name(), url=redact_url(url),
+                 vermagic=manifest.vermagic, compiler=manifest.compiler, signed=manifest.signed)
+
+    return Step("fetch_prebuilt_bundle", run,
+                f"{redact_url(url)}, sha256 from --prebuilt-sha256 or {INDEX_NAME}; "
+                "else build")
+
+
+def _digest_from_index(ctx: Context, url: str, key: BundleKey) -> str | None:
+    from installer.bundle import index
+    from installer.net.fetch import fetch_text
+
+    where = index_url(url)
+    text = fetch_text(ctx.http, where, allow_insecure_http=ctx.settings.allow_insecure_http,
+                      max_bytes=index.MAX_INDEX_BYTES)
+    if text is None:
+        log.info("prebuilt_index_missing", url=redact_url(where))
+        return None
+    try:
+        entry = index.parse(text).get(key.name())
+    except BundleError as exc:
+        raise IntegrityError(f"the bundle index {redact_url(where)} is unusable: {exc}",
+                             hint="re-run `nvidia-driver-installer bundle index` and publish "
+                             "it again", url=redact_url(where)) from None
+    return entry.sha256 if entry else None
+
+
+def _download(ctx: Context, url: str, key: BundleKey, digest: str | None,
+              staging: Tree) -> Path | None:
+    """The verified bundle file, or None when there is no such bundle (after the fallback
+    or --prebuilt-only decision)."""
+    from installer.net.transfer import download
+
+    missing = urlsplit(url).scheme.lower() == "file" and not local_path(url).exists()
+    if not missing:
+        try:
+            return download(ctx.http, url, staging.root / "downloads" / key.name(),
+                            expected_sha256=digest, label="prebuilt bundle",
+                            allow_insecure_http=ctx.settings.allow_insecure_http).path
+        except DownloadError as exc:
+            if exc.context.get("status") != 404:
+                raise
+    if ctx.settings.prebuilt_only:
+        raise DownloadError(
+            f"no prebuilt bundle {key.name()} at {redact_url(url)} (--prebuilt-only)",
+            hint="build it (`nvidia-driver-installer bundle build`, or the bundle Job) and "
+            "publish it with `bundle index`, or drop --prebuilt-only to compile on the node",
+            url=redact_url(url))
+    log.warning("prebuilt_bundle_missing", bundle=key.name(), url=redact_url(url),
+                fallback="compiling on this node")
+    return None
+
+
+def unpack(path: Path, staging: Tree, key: BundleKey, running_release: str) -> Manifest:
+    """Extract ``path`` and move its layout dirs into ``staging`` once every check passed."""
+    out = staging.root / "bundle"
+    archive.extract(path, out, label=key.name(), max_bytes=MAX_BUNDLE_BYTES)
+    manifest = _checked(out, key, running_release, path)
+    for top in LAYOUT_DIRS:
+        if (out / top).is_dir():
+            os.replace(out / top, staging.root / top)  # onto the empty dir new_staging made
+    remove_tree(out)
+    path.unlink()
+    return manifest
+
+
+def _checked(out: Path, key: BundleKey, running_release: str, path: Path) -> Manifest:
+    def refuse(what: str) -> IntegrityError:
+        return IntegrityError(f"prebuilt bundle {key.name()} {what}; nothing was installed",
+                              hint="rebuild and re-index the bundle; do not edit bundles",
+                              path=str(path), kernel_release=running_release)
+
+    extra = sorted({p.name for p in out.iterdir()} - {*LAYOUT_DIRS, MANIFEST_NAME})
+    if extra:
+        raise refuse(f"holds {', '.join(extra)} beside the install layout")
+    try:
+        manifest = Manifest.from_json(read_limited(out / MANIFEST_NAME, MAX_MANIFEST_BYTES))
+        differences = tree.differences(out, manifest.files, manifest.links)
+    except FileNotFoundError:
+        raise refuse(f"has no {MANIFEST_NAME}") from None
+    except (UnreadableFile, BundleError) as exc:
+        raise refuse(f"has a bad manifest: {exc}") from None
+    if manifest.key != key:
+        raise refuse(f"holds {manifest.key.describe()}, not {key.describe()}")
+    if differences:
+        raise refuse(f"does not match its manifest: {'; '.join(differences[:3])}")
+    for ko in sorted((out / "drivers").glob("*.ko")):
+        built_for = vermagic_release(read_modinfo(ko))
+        if built_for != running_release:
+            raise refuse(f"has {ko.name} built for kernel {built_for}, the running kernel is "
+                         f"{running_release}")
+    return manifest

@@ -1,0 +1,121 @@
+"""``manifests render --kind bundle-job``: a Kubernetes Job that builds a fleet's bundles.
+
+An Indexed Job, one pod per ``DRIVER@KERNEL`` target: Kubernetes schedules,
+retries and parallelises; each pod runs ``bundle build`` for its target (the
+pod's ``JOB_COMPLETION_INDEX`` picks it) into a volume, then ``bundle index``
+of that volume. With a PersistentVolumeClaim the bundles and one index stay
+there (serve it, or copy it out); with an uploader image a user command
+uploads the pod's bundle and its ``.sha256`` (``gsutil``, ``oras``, ``curl``:
+the hook), and publishing is running ``bundle index`` where they land: nodes
+install only indexed bundles. Validation raises ValueError naming the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from installer.bundle.manifest import BundleError, BundleKey
+
+JOB_TEMPLATE = "bundle-job.yaml.j2"
+JOB_NAME = "nvidia-driver-bundles"
+# Built against the container's own root: headers found there or apt-get installed.
+BUILD_ROOT = "/"
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    targets: Sequence[str]  # DRIVER@KERNEL
+    image: str
+    namespace: str
+    module_type: str = "proprietary"
+    parallelism: int = 4
+    volume_claim: str | None = None
+    uploader_image: str | None = None
+    upload_command: str | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def check_targets(targets: Sequence[str], module_type: str) -> list[str]:
+    if not targets:
+        raise ValueError("give at least one --target DRIVER@KERNEL")
+    keys = []
+    for item in targets:
+        version, at, release = item.partition("@")
+        try:
+            if not at:
+                raise BundleError("it is not DRIVER@KERNEL")
+            keys.append(BundleKey(version, release, module_type).name())
+        except BundleError as exc:
+            raise ValueError(f"--target {item!r}: {exc}") from None
+    if len(set(keys)) != len(keys):
+        raise ValueError("a --target is given twice")
+    return list(targets)
+
+
+def context(opts: JobOptions) -> dict[str, object]:
+    from installer import manifests as m
+
+    targets = check_targets(opts.targets, opts.module_type)
+    m.parse_image(opts.image)
+    m.validate_namespace(opts.namespace)
+    if opts.parallelism < 1:
+        raise ValueError("--parallelism must be at least 1")
+    if opts.volume_claim is not None and not m._DNS_SUBDOMAIN.match(opts.volume_claim):
+        raise ValueError(f"--volume-claim {opts.volume_claim!r} is not a DNS subdomain name")
+    if (opts.uploader_image is None) != (opts.upload_command is None):
+        raise ValueError("--uploader-image and --upload-command go together")
+    if opts.uploader_image is None and opts.volume_claim is None:
+        raise ValueError("give --volume-claim (bundles and index.json stay there) or "
+                         "--uploader-image and --upload-command (each pod uploads its bundle)")
+    if opts.uploader_image is not None:
+        m.parse_image(opts.uploader_image, what="uploader image", require_tag=False)
+    env = {"ROOT_MOUNT_DIR": BUILD_ROOT, "NVIDIA_BUNDLE_TARGETS": " ".join(targets),
+           "NVIDIA_KERNEL_MODULE_TYPE": opts.module_type, "LOG_FORMAT": "json",
+           **opts.extra_env}
+    return {
+        "name": JOB_NAME, "namespace": opts.namespace, "version": m.__version__,
+        "labels": {"app.kubernetes.io/name": JOB_NAME,
+                   "app.kubernetes.io/part-of": "nvidia-driver-installer",
+                   "app.kubernetes.io/version": m.label_version()},
+        "image": opts.image, "targets": targets,
+        "parallelism": min(opts.parallelism, len(targets)),
+        "env": list(env.items()), "volume_claim": opts.volume_claim,
+        "uploader_image": opts.uploader_image, "upload_command": opts.upload_command,
+    }
+
+
+def render(opts: JobOptions) -> str:
+    from installer import manifests as m
+
+    return m._environment().get_template(JOB_TEMPLATE).render(**context(opts))
+
+
+def render_command(job: Mapping[str, object], *, image: str | None, namespace: str,
+                   extra_env: Sequence[str], output_dir: Path | None) -> None:
+    """The ``manifests render --kind bundle-job`` part of the CLI (bad values: exit 2)."""
+    import click
+
+    from installer import manifests as m
+
+    try:
+        opts = JobOptions(
+            targets=tuple(job["targets"]),  # type: ignore[arg-type]
+            image=image or m.default_image("ubuntu"), namespace=namespace,
+            module_type=str(job["kernel_module_type"]),
+            parallelism=int(job["parallelism"]),  # type: ignore[call-overload]
+            volume_claim=job.get("volume_claim"),  # type: ignore[arg-type]
+            uploader_image=job.get("uploader_image"),  # type: ignore[arg-type]
+            upload_command=job.get("upload_command"),  # type: ignore[arg-type]
+            extra_env=m.parse_env(extra_env))
+        text = render(opts)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if output_dir is None:
+        click.echo(text, nl=False)
+        return
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / "bundle-job.yaml"
+    path.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {path}", err=True)

@@ -1,0 +1,222 @@
+"""A bundle's name, its manifest and the URL template that finds it. Pure.
+
+A bundle is ``nvidia-driver-<driver>-<module type>-<kernel release>.tar.gz``
+holding ``manifest.json`` (first member) and the install layout: ``drivers/``,
+``bin/``, ``lib64/``, ``firmware/``. The manifest names the keys (driver
+version, kernel release, module type), the modules' vermagic, the compiler,
+whether the modules are signed, and the sha256 and size of every file and the
+target of every symlink.
+
+Everything here is read as hostile input (a bundle server is one more party
+that could send anything): sizes and counts are bounded, every path is a clean
+relative path inside a layout dir, every link stays inside the bundle, and
+``BundleError`` names the first thing wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import string
+from dataclasses import dataclass, field
+from urllib.parse import quote, urlsplit, urlunsplit
+
+FORMAT = 1
+MANIFEST_NAME = "manifest.json"
+INDEX_NAME = "index.json"
+SUFFIX = ".tar.gz"
+LAYOUT_DIRS = ("bin", "lib64", "drivers", "firmware")  # installdir.LAYOUT_DIRS
+MODULE_TYPES = ("open", "proprietary")
+MAX_MANIFEST_BYTES = 4 << 20  # a real 535 bundle's manifest: ~15 KB
+MAX_FILES = 20_000
+MAX_FILE_BYTES = 4 << 30
+MAX_TEXT = 512
+PLACEHOLDERS = ("driver_version", "kernel_release", "module_type")
+
+_VERSION = re.compile(r"^\d{2,4}\.\d{1,4}(\.\d{1,4})?$")
+# uname -r of Ubuntu, Debian, COS and vanilla kernels: no '/', no spaces, no '..'.
+_RELEASE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^nvidia-driver-(\d[\d.]*\d)-(open|proprietary)-(.+)\.tar\.gz$")
+
+
+class BundleError(ValueError):
+    """A name, manifest, index or template that is not what it must be (one line)."""
+
+
+def check_sha256(value: object, what: str) -> str:
+    if not isinstance(value, str) or not _SHA256.match(value):
+        raise BundleError(f"{what} is not 64 lower-case hex digits")
+    return value
+
+
+def _text(value: object, what: str, limit: int = MAX_TEXT) -> str:
+    if not isinstance(value, str) or len(value) > limit or not value.isprintable():
+        raise BundleError(f"{what} is not a printable string of at most {limit} characters")
+    return value
+
+
+@dataclass(frozen=True)
+class BundleKey:
+    """What a bundle is for: one driver, one kernel, one module type."""
+
+    driver_version: str
+    kernel_release: str
+    module_type: str
+
+    def __post_init__(self) -> None:
+        if not _VERSION.match(self.driver_version):
+            raise BundleError(f"driver version {self.driver_version!r} is not like 550.127.05")
+        if ".." in self.kernel_release or not _RELEASE.match(self.kernel_release):
+            raise BundleError(f"kernel release {self.kernel_release!r} is not a uname -r value")
+        if self.module_type not in MODULE_TYPES:
+            raise BundleError(f"module type {self.module_type!r} is not open or proprietary")
+
+    def name(self) -> str:
+        return (f"nvidia-driver-{self.driver_version}-{self.module_type}-"
+                f"{self.kernel_release}{SUFFIX}")
+
+    def describe(self) -> str:
+        return f"driver {self.driver_version} ({self.module_type}) for kernel {self.kernel_release}"
+
+    @classmethod
+    def from_name(cls, name: str) -> BundleKey:
+        match = _NAME.match(name)
+        if not match:
+            raise BundleError(f"{name!r} is not a bundle name "
+                              "(nvidia-driver-<driver>-<module type>-<kernel release>.tar.gz)")
+        version, module_type, release = match.groups()
+        return cls(version, release, module_type)
+
+
+def check_rel(rel: object, what: str = "path") -> str:
+    """A clean relative path inside one of the layout dirs (never the dir itself)."""
+    if not isinstance(rel, str) or not rel or len(rel) > 4095 or not rel.isprintable():
+        raise BundleError(f"{what} {rel!r} is not a short printable path")
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise BundleError(f"{what} {rel!r} is not a clean relative path")
+    if parts[0] not in LAYOUT_DIRS or len(parts) < 2:
+        raise BundleError(f"{what} {rel!r} is not inside {', '.join(LAYOUT_DIRS)}")
+    return rel
+
+
+def check_link(rel: str, target: object) -> str:
+    """A symlink's target: relative, and pointing inside the bundle's layout dirs."""
+    if not isinstance(target, str) or not target or target.startswith("/"):
+        raise BundleError(f"link {rel!r} -> {target!r} is not a relative link")
+    check_rel(posixpath.normpath(posixpath.join(posixpath.dirname(rel), target)),
+              f"target of link {rel!r}")
+    return target
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    key: BundleKey
+    vermagic: str  # of nvidia.ko: "<release> SMP mod_unload modversions"
+    compiler: str  # the compiler that built the modules (its --version line)
+    signed: bool
+    built_at: str
+    installer_version: str
+    driver_sha256: str | None  # of the .run the bundle was built from
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, object]:
+        """What the index keeps about a bundle besides its digest."""
+        return {"driver_version": self.key.driver_version,
+                "kernel_release": self.key.kernel_release,
+                "module_type": self.key.module_type, "vermagic": self.vermagic,
+                "compiler": self.compiler, "signed": self.signed, "built_at": self.built_at}
+
+    def to_json(self) -> str:
+        doc = {"format": FORMAT, **self.summary(), "installer_version": self.installer_version,
+               "driver_sha256": self.driver_sha256,
+               "files": {rel: {"sha256": e.sha256, "size": e.size}
+                         for rel, e in sorted(self.files.items())},
+               "links": dict(sorted(self.links.items()))}
+        return json.dumps(doc, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Manifest:
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise BundleError(f"the manifest is larger than {MAX_MANIFEST_BYTES} bytes")
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise BundleError(f"the manifest is not JSON: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise BundleError(f"the manifest is not a format-{FORMAT} bundle manifest")
+        key = BundleKey(_text(doc.get("driver_version"), "driver_version"),
+                        _text(doc.get("kernel_release"), "kernel_release"),
+                        _text(doc.get("module_type"), "module_type"))
+        vermagic = _text(doc.get("vermagic"), "vermagic")
+        if vermagic.split()[:1] != [key.kernel_release]:
+            raise BundleError(f"vermagic {vermagic!r} is not for kernel {key.kernel_release}")
+        files, links = doc.get("files"), doc.get("links")
+        if not isinstance(files, dict) or not isinstance(links, dict):
+            raise BundleError("the manifest's files and links are not objects")
+        if len(files) + len(links) > MAX_FILES:
+            raise BundleError(f"the manifest lists more than {MAX_FILES} files")
+        entries = {}
+        for rel, entry in files.items():
+            check_rel(rel)
+            if not isinstance(entry, dict):
+                raise BundleError(f"the entry of {rel!r} is not an object")
+            size = entry.get("size")
+            if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+                raise BundleError(f"the size of {rel!r} is not an integer in 0..{MAX_FILE_BYTES}")
+            entries[rel] = FileEntry(check_sha256(entry.get("sha256"), f"the sha256 of {rel!r}"),
+                                     size)
+        for rel, target in links.items():
+            check_link(check_rel(rel), target)
+            if rel in entries:
+                raise BundleError(f"{rel!r} is listed as a file and as a link")
+        if "drivers/nvidia.ko" not in entries:
+            raise BundleError("the manifest lists no drivers/nvidia.ko")
+        signed, sha = doc.get("signed"), doc.get("driver_sha256")
+        if not isinstance(signed, bool):
+            raise BundleError("signed is not true or false")
+        return cls(key, vermagic, _text(doc.get("compiler"), "compiler"), signed,
+                   _text(doc.get("built_at"), "built_at", 64),
+                   _text(doc.get("installer_version"), "installer_version", 64),
+                   None if sha is None else check_sha256(sha, "driver_sha256"),
+                   entries, dict(links))
+
+
+def expand_url(template: str, key: BundleKey) -> str:
+    """The bundle URL for ``key``: ``{driver_version}``, ``{kernel_release}`` and
+    ``{module_type}`` filled in (URL-quoted); a template ending in ``/`` is a
+    directory and gets the bundle's standard name."""
+    if template.endswith("/"):
+        template += "{name}"
+    values = {"driver_version": key.driver_version, "kernel_release": key.kernel_release,
+              "module_type": key.module_type, "name": key.name()}
+    check_template(template, allowed=(*PLACEHOLDERS, "name"))
+    return template.format_map({k: quote(v, safe="") for k, v in values.items()})
+
+
+def check_template(template: str, allowed: tuple[str, ...] = PLACEHOLDERS) -> None:
+    try:
+        fields = [f for _, f, _spec, _conv in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise BundleError(f"bad --prebuilt-url template {template!r}: {exc}") from None
+    unknown = [f for f in fields if f not in allowed]
+    if unknown:
+        raise BundleError(f"--prebuilt-url has the unknown placeholder {{{unknown[0]}}}; "
+                          f"known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+
+
+def index_url(bundle_url: str) -> str:
+    """``index.json`` in the bundle's directory (without the bundle's query string:
+    a signed URL signs one object)."""
+    parts = urlsplit(bundle_url)
+    directory = parts.path.rsplit("/", 1)[0]
+    return urlunsplit((parts.scheme, parts.netloc, f"{directory}/{INDEX_NAME}", "", ""))
