@@ -102,7 +102,7 @@ MIRROR=${NDI_DEBIAN_MIRROR:-$(find_mirror)} ||
 
 # --- the base: debootstrap once per day and arguments -------------------------------
 INCLUDE=ca-certificates
-RECIPE=3  # bump when the base preparation below changes
+RECIPE=4  # bump when the base preparation below changes
 DATE=${NDI_BASE_DATE:-$(date -u +%Y-%m-%d)}
 KEY=$(printf '%s\n' "$SUITE" "$VARIANT" "$INCLUDE" "$MIRROR" "$DATE" "$RECIPE" | sha256sum | cut -c1-12)
 BASE_TAR=$CACHE/$SUITE-$VARIANT-$DATE-$KEY.tar
@@ -145,6 +145,9 @@ Dir::Cache::srcpkgcache "";
 CFG
   echo 'Acquire::Languages "none";' >"$r/etc/apt/apt.conf.d/docker-no-languages"
   rm -rf "$r/var/cache/apt/archives/"*.deb "$r/var/cache/apt/"*.bin "$r/var/lib/apt/lists/"*
+  # An empty /dev, as registry images have: debootstrap leaves device nodes
+  # there, which would hide a pod that lacks the host's /dev.
+  find "$r/dev" -mindepth 1 -delete
   # RUN steps need name resolution; buildah bind-mounts its own resolv.conf.
   : >"$work/rootfs/etc/resolv.conf"
   tar --numeric-owner --xattrs -C "$work/rootfs" -cf "$work/base.tar" .
