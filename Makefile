@@ -42,7 +42,7 @@ test-images: install  ## build both images and install from them on fixture node
 # podman runs the pods, runc is its runtime (crun refuses hybrid cgroups), catatonit
 # makes the pause image, buildah and debootstrap build our images.
 POD_DEPS := podman runc catatonit buildah debootstrap
-test-pod: install  ## the committed manifests' pods under podman + runc on fixture nodes (slow tier, root, ~4 min fresh, budget 15 min)
+test-pod: install  ## the committed manifests' pods under podman + runc on fixture nodes (slow tier, root, ~6 min fresh, ~1 min after test-images)
 	bash scripts/install-deps.sh $(POD_DEPS)
 	NDI_POD_TESTS=1 $(PY) -m pytest tests/pod_tier $(PYTEST_ARGS)
 

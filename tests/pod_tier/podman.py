@@ -33,7 +33,7 @@ from pathlib import Path
 CACHE = Path(os.environ.get("NDI_IMAGE_CACHE", "/var/cache/ndi-images"))
 GRAPHROOT = os.environ.get("NDI_BUILDAH_ROOT", str(CACHE / "storage"))
 RUNROOT = os.environ.get("NDI_BUILDAH_RUNROOT", "/run/ndi-images")
-TMP_DIR = "/run/ndi-pod"  # libpod's runtime state: exit files, events, pod locks
+TMP_DIR = f"{RUNROOT}/libpod"  # libpod's runtime state (exit files, events), one per store
 TOOLS = ("podman", "runc", "catatonit", "buildah")
 # The pod annotation that keeps a finished init container, its logs and exit code
 # (podman 4.3.1's default, "once", deletes it).
