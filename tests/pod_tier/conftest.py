@@ -34,7 +34,10 @@ def podman(tmp_path_factory) -> Podman:
                      "(Makefile POD_DEPS)")
     pm = Podman.create(tmp_path_factory.mktemp("podman-conf"))
     assert pm("info", "--format", "{{.Host.OCIRuntime.Name}}").stdout.strip() == "runc"
-    return pm
+    links = set(os.listdir("/sys/class/net"))
+    yield pm
+    # Host networking only: no bridge, veth or other link left behind.
+    assert set(os.listdir("/sys/class/net")) <= links
 
 
 @pytest.fixture(scope="session")

@@ -148,7 +148,6 @@ class Podman:
     def remove_pod(self, name: str) -> None:
         self("pod", "rm", "--force", "--time", "0", "--ignore", name, check=False)
 
-    def containers_of(self, pod: str) -> list[str]:
-        out = self("ps", "--all", "--filter", f"pod={pod}", "--format", "{{.Names}}",
-                   check=False).stdout
-        return out.split()
+    def pod_exists(self, name: str) -> bool:
+        """(A pod's containers go with it: podman removes no pod that still has any.)"""
+        return self("pod", "exists", name, check=False).returncode == 0

@@ -86,7 +86,7 @@ def differences(a, b, path: str = "") -> list[str]:
         return out
     if isinstance(a, list) and isinstance(b, list):
         out = [f"{path}[{i}]" for i in range(min(len(a), len(b)), max(len(a), len(b)))]
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):  # the surplus is listed above
             out += differences(x, y, f"{path}[{i}]")
         return out
     return [] if a == b else [path]

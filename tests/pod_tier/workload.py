@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +77,6 @@ class PodRun:
     init: dict  # podman inspect of the init container
     pause: dict
     logs: str  # the init container's
-    seconds: float
 
     @property
     def events(self) -> list[dict]:
@@ -101,18 +99,15 @@ class Kubelet:
         pod = pod_from_daemonset(committed_daemonset(node.flavor), name=name,
                                  node_root=node.node.root, images=self.images, seams=node.seams())
         self.pods.append(name)
-        t0 = time.monotonic()
         play = self.podman.play(pod, timeout=timeout)
-        seconds = time.monotonic() - t0
         init = POD_CONTAINER.format(pod=name, container=INIT)
         return PodRun(name, play, self.podman.inspect(init),
                       self.podman.inspect(POD_CONTAINER.format(pod=name, container=PAUSE)),
-                      self.podman.logs(init), seconds)
+                      self.podman.logs(init))
 
     def remove(self, name: str) -> None:
         self.podman.remove_pod(name)
-        left = self.podman.containers_of(name)
-        assert not left, f"pod {name} left containers behind: {left}"
+        assert not self.podman.pod_exists(name), f"pod {name} could not be removed"
 
     def close(self) -> None:
         for name in self.pods:
