@@ -75,7 +75,6 @@ class Podman:
             "[containers]\n"
             f"default_ulimits = {_toml_list(ulimits)}\n"
             'log_driver = "k8s-file"\n'
-            'netns = "host"\n'
             "[engine]\n"
             'cgroup_manager = "cgroupfs"\n'
             'events_logger = "file"\n'
@@ -141,9 +140,11 @@ class Podman:
         return doc
 
     def logs(self, container: str) -> str:
-        """stdout and stderr of the container, as `kubectl logs` shows them."""
-        proc = self("logs", container)
-        return proc.stdout + proc.stderr
+        """stdout and stderr of the container interleaved, as `kubectl logs` shows them."""
+        proc = subprocess.run(["podman", "logs", container], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=60, env=self.env())
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        return proc.stdout
 
     def remove_pod(self, name: str) -> None:
         self("pod", "rm", "--force", "--time", "0", "--ignore", name, check=False)
