@@ -145,8 +145,9 @@ Dir::Cache::srcpkgcache "";
 CFG
   echo 'Acquire::Languages "none";' >"$r/etc/apt/apt.conf.d/docker-no-languages"
   rm -rf "$r/var/cache/apt/archives/"*.deb "$r/var/cache/apt/"*.bin "$r/var/lib/apt/lists/"*
-  # An empty /dev, as registry images have: debootstrap leaves device nodes
-  # there, which would hide a pod that lacks the host's /dev.
+  # An empty /dev, as registry images have (a container's /dev comes from its
+  # runtime and mounts): the device nodes debootstrap leaves would hide a
+  # missing one. make test-pod checks the images and runs them so.
   find "$r/dev" -mindepth 1 -delete
   # RUN steps need name resolution; buildah bind-mounts its own resolv.conf.
   : >"$work/rootfs/etc/resolv.conf"
