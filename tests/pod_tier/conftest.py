@@ -64,7 +64,7 @@ def images(podman) -> dict[str, dict[str, str]]:
     yield mapping
     if not os.environ.get("NDI_IMAGE_TAG"):
         for name in local.values():  # only the names: the layers stay cached
-            podman("untag", name, check=False)
+            podman("untag", name, name, check=False)  # that name only, not all of the image's
 
 
 @pytest.fixture

@@ -16,7 +16,9 @@ under /var/cache/ndi-images), so the images tier and this one build the images
 once, and nothing lands in /var/lib/containers. libpod's database stays at its
 default, inside that store (``<graphroot>/libpod``): conmon's exit command
 (``podman container cleanup``) is not told about another ``static_dir``, the
-exit code then never reaches the database and every wait stalls 20 s.
+exit code then never reaches the database and every wait stalls 20 s. That
+database records ``tmp_dir`` when it is created and overrides the config with it
+afterwards: changing TMP_DIR takes a new store (or removing ``<graphroot>/libpod``).
 """
 
 from __future__ import annotations
