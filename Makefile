@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install deps test test-vm demo lint manifests images test-images bench clean
+.PHONY: help install deps test test-vm demo lint manifests images test-images test-pod bench clean
 
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,6 +41,13 @@ images: install  ## build both images with buildah from a local debootstrap base
 
 test-images: install  ## build both images and install from them on fixture nodes (slow tier, root, ~5 min fresh)
 	NDI_IMAGE_TESTS=1 $(PY) -m pytest tests/test_images.py $(PYTEST_ARGS)
+
+# podman runs the pods, runc is its runtime (crun refuses hybrid cgroups), catatonit
+# makes the pause image, buildah and debootstrap build our images.
+POD_DEPS := podman runc catatonit buildah debootstrap
+test-pod: install  ## the committed manifests' pods under podman + runc on fixture nodes (slow tier, root, ~6 min fresh, ~1 min after test-images)
+	bash scripts/install-deps.sh $(POD_DEPS)
+	NDI_POD_TESTS=1 $(PY) -m pytest tests/pod_tier $(PYTEST_ARGS)
 
 test-vm: install  ## NVIDIA's real modules built through the installer, loaded in a real kernel under qemu (slow tier, ~15 min cold)
 	$(PY) -m pytest tests/realparts tests/vm $(PYTEST_ARGS)

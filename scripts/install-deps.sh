@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Debian packages the default test run and the demo need. Idempotent.
+# Debian packages the default test run and the demo need, or the packages
+# named as arguments (a slow tier's own). Idempotent.
 set -euo pipefail
-pkgs=(makeself busybox-static cpio kmod util-linux gcc make python3-venv ca-certificates curl)
+pkgs=("$@")
+((${#pkgs[@]})) || pkgs=(makeself busybox-static cpio kmod util-linux gcc make python3-venv ca-certificates curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

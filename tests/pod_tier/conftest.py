@@ -1,0 +1,74 @@
+"""Fixtures of the pod tier (`make test-pod`): podman, our images in its storage, a kubelet.
+
+Environment:
+  NDI_POD_TESTS=1          run the tier (`make test-pod` sets it; the default run skips it)
+  NDI_POD_REQUIRED=1       fail instead of skipping when podman & co. are missing (CI)
+  NDI_POD_NO_BUILD=1       use the images already built with NDI_IMAGE_TAG (no images/build.sh)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from installer import manifests as m
+from tests.pod_tier.podman import GRAPHROOT, RUNROOT, Podman, missing_tools
+from tests.pod_tier.workload import INIT, PAUSE, REPO, Kubelet, committed_daemonset
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("NDI_POD_REQUIRED") == "1":
+        pytest.fail(f"pod tier required (NDI_POD_REQUIRED=1) but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def podman(tmp_path_factory) -> Podman:
+    if os.geteuid() != 0:
+        _unavailable("podman runs privileged pods here only as root")
+    missing = missing_tools()
+    if missing:
+        _unavailable(f"missing {', '.join(missing)}: `make test-pod` installs them "
+                     "(Makefile POD_DEPS)")
+    pm = Podman.create(tmp_path_factory.mktemp("podman-conf"))
+    assert pm("info", "--format", "{{.Host.OCIRuntime.Name}}").stdout.strip() == "runc"
+    links = set(os.listdir("/sys/class/net"))
+    yield pm
+    # Host networking only: no bridge, veth or other link left behind.
+    assert set(os.listdir("/sys/class/net")) <= links
+
+
+@pytest.fixture(scope="session")
+def images(podman) -> dict[str, dict[str, str]]:
+    """{flavor: {manifest image: local image}}, built into podman's storage.
+
+    A tag of this run's own (layers are cached, so this costs a commit): a
+    concurrent `make images` of another checkout cannot swap the image under us.
+    """
+    tag = os.environ.get("NDI_IMAGE_TAG") or f"pod-{os.getpid()}"
+    if os.environ.get("NDI_POD_NO_BUILD") != "1":
+        proc = subprocess.run(
+            ["bash", str(REPO / "images/build.sh")], capture_output=True, text=True, timeout=840,
+            env={**podman.env(), "NDI_IMAGE_TAG": tag, "NDI_BUILDAH_ROOT": GRAPHROOT,
+                 "NDI_BUILDAH_RUNROOT": RUNROOT})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    pause = podman.pause_image()
+    local = {flavor: f"localhost/nvidia-driver-installer-{flavor}:{tag}" for flavor in m.FLAVORS}
+    mapping = {}
+    for flavor in m.FLAVORS:
+        spec = committed_daemonset(flavor)["spec"]["template"]["spec"]
+        containers = {c["name"]: c["image"] for c in spec["initContainers"] + spec["containers"]}
+        mapping[flavor] = {containers[INIT]: local[flavor], containers[PAUSE]: pause}
+    yield mapping
+    if not os.environ.get("NDI_IMAGE_TAG"):
+        for name in local.values():  # only the names: the layers stay cached
+            podman("untag", name, name, check=False)  # that name only, not all of the image's
+
+
+@pytest.fixture
+def kubelet(podman, images):
+    k = Kubelet(podman, {k: v for mapping in images.values() for k, v in mapping.items()})
+    yield k
+    k.close()

@@ -1,0 +1,191 @@
+"""The committed DaemonSets' pods under a real container runtime (podman + runc).
+
+`make test-pod` (NDI_POD_TESTS=1; root). Each test plays the committed
+manifest's pod template as a Pod (tests/pod_tier/podspec.py says what changes)
+with our images, built by images/build.sh into podman's storage, on a fixture
+node. podman, not a chroot, gives the containers their rootfs, /dev, /proc,
+/sys, cgroups, privileges and the manifest's hostPath mounts: a kubelet's
+view. The images have an empty /dev, as registry images do.
+
+Faked is what CI cannot have (tests/fixtures/README.md): the kernel, NVIDIA's
+download host and the cos-tools bucket (a local HTTPS server), apt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from installer import manifests as m
+from tests.fixtures.runfile import build_driver_run
+from tests.fixtures.server import ArtifactServer
+from tests.pod_tier.workload import FixtureNode, Kubelet, PodRun, committed_daemonset
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("NDI_POD_TESTS") != "1",
+                       reason="pod tier: run `make test-pod` (sets NDI_POD_TESTS=1)"),
+    pytest.mark.timeout(900),
+]
+
+HOST_LIB64 = f"{m.INSTALL_DIR_HOST}/lib64"
+
+
+def manifest_env(flavor: str) -> dict[str, str]:
+    (init,) = committed_daemonset(flavor)["spec"]["template"]["spec"]["initContainers"]
+    return {e["name"]: e["value"] for e in init["env"]}
+
+
+def pod_name(label: str) -> str:
+    return f"ndi-{label}-{os.getpid()}"
+
+
+def ubuntu_node(work: Path, server: ArtifactServer, *, serve: str = "run") -> tuple[FixtureNode, str]:
+    """An Ubuntu node; the manifest's pinned driver on the server ("run"), a corrupt
+    copy of it ("corrupt") or nothing ("none": a 404). Returns (node, .run path)."""
+    version = manifest_env("ubuntu")["NVIDIA_DRIVER_VERSION"]
+    run = build_driver_run(work / "runs", version)
+    path = f"/tesla/{version}/{run.name}"
+    if serve == "run":
+        server.serve(path, run)
+    elif serve == "corrupt":
+        data = bytearray(run.read_bytes())
+        data[len(data) // 2: len(data) // 2 + 4] = b"XXXX"
+        server.serve(path, bytes(data))
+    node = FixtureNode.build("ubuntu", work, server, {"NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla"})
+    return node, path
+
+
+def assert_installed(node: FixtureNode, pod: PodRun, version: str, plan: str) -> None:
+    """A pod that installed (or loaded) the driver, and the node as DESIGN §4 says."""
+    assert pod.play.returncode == 0, pod.play.stderr[-3000:] + pod.logs[-3000:]
+    assert (pod.init["State"]["Status"], pod.init["State"]["ExitCode"]) == ("exited", 0)
+    # The pause container runs as the manifest says: after the init container, unprivileged.
+    assert pod.pause["State"]["Status"] == "running"
+    assert pod.pause["Config"]["User"] == "65535:65535"
+    assert not pod.pause["HostConfig"]["Privileged"] and pod.init["HostConfig"]["Privileged"]
+    final = json.loads(pod.last_line)
+    assert (final["event"], final["outcome"], final["plan"], final["driver_version"]) == \
+        ("install_finished", "ok", plan, version), final
+    (ready,) = [e for e in pod.events if e["event"] == "plan_ready"]
+    assert ready["kind"] == plan
+    install = node.node.install_dir
+    for rel in ("bin/nvidia-smi", "bin/nvidia-modprobe", "lib64/libnvidia-ml.so.1",
+                "lib64/libcuda.so.1", "drivers/nvidia.ko", "drivers/nvidia-uvm.ko",
+                "drivers/nvidia-modeset.ko", "drivers/nvidia-drm.ko"):
+        assert (install / rel).exists(), rel
+    cache = (install / ".cache").read_text()
+    assert f"CACHE_NVIDIA_DRIVER_VERSION={version}\n" in cache
+    key = "CACHE_BUILD_ID=" if node.flavor == "cos" else f"CACHE_KERNEL_VERSION={node.kernel.release}\n"
+    assert key in cache
+    assert json.loads((install / "status.json").read_text())["outcome"] == "ok"
+    assert node.node.path("/etc/ld.so.conf.d/nvidia.conf").read_text() == HOST_LIB64 + "\n"
+    assert node.node.path("/etc/ld.so.cache").is_file()
+    assert {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"} <= set(node.kernel.loaded())
+    assert {"nvidiactl", "nvidia0", "nvidia-uvm"} <= set(node.kernel.devices())
+    # The container's writes stayed in it: nothing reached this machine's own paths.
+    assert not shutil.which("nvidia-smi") and not Path(m.INSTALL_DIR_HOST).exists()
+
+
+# --- the images ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavor", m.FLAVORS)
+def test_image_rootfs_has_an_empty_dev(podman, images, flavor):
+    """As registry images: the pod's /dev comes from the runtime and the hostPath mount."""
+    (image,) = [v for k, v in images[flavor].items() if "nvidia-driver-installer" in k]
+    assert podman.image_rootfs_listing(image, "/dev") == []
+
+
+# --- Ubuntu: a fresh install, then a reboot --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ubuntu_installed(podman, images, tmp_path_factory):
+    """An Ubuntu node after the DaemonSet's first pod; (node, pod, .run path, kubelet)."""
+    kubelet = Kubelet(podman, images["ubuntu"])
+    with ArtifactServer() as server:
+        node, run_path = ubuntu_node(tmp_path_factory.mktemp("ubuntu"), server)
+        try:
+            yield node, kubelet.run(node, pod_name("ubuntu")), run_path, kubelet
+        finally:
+            kubelet.close()
+
+
+def test_ubuntu_fresh_install(ubuntu_installed):
+    node, pod, run_path, _ = ubuntu_installed
+    version = manifest_env("ubuntu")["NVIDIA_DRIVER_VERSION"]
+    assert_installed(node, pod, version, "fresh")
+    assert [r.status for r in node.server.requests_for(run_path)] == [200]
+    # The host's headers were used (no apt: the fake apt-get logs every call).
+    assert "apt-get" not in node.kernel.call_log.read_text()
+
+
+def test_ubuntu_reboot_is_a_cache_hit(ubuntu_installed):
+    node, first, run_path, kubelet = ubuntu_installed
+    version = manifest_env("ubuntu")["NVIDIA_DRIVER_VERSION"]
+    ko = node.node.install_dir / "drivers/nvidia.ko"
+    built = ko.stat().st_mtime_ns
+    kubelet.remove(first.name)
+    node.kernel.unload_all()  # the reboot: no modules, no device nodes
+    assert not node.kernel.loaded()
+
+    second = kubelet.run(node, pod_name("ubuntu-reboot"))
+
+    assert_installed(node, second, version, "cached")
+    assert "loaded from the cache" in json.loads(second.last_line)["message"]
+    assert len(node.server.requests_for(run_path)) == 1, "the .run was downloaded again"
+    assert ko.stat().st_mtime_ns == built, "the module was rebuilt"
+
+
+# --- COS -------------------------------------------------------------------------------------
+
+
+def test_cos_fresh_install(kubelet, tmp_path):
+    from tests.cosbucket import DEFAULT_V, Bucket, env_recording_run
+
+    assert manifest_env("cos")["NVIDIA_DRIVER_VERSION"] == "default"  # resolves to DEFAULT_V
+    with ArtifactServer() as server:
+        run = env_recording_run(tmp_path / "runs", DEFAULT_V)
+        server.serve(f"/tesla/{DEFAULT_V}/{run.name}", run)
+        bucket = Bucket(tmp_path / "bucket")
+        bucket.write()
+        node = FixtureNode.build("cos", tmp_path, server, {
+            "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla", "COS_DOWNLOAD_GCS": bucket.serve(server)})
+        pod = kubelet.run(node, pod_name("cos"))
+    assert_installed(node, pod, DEFAULT_V, "fresh")
+    assert f"CACHE_BUILD_ID={bucket.build_id}\n" in (node.node.install_dir / ".cache").read_text()
+    # The toolchain landed in the host's cache through the manifest's cos-tools hostPath.
+    assert any(node.node.path("/var/lib/cos-tools").iterdir())
+
+
+# --- a failed install ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("serve, code, error_class", [("none", 5, "download"),
+                                                       ("corrupt", 6, "integrity")])
+def test_failed_install_reaches_podman_and_pause_never_starts(kubelet, tmp_path, serve, code,
+                                                              error_class):
+    """The DESIGN §3 exit code in `podman inspect`, the error event as the last line of
+    `podman logs` (what `kubectl logs` and FallbackToLogsOnError show), no pause."""
+    with ArtifactServer() as server:
+        node, run_path = ubuntu_node(tmp_path, server, serve=serve)
+        pod = kubelet.run(node, pod_name(f"fail-{serve}"))
+    assert pod.play.returncode == 125
+    assert f"exited with code {code}" in pod.play.stderr
+    assert (pod.init["State"]["Status"], pod.init["State"]["ExitCode"]) == ("exited", code)
+    final = json.loads(pod.last_line)
+    assert (final["event"], final["exit_code"], final["error_class"]) == \
+        ("install_failed", code, error_class), final
+    # The failing URL, or the downloaded file, is named.
+    assert (final.get("url") or final["path"]).endswith(run_path.rsplit("/", 1)[1])
+    assert pod.pause["State"]["Status"] == "created"
+    assert pod.pause["State"]["StartedAt"].startswith("0001-01-01")
+    install = node.node.install_dir
+    assert not (install / ".cache").exists()
+    status = json.loads((install / "status.json").read_text())
+    assert (status["outcome"], status["error_class"]) == ("error", error_class)
+    assert not node.kernel.loaded()

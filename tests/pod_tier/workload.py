@@ -1,0 +1,114 @@
+"""Fixture GPU nodes for the pod tier, and one DaemonSet pod run on them by podman.
+
+A node is a fixture root tree (tests/fixtures/node.py) with a fake kernel and a
+local HTTPS artifact server; the seams are those tests/test_images.py uses: the
+fake kernel's state dir bound at its own path, its kmod stand-ins and a fake
+apt-get first on the image's PATH (/usr/local/sbin), the server's CA bundle,
+and the env vars pointing the installer at all of them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from installer import manifests as m
+from tests.fixtures.kernel import FakeKernel
+from tests.fixtures.node import COS_KERNEL, UBUNTU_KERNEL, Node, build_cos_node, build_ubuntu_node
+from tests.fixtures.server import ArtifactServer
+from tests.pod import FAKE_APT_GET
+from tests.pod import events as parse_events
+from tests.pod_tier.podman import POD_CONTAINER, Podman
+from tests.pod_tier.podspec import Seams, pod_from_daemonset
+
+REPO = Path(__file__).resolve().parents[2]
+INIT = "nvidia-driver-installer"  # the init container's name in both manifests
+PAUSE = "pause"
+# Both images have /usr/bin/python3.11 (bookworm's; the Ubuntu image installs it
+# by name), not always /usr/bin/python3: the kmod stand-in runs with it.
+IMAGE_PYTHON = "/usr/bin/python3.11"
+
+
+def committed_daemonset(flavor: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "manifests" / m.daemonset_filename(flavor)).read_text())
+
+
+@dataclass
+class FixtureNode:
+    flavor: str
+    node: Node
+    kernel: FakeKernel
+    server: ArtifactServer
+    sbin: Path  # mounted at /usr/local/sbin in the init container
+    env: dict[str, str]  # the seams' env beyond the fake kernel's
+
+    @classmethod
+    def build(cls, flavor: str, work: Path, server: ArtifactServer, env: dict[str, str]) -> FixtureNode:
+        release = COS_KERNEL if flavor == "cos" else UBUNTU_KERNEL
+        kernel = FakeKernel(work / "kernel", release)
+        kernel.add_gpu()
+        build = build_cos_node if flavor == "cos" else build_ubuntu_node
+        node = build(work / "node", kernel_release=release)
+        sbin = work / "sbin"
+        shutil.copytree(kernel.bin_dir, sbin, symlinks=True)
+        fakekmod = sbin / "fakekmod"
+        lines = fakekmod.read_text().split("\n", 1)
+        fakekmod.write_text(f"#!{IMAGE_PYTHON}\n{lines[1]}")
+        (sbin / "apt-get").write_text(FAKE_APT_GET)
+        (sbin / "apt-get").chmod(0o755)
+        return cls(flavor, node, kernel, server, sbin, env)
+
+    def seams(self) -> Seams:
+        ca_dir = Path(self.server.ca_bundle_path).parent
+        return Seams(
+            env={**self.kernel.env(), "REQUESTS_CA_BUNDLE": self.server.ca_bundle_path, **self.env},
+            mounts=((self.kernel.root, str(self.kernel.root)), (ca_dir, str(ca_dir)),
+                    (self.sbin, "/usr/local/sbin")))
+
+
+@dataclass
+class PodRun:
+    name: str
+    play: subprocess.CompletedProcess[str]
+    init: dict  # podman inspect of the init container
+    pause: dict
+    logs: str  # the init container's
+
+    @property
+    def events(self) -> list[dict]:
+        return [e for e in parse_events(self.logs) if "event" in e]
+
+    @property
+    def last_line(self) -> str:
+        return self.logs.rstrip("\n").rsplit("\n", 1)[-1]
+
+
+class Kubelet:
+    """Plays DaemonSet pods on fixture nodes; removes every pod it made."""
+
+    def __init__(self, podman: Podman, images: dict[str, str]):
+        self.podman = podman
+        self.images = images
+        self.pods: list[str] = []
+
+    def run(self, node: FixtureNode, name: str, timeout: float = 600) -> PodRun:
+        pod = pod_from_daemonset(committed_daemonset(node.flavor), name=name,
+                                 node_root=node.node.root, images=self.images, seams=node.seams())
+        self.pods.append(name)
+        play = self.podman.play(pod, timeout=timeout)
+        init = POD_CONTAINER.format(pod=name, container=INIT)
+        return PodRun(name, play, self.podman.inspect(init),
+                      self.podman.inspect(POD_CONTAINER.format(pod=name, container=PAUSE)),
+                      self.podman.logs(init))
+
+    def remove(self, name: str) -> None:
+        self.podman.remove_pod(name)
+        assert not self.podman.pod_exists(name), f"pod {name} could not be removed"
+
+    def close(self) -> None:
+        for name in self.pods:
+            self.remove(name)
