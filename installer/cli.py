@@ -57,6 +57,16 @@ def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                         help="text: for people; json: for tools.")(fn)
 
 
+def _auto_output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``detect``'s -o: DESIGN §3 promises JSON to tools, issue 14 text to people; auto
+    gives each theirs (JSON when stdout is not a terminal, as --log-format auto does)."""
+    return click.option("-o", "--output", type=click.Choice(["auto", *FORMATS]),
+                        default="auto", show_default=True,
+                        help="auto: JSON when stdout is not a terminal (a pipe, a file, "
+                        "kubectl exec without -t), else text; text: for people; json: for "
+                        "tools.")(fn)
+
+
 def _settings(**opts: Any) -> Settings:
     from installer.log import configure
 
@@ -217,11 +227,14 @@ def install(output: str, **opts: Any) -> None:
 
 @cli.command()
 @_host_options
-@_output_option
+@_auto_output_option
 def detect(output: str, **opts: Any) -> None:
-    """Print the detected host: OS, kernel, flow, GPUs, loaded driver."""
+    """Print the detected host: OS, kernel, flow, GPUs, loaded driver (JSON when stdout is
+    not a terminal, else text: see -o)."""
     from installer import detect as detect_mod
 
+    if output == "auto":
+        output = "text" if sys.stdout.isatty() else "json"
     click.echo(render(detect_mod.run(_settings(**opts)), output), nl=False)
 
 
@@ -320,8 +333,14 @@ def failure_message(exc: InstallerError) -> str:
     step = exc.context.get("step")
     where = f" in step {step}" if step else ""
     nxt = exc.hint or NEXT_STEP.get(exc.error_class, "see the log above")
-    return (f"FAILED{where} ({exc.error_class}, exit {int(exc.exit_code)}): {exc.message}. "
-            f"What to do: {nxt}.")
+    return (f"FAILED{where} ({exc.error_class}, exit {int(exc.exit_code)}): "
+            f"{_sentence(exc.message)} What to do: {_sentence(nxt)}")
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending in one full stop (a message may already end in one)."""
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _command_name(argv: list[str] | None) -> str:

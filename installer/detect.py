@@ -10,9 +10,14 @@ from installer.settings import Settings
 
 def run(settings: Settings) -> dict[str, object]:
     ctx = Context.from_settings(settings)
+    info = ctx.host_info
+    distro = distros.by_name(info.family)
+    assert distro is not None, "recognise() only returns families it has classes for"
+    host = {k: v for k, v in info.to_dict().items() if k != "family"}  # "flow" says it
     return {
-        **ctx.host_info.to_dict(),
-        "flow": distros.for_host(ctx.host_info).name,
+        **host,
+        "flow": distro.name,
+        "support": distro.support(info),
         "install_dir": str(ctx.install.root),
         "signatures_enforced": signing.policy(ctx.kernel).enforced,
         "loaded_driver_version": loaded_driver_version(ctx.kernel),
