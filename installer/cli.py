@@ -214,7 +214,8 @@ def _exit_codes_epilog() -> str:
               help="The bundle's SHA-256 [default: from index.json beside the bundles].")
 @click.option("--prebuilt-only", is_flag=True, envvar="NVIDIA_PREBUILT_ONLY", show_envvar=True,
               help="Never compile: a missing bundle is exit 5.")
-@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--dry-run", is_flag=True, help="Run the pre-flight checks, print the plan; "
+              "change nothing.")
 @_output_option
 def install(output: str, **opts: Any) -> None:
     """Install (or load the cached) driver, then verify it with nvidia-smi."""
@@ -223,6 +224,8 @@ def install(output: str, **opts: Any) -> None:
     outcome = install_flow.run(_settings(**opts))
     if "dry_run" in outcome:
         click.echo(render(outcome["dry_run"], output, text=plan_text), nl=False)
+    elif output == "json":  # as status.json records it; people read the log's last line
+        click.echo(render(outcome, output), nl=False)
 
 
 @cli.command()
@@ -289,14 +292,15 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
 @click.option("--lock-timeout", "lock_timeout_s", type=click.FloatRange(min=0),
               envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,
               help="Seconds to wait for another installer's lock (0: fail at once, exit 4).")
-def uninstall(**opts: Any) -> None:
+@_output_option
+def uninstall(output: str, **opts: Any) -> None:
     """Unload the NVIDIA modules and remove the install (logs and status.json stay).
 
     Idempotent. Exit 8 without changing anything if the driver is in use.
     """
     from installer import uninstall as uninstall_mod
 
-    uninstall_mod.run(_settings(**opts))
+    click.echo(render(uninstall_mod.run(_settings(**opts)), output), nl=False)
 
 
 def env_vars() -> tuple[str, ...]:
