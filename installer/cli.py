@@ -228,7 +228,7 @@ def install(output: str, **opts: Any) -> None:
         click.echo(render(outcome, output), nl=False)
 
 
-@cli.command()
+@cli.command(short_help="Print the detected host: OS, kernel, flow, GPUs, loaded driver.")
 @_host_options
 @_auto_output_option
 def detect(output: str, **opts: Any) -> None:

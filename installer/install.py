@@ -52,7 +52,8 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)
     host = {k: v for k, v in ctx.host_info.to_dict().items() if k != "family"}
-    log.info("host_detected", **host, flow=distro.name, support=distro.support(ctx.host_info))
+    log.info("host_detected", **host, flow=ctx.host_info.family,
+             support=distros.support(ctx.host_info))
     if settings.dry_run:
         return _dry_run(ctx, distro)
     with HostLock(ctx.host, settings.lock_timeout_s):

@@ -54,6 +54,6 @@ def plan_text(doc: dict[str, Any]) -> str:
     summary = as_text({k: v for k, v in doc.items() if k not in skip}).splitlines()
     steps = []
     for i, s in enumerate(doc.get("steps") or [], 1):
-        name = f"{s['name']} (checked: passed)" if s.get("check") else s["name"]
-        steps.append(f"  {i:2}. {name}: {s['detail']}" if s.get("detail") else f"  {i:2}. {name}")
+        line = f"  {i:2}. {s['name']}: {s['detail']}" if s.get("detail") else f"  {i:2}. {s['name']}"
+        steps.append(line + (" [checked: passed]" if s.get("check") else ""))
     return "\n".join([head, *summary, "steps:", *steps]) + "\n"

@@ -115,6 +115,6 @@ def test_dry_run_shows_module_args_and_its_checks(node, pod, kernel, server):
     at = text.index("module_args:")
     assert text[at:at + 5] == ["module_args:", "  nvidia:", "    - NVreg_EnableGpuFirmware=0",
                                "  nvidia_uvm:", "    - uvm_perf_prefetch_enable=0"]
-    assert "   1. check_gpu_compatibility (checked: passed): NVIDIA GPUs in sysfs support " \
-        f"driver {V1}; auto kernel modules" in text
+    assert ("   1. check_gpu_compatibility: NVIDIA GPUs in sysfs support driver "
+            f"{V1}; auto kernel modules [checked: passed]") in text
     assert server.requests == [] and kernel.calls() == []
