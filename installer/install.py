@@ -51,9 +51,11 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)
-    host = {k: v for k, v in ctx.host_info.to_dict().items() if k != "family"}
-    log.info("host_detected", **host, flow=ctx.host_info.family,
-             support=distros.support(ctx.host_info))
+    # os and kernel_release are bound to every event above; family is what "flow" says.
+    info = ctx.host_info
+    log.info("host_detected", flow=info.family, support=distros.support(info),
+             version_id=info.version_id, pretty_name=info.pretty_name, build_id=info.build_id,
+             board=info.board)
     if settings.dry_run:
         return _dry_run(ctx, distro)
     with HostLock(ctx.host, settings.lock_timeout_s):
