@@ -6,7 +6,8 @@ a local HTTPS artifact server with a private CA; then runs
 `nvidia-driver-installer install` inside a private mount namespace and chroot
 whose /root is the node (as the DaemonSet's init container sees it): a fresh
 install, a "reboot" that loads from the cache, then an upgrade to a version the
-server does not have and `doctor` after it. Nothing outside a temp dir changes. Needs root (mount namespaces); says so if not.
+server does not have and `doctor` after it. Nothing outside a temp dir changes.
+Needs root (mount namespaces); says so if not.
 """
 
 from __future__ import annotations
