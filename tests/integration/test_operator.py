@@ -59,7 +59,8 @@ def test_healthy_node(node, pod, kernel):
     assert ready(node) is None
     detected = json.loads(ok(pod.run("detect", "-o", "json")).stdout)
     assert [(g["name"], g["arch"]) for g in detected["gpus"]] == [("NVIDIA L4", "Ada Lovelace")]
-    ok(pod.run("install"))
+    result = json.loads(ok(pod.run("install", "-o", "json")).stdout)  # what status.json holds
+    assert (result["outcome"], result["driver_version"], result["plan"]) == ("ok", V1, "fresh")
     code, found = doctor(pod)
     assert code == 0
     not_ok = {k: f["verdict"] for k, f in found.items() if f["verdict"] != "ok"}
@@ -276,9 +277,11 @@ def test_missing_ld_cache_entry(node, pod):
 def test_uninstall_is_complete_and_idempotent(node, pod, kernel):
     ok(pod.run("install"))
     assert ready(node) is not None
-    proc = ok(pod.run("uninstall"))
+    proc = ok(pod.run("uninstall", "-o", "json"))
     final = last_event(proc)
     assert final["event"] == "uninstall_finished" and "unloaded and removed" in final["message"]
+    result = json.loads(proc.stdout)
+    assert (result["outcome"], result["previous_driver_version"]) == ("uninstalled", V1)
     assert not [m for m in kernel.loaded() if m.startswith("nvidia")]
     assert [c["argv"] for c in kernel.calls("rmmod")] == [
         ["nvidia_drm"], ["nvidia_modeset"], ["nvidia_uvm"], ["nvidia"]]
