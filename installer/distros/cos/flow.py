@@ -246,8 +246,7 @@ class CosFlow(Cos):
                                   "open" if prebuilt else decision.compiled_type),
             check_signing=sign_step, build=(steps.fetch_artifacts(tuple(fetches)), *work))
         if precompiled:  # v2's fallback: relink the legacy way when the load fails
-            relinking = load_or_relink(steps.load_modules(from_staging=True),
-                                       steps.unload_other_driver(version), version)
+            relinking = load_or_relink(version)
             plan = dataclasses.replace(plan, steps=tuple(
                 relinking if s.name == relinking.name else s for s in plan.steps))
         return plan

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import structlog
 
-from installer import archive, modsign
+from installer import archive, modsign, steps
 from installer.context import Context
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import custom_run_name, signatures_name
@@ -22,6 +22,14 @@ log = structlog.get_logger(__name__)
 
 # Modules the custom .run yields after linking; each needs <name>.sig.
 PRECOMPILED_MODULES = ("nvidia.ko", "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia-drm.ko")
+# The modules linked here: (module, its kernel interface in kernel/precompiled/, its
+# binary core), as cos-gpu-installer v2's linkDrivers (installer.go L214-236).
+LINKED = (("nvidia.ko", "nv-linux.o", "nvidia/nv-kernel.o_binary"),
+          ("nvidia-modeset.ko", "nv-modeset-linux.o", "nvidia-modeset/nv-modeset-kernel.o_binary"))
+# How nvidia-installer links a precompiled interface with its core: `ld -d -r -o
+# MODULE INTERFACE CORE` (NVIDIA/nvidia-installer kernel.c unpack_kernel_modules,
+# nvidia-installer.h LD_OPTIONS), with the first `ld` on PATH (misc.c, find_system_util).
+LEGACY_LD_OPTIONS = ("-d", "-r")
 
 
 def unpack_signatures(version: str) -> Step:
@@ -102,16 +110,6 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
                 "append Google's PKCS#7 signatures")
 
 
-# The modules linked here: (module, its kernel interface in kernel/precompiled/, its
-# binary core), as cos-gpu-installer v2's linkDrivers (installer.go L214-236).
-LINKED = (("nvidia.ko", "nv-linux.o", "nvidia/nv-kernel.o_binary"),
-          ("nvidia-modeset.ko", "nv-modeset-linux.o", "nvidia-modeset/nv-modeset-kernel.o_binary"))
-# How nvidia-installer links a precompiled interface with its core: `ld -d -r -o
-# MODULE INTERFACE CORE` (NVIDIA/nvidia-installer kernel.c unpack_kernel_modules,
-# nvidia-installer.h LD_OPTIONS), with the first `ld` on PATH (misc.c, find_system_util).
-LEGACY_LD_OPTIONS = ("-d", "-r")
-
-
 def _link(ctx: Context, linker: list) -> None:
     """``linker -o kernel/<module> <interface> <core>`` for each of LINKED."""
     from installer.runner import CommandError
@@ -144,8 +142,8 @@ def _sign(ctx: Context, modules: tuple[str, ...], out: Path, version: str) -> No
         (out / name).write_bytes(signed)
 
 
-def load_or_relink(load: Step, unload_other: Step, version: str) -> Step:
-    """``load`` (the staged modules); if the kernel refuses the ld.lld-linked modules,
+def load_or_relink(version: str) -> Step:
+    """Load the staged modules; if the kernel refuses the ld.lld-linked ones,
     link them again the legacy way and load once more, as cos-gpu-installer v2 does
     (install.go L391-400: on ErrDriverLoad, RunDriverInstaller with legacyLink, where
     nvidia-installer links with the container's GNU ld, installer.go L260-298, because
@@ -153,6 +151,9 @@ def load_or_relink(load: Step, unload_other: Step, version: str) -> Step:
 
     Both failing is exit 8 naming both attempts: the modules were signed by Google for
     this build, so a refused key here is a module that does not match, not a policy."""
+
+    load = steps.load_modules(from_staging=True)
+    unload_other = steps.unload_other_driver(version)
 
     def run(ctx: Context) -> None:
         try:
@@ -168,7 +169,7 @@ def load_or_relink(load: Step, unload_other: Step, version: str) -> Step:
             if ld is None:
                 raise BuildError("no `ld` on PATH for the legacy link (the image needs binutils)")
             _link(ctx, [ld, *LEGACY_LD_OPTIONS])
-            _sign(ctx, tuple(m for m, _i, _c in LINKED), ctx.work.staged().drivers, version)
+            _sign(ctx, tuple(m for m, *_ in LINKED), ctx.work.staged().drivers, version)
             unload_other.run(ctx)
             load.run(ctx)
         except (BuildError, IntegrityError, ModuleLoadError, SecureBootError) as second:
