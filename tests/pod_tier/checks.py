@@ -41,6 +41,18 @@ def ubuntu_node(work: Path, server: ArtifactServer, *, version: str | None = Non
     return node, path
 
 
+def cos_node(work: Path, server: ArtifactServer, version: str) -> FixtureNode:
+    """A COS node; the build's artifacts (Bucket) and NVIDIA's ``version`` on the server."""
+    from tests.cosbucket import Bucket, env_recording_run
+
+    run = env_recording_run(work / "runs", version)
+    server.serve(f"/tesla/{version}/{run.name}", run)
+    bucket = Bucket(work / "bucket")
+    bucket.write()
+    return FixtureNode.build("cos", work, server, {
+        "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla", "COS_DOWNLOAD_GCS": bucket.serve(server)})
+
+
 def assert_ran(node: FixtureNode, pod: PodRun, version: str, plan: str) -> None:
     """Whatever the manifest: the pod installed (or loaded) ``version`` on the node as
     DESIGN §4 says, said so last, and its pause container runs."""

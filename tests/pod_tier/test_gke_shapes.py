@@ -18,7 +18,7 @@ import pytest
 from installer.distros.ubuntu import Ubuntu
 from tests.fixtures.node import COS_BUILD_ID
 from tests.fixtures.server import ArtifactServer
-from tests.pod_tier.checks import assert_ran, pod_name, ubuntu_node
+from tests.pod_tier.checks import assert_ran, cos_node, pod_name, ubuntu_node
 from tests.pod_tier.workload import PAUSE, FixtureNode, Kubelet, gke_daemonset, role_images
 
 pytestmark = [
@@ -47,17 +47,11 @@ def make_host_paths(node: FixtureNode, ds: dict) -> None:
 @pytest.fixture(scope="module")
 def gke_cos(podman, built, tmp_path_factory):
     """A COS node after GKE's COS DaemonSet ran our image: (node, pod, kubelet, ds)."""
-    from tests.cosbucket import LATEST_V, Bucket, env_recording_run
+    from tests.cosbucket import LATEST_V
 
     kubelet, ds = gke_kubelet(podman, built, "cos")
-    work = tmp_path_factory.mktemp("gke-cos")
     with ArtifactServer() as server:
-        run = env_recording_run(work / "runs", LATEST_V)
-        server.serve(f"/tesla/{LATEST_V}/{run.name}", run)
-        bucket = Bucket(work / "bucket")
-        bucket.write()
-        node = FixtureNode.build("cos", work, server, {
-            "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla", "COS_DOWNLOAD_GCS": bucket.serve(server)})
+        node = cos_node(tmp_path_factory.mktemp("gke-cos"), server, LATEST_V)
         make_host_paths(node, ds)
         try:
             yield node, kubelet.run(node, pod_name("gke-cos"), ds), kubelet, ds

@@ -19,9 +19,10 @@ import os
 import pytest
 
 from installer import manifests as m
+from tests.fixtures.node import COS_BUILD_ID
 from tests.fixtures.server import ArtifactServer
-from tests.pod_tier.checks import assert_installed, manifest_env, pod_name, ubuntu_node
-from tests.pod_tier.workload import FixtureNode, Kubelet
+from tests.pod_tier.checks import assert_installed, cos_node, manifest_env, pod_name, ubuntu_node
+from tests.pod_tier.workload import Kubelet
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("NDI_POD_TESTS") != "1",
@@ -90,19 +91,14 @@ def test_ubuntu_reboot_is_a_cache_hit(ubuntu_installed):
 
 
 def test_cos_fresh_install(kubelet, tmp_path):
-    from tests.cosbucket import DEFAULT_V, Bucket, env_recording_run
+    from tests.cosbucket import DEFAULT_V
 
     assert manifest_env("cos")["NVIDIA_DRIVER_VERSION"] == "default"  # resolves to DEFAULT_V
     with ArtifactServer() as server:
-        run = env_recording_run(tmp_path / "runs", DEFAULT_V)
-        server.serve(f"/tesla/{DEFAULT_V}/{run.name}", run)
-        bucket = Bucket(tmp_path / "bucket")
-        bucket.write()
-        node = FixtureNode.build("cos", tmp_path, server, {
-            "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla", "COS_DOWNLOAD_GCS": bucket.serve(server)})
+        node = cos_node(tmp_path, server, DEFAULT_V)
         pod = kubelet.run(node, pod_name("cos"))
     assert_installed(node, pod, DEFAULT_V, "fresh")
-    assert f"CACHE_BUILD_ID={bucket.build_id}\n" in (node.node.install_dir / ".cache").read_text()
+    assert f"CACHE_BUILD_ID={COS_BUILD_ID}\n" in (node.node.install_dir / ".cache").read_text()
     # The toolchain landed in the host's cache through the manifest's cos-tools hostPath.
     assert any(node.node.path("/var/lib/cos-tools").iterdir())
 
