@@ -67,8 +67,6 @@ class FixtureNode:
         kernel.add_gpu()
         build = build_cos_node if flavor == "cos" else build_ubuntu_node
         node = build(work / "node", kernel_release=release)
-        if flavor == "ubuntu":  # as on a real node: the DaemonSets mount it (type Directory)
-            node.path("/boot").mkdir(exist_ok=True)
         sbin = work / "sbin"
         shutil.copytree(kernel.bin_dir, sbin, symlinks=True)
         fakekmod = sbin / "fakekmod"
