@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cosbucket import DEFAULT_V, FAKE_LD, SIGNED_MODULES, custom_run
-from tests.fixtures.node import COS_KERNEL
+from tests.cosbucket import DEFAULT_V, FAKE_LD, SIGNED_MODULES
 from tests.integration.test_cos_install import (  # noqa: F401  (pytest fixtures)
     bucket,
+    cos_custom_run,
     cos_runs,
     node,
     pod,
@@ -34,11 +34,6 @@ out=
 while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
 [ -z "$out" ] || echo "mislinked by ld.lld" > "$out"
 """
-
-
-@pytest.fixture(scope="module")
-def cos_custom_run(tmp_path_factory):
-    return custom_run(tmp_path_factory.mktemp("cos-custom"), DEFAULT_V, COS_KERNEL)
 
 
 @pytest.fixture

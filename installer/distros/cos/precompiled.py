@@ -145,9 +145,10 @@ def _sign(ctx: Context, modules: tuple[str, ...], out: Path, version: str) -> No
 def load_or_relink(version: str) -> Step:
     """Load the staged modules; if the kernel refuses the ld.lld-linked ones,
     link them again the legacy way and load once more, as cos-gpu-installer v2 does
-    (install.go L391-400: on ErrDriverLoad, RunDriverInstaller with legacyLink, where
-    nvidia-installer links with the container's GNU ld, installer.go L260-298, because
-    the signatures of some drivers match only that linker's output bit for bit).
+    (cos/tools src/cmd/cos_gpu_installer/internal/: commands/install.go L391-400, on
+    ErrDriverLoad RunDriverInstaller again with legacyLink; installer/installer.go
+    L260-298, nvidia-installer then links with the container's GNU ld, because the
+    signatures of some drivers match only that linker's output bit for bit).
 
     Both failing is exit 8 naming both attempts: the modules were signed by Google for
     this build, so a refused key here is a module that does not match, not a policy."""
