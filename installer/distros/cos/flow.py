@@ -154,8 +154,8 @@ class CosFlow(Cos):
         signatures_url = arts.url(signatures_name(version))
         custom_url = arts.url(custom_run_name(version))
         # The precompiled proprietary driver is used only where it is needed: when the
-        # kernel loads only signed modules and the build's signed open modules cannot
-        # serve these GPUs (pre-Turing). Where unsigned modules load, compiling stays the
+        # kernel loads only signed modules and the build's signed open modules are missing
+        # or cannot serve these GPUs (pre-Turing). Where unsigned modules load, compiling stays the
         # default: it builds whichever module type the GPUs need (the custom .run is
         # proprietary only), from the build's own headers, and costs no probes of
         # Google-only artifacts on every fresh install.
