@@ -253,8 +253,8 @@ def test_prebuilt_signed_modules_on_an_enforcing_node(node, pod, kernel, server,
     cache = (install / ".cache").read_text()
     assert "CACHE_FLAVOR=prebuilt-open" in cache and f"CACHE_BUILD_ID={COS_BUILD_ID}" in cache
     for ko in ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm"):
-        text = (install / f"drivers/{ko}.ko").read_text()
-        assert "signed=yes" in text and "flavor=open" in text
+        data = (install / f"drivers/{ko}.ko").read_bytes()
+        assert data.endswith(b"~Module signature appended~\n") and b"license=Dual MIT/GPL" in data
     assert (install / f"firmware/nvidia/{LATEST_V}/gsp_ga10x.bin").read_bytes().startswith(
         b"prebuilt-firmware")
     assert (install / "bin/nvidia-smi").exists()
@@ -316,7 +316,7 @@ def test_precompiled_signed_on_an_enforcing_node_for_a_v100(node, pod, kernel, s
     for ko in SIGNED_MODULES:
         data = (install / "drivers" / ko).read_bytes()
         assert data.endswith(magic) and fake_pkcs7(ko) in data
-        assert b"flavor=proprietary" in data and b"signed=no" in data  # signed by the trailer
+        assert b"license=NVIDIA\0" in data and data.count(magic) == 1  # signed by the trailer
     nvidia = (install / "drivers/nvidia.ko").read_bytes()
     assert b"interface=nv-linux.o" in nvidia and b"core=nv-kernel.o_binary" in nvidia
     assert b"core=nv-modeset-kernel.o_binary" in (install / "drivers/nvidia-modeset.ko").read_bytes()
