@@ -33,7 +33,7 @@ from tests.cosbucket import (
 )
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, INSTALL_HOST, build_cos_node, tree_digest
 from tests.integration.conftest import serve_runs
-from tests.pod import Pod, last_event, ok, pod_on
+from tests.pod import Pod, last_event, ok, pod_on, reboot_then_cached_install
 
 pytestmark = pytest.mark.chroot
 
@@ -196,11 +196,7 @@ def test_compile_path_builds_with_the_builds_headers_and_toolchain(node, pod, ke
 
 def test_cache_hit_after_reboot_and_tools_reused(node, pod, kernel, server):
     ok(pod.run("install"))
-    kernel.unload_all()
-    before = len(server.requests)
-    proc = ok(pod.run("install"))
-    assert last_event(proc)["plan"] == "cached"
-    new = server.requests[before:]
+    _, new = reboot_then_cached_install(pod, kernel, server)
     # Only the alias is read again: no artifact is downloaded.
     assert [r.path for r in new] == [f"{BUILD}/gpu_default_version"]
     assert kernel.loaded()["nvidia"].version == DEFAULT_V
@@ -335,9 +331,7 @@ def test_precompiled_signed_on_an_enforcing_node_for_a_v100(node, pod, kernel, s
     assert any(ln.startswith("nvidia ") and ln.endswith("(PO)") for ln in lines), lines
 
     # A reboot: a cache hit of that flavour, which loads the signed modules again.
-    kernel.unload_all()
-    again = ok(pod.run("install"))
-    assert last_event(again)["plan"] == "cached"
+    reboot_then_cached_install(pod, kernel, server)
     assert kernel.loaded()["nvidia"].version == DEFAULT_V
 
 
