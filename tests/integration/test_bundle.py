@@ -178,7 +178,7 @@ def test_pinned_sha256_without_index(node, pod, kernel, bundles):
 
 def test_dry_run_shows_the_bundle_before_the_build_steps(node, pod, kernel, bundles):
     url = publish(node, bundles)
-    proc = ok(pod.run("install", "--dry-run", env={"NVIDIA_PREBUILT_URL": url}))
+    proc = ok(pod.run("install", "--dry-run", "-o", "json", env={"NVIDIA_PREBUILT_URL": url}))
     steps = json.loads(proc.stdout)["steps"]
     names = [s["name"] for s in steps]
     assert names.index("fetch_prebuilt_bundle") < names.index("build_driver")

@@ -23,7 +23,6 @@ from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL
 from tests.integration.test_cos_install import (  # noqa: F401  (pytest fixtures)
     bucket,
     cos_runs,
-    kernel,
     node,
     server,
 )
