@@ -92,6 +92,30 @@ class _BoundedTarInfo(tarfile.TarInfo):
         return super()._proc_member(tarfile_)  # type: ignore[misc]
 
 
+class UnreadableArchive(Exception):
+    """read_first_member could not give the member asked for: the message says why."""
+
+
+def read_first_member(archive: Path, name: str, max_bytes: int) -> bytes:
+    """The content of a ``.tar.gz``'s first member, which must be the regular file ``name``
+    of at most ``max_bytes``; nothing after it is read. Extended headers are bounded as
+    extract() bounds them. Raises UnreadableArchive."""
+    try:
+        with tarfile.open(archive, mode="r:gz", tarinfo=_BoundedTarInfo) as tar:
+            first = tar.next()
+            if first is None or first.name != name or not first.isreg():
+                raise UnreadableArchive(f"its first member is not {name}")
+            if first.size > max_bytes:
+                raise UnreadableArchive(f"its {name} is larger than {max_bytes} bytes")
+            stream = tar.extractfile(first)
+            assert stream is not None  # a regular member
+            return stream.read()
+    except _Refused as exc:
+        raise UnreadableArchive(f"it has {exc}") from None
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise UnreadableArchive(f"it is not a readable .tar.gz: {exc}") from None
+
+
 def _clean_name(name: str) -> PurePosixPath:
     """The member's path relative to the root; refuse anything that could escape it."""
     if "\0" in name:

@@ -68,7 +68,7 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
             plan = distro.plan(ctx)
             log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],
                      **plan.summary)
-            _warn_unpinned(ctx, plan)
+            _warn_unpinned(ctx, plan, distro)
             execute(plan, ctx, timings)
             if ctx.work.gpus is not None:  # set by the verify step: no readiness for --preload
                 _write_ready(ctx, plan, len(ctx.work.gpus))
@@ -101,7 +101,7 @@ def _dry_run(ctx: Context, distro: distros.Distro) -> dict[str, Any]:
     with the same exit code and message (and a plan is printed only if it could work)."""
     plan = distro.plan(ctx)
     execute(plan, ctx, [], checks_only=True)
-    _warn_unpinned(ctx, plan)
+    _warn_unpinned(ctx, plan, distro)
     doc = {"dry_run": True, "host": ctx.host_info.to_dict(),
            "install_dir": str(ctx.install.root), **plan.describe(),
            "module_args": _module_args(ctx.settings.module_args),
@@ -122,15 +122,15 @@ def _discard(ctx: Context) -> None:
         remove_tree(path)
 
 
-def _warn_unpinned(ctx: Context, plan) -> None:
+def _warn_unpinned(ctx: Context, plan, distro: distros.Distro) -> None:
     """A fresh install runs the NVIDIA .run as root: say so when nothing pins it."""
     if plan.kind != "fresh":
         return
     unpinned = []
     if not (ctx.settings.driver_sha256 or plan.summary.get("driver_sha256")):
         unpinned.append("the NVIDIA .run (--driver-sha256)")
-    if ctx.host_info.family == "cos" and not ctx.settings.cos_artifacts_sha256:
-        unpinned.append("the COS artifacts (--cos-artifacts-sha256)")
+    if distro.artifact_pin and not getattr(ctx.settings, distro.artifact_pin[0]):
+        unpinned.append(distro.artifact_pin[1])
     if unpinned:
         log.warning("artifacts_unpinned", unpinned=unpinned,
                     driver_url=plan.summary.get("driver_url"),

@@ -1,8 +1,7 @@
 """Read ``.modinfo`` of a kernel module file (vermagic, depends, version).
 
-Real modules are ELF objects whose ``.modinfo`` section holds NUL-separated
-``key=value`` strings. The test fixtures' stand-in modules are text files
-starting with ``FAKEKO1`` holding the same keys one per line.
+Modules are ELF objects whose ``.modinfo`` section holds NUL-separated
+``key=value`` strings (NUL padding between them is skipped, as the kernel does).
 """
 
 from __future__ import annotations
@@ -10,12 +9,10 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-_FAKE_MAGIC = b"FAKEKO1\n"
 
-
-def parse_modinfo_strings(blob: bytes, sep: bytes = b"\0") -> dict[str, str]:
+def _parse_strings(blob: bytes) -> dict[str, str]:
     info: dict[str, str] = {}
-    for item in blob.split(sep):
+    for item in blob.split(b"\0"):
         key, eq, value = item.partition(b"=")
         if eq and key and key.replace(b"_", b"").replace(b".", b"").isalnum():
             info.setdefault(key.decode(errors="replace"), value.decode(errors="replace"))
@@ -26,9 +23,6 @@ def read_modinfo(path: Path) -> dict[str, str]:
     """Return the module's modinfo keys, or {} if the file is not a module."""
     with open(path, "rb") as f:
         head = f.read(64)
-        if head.startswith(_FAKE_MAGIC):
-            f.seek(0)
-            return parse_modinfo_strings(f.read(1 << 20)[len(_FAKE_MAGIC):], b"\n")
         if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF only
             return {}
         endian = "<" if head[5] == 1 else ">"
@@ -47,7 +41,7 @@ def read_modinfo(path: Path) -> dict[str, str]:
             end = names.find(b"\0", name_off)
             if names[name_off:end] == b".modinfo":
                 f.seek(offset)
-                return parse_modinfo_strings(f.read(size))
+                return _parse_strings(f.read(size))
     return {}
 
 

@@ -5,7 +5,7 @@
 - toolchain_txz: toolchain.tar.xz whose bin/x86_64-cos-linux-gnu-gcc is a
   script (it answers --version and logs its calls), plus a cross ld.lld, a
   sysroot and Rust parts the installer must skip;
-- prebuilt_tgz: nvidia-drivers-<V>.tgz with signed FAKEKO1 open modules and
+- prebuilt_tgz: nvidia-drivers-<V>.tgz with signed open modules (ELF) and
   firmware, as COS publishes them;
 - custom_run / signature_tgz: extensions/gpu/NVIDIA-Linux-x86_64-<V>-custom.run
   (precompiled kernel interfaces + mkprecompiled, linked by the fake ld.lld)
@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.fixtures.elfmod import elf_object, fake_pkcs7
 from tests.fixtures.kernel import fake_ko
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL
 from tests.fixtures.runfile import driver_payload, pack_run, run_name
@@ -96,8 +97,9 @@ esac
 exit 0
 """
 FAKE_LD = """#!/bin/sh
-# Fake lld: "-T script -r -o OUT obj..." concatenates the objects into OUT
-# (precompiled FAKEKO1 pieces make a FAKEKO1 module); anything else succeeds.
+# Fake lld: "-T script -r -o OUT obj..." concatenates the ELF objects into OUT: the
+# first one (the interface, with the .modinfo) is what ELF readers see, the binary
+# core rides after it; anything else succeeds.
 case "$1" in
   --version|-v) echo "LLD 17.0.0 (fake COS toolchain, $(basename "$0"))"; exit 0 ;;
 esac
@@ -173,22 +175,23 @@ def precompiled_pieces(version: str, release: str) -> dict[str, bytes]:
     """Files of the -custom.run's kernel/ dir (before mkprecompiled --unpack), as
     NVIDIA's precompiled packages hold them: the kernel interface objects and the
     pre-linked uvm/drm modules in one packed archive, the binary cores beside."""
-    def head(name: str, deps: tuple[str, ...]) -> bytes:
+    def interface(name: str, deps: tuple[str, ...], obj: str = "") -> bytes:
         return fake_ko(name, release, version=version, depends=deps, signed=False,
-                       flavor="proprietary").encode()
+                       sections={".text": f"interface={obj}\n".encode()} if obj else None)
 
     packed = io.BytesIO()
     with tarfile.open(fileobj=packed, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        _add(tar, "nv-linux.o", head("nvidia", ()) + b"interface=nv-linux.o\n")
+        _add(tar, "nv-linux.o", interface("nvidia", (), "nv-linux.o"))
         _add(tar, "nv-modeset-linux.o",
-             head("nvidia_modeset", ("nvidia",)) + b"interface=nv-modeset-linux.o\n")
-        _add(tar, "nvidia-uvm.ko", head("nvidia_uvm", ("nvidia",)))
+             interface("nvidia_modeset", ("nvidia",), "nv-modeset-linux.o"))
+        _add(tar, "nvidia-uvm.ko", interface("nvidia_uvm", ("nvidia",)))
         _add(tar, "nvidia-drm.ko",
-             head("nvidia_drm", ("drm", "nvidia_modeset", "drm_kms_helper")))
+             interface("nvidia_drm", ("drm", "nvidia_modeset", "drm_kms_helper")))
     return {
         f"kernel/precompiled/nvidia-precompiled-{release}": packed.getvalue(),
-        "kernel/nvidia/nv-kernel.o_binary": b"core=nv-kernel.o_binary\n",
-        "kernel/nvidia-modeset/nv-modeset-kernel.o_binary": b"core=nv-modeset-kernel.o_binary\n",
+        "kernel/nvidia/nv-kernel.o_binary": elf_object({".text": b"core=nv-kernel.o_binary\n"}),
+        "kernel/nvidia-modeset/nv-modeset-kernel.o_binary":
+            elf_object({".text": b"core=nv-modeset-kernel.o_binary\n"}),
     }
 
 
@@ -197,11 +200,6 @@ def custom_run(out_dir: Path, version: str, release: str = COS_KERNEL) -> Path:
     interfaces for one COS kernel and mkprecompiled (real makeself)."""
     files = {"mkprecompiled": MKPRECOMPILED.encode(), **precompiled_pieces(version, release)}
     return _wrapped_run(out_dir / f"NVIDIA-Linux-x86_64-{version}-custom.run", version, files)
-
-
-def fake_pkcs7(module: str) -> bytes:
-    """Stands in for Google's detached DER PKCS#7 of one module (binary, with NULs)."""
-    return b"\x30\x82\x02\x00fake-pkcs7\0" + module.encode() + b"\0" * 7
 
 
 def signature_tgz(path: Path, *, evil: str | None = None,

@@ -153,20 +153,31 @@ def ubuntu_pod(work: Path, *, version: str = "550.54.14", release: str = UBUNTU_
     kernel.add_gpu()
     run_file = build_driver_run(work / "runs", version)
     with ArtifactServer() as server:
-        server.serve(f"/tesla/{version}/{run_file.name}", run_file)
+        server.serve_run(version, run_file)
         pod = pod_on(node, kernel, server, work / "pod", pod_class=pod_class,
                      env={"NVIDIA_DRIVER_VERSION": version, **(env or {})})
         yield node, kernel, server, pod
 
 
 def pod_on(node, kernel, server, scratch: Path, *, pod_class: type[Pod] = Pod,
-           env: dict[str, str] | None = None) -> Pod:
+           env: dict[str, str] | None = None, shared: tuple[Path, ...] = ()) -> Pod:
     """A pod on a fixture node and its FakeKernel that fetches drivers from ``server``'s
-    /tesla (trusting its CA)."""
+    /tesla (trusting its CA); ``shared`` dirs are bound in at their own paths too."""
     return pod_class(node_root=node.root, install_dir=node.install_dir, scratch=scratch,
-                     fakebin=kernel.bin_dir, shared=[kernel.root],
+                     fakebin=kernel.bin_dir, shared=[kernel.root, *shared],
                      env={**kernel.env(), "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
                           "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path), **(env or {})})
+
+
+def reboot_then_cached_install(pod: Pod, kernel, server, env: dict[str, str] | None = None):
+    """A reboot (no modules, no device nodes), then ``install``, which must be a cache hit.
+
+    Returns the run and the requests ``server`` saw during it."""
+    kernel.unload_all()
+    before = len(server.requests)
+    proc = ok(pod.run("install", env=env))
+    assert last_event(proc)["plan"] == "cached", last_event(proc)
+    return proc, server.requests[before:]
 
 
 def events(stderr: str) -> list[dict]:

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import fcntl
 import json
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-# Bounded long-name / PAX headers, refused as archive.extract refuses them.
-from installer.archive import _BoundedTarInfo, _Refused
+from installer.archive import UnreadableArchive, read_first_member
 from installer.bundle.manifest import (
     FORMAT,
     INDEX_NAME,
@@ -91,19 +89,9 @@ def render(entries: dict[str, IndexEntry]) -> str:
 def read_manifest(archive: Path) -> Manifest:
     """The manifest of a bundle file: its first member, bounded, without unpacking the rest."""
     try:
-        with tarfile.open(archive, mode="r:gz", tarinfo=_BoundedTarInfo) as tar:
-            first = tar.next()
-            if first is None or first.name != MANIFEST_NAME or not first.isreg():
-                raise BundleError(f"its first member is not {MANIFEST_NAME}")
-            if first.size > MAX_MANIFEST_BYTES:
-                raise BundleError(f"its manifest is larger than {MAX_MANIFEST_BYTES} bytes")
-            stream = tar.extractfile(first)
-            assert stream is not None  # a regular member
-            return Manifest.from_json(stream.read())
-    except _Refused as exc:
-        raise BundleError(f"it has {exc}") from None
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise BundleError(f"it is not a readable .tar.gz: {exc}") from None
+        return Manifest.from_json(read_first_member(archive, MANIFEST_NAME, MAX_MANIFEST_BYTES))
+    except UnreadableArchive as exc:
+        raise BundleError(str(exc)) from None
 
 
 def entry_for(path: Path) -> IndexEntry:

@@ -32,6 +32,9 @@ class Distro(abc.ABC):
     # Where this distro gets modules a signature-enforcing kernel accepts, and what to do
     # about it (None: it only builds unsigned modules).
     signed_modules: ClassVar[tuple[str, str] | None] = None
+    # The Settings field pinning this distro's own downloads besides the .run, and how
+    # the unpinned-artifacts warning names it (None: it downloads nothing else).
+    artifact_pin: ClassVar[tuple[str, str] | None] = None
 
     @classmethod
     def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,

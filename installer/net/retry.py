@@ -26,13 +26,11 @@ Environment knobs (read when a default policy is asked for, i.e. each call to
 :func:`policy_from_env`; ``download(policy=None)`` does that):
 
 ``DOWNLOAD_RETRIES``
-    number of attempts (an integer >= 1) instead of ``NETWORK.attempts``.
+    number of attempts (an integer >= 1) instead of ``NETWORK_DEFAULTS.attempts``.
 ``DOWNLOAD_TIMEOUT``
-    total seconds (a number > 0) instead of ``NETWORK.total_timeout``.
+    total seconds (a number > 0) instead of ``NETWORK_DEFAULTS.total_timeout``.
 
 Invalid values raise :class:`~installer.errors.UsageError` (exit 2).
-:data:`NETWORK` itself is the environment-adjusted policy as seen at import
-(plain defaults if the variables were invalid then).
 """
 
 from __future__ import annotations
@@ -57,7 +55,6 @@ from installer.errors import DownloadError, InstallerError, UsageError
 log = structlog.get_logger(__name__)
 
 __all__ = [
-    "NETWORK",
     "NETWORK_DEFAULTS",
     "IncompleteBodyError",
     "RetryPolicy",
@@ -177,16 +174,6 @@ def policy_from_env(
             )
         changes["total_timeout"] = total
     return replace(base, **changes) if changes else base
-
-
-def _network_at_import() -> RetryPolicy:
-    try:
-        return policy_from_env()
-    except UsageError:
-        return NETWORK_DEFAULTS
-
-
-NETWORK: RetryPolicy = _network_at_import()
 
 
 # --------------------------------------------------------------------------- errors

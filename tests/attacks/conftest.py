@@ -22,7 +22,7 @@ from tests.cosbucket import Bucket
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import COS_KERNEL, UBUNTU_KERNEL, Node, build_cos_node, build_ubuntu_node
 from tests.fixtures.server import ArtifactServer
-from tests.pod import Pod, events
+from tests.pod import Pod, events, pod_on
 
 V = "550.54.14"  # the Ubuntu flow's version here; COS: gpu_latest_version
 V_OLD = "535.183.01"  # COS: gpu_default_version
@@ -146,13 +146,9 @@ def _world(tmp_path, canary, driver_run, node, env):
     kernel.add_gpu()
     with ArtifactServer() as server:
         for version in (V, V_OLD):
-            server.serve(f"/tesla/{version}/NVIDIA-Linux-x86_64-{version}.run",
-                         driver_run.path(version))
-        pod = Pod(node_root=node.root, install_dir=node.install_dir, scratch=tmp_path / "pod",
-                  fakebin=kernel.bin_dir, shared=[kernel.root, canary],
-                  env={**kernel.env(), **env, "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
-                       "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path)})
-        yield node, kernel, server, pod
+            server.serve_run(version, driver_run.path(version))
+        yield node, kernel, server, pod_on(node, kernel, server, tmp_path / "pod", env=env,
+                                           shared=(canary,))
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ def serve_runs(runs: dict[str, Path]):
     """An artifact server with each .run at NVIDIA's /tesla/<V>/<name> layout."""
     with ArtifactServer() as srv:
         for version, run in runs.items():
-            srv.serve(f"/tesla/{version}/{run.name}", run)
+            srv.serve_run(version, run)
         yield srv
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 from tests.fixtures.node import INSTALL_HOST, tree_digest
 from tests.integration.conftest import V1, V2
-from tests.pod import events, last_event, ok
+from tests.pod import events, last_event, ok, reboot_then_cached_install
 
 pytestmark = pytest.mark.chroot
 
@@ -83,11 +83,7 @@ def test_rerun_is_a_cache_hit_without_download_or_double_load(node, pod, kernel,
 
 def test_reboot_loads_from_cache(node, pod, kernel, server):
     ok(pod.run("install"))
-    kernel.unload_all()
-    requests_before = len(server.requests)
-    proc = ok(pod.run("install"))
-    assert last_event(proc)["plan"] == "cached"
-    assert len(server.requests) == requests_before
+    assert reboot_then_cached_install(pod, kernel, server)[1] == []
     assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
     assert kernel.loaded()["nvidia"].version == V1
 

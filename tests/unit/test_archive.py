@@ -264,6 +264,20 @@ def test_header_bomb_is_refused_before_it_is_read(area):
         archive.extract(tgz, area / "work/t")
     assert err.value.exit_code == ExitCode.INTEGRITY
     assert not (area / "work/t").exists()
+    with pytest.raises(archive.UnreadableArchive, match="extended header"):
+        archive.read_first_member(tgz, "manifest.json", 1 << 20)
+
+
+def test_read_first_member_reads_only_the_named_bounded_first_file(area):
+    tgz = make_tar(area / "work/a.tgz", [("m.json", b"{}"), ("rest", b"x" * 4096)])
+    assert archive.read_first_member(tgz, "m.json", 2) == b"{}"
+    with pytest.raises(archive.UnreadableArchive, match="larger than 1 bytes"):
+        archive.read_first_member(tgz, "m.json", 1)
+    with pytest.raises(archive.UnreadableArchive, match="first member is not rest"):
+        archive.read_first_member(tgz, "rest", 1 << 20)
+    (area / "work/bad.tgz").write_bytes(b"not gzip")
+    with pytest.raises(archive.UnreadableArchive, match="not a readable .tar.gz"):
+        archive.read_first_member(area / "work/bad.tgz", "m.json", 2)
 
 
 def test_member_count_and_path_length_limits(area):

@@ -39,7 +39,7 @@ def layout(root: Path, release: str = R) -> Path:
     for mod in ("nvidia", "nvidia-uvm"):
         path = root / "drivers" / f"{mod}.ko"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(fake_ko(mod.replace("-", "_"), release, version=V))
+        path.write_bytes(fake_ko(mod.replace("-", "_"), release, version=V))
     (root / "bin").mkdir()
     (root / "bin/nvidia-smi").write_bytes(b"\x7fELF smi")
     (root / "bin/nvidia-smi").chmod(0o755)

@@ -60,3 +60,15 @@ def test_recognising_hosts_does_not_import_the_cos_flow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_artifact_pins_name_a_settings_field_and_its_option():
+    from dataclasses import fields
+
+    from installer.settings import Settings
+
+    names = {f.name for f in fields(Settings)}
+    pins = {d.name: d.artifact_pin for d in DISTROS if d.artifact_pin}
+    assert set(pins) == {"cos"}  # Ubuntu downloads nothing but the .run
+    for field, shown in pins.values():
+        assert field in names and f"--{field.replace('_', '-')}" in shown

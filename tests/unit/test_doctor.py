@@ -79,7 +79,8 @@ class FakeNode:
         for stem in ("libcuda", "libnvidia-ml"):
             shutil.copy(self.libs / f"{stem}.so.{V}", lib64)
             os.symlink(f"{stem}.so.{V}", lib64 / f"{stem}.so.1")
-        w(self.install / "drivers/nvidia.ko", "FAKEKO1\nname=nvidia\n")
+        (self.install / "drivers").mkdir()
+        (self.install / "drivers/nvidia.ko").write_bytes(fake_ko("nvidia", RELEASE, version=V))
         self.ldconfig()
         cache.write(self.install / ".cache", CacheKey(V, kernel_release=RELEASE,
                                                       flavor="compiled-proprietary"),

@@ -1,9 +1,14 @@
-import struct
+import glob
+import shutil
+import subprocess
+
+import pytest
 
 from installer.kernel import KernelState, module_name, parse_proc_modules
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
 from installer.modules import params_for, plan_loads, users
 from installer.signing import cmdline_enforces_signatures, parse_lockdown
+from tests.fixtures.kernel import fake_ko
 
 PROC_MODULES = """nvidia_uvm 1380352 0 - Live 0x0000000000000000 (POE)
 nvidia_modeset 1241088 1 nvidia_drm, Live 0x0000000000000000 (POE)
@@ -37,34 +42,40 @@ def test_users_counts_open_handles_and_foreign_holders(tmp_path):
     assert users(kernel) == {"nvidia": ["1 reference(s)"]}
 
 
-def _elf_with_modinfo(path, modinfo: bytes):
-    """A minimal 64-bit ELF with .shstrtab and .modinfo sections."""
-    shstr = b"\0.shstrtab\0.modinfo\0"
-    data_off = 64
-    shstr_off = data_off + len(modinfo)
-    sh_off = shstr_off + len(shstr)
-    header = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
-    header += struct.pack("<HHIQQQIHHHHHH", 1, 62, 1, 0, 0, sh_off, 0, 64, 0, 0, 64, 3, 1)
-    null = bytes(64)
-    sect_shstr = struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, shstr_off, len(shstr), 0, 0, 1, 0)
-    sect_modinfo = struct.pack("<IIQQQQIIQQ", 11, 1, 2, 0, data_off, len(modinfo), 0, 0, 1, 0)
-    path.write_bytes(header + modinfo + shstr + null + sect_shstr + sect_modinfo)
-
-
 def test_read_modinfo_from_real_elf_layout(tmp_path):
     ko = tmp_path / "nvidia-drm.ko"
-    _elf_with_modinfo(ko, b"version=550.54.14\0depends=drm,drm_kms_helper,nvidia-modeset\0"
-                          b"vermagic=6.1.0-18-amd64 SMP preempt mod_unload modversions \0")
+    ko.write_bytes(fake_ko("nvidia_drm", "6.1.0-18-amd64", version="550.54.14",
+                           depends=("drm", "drm_kms_helper", "nvidia-modeset"), signed=True))
     info = read_modinfo(ko)
     assert vermagic_release(info) == "6.1.0-18-amd64"
     assert module_depends(info) == ["drm", "drm_kms_helper", "nvidia_modeset"]
 
 
+KBUILD_TREES = sorted(glob.glob("/lib/modules/*/build/Makefile"))
+
+
+@pytest.mark.skipif(not KBUILD_TREES or not shutil.which("make"),
+                    reason="no kernel headers to build a real module with")
+def test_read_modinfo_of_a_module_kbuild_built(tmp_path):
+    """A real .ko (kbuild, modpost: many sections, .modinfo among them) reads as the fixtures' do."""
+    (tmp_path / "Kbuild").write_text("obj-m := ndi_probe.o\n")
+    (tmp_path / "ndi_probe.c").write_text(
+        '#include <linux/module.h>\nMODULE_LICENSE("GPL");\nMODULE_VERSION("550.54.14");\n'
+        "static int __init probe_init(void) { return 0; }\nmodule_init(probe_init);\n")
+    build = KBUILD_TREES[-1].removesuffix("/Makefile")
+    done = subprocess.run(["make", "-C", build, f"M={tmp_path}", "modules"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    info = read_modinfo(tmp_path / "ndi_probe.ko")
+    release = build.split("/")[3]
+    assert (info["name"], info["version"], info["license"]) == ("ndi_probe", "550.54.14", "GPL")
+    assert vermagic_release(info) == release and module_depends(info) == []
+
+
 def test_plan_loads_order_params_and_in_tree_deps(tmp_path):
-    for stem, deps in (("nvidia-drm", "nvidia-modeset,drm_kms_helper"), ("nvidia", ""),
-                       ("nvidia-uvm", "nvidia"), ("nvidia-modeset", "nvidia")):
-        (tmp_path / f"{stem}.ko").write_text(
-            f"FAKEKO1\nname={module_name(stem)}\ndepends={deps}\nvermagic=5.15 SMP\n")
+    for stem, deps in (("nvidia-drm", ("nvidia-modeset", "drm_kms_helper")), ("nvidia", ()),
+                       ("nvidia-uvm", ("nvidia",)), ("nvidia-modeset", ("nvidia",))):
+        (tmp_path / f"{stem}.ko").write_bytes(fake_ko(module_name(stem), "5.15", depends=deps))
     loads = plan_loads(tmp_path, ("nvidia.NVreg_EnableGpuFirmware=0", "nvidia-uvm.uvm_perf=1"))
     assert [m.name for m in loads] == ["nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]
     assert loads[0].params == ("NVreg_EnableGpuFirmware=0",)

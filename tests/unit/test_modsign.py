@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from installer import modsign
+from tests.fixtures.kernel import UBUNTU_KERNEL, fake_ko
 
 MAGIC = b"~Module signature appended~\n"
 
@@ -31,7 +32,7 @@ def test_length_is_big_endian():
 
 
 def test_parse_round_trip_and_strip():
-    module, pkcs7 = b"FAKEKO1\nname=nvidia\n", b"sig" * 50
+    module, pkcs7 = fake_ko("nvidia", UBUNTU_KERNEL), b"sig" * 50
     out = modsign.append_signature(module, pkcs7)
     sig = modsign.parse_signature(out)
     assert sig == modsign.Signature(len(module), pkcs7, modsign.PKEY_ID_PKCS7)

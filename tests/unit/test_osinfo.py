@@ -3,27 +3,7 @@ import pytest
 from installer.errors import UnsupportedHostError
 from installer.osinfo import host_info_from_text, parse_env_file
 from tests.fixtures.kernel import UBUNTU_KERNEL
-
-UBUNTU = '''PRETTY_NAME="Ubuntu 22.04.4 LTS"
-NAME="Ubuntu"
-VERSION_ID="22.04"
-VERSION="22.04.4 LTS (Jammy Jellyfish)"
-ID=ubuntu
-ID_LIKE=debian
-'''
-COS = '''NAME="Container-Optimized OS"
-ID=cos
-PRETTY_NAME="Container-Optimized OS from Google"
-HOME_URL="https://cloud.google.com/container-optimized-os/docs"
-BUG_REPORT_URL="https://cloud.google.com/container-optimized-os/docs/resources/support-policy#contact_us"
-GOOGLE_METRICS_PRODUCT_ID=26
-KERNEL_COMMIT_ID=2b9ef6b5f4f1bbd5e0ae7d4a3ec0a0d0ab1d8b8b
-GOOGLE_CRASH_ID=Lakitu
-VERSION=113
-VERSION_ID=113
-BUILD_ID=17801.218.41
-'''
-LSB = "CHROMEOS_RELEASE_BOARD=lakitu\nCHROMEOS_RELEASE_TRACK=stable-channel\n"
+from tests.fixtures.node import COS_113, COS_113_LSB_RELEASE, UBUNTU_2204
 
 
 @pytest.mark.parametrize(
@@ -40,7 +20,7 @@ def test_parse_env_file(text, expected):
 
 
 def test_ubuntu_detected_with_kernel():
-    info = host_info_from_text(UBUNTU, None, UBUNTU_KERNEL)
+    info = host_info_from_text(UBUNTU_2204, None, UBUNTU_KERNEL)
     assert (info.os_id, info.family, info.version_id, info.kernel_release) == (
         "ubuntu", "ubuntu", "22.04", UBUNTU_KERNEL)
     assert info.build_id is None
@@ -52,7 +32,7 @@ def test_debian_follows_ubuntu_flow():
 
 
 def test_cos_build_and_board():
-    info = host_info_from_text(COS, LSB, "6.1.58+")
+    info = host_info_from_text(COS_113, COS_113_LSB_RELEASE, "6.1.58+")
     assert (info.family, info.build_id, info.version_id, info.board) == (
         "cos", "17801.218.41", "113", "lakitu")
 
@@ -64,8 +44,8 @@ def test_cos_build_and_board():
         pytest.param("NAME=foo\n", "no ID", id="no-id"),
         pytest.param('ID=fedora\nPRETTY_NAME="Fedora Linux 40"\n', "unsupported host OS 'fedora'",
                      id="unknown"),
-        pytest.param(COS.replace("BUILD_ID=17801.218.41\n", ""), "no BUILD_ID", id="cos-no-build"),
-        pytest.param(COS.replace("17801.218.41", "latest"), "malformed BUILD_ID", id="cos-bad-build"),
+        pytest.param(COS_113.replace("BUILD_ID=17801.218.41\n", ""), "no BUILD_ID", id="cos-no-build"),
+        pytest.param(COS_113.replace("17801.218.41", "latest"), "malformed BUILD_ID", id="cos-bad-build"),
     ],
 )
 def test_refused_hosts_exit_3(os_release, needle):

@@ -81,6 +81,7 @@ def test_metrics_write_failure_is_not_fatal(host):
 
 class FakeDistro:
     name = "fake"
+    artifact_pin = None
 
     def __init__(self, steps, kind="fresh"):
         self.steps, self.kind = steps, kind

@@ -47,6 +47,7 @@ class Cos(Distro):
         "run install: it fetches the signed modules for this COS build; if there are none "
         "for the driver version, pick one that has them (default/latest)",
     )
+    artifact_pin = ("cos_artifacts_sha256", "the COS artifacts (--cos-artifacts-sha256)")
 
     @classmethod
     def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,

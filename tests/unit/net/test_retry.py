@@ -16,7 +16,6 @@ from werkzeug import Response
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
 from installer.net import retry
 from installer.net.retry import (
-    NETWORK,
     NETWORK_DEFAULTS,
     RetryPolicy,
     TransientHTTPError,
@@ -218,7 +217,6 @@ def test_network_defaults_are_sane():
     p = NETWORK_DEFAULTS
     assert p.attempts >= 3 and 0 < p.wait_initial <= p.wait_max <= 60
     assert p.total_timeout >= 300 and p.connect_timeout <= p.read_timeout
-    assert isinstance(NETWORK, RetryPolicy)
     with pytest.raises(ValueError):
         RetryPolicy(0, 1, 1, 1, 1, 1)
 
@@ -229,4 +227,4 @@ def test_download_without_policy_uses_download_retries(server, session, tmp_path
     with pytest.raises(DownloadError, match=r"\(2 attempts"):
         download(session, server.url_for("/f"), tmp_path / "f")
     assert len(server.log) == 2 and len(waits) == 1
-    assert 0.5 <= waits[0] <= 1.0  # NETWORK's first backoff step (1 s, equal jitter)
+    assert 0.5 <= waits[0] <= 1.0  # NETWORK_DEFAULTS' first backoff step (1 s, equal jitter)
