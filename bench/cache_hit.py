@@ -66,8 +66,8 @@ HEAVY = ("requests", "urllib3", "tenacity", "jinja2", "certifi", "idna", "charse
 def pad_module(install_dir: Path, mb: int) -> None:
     """Grow the installed nvidia.ko to ``mb`` MB and re-record its hash and stat in .cache.
 
-    The fixture modules are small text files (FAKEKO1); lines without '=' are
-    ignored by both the installer's and the fake insmod's parsers.
+    The fixture modules are small ELF objects; bytes after the ELF (the section
+    header table's end) are ignored by both the installer's and the fake insmod's readers.
     """
     from installer import cache
     from installer.fsutil import sha256_file, write_atomic

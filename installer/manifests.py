@@ -469,11 +469,6 @@ def render_files(flavors: Sequence[str], opts: RenderOptions | None = None) -> d
     return files
 
 
-def render_defaults() -> dict[str, str]:
-    """What ``make manifests`` writes to ``manifests/``."""
-    return render_files(FLAVORS)
-
-
 # --- CLI ----------------------------------------------------------------------
 
 

@@ -71,7 +71,3 @@ def parse_signature(data: bytes) -> Signature | None:
         raise SignatureFormatError(f"signature length {sig_len} does not fit the file")
     return Signature(start, data[start:end - _STRUCT.size], id_type)
 
-
-def strip_signature(data: bytes) -> bytes:
-    sig = parse_signature(data)
-    return data if sig is None else data[:sig.module_size]

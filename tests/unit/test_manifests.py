@@ -108,7 +108,7 @@ def all_daemonsets(variant_texts: dict[str, str]) -> list[tuple[str, dict]]:
 
 
 def test_committed_manifests_match_a_fresh_render():
-    expected = m.render_defaults()
+    expected = m.render_files(m.FLAVORS)
     stale = [
         name for name, text in expected.items()
         if not (MANIFESTS / name).exists() or (MANIFESTS / name).read_text() != text
@@ -122,11 +122,11 @@ def test_committed_manifests_match_a_fresh_render():
     )
 
 
-def test_output_dir_equals_render_defaults(tmp_path):
+def test_output_dir_equals_the_rendered_files(tmp_path):
     result = render_cli("--all", "--output-dir", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     written = {p.name: p.read_text() for p in (tmp_path / "out").iterdir()}
-    assert written == m.render_defaults()
+    assert written == m.render_files(m.FLAVORS)
 
 
 # --- schemas, linters --------------------------------------------------------------

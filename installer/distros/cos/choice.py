@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FLAVOR_PREBUILT = "prebuilt-open"
-FLAVOR_COMPILED = "compiled-proprietary"  # "compiled-open" when the open modules are built
 FLAVOR_PRECOMPILED = "precompiled-signed"  # proprietary modules linked here, Google-signed
 
 
