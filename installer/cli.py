@@ -57,6 +57,16 @@ def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                         help="text: for people; json: for tools.")(fn)
 
 
+def _auto_output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``detect``'s -o: DESIGN §3 promises JSON to tools, issue 14 text to people; auto
+    gives each theirs (JSON when stdout is not a terminal, as --log-format auto does)."""
+    return click.option("-o", "--output", type=click.Choice(["auto", *FORMATS]),
+                        default="auto", show_default=True,
+                        help="auto: JSON when stdout is not a terminal (a pipe, a file, "
+                        "kubectl exec without -t), else text; text: for people; json: for "
+                        "tools.")(fn)
+
+
 def _settings(**opts: Any) -> Settings:
     from installer.log import configure
 
@@ -204,7 +214,8 @@ def _exit_codes_epilog() -> str:
               help="The bundle's SHA-256 [default: from index.json beside the bundles].")
 @click.option("--prebuilt-only", is_flag=True, envvar="NVIDIA_PREBUILT_ONLY", show_envvar=True,
               help="Never compile: a missing bundle is exit 5.")
-@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--dry-run", is_flag=True, help="Run the pre-flight checks, print the plan; "
+              "change nothing.")
 @_output_option
 def install(output: str, **opts: Any) -> None:
     """Install (or load the cached) driver, then verify it with nvidia-smi."""
@@ -213,15 +224,20 @@ def install(output: str, **opts: Any) -> None:
     outcome = install_flow.run(_settings(**opts))
     if "dry_run" in outcome:
         click.echo(render(outcome["dry_run"], output, text=plan_text), nl=False)
+    elif output == "json":  # as status.json records it; people read the log's last line
+        click.echo(render(outcome, output), nl=False)
 
 
-@cli.command()
+@cli.command(short_help="Print the detected host: OS, kernel, flow, GPUs, loaded driver.")
 @_host_options
-@_output_option
+@_auto_output_option
 def detect(output: str, **opts: Any) -> None:
-    """Print the detected host: OS, kernel, flow, GPUs, loaded driver."""
+    """Print the detected host: OS, kernel, flow, GPUs, loaded driver (JSON when stdout is
+    not a terminal, else text: see -o)."""
     from installer import detect as detect_mod
 
+    if output == "auto":
+        output = "text" if sys.stdout.isatty() else "json"
     click.echo(render(detect_mod.run(_settings(**opts)), output), nl=False)
 
 
@@ -276,14 +292,15 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
 @click.option("--lock-timeout", "lock_timeout_s", type=click.FloatRange(min=0),
               envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,
               help="Seconds to wait for another installer's lock (0: fail at once, exit 4).")
-def uninstall(**opts: Any) -> None:
+@_output_option
+def uninstall(output: str, **opts: Any) -> None:
     """Unload the NVIDIA modules and remove the install (logs and status.json stay).
 
     Idempotent. Exit 8 without changing anything if the driver is in use.
     """
     from installer import uninstall as uninstall_mod
 
-    uninstall_mod.run(_settings(**opts))
+    click.echo(render(uninstall_mod.run(_settings(**opts)), output), nl=False)
 
 
 def env_vars() -> tuple[str, ...]:
@@ -320,8 +337,14 @@ def failure_message(exc: InstallerError) -> str:
     step = exc.context.get("step")
     where = f" in step {step}" if step else ""
     nxt = exc.hint or NEXT_STEP.get(exc.error_class, "see the log above")
-    return (f"FAILED{where} ({exc.error_class}, exit {int(exc.exit_code)}): {exc.message}. "
-            f"What to do: {nxt}.")
+    return (f"FAILED{where} ({exc.error_class}, exit {int(exc.exit_code)}): "
+            f"{_sentence(exc.message)} What to do: {_sentence(nxt)}")
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending in one full stop (a message may already end in one)."""
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _command_name(argv: list[str] | None) -> str:

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from installer.errors import UnsupportedHostError
+from installer.errors import UnsupportedHostError, clip
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
 from installer.osinfo import HostInfo, host_info_from_text
 from installer.runner import Runner
-from installer.settings import DEFAULT_HOST_ROOT, Settings
+from installer.settings import DEFAULT_HOST_ROOT, Settings, is_kernel_release
 from installer.workstate import WorkState
 
 if TYPE_CHECKING:
@@ -51,6 +51,13 @@ class Context:
         kernel = kernel or KernelState()
         release = settings.kernel_release or kernel.release()
         try:
+            if not is_kernel_release(release):  # --kernel-release is checked in settings
+                raise UnsupportedHostError(
+                    f"the running kernel's release {clip(release)!r} (uname -r) is not a "
+                    "kernel release: it names the headers, modules and cache to use",
+                    hint="pass the node's real release with --kernel-release (KERNEL_RELEASE), "
+                    f"or check {kernel.proc_dir}/sys/kernel/osrelease",
+                    kernel_release=clip(release))
             host_info = detect(host, release)
         except UnsupportedHostError:
             if strict:

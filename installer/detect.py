@@ -10,9 +10,12 @@ from installer.settings import Settings
 
 def run(settings: Settings) -> dict[str, object]:
     ctx = Context.from_settings(settings)
+    info = ctx.host_info
+    host = {k: v for k, v in info.to_dict().items() if k != "family"}  # "flow" says it
     return {
-        **ctx.host_info.to_dict(),
-        "flow": distros.for_host(ctx.host_info).name,
+        **host,
+        "flow": info.family,
+        "support": distros.support(info),
         "install_dir": str(ctx.install.root),
         "signatures_enforced": signing.policy(ctx.kernel).enforced,
         "loaded_driver_version": loaded_driver_version(ctx.kernel),

@@ -161,6 +161,12 @@ def check_installer_status(n: Node) -> Finding:
                        "run install to install it again")
     ctx = s.get("context") or {}
     step = f" in step {ctx['step']}" if ctx.get("step") else ""
+    upgrade = _failed_upgrade(n)
+    if upgrade is not None:
+        return Finding("installer_status", FAIL,
+                       f"last run FAILED at {when}{step}: {upgrade.what}. Driver "
+                       f"{n.loaded_version} is still loaded, installed intact and working",
+                       f"{upgrade.fix} (details: {where})")
     return Finding("installer_status", FAIL,
                    f"last run FAILED at {when}{step}: {s.get('error_class')} (exit "
                    f"{s.get('exit_code')}) installing driver {s.get('driver_version')}: "
@@ -234,6 +240,11 @@ def check_kernel_modules(n: Node) -> Finding:
     use = f"in use by {held}" if held else "not in use"
     cached = n.record.driver_version if n.record else None
     wanted = (n.status or {}).get("driver_version")
+    upgrade = _failed_upgrade(n)
+    if upgrade is not None:  # the old driver is whole: no library/module mismatch
+        fix = DRAIN if busy else upgrade.fix
+        return Finding("kernel_modules", WARN, f"{detail}, the one the install dir holds: it "
+                       f"works; {upgrade.what}; {use}", fix)
     for other, label in ((cached, "the install dir holds"), (wanted, "the last run wanted")):
         if other and version != other:
             fix = (DRAIN if busy else "re-run install: the old driver is unused, so it is "
@@ -245,6 +256,32 @@ def check_kernel_modules(n: Node) -> Finding:
         return Finding("kernel_modules", FAIL, f"{detail}; nvidia_uvm is not loaded: CUDA "
                        "cannot start", "re-run install (it loads nvidia-uvm)")
     return Finding("kernel_modules", OK, f"{detail}; {use}")
+
+
+@dataclass(frozen=True)
+class FailedUpgrade:
+    wanted: str
+    why: str  # "<class>, exit N"
+    what: str  # "the upgrade to V failed (<class>, exit N): <error>"
+    fix: str
+
+
+def _failed_upgrade(n: Node) -> FailedUpgrade | None:
+    """The last run failed to replace a driver that is still loaded and installed intact
+    (a failed run leaves the previous install byte-identical, DESIGN §4)."""
+    s, r = n.status or {}, n.record
+    loaded, wanted = n.loaded_version, s.get("driver_version")
+    if not (s.get("outcome") == "error" and wanted and r and loaded == r.driver_version
+            and wanted != loaded and cache.check_files(r, n.install.root) is None):
+        return None
+    why = f"{s.get('error_class')}, exit {s.get('exit_code')}"
+    what = f"the upgrade to {wanted} failed ({why}): {s.get('message')}"
+    if s.get("error_class") == "download":
+        fix = (f"publish the driver {wanted} .run where the node downloads it, or fix "
+               "NVIDIA_DRIVER_VERSION (--driver-version), then re-run install")
+    else:
+        fix = (s.get("hint") or "see the installer_status finding") + "; then re-run install"
+    return FailedUpgrade(wanted, why, what, f"{fix} (driver {loaded} keeps working until then)")
 
 
 def check_gpu_firmware(n: Node) -> Finding:
@@ -359,6 +396,14 @@ def check_host_ld_cache(n: Node) -> Finding:
 def check_readiness(n: Node) -> Finding:
     fields = readiness.read(n.host)
     path = readiness.READY_HOST_PATH
+    upgrade = _failed_upgrade(n) if fields is None else None
+    if upgrade is not None:  # README, "Readiness": why the old driver gets no file
+        return Finding("readiness", WARN, f"{path} is absent: every run removes it first, and "
+                       f"the upgrade to {upgrade.wanted} failed ({upgrade.why}); driver "
+                       f"{n.loaded_version} works, but components waiting for the file (device "
+                       "plugin, toolkit) stay blocked",
+                       "fix the upgrade (installer_status): the file is written again once a "
+                       "run verifies the driver")
     if fields is None:
         return Finding("readiness", WARN, f"{path} is absent: components waiting for it (device "
                        "plugin, toolkit) stay blocked",

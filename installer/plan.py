@@ -19,6 +19,9 @@ class Step:
     name: str
     run: Callable[[Context], None]
     detail: str = ""  # what --dry-run prints: the URL, path or argv this step will use
+    # A pre-flight check: reads the host and kernel, changes nothing, needs nothing an
+    # earlier step made. --dry-run runs these, so it refuses what the real run refuses.
+    check: bool = False
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,8 @@ class Plan:
         return {
             "kind": self.kind,
             **self.summary,
-            "steps": [{"name": s.name, "detail": s.detail} for s in self.steps],
+            "steps": [{"name": s.name, "detail": s.detail, "check": s.check}
+                      for s in self.steps],
         }
 
 
@@ -41,8 +45,12 @@ class StepTiming:
     duration_s: float
 
 
-def execute(plan: Plan, ctx: Context, timings: list[StepTiming]) -> None:
+def execute(plan: Plan, ctx: Context, timings: list[StepTiming], *,
+            checks_only: bool = False) -> None:
+    """Run the plan's steps in order (``checks_only``: its pre-flight checks, for --dry-run)."""
     for step in plan.steps:
+        if checks_only and not step.check:
+            continue
         log.debug("step_started", step=step.name)
         start = time.monotonic()
         try:

@@ -19,6 +19,10 @@ DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}
 _KERNEL_RELEASE = re.compile(r"[A-Za-z0-9._+~-]{1,64}")
 
 
+def is_kernel_release(text: str) -> bool:
+    return bool(_KERNEL_RELEASE.fullmatch(text)) and ".." not in text
+
+
 @dataclass(frozen=True)
 class Settings:
     host_root: Path = DEFAULT_HOST_ROOT
@@ -62,7 +66,7 @@ class Settings:
                 f"{str(self.install_dir_host)!r}"
             )
         release = self.kernel_release
-        if release is not None and (not _KERNEL_RELEASE.fullmatch(release) or ".." in release):
+        if release is not None and not is_kernel_release(release):
             raise UsageError(
                 f"--kernel-release {release!r} is not a kernel release",
                 hint="give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and "

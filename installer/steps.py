@@ -24,7 +24,13 @@ from installer import (
 )
 from installer.cache import CacheKey
 from installer.context import Context
-from installer.errors import InstallerError, SecureBootError, UsageError, VerifyError
+from installer.errors import (
+    InstallerError,
+    ModuleLoadError,
+    SecureBootError,
+    UsageError,
+    VerifyError,
+)
 from installer.fsutil import remove_tree
 from installer.gke import vulkan_icd
 from installer.headers import KernelTree
@@ -63,7 +69,8 @@ def check_module_signing(need_signed: str) -> Step:
                 kernel_release=ctx.host_info.kernel_release,
             )
 
-    return Step("check_module_signing", run, "refuse early if unsigned modules cannot load")
+    return Step("check_module_signing", run, "refuse early if unsigned modules cannot load",
+                check=True)
 
 
 def check_loaded_driver(version: str) -> Step:
@@ -72,7 +79,8 @@ def check_loaded_driver(version: str) -> Step:
         loaded = modules.loaded_driver_version(ctx.kernel)
         log.info("loaded_driver", version=loaded, wanted=version)
 
-    return Step("check_loaded_driver", run, f"a different loaded driver must be unused (want {version})")
+    return Step("check_loaded_driver", run,
+                f"a different loaded driver must be unused (want {version})", check=True)
 
 
 def download_driver(url: str, sha256: str | None) -> Step:
@@ -328,6 +336,17 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
             log.warning("unknown_gpu", message=warning)
         choice = gpus.choose_module_type(found, version, requested_module_type)
         ctx.work.kernel_module_type = choice.module_type
+        if not found and ctx.settings.dry_run:
+            # The real run goes on (a GPU-less VM still proves the kernel accepts the
+            # modules) and fails at the load: exit 8, DESIGN §3. A plan is no use here.
+            raise ModuleLoadError(
+                f"no NVIDIA GPU on the PCI bus ({ctx.kernel.sys_dir}/bus/pci/devices): the "
+                "install would build the driver, then fail to load it (nvidia.ko: NVRM: No "
+                "NVIDIA GPU found.)",
+                hint="run it on a node with an NVIDIA GPU (lspci -d 10de:); the DaemonSet's "
+                "node affinity must select GPU nodes only",
+                driver_version=version,
+            )
         if not found:
             log.warning("no_gpu_found", sys_dir=str(ctx.kernel.sys_dir),
                         hint="nvidia-smi will find no device: check a GPU is attached to this node")
@@ -358,7 +377,7 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
 
     return Step("check_gpu_compatibility", run,
                 f"NVIDIA GPUs in sysfs support driver {version}; {requested_module_type} "
-                "kernel modules")
+                "kernel modules", check=True)
 
 
 def _create_dev_char_links(ctx: Context) -> None:

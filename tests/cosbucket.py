@@ -117,13 +117,13 @@ cat $objs > "$out"
 """
 
 
-def toolchain_txz(path: Path, *, triple: str = TRIPLE) -> Path:
+def toolchain_txz(path: Path, *, triple: str = TRIPLE, lld: str = FAKE_LD) -> Path:
     with tarfile.open(path, "w:xz", format=tarfile.GNU_FORMAT) as tar:
         _add(tar, "./bin", kind=tarfile.DIRTYPE, mode=0o755)
         _add(tar, f"./bin/{triple}-gcc", FAKE_CC, 0o755)
         _add(tar, f"./bin/{triple}-g++", FAKE_CC, 0o755)
         _add(tar, f"./bin/{triple}-clang", kind=tarfile.SYMTYPE, linkname=f"{triple}-gcc")
-        _add(tar, f"./bin/{triple}-ld.lld", FAKE_LD, 0o755)
+        _add(tar, f"./bin/{triple}-ld.lld", lld, 0o755)
         _add(tar, f"./usr/{triple}/usr/include/stdio.h", "/* sysroot */\n")
         _add(tar, "./usr/lib64/rustlib/x86_64-unknown-linux-gnu/lib/libstd.rlib", b"\0" * 4096)
         _add(tar, "./usr/lib64/librustc_driver-abc.so", b"\0" * 4096)
@@ -292,6 +292,7 @@ class Bucket:
     toolchain_env: str | None = TOOLCHAIN_ENV
     toolchain_via_url: str | None = None  # write toolchain_url with this content instead
     evil_headers: str | None = None
+    lld: str = FAKE_LD  # the toolchain's ld.lld (a script)
     # extensions/gpu/: NVIDIA-Linux-x86_64-<V>-custom.run (prebuilt by the caller,
     # see custom_run) and nvidia-drivers-<V>-signature.tar.gz per version.
     custom_runs: dict[str, Path] = field(default_factory=dict)
@@ -312,7 +313,7 @@ class Bucket:
             (d / "toolchain_url").write_text(self.toolchain_via_url + "\n")
             toolchain_txz(self.root / "toolchain-elsewhere.tar.xz")
         else:
-            toolchain_txz(d / "toolchain.tar.xz")
+            toolchain_txz(d / "toolchain.tar.xz", lld=self.lld)
         if self.toolchain_env is not None:
             (d / "toolchain_env").write_text(self.toolchain_env)
         for version in self.prebuilt_versions:

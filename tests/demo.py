@@ -4,9 +4,10 @@ Builds a fake Ubuntu node (os-release, kernel headers, ld.so.conf), a fake
 kernel (procfs/sysfs/dev stand-ins and kmod tools), a makeself NVIDIA .run and
 a local HTTPS artifact server with a private CA; then runs
 `nvidia-driver-installer install` inside a private mount namespace and chroot
-whose /root is the node (as the DaemonSet's init container sees it), twice:
-a fresh install, then a "reboot" that loads from the cache. Nothing outside a
-temp dir changes. Needs root (mount namespaces); says so if not.
+whose /root is the node (as the DaemonSet's init container sees it): a fresh
+install, a "reboot" that loads from the cache, then an upgrade to a version the
+server does not have and `doctor` after it. Nothing outside a temp dir changes.
+Needs root (mount namespaces); says so if not.
 """
 
 from __future__ import annotations
@@ -63,7 +64,15 @@ def main() -> int:
             kernel.unload_all()
             second = pod.run("install")
             print(second.stderr, end="")
-            return second.returncode
+            if second.returncode != 0:
+                return second.returncode
+            missing = "550.99.99"
+            banner(f"upgrade to {missing}, which the server does not have (exit 5; final line)")
+            third = pod.run("install", env={"NVIDIA_DRIVER_VERSION": missing})
+            print(third.stderr.rstrip().splitlines()[-1])
+            banner("doctor: the old driver still works; what failed and what to do")
+            print(pod.run("doctor").stdout, end="")
+            return 0 if third.returncode == 5 else 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

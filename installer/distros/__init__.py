@@ -31,6 +31,12 @@ def recognise(fields: dict[str, str], lsb_release: str | None, kernel_release: s
     )
 
 
+def support(info: HostInfo) -> str:
+    """How the host is served: "supported", "supported: Debian via the Ubuntu flow", …"""
+    distro = by_name(info.family)
+    return distro.support(info) if distro else "unsupported"
+
+
 def for_host(info: HostInfo) -> Distro:
     distro = by_name(info.family)
     if distro is None:

@@ -45,6 +45,16 @@ class Distro(abc.ABC):
                         fields.get("PRETTY_NAME", os_id), kernel_release)
 
     @classmethod
+    def support(cls, info: HostInfo) -> str:
+        """How this flow serves the host, said honestly (``detect``, the install log)."""
+        if info.os_id == cls.name:
+            return "supported"
+        if info.os_id in cls.os_ids:
+            return f"supported: {info.os_id.capitalize()} via the {cls.title} flow"
+        return (f"not tested: {info.os_id} follows the {cls.title} flow because its os-release "
+                f"ID_LIKE names {'/'.join(cls.os_ids)}")
+
+    @classmethod
     def create(cls) -> Distro:
         """The instance that plans installs (a subclass may live in a heavier module)."""
         return cls()

@@ -35,7 +35,9 @@ def find_kernel_headers() -> Step:
 class Ubuntu(Distro):
     name = "ubuntu"
     title = "Ubuntu"
-    # Debian-family hosts follow this flow (same packaging, same kernel layout).
+    # Debian follows this flow (same packaging, same split kernel headers): the VM and
+    # realparts tiers run it on Debian 12 kernels. Other derivatives match through ID_LIKE
+    # and are reported as not tested (Distro.support).
     os_ids = ("ubuntu", "debian")
     # A version tested with this installer; NVIDIA_DRIVER_VERSION picks another.
     default_version = "550.127.05"

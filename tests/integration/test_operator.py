@@ -59,7 +59,8 @@ def test_healthy_node(node, pod, kernel):
     assert ready(node) is None
     detected = json.loads(ok(pod.run("detect", "-o", "json")).stdout)
     assert [(g["name"], g["arch"]) for g in detected["gpus"]] == [("NVIDIA L4", "Ada Lovelace")]
-    ok(pod.run("install"))
+    result = json.loads(ok(pod.run("install", "-o", "json")).stdout)  # what status.json holds
+    assert (result["outcome"], result["driver_version"], result["plan"]) == ("ok", V1, "fresh")
     code, found = doctor(pod)
     assert code == 0
     not_ok = {k: f["verdict"] for k, f in found.items() if f["verdict"] != "ok"}
@@ -134,11 +135,13 @@ def test_version_mismatch_with_modules_in_use(node, pod, kernel, server):
 
     code, found = doctor(pod)
     assert code == 9
-    assert "module_load (exit 8)" in found["installer_status"]["detail"]
+    assert f"the upgrade to {V2} failed (module_load, exit 8)" in (
+        found["installer_status"]["detail"])
     km = found["kernel_modules"]
-    assert km["verdict"] == "fail" and f"the last run wanted {V2}" in km["detail"]
+    assert km["verdict"] == "warn" and "the one the install dir holds: it works" in km["detail"]
+    assert f"the upgrade to {V2} failed (module_load, exit 8)" in km["detail"]
     assert "in use by nvidia: 1 reference(s)" in km["detail"]
-    assert "kubectl drain" in km["fix"]
+    assert "kubectl drain" in km["fix"] and "mismatch" not in km["detail"]
 
     # Uninstall refuses too, naming the holders, and changes nothing.
     proc = pod.run("uninstall")
@@ -151,6 +154,57 @@ def test_version_mismatch_with_modules_in_use(node, pod, kernel, server):
     ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
     assert kernel.loaded()["nvidia"].version == V2
     assert ready(node)["NVIDIA_DRIVER_VERSION"] == V2
+
+
+def test_doctor_after_a_failed_upgrade_says_the_old_driver_works(node, pod, kernel):
+    """Issue 14: a 404 on the new version leaves the old driver loaded and intact; doctor
+    says so, and why the upgrade failed, not "Driver/library version mismatch"."""
+    ok(pod.run("install"))
+    before = {p: p.read_bytes() for p in node.install_dir.rglob("*")
+              if p.is_file() and p.name != "status.json"}
+    missing = "550.99.99"
+    proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": missing})
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    error = last_event(proc)["error"]
+    assert error.startswith("HTTP 404") and missing in error
+    assert kernel.loaded()["nvidia"].version == V1
+    assert {p: p.read_bytes() for p in before} == before
+    # Readiness stays absent (README, "Readiness"): the run removed it first, and the old
+    # driver does not get it back.
+    assert ready(node) is None
+
+    code, found = doctor(pod)
+    assert code == 9
+    failed_how = f"the upgrade to {missing} failed (download, exit 5): {error}"
+    fix = (f"publish the driver {missing} .run where the node downloads it, or fix "
+           f"NVIDIA_DRIVER_VERSION (--driver-version), then re-run install (driver {V1} keeps "
+           "working until then)")
+    status = found["installer_status"]
+    assert status["verdict"] == "fail"
+    assert status["detail"].endswith(f"in step download_driver: {failed_how}. Driver {V1} is "
+                                     "still loaded, installed intact and working")
+    assert status["fix"] == f"{fix} (details: /usr/local/nvidia/status.json)"
+    km = found["kernel_modules"]
+    assert (km["verdict"], km["fix"]) == ("warn", fix)
+    assert km["detail"] == (f"driver {V1} loaded (nvidia_drm, nvidia_modeset, nvidia_uvm, "
+                            f"nvidia), the one the install dir holds: it works; {failed_how}; "
+                            "not in use")
+    assert found["readiness"]["verdict"] == "warn"
+    assert found["readiness"]["detail"] == (
+        "/run/nvidia/validations/driver-ready is absent: every run removes it first, and the "
+        f"upgrade to {missing} failed (download, exit 5); driver {V1} works, but components "
+        "waiting for the file (device plugin, toolkit) stay blocked")
+    for check in ("cache", "install_dir", "nvidia_smi", "device_nodes"):
+        assert found[check]["verdict"] == "ok", found[check]
+    assert "mismatch" not in json.dumps(found)
+    text = pod.run("doctor").stdout
+    assert f"Start with installer_status: publish the driver {missing} .run" in " ".join(
+        text.split())
+
+    # The fix it names works: NVIDIA_DRIVER_VERSION back to a published version (V1, cached)
+    # installs, and readiness comes back.
+    assert last_event(ok(pod.run("install")))["plan"] == "cached"
+    assert ready(node)["NVIDIA_DRIVER_VERSION"] == V1
 
 
 def test_k80_with_a_too_new_driver(node, pod, kernel, server):
@@ -223,9 +277,11 @@ def test_missing_ld_cache_entry(node, pod):
 def test_uninstall_is_complete_and_idempotent(node, pod, kernel):
     ok(pod.run("install"))
     assert ready(node) is not None
-    proc = ok(pod.run("uninstall"))
+    proc = ok(pod.run("uninstall", "-o", "json"))
     final = last_event(proc)
     assert final["event"] == "uninstall_finished" and "unloaded and removed" in final["message"]
+    result = json.loads(proc.stdout)
+    assert (result["outcome"], result["previous_driver_version"]) == ("uninstalled", V1)
     assert not [m for m in kernel.loaded() if m.startswith("nvidia")]
     assert [c["argv"] for c in kernel.calls("rmmod")] == [
         ["nvidia_drm"], ["nvidia_modeset"], ["nvidia_uvm"], ["nvidia"]]

@@ -39,7 +39,7 @@ CUT_HINT = ("the server sent something else (a proxy's HTML page, an error, a cu
     (3000, f"{RUN} is not an NVIDIA installer (its makeself header is cut off after 134 of 720 "
            f"lines). What to do: {CUT_HINT}."),
     (-5000, "the driver package is corrupt: Verifying archive integrity... Unexpected archive "
-            "size.. What to do: the download was damaged or truncated: re-run to download it "
+            "size. What to do: the download was damaged or truncated: re-run to download it "
             "again."),
 ])
 def test_a_cut_off_run_is_an_integrity_failure(pod, server, driver_runs, keep, said):

@@ -15,7 +15,7 @@ import pytest
 
 from installer import manifests as m
 from tests.pod_tier.podman import GRAPHROOT, RUNROOT, Podman, missing_tools
-from tests.pod_tier.workload import INIT, PAUSE, REPO, Kubelet, committed_daemonset
+from tests.pod_tier.workload import PAUSE, REPO, Kubelet, committed_daemonset, role_images
 
 
 def _unavailable(reason: str) -> None:
@@ -41,8 +41,8 @@ def podman(tmp_path_factory) -> Podman:
 
 
 @pytest.fixture(scope="session")
-def images(podman) -> dict[str, dict[str, str]]:
-    """{flavor: {manifest image: local image}}, built into podman's storage.
+def built(podman) -> dict[str, str]:
+    """{flavor: our image, PAUSE: a pause image}, built into podman's storage.
 
     A tag of this run's own (layers are cached, so this costs a commit): a
     concurrent `make images` of another checkout cannot swap the image under us.
@@ -54,17 +54,18 @@ def images(podman) -> dict[str, dict[str, str]]:
             env={**podman.env(), "NDI_IMAGE_TAG": tag, "NDI_BUILDAH_ROOT": GRAPHROOT,
                  "NDI_BUILDAH_RUNROOT": RUNROOT})
         assert proc.returncode == 0, proc.stderr[-4000:]
-    pause = podman.pause_image()
     local = {flavor: f"localhost/nvidia-driver-installer-{flavor}:{tag}" for flavor in m.FLAVORS}
-    mapping = {}
-    for flavor in m.FLAVORS:
-        spec = committed_daemonset(flavor)["spec"]["template"]["spec"]
-        containers = {c["name"]: c["image"] for c in spec["initContainers"] + spec["containers"]}
-        mapping[flavor] = {containers[INIT]: local[flavor], containers[PAUSE]: pause}
-    yield mapping
+    yield {**local, PAUSE: podman.pause_image()}
     if not os.environ.get("NDI_IMAGE_TAG"):
         for name in local.values():  # only the names: the layers stay cached
             podman("untag", name, name, check=False)  # that name only, not all of the image's
+
+
+@pytest.fixture(scope="session")
+def images(built) -> dict[str, dict[str, str]]:
+    """{flavor: {committed manifest's image: local image}}."""
+    return {flavor: role_images(committed_daemonset(flavor), built[flavor], built[PAUSE])
+            for flavor in m.FLAVORS}
 
 
 @pytest.fixture

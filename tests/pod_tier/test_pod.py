@@ -15,80 +15,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-from pathlib import Path
 
 import pytest
 
 from installer import manifests as m
-from tests.fixtures.runfile import build_driver_run
+from tests.fixtures.node import COS_BUILD_ID
 from tests.fixtures.server import ArtifactServer
-from tests.pod_tier.workload import FixtureNode, Kubelet, PodRun, committed_daemonset
+from tests.pod_tier.checks import assert_installed, cos_node, manifest_env, pod_name, ubuntu_node
+from tests.pod_tier.workload import Kubelet
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("NDI_POD_TESTS") != "1",
                        reason="pod tier: run `make test-pod` (sets NDI_POD_TESTS=1)"),
     pytest.mark.timeout(900),
 ]
-
-HOST_LIB64 = f"{m.INSTALL_DIR_HOST}/lib64"
-
-
-def manifest_env(flavor: str) -> dict[str, str]:
-    (init,) = committed_daemonset(flavor)["spec"]["template"]["spec"]["initContainers"]
-    return {e["name"]: e["value"] for e in init["env"]}
-
-
-def pod_name(label: str) -> str:
-    return f"ndi-{label}-{os.getpid()}"
-
-
-def ubuntu_node(work: Path, server: ArtifactServer, *, serve: str = "run") -> tuple[FixtureNode, str]:
-    """An Ubuntu node; the manifest's pinned driver on the server ("run"), a corrupt
-    copy of it ("corrupt") or nothing ("none": a 404). Returns (node, .run path)."""
-    version = manifest_env("ubuntu")["NVIDIA_DRIVER_VERSION"]
-    run = build_driver_run(work / "runs", version)
-    path = f"/tesla/{version}/{run.name}"
-    if serve == "run":
-        server.serve(path, run)
-    elif serve == "corrupt":
-        data = bytearray(run.read_bytes())
-        data[len(data) // 2: len(data) // 2 + 4] = b"XXXX"
-        server.serve(path, bytes(data))
-    node = FixtureNode.build("ubuntu", work, server, {"NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla"})
-    return node, path
-
-
-def assert_installed(node: FixtureNode, pod: PodRun, version: str, plan: str) -> None:
-    """A pod that installed (or loaded) the driver, and the node as DESIGN §4 says."""
-    assert pod.play.returncode == 0, pod.play.stderr[-3000:] + pod.logs[-3000:]
-    assert (pod.init["State"]["Status"], pod.init["State"]["ExitCode"]) == ("exited", 0)
-    # The pause container runs as the manifest says: after the init container, unprivileged.
-    assert pod.pause["State"]["Status"] == "running"
-    assert pod.pause["Config"]["User"] == "65535:65535"
-    assert not pod.pause["HostConfig"]["Privileged"] and pod.init["HostConfig"]["Privileged"]
-    final = json.loads(pod.last_line)
-    assert (final["event"], final["outcome"], final["plan"], final["driver_version"]) == \
-        ("install_finished", "ok", plan, version), final
-    (ready,) = [e for e in pod.events if e["event"] == "plan_ready"]
-    assert ready["kind"] == plan
-    install = node.node.install_dir
-    for rel in ("bin/nvidia-smi", "bin/nvidia-modprobe", "lib64/libnvidia-ml.so.1",
-                "lib64/libcuda.so.1", "drivers/nvidia.ko", "drivers/nvidia-uvm.ko",
-                "drivers/nvidia-modeset.ko", "drivers/nvidia-drm.ko"):
-        assert (install / rel).exists(), rel
-    cache = (install / ".cache").read_text()
-    assert f"CACHE_NVIDIA_DRIVER_VERSION={version}\n" in cache
-    key = "CACHE_BUILD_ID=" if node.flavor == "cos" else f"CACHE_KERNEL_VERSION={node.kernel.release}\n"
-    assert key in cache
-    assert json.loads((install / "status.json").read_text())["outcome"] == "ok"
-    assert node.node.path("/etc/ld.so.conf.d/nvidia.conf").read_text() == HOST_LIB64 + "\n"
-    assert node.node.path("/etc/ld.so.cache").is_file()
-    assert {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"} <= set(node.kernel.loaded())
-    assert {"nvidiactl", "nvidia0", "nvidia-uvm"} <= set(node.kernel.devices())
-    # The container's writes stayed in it: nothing reached this machine's own paths.
-    assert not shutil.which("nvidia-smi") and not Path(m.INSTALL_DIR_HOST).exists()
-
 
 # --- the images ----------------------------------------------------------------------------
 
@@ -98,6 +38,12 @@ def test_image_rootfs_has_an_empty_dev(podman, images, flavor):
     """As registry images: the pod's /dev comes from the runtime and the hostPath mount."""
     (image,) = [v for k, v in images[flavor].items() if "nvidia-driver-installer" in k]
     assert podman.image_rootfs_listing(image, "/dev") == []
+
+
+def test_cos_image_has_gnu_ld_for_the_legacy_link(podman, built):
+    """COS precompiled modules the kernel refuses are relinked with GNU ld (distros/cos/
+    precompiled.py load_or_relink, as cos-gpu-installer v2), which the image brings."""
+    assert {"ld", "ld.bfd"} <= set(podman.image_rootfs_listing(built["cos"], "/usr/bin"))
 
 
 # --- Ubuntu: a fresh install, then a reboot --------------------------------------------------
@@ -145,19 +91,14 @@ def test_ubuntu_reboot_is_a_cache_hit(ubuntu_installed):
 
 
 def test_cos_fresh_install(kubelet, tmp_path):
-    from tests.cosbucket import DEFAULT_V, Bucket, env_recording_run
+    from tests.cosbucket import DEFAULT_V
 
     assert manifest_env("cos")["NVIDIA_DRIVER_VERSION"] == "default"  # resolves to DEFAULT_V
     with ArtifactServer() as server:
-        run = env_recording_run(tmp_path / "runs", DEFAULT_V)
-        server.serve(f"/tesla/{DEFAULT_V}/{run.name}", run)
-        bucket = Bucket(tmp_path / "bucket")
-        bucket.write()
-        node = FixtureNode.build("cos", tmp_path, server, {
-            "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla", "COS_DOWNLOAD_GCS": bucket.serve(server)})
+        node = cos_node(tmp_path, server, DEFAULT_V)
         pod = kubelet.run(node, pod_name("cos"))
     assert_installed(node, pod, DEFAULT_V, "fresh")
-    assert f"CACHE_BUILD_ID={bucket.build_id}\n" in (node.node.install_dir / ".cache").read_text()
+    assert f"CACHE_BUILD_ID={COS_BUILD_ID}\n" in (node.node.install_dir / ".cache").read_text()
     # The toolchain landed in the host's cache through the manifest's cos-tools hostPath.
     assert any(node.node.path("/var/lib/cos-tools").iterdir())
 

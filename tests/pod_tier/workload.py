@@ -37,6 +37,20 @@ def committed_daemonset(flavor: str) -> dict:
     return yaml.safe_load((REPO / "manifests" / m.daemonset_filename(flavor)).read_text())
 
 
+def gke_daemonset(flavor: str) -> dict:
+    """GKE's own DaemonSet for the flavour, as test data (tests/pod_tier/gke/ says what)."""
+    import yaml
+
+    return yaml.safe_load((Path(__file__).with_name("gke") / f"daemonset-{flavor}.yaml").read_text())
+
+
+def role_images(ds: dict, installer: str, pause: str) -> dict[str, str]:
+    """{the DaemonSet's installer image: installer, its pause image: pause}."""
+    spec = ds["spec"]["template"]["spec"]
+    containers = {c["name"]: c["image"] for c in spec["initContainers"] + spec["containers"]}
+    return {containers[INIT]: installer, containers[PAUSE]: pause}
+
+
 @dataclass
 class FixtureNode:
     flavor: str
@@ -95,12 +109,16 @@ class Kubelet:
         self.images = images
         self.pods: list[str] = []
 
-    def run(self, node: FixtureNode, name: str, timeout: float = 600) -> PodRun:
-        pod = pod_from_daemonset(committed_daemonset(node.flavor), name=name,
+    def run(self, node: FixtureNode, name: str, daemonset: dict | None = None,
+            timeout: float = 600) -> PodRun:
+        """A pod of ``daemonset`` (default: the committed manifest of the node's flavour)."""
+        pod = pod_from_daemonset(daemonset or committed_daemonset(node.flavor), name=name,
                                  node_root=node.node.root, images=self.images, seams=node.seams())
         self.pods.append(name)
         play = self.podman.play(pod, timeout=timeout)
         init = POD_CONTAINER.format(pod=name, container=INIT)
+        # A pod podman refused (a bad spec, a missing hostPath) has no containers.
+        assert self.podman.pod_exists(name), f"podman kube play: {play.stderr[-3000:]}"
         return PodRun(name, play, self.podman.inspect(init),
                       self.podman.inspect(POD_CONTAINER.format(pod=name, container=PAUSE)),
                       self.podman.logs(init))

@@ -1,5 +1,6 @@
 """CLI contract: option/env names, usage errors exit 2 with one line, no traceback."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -251,11 +252,76 @@ def test_help_summaries_are_whole_and_install_help_has_exit_codes_and_examples(c
     assert "sudo nvidia-driver-installer install --host-root / --dry-run" in out
 
 
-@pytest.mark.parametrize("command", ["detect", "status", "verify", "doctor", "install"])
+@pytest.mark.parametrize("command", ["status", "verify", "doctor", "install", "uninstall"])
 def test_every_result_command_takes_output_text_or_json(command):
     option = next(p for p in cli.commands[command].params if p.name == "output")
     assert option.opts == ["-o", "--output"] and option.default == "text"
     assert list(option.type.choices) == ["text", "json"]
+
+
+def test_detect_output_is_auto_json_for_tools_text_on_a_terminal(capsys, tmp_path):
+    """DESIGN §3 (detect prints JSON) and issue 14 (text for people) both hold."""
+    option = next(p for p in cli.commands["detect"].params if p.name == "output")
+    assert option.default == "auto" and list(option.type.choices) == ["auto", "text", "json"]
+    _, out, _ = run_main(capsys, ["detect", "--help"])
+    assert "auto: JSON when stdout is not a terminal" in " ".join(out.split())
+    host = debian_root(tmp_path)
+    args = ["detect", "--host-root", str(host), "--install-dir", str(tmp_path),
+            "--kernel-release", "6.1.0-28-cloud-amd64"]
+    code, out, _ = run_main(capsys, args)  # captured: not a terminal
+    assert code == 0
+    assert json.loads(out)["os_id"] == "debian"
+    code, out, _ = run_main(capsys, [*args, "-o", "text"])
+    assert code == 0 and "os_id: debian\n" in out
+
+
+def debian_root(tmp_path, os_id="debian", id_like=""):
+    host = tmp_path / "host"
+    (host / "etc").mkdir(parents=True)
+    (host / "etc/os-release").write_text(f'ID={os_id}\n{id_like}VERSION_ID="12"\n'
+                                         'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n')
+    return host
+
+
+@pytest.mark.parametrize(("os_id", "id_like", "support"), [
+    ("debian", "", "supported: Debian via the Ubuntu flow"),
+    ("ubuntu", "", "supported"),
+    ("pop", 'ID_LIKE="ubuntu debian"\n', "not tested: pop follows the Ubuntu flow because its "
+     "os-release ID_LIKE names ubuntu/debian"),
+])
+def test_detect_says_which_flow_serves_the_host_and_how(capsys, tmp_path, os_id, id_like,
+                                                       support):
+    host = debian_root(tmp_path, os_id, id_like)
+    code, out, err = run_main(capsys, ["detect", "--host-root", str(host), "--install-dir",
+                                       str(tmp_path), "-o", "json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["os_id"], doc["flow"], doc["support"]) == (os_id, "ubuntu", support)
+    assert "family" not in doc  # "flow" names it; "family: ubuntu" on Debian misled
+
+
+def test_detect_on_an_unknown_distro_exits_3_with_what_is_supported(capsys, tmp_path):
+    host = debian_root(tmp_path, "fedora")
+    message, out = failed(capsys, ["detect", "--host-root", str(host), "--install-dir",
+                                   str(tmp_path)], 3)
+    assert out == ""
+    assert message == ("FAILED (unsupported_host, exit 3): unsupported host OS 'fedora' (Debian "
+                       "GNU/Linux 12 (bookworm)). What to do: supported: Container-Optimized OS "
+                       "(ID=cos), Ubuntu (ID=ubuntu/debian).")
+
+
+@pytest.mark.parametrize(("message", "hint"), [
+    ("no space left on the install dir's file system, size.", "free some space."),
+    ("no space left", "free some space"),
+])
+def test_failure_message_ends_each_sentence_with_one_full_stop(message, hint):
+    from installer.cli import failure_message
+    from installer.errors import DiskSpaceError
+
+    assert failure_message(DiskSpaceError(message, hint=hint)) == (
+        "FAILED (disk_space, exit 11): no space left"
+        + (" on the install dir's file system, size." if message.endswith(".") else ".")
+        + " What to do: free some space.")
 
 
 def test_readme_exit_codes_table_lists_every_exit_code():

@@ -334,10 +334,26 @@ def test_failed_last_run_is_reported_with_its_hint(node, capsys):
     assert code == 9
     f = found["installer_status"]
     assert f["verdict"] == "fail"
-    assert "in step check_loaded_driver: module_load (exit 8)" in f["detail"]
-    assert f["fix"].startswith("drain GPU workloads")
-    # The loaded driver is not the one the last run wanted.
-    assert "the last run wanted 535.183.01" in found["kernel_modules"]["detail"]
+    assert ("in step check_loaded_driver: the upgrade to 535.183.01 failed (module_load, "
+            "exit 8)") in f["detail"]
+    assert f["detail"].endswith(f"Driver {V} is still loaded, installed intact and working")
+    assert f["fix"].startswith("drain GPU workloads; then re-run install")
+    # The loaded driver is the installed one, whole: it works; no "version mismatch".
+    km = found["kernel_modules"]
+    assert km["verdict"] == "warn" and "mismatch" not in km["detail"]
+    assert "the upgrade to 535.183.01 failed (module_load, exit 8)" in km["detail"]
+
+
+def test_failed_last_run_with_a_damaged_old_install_is_a_mismatch(node, capsys):
+    """Only an intact old install counts as working: otherwise the libraries may not match."""
+    node.set_status(outcome="error", exit_code=5, error_class="download",
+                    driver_version="535.183.01", message="HTTP 404 NOT FOUND")
+    next((node.install / "lib64").glob("libcuda.so.*")).write_bytes(b"changed")
+    code, found = node.findings(capsys)
+    assert code == 9
+    km = found["kernel_modules"]
+    assert km["verdict"] == "fail" and "the last run wanted 535.183.01" in km["detail"]
+    assert "the upgrade" not in found["installer_status"]["detail"]
 
 
 def test_never_ran_and_not_ready_are_warnings(node, capsys):

@@ -103,3 +103,13 @@ def test_reads_refuse_fifos_devices_and_huge_files(root):
         f.truncate(400 << 20)  # sparse: costs no disk
     with pytest.raises(UnsupportedHostError, match="more than"):
         root.read_text("/etc/big")
+
+
+def test_a_killed_runs_temp_file_does_not_block_the_next_write(root, tmp_path):
+    """In a pod's PID namespace every run has the same pid: a temp file named by the pid,
+    left by a SIGKILLed run, made each later firmware copy fail with EEXIST (seen as a
+    flaky test_crash_safety run). The temp name is random now."""
+    (tmp_path / "lib/firmware/updates").mkdir(parents=True)
+    (tmp_path / f"lib/firmware/updates/.gsp.bin.{os.getpid()}.tmp").write_text("half")
+    root.write_atomic("/lib/firmware/updates/gsp.bin", b"whole")
+    assert (tmp_path / "lib/firmware/updates/gsp.bin").read_bytes() == b"whole"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import structlog
@@ -31,7 +32,7 @@ from installer.distros.cos.choice import (
     flavor_module_type,
     proprietary_allowed,
 )
-from installer.distros.cos.precompiled import link_precompiled, unpack_signatures
+from installer.distros.cos.precompiled import link_precompiled, load_or_relink, unpack_signatures
 from installer.distros.cos.steps import (
     check_gpus,
     check_signing,
@@ -239,11 +240,16 @@ class CosFlow(Cos):
                                        userspace_only=signed_ok))
         if signed_ok:
             work.append(place_prebuilt())
-        return fresh_plan(
+        plan = fresh_plan(
             ctx, version, key, summary,
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
                                   "open" if prebuilt else decision.compiled_type),
             check_signing=sign_step, build=(steps.fetch_artifacts(tuple(fetches)), *work))
+        if precompiled:  # v2's fallback: relink the legacy way when the load fails
+            relinking = load_or_relink(version)
+            plan = dataclasses.replace(plan, steps=tuple(
+                relinking if s.name == relinking.name else s for s in plan.steps))
+        return plan
 
     def _tools_fetches(self, arts: Artifacts, tools: BuildTools, tc_env: dict[str, str],
                        tc_url: str, want_headers: bool) -> list[Fetch]:

@@ -4,17 +4,17 @@ the build's toolchain, and Google's PKCS#7 signatures appended (as Google's inst
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import structlog
 
-from installer import archive, modsign
+from installer import archive, modsign, steps
 from installer.context import Context
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import custom_run_name, signatures_name
 from installer.distros.cos.toolchain import BuildTools
-from installer.errors import BuildError, IntegrityError
-from installer.fsutil import remove_tree
+from installer.errors import BuildError, IntegrityError, ModuleLoadError, SecureBootError
 from installer.modinfo import read_modinfo
 from installer.plan import Step
 
@@ -22,6 +22,14 @@ log = structlog.get_logger(__name__)
 
 # Modules the custom .run yields after linking; each needs <name>.sig.
 PRECOMPILED_MODULES = ("nvidia.ko", "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia-drm.ko")
+# The modules linked here: (module, its kernel interface in kernel/precompiled/, its
+# binary core), as cos-gpu-installer v2's linkDrivers (installer.go L214-236).
+LINKED = (("nvidia.ko", "nv-linux.o", "nvidia/nv-kernel.o_binary"),
+          ("nvidia-modeset.ko", "nv-modeset-linux.o", "nvidia-modeset/nv-modeset-kernel.o_binary"))
+# How nvidia-installer links a precompiled interface with its core: `ld -d -r -o
+# MODULE INTERFACE CORE` (NVIDIA/nvidia-installer kernel.c unpack_kernel_modules,
+# nvidia-installer.h LD_OPTIONS), with the first `ld` on PATH (misc.c, find_system_util).
+LEGACY_LD_OPTIONS = ("-d", "-r")
 
 
 def unpack_signatures(version: str) -> Step:
@@ -75,42 +83,24 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
         if script is None:
             raise BuildError(f"the kernel headers have no scripts/module.lds ({source})",
                              path=str(source), kernel_release=ctx.host_info.kernel_release)
+        try:
+            ctx.runner.run([extract / "mkprecompiled", "--unpack", packed[-1], "-o", pre_dir],
+                           cwd=extract)
+        except CommandError as exc:
+            raise BuildError(f"unpacking the precompiled driver failed: {exc}",
+                             kernel_release=ctx.host_info.kernel_release) from exc
         lld = toolchain.module_linker(tools.toolchain, env)
-        commands = [
-            [extract / "mkprecompiled", "--unpack", packed[-1], "-o", pre_dir],
-            [lld, "-T", script, "-r", "-o", kernel_dir / "nvidia.ko",
-             pre_dir / "nv-linux.o", kernel_dir / "nvidia" / "nv-kernel.o_binary"],
-            [lld, "-T", script, "-r", "-o", kernel_dir / "nvidia-modeset.ko",
-             pre_dir / "nv-modeset-linux.o",
-             kernel_dir / "nvidia-modeset" / "nv-modeset-kernel.o_binary"],
-        ]
-        for argv in commands:
-            try:
-                ctx.runner.run(argv, cwd=extract)
-            except CommandError as exc:
-                raise BuildError(f"linking the precompiled driver failed: {exc}",
-                                 kernel_release=ctx.host_info.kernel_release) from exc
+        _link(ctx, [lld, "-T", script, "-r"])
         for name in ("nvidia-uvm.ko", "nvidia-drm.ko"):  # shipped pre-linked
             if (pre_dir / name).is_file():
                 os.replace(pre_dir / name, kernel_dir / name)
-        sigs: Path = ctx.work.signatures_dir
         out = staging.root / "precompiled" / "drivers"
         out.mkdir(parents=True, exist_ok=True)
-        for name in PRECOMPILED_MODULES:
-            ko = kernel_dir / name
-            if not ko.is_file():
-                raise BuildError(f"{custom_run_name(version)} yielded no {name}", path=str(ko))
-            try:
-                signed = modsign.append_signature(ko.read_bytes(),
-                                                  _signature_file(sigs, name).read_bytes())
-            except ValueError as exc:
-                raise IntegrityError(f"cannot sign {name}: {exc}") from exc
-            (out / name).write_bytes(signed)
+        _sign(ctx, PRECOMPILED_MODULES, out, version)
         built = read_modinfo(out / "nvidia.ko").get("version")
         if built and built != version:
             raise IntegrityError(f"{custom_run_name(version)} holds nvidia.ko version {built}, "
                                  f"not {version}")
-        remove_tree(sigs, ignore_errors=True)
         ctx.work.prebuilt_dir = out.parent
         log.info("precompiled_modules_linked", modules=list(PRECOMPILED_MODULES),
                  linker=str(lld), linker_script=str(script), signed=True)
@@ -118,3 +108,81 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
     return Step("link_precompiled", run,
                 "mkprecompiled --unpack; ld.lld -T module.lds -r -o nvidia.ko / nvidia-modeset.ko; "
                 "append Google's PKCS#7 signatures")
+
+
+def _link(ctx: Context, linker: list) -> None:
+    """``linker -o kernel/<module> <interface> <core>`` for each of LINKED."""
+    from installer.runner import CommandError
+
+    extract: Path = ctx.work.extract_dir
+    kernel_dir = extract / "kernel"
+    for module, interface, core in LINKED:
+        argv = [*linker, "-o", kernel_dir / module, kernel_dir / "precompiled" / interface,
+                kernel_dir / core]
+        try:
+            ctx.runner.run(argv, cwd=extract)
+        except CommandError as exc:
+            raise BuildError(f"linking the precompiled {module} with {linker[0]} failed: {exc}",
+                             kernel_release=ctx.host_info.kernel_release) from exc
+
+
+def _sign(ctx: Context, modules: tuple[str, ...], out: Path, version: str) -> None:
+    """kernel/<module> + its Google signature, in the kernel's appended format, to out/."""
+    kernel_dir = ctx.work.extract_dir / "kernel"
+    sigs: Path = ctx.work.signatures_dir
+    for name in modules:
+        ko = kernel_dir / name
+        if not ko.is_file():
+            raise BuildError(f"{custom_run_name(version)} yielded no {name}", path=str(ko))
+        try:
+            signed = modsign.append_signature(ko.read_bytes(),
+                                              _signature_file(sigs, name).read_bytes())
+        except ValueError as exc:
+            raise IntegrityError(f"cannot sign {name}: {exc}") from exc
+        (out / name).write_bytes(signed)
+
+
+def load_or_relink(version: str) -> Step:
+    """Load the staged modules; if the kernel refuses the ld.lld-linked ones,
+    link them again the legacy way and load once more, as cos-gpu-installer v2 does
+    (cos/tools src/cmd/cos_gpu_installer/internal/: commands/install.go L391-400, on
+    ErrDriverLoad RunDriverInstaller again with legacyLink; installer/installer.go
+    L260-298, nvidia-installer then links with the container's GNU ld, because the
+    signatures of some drivers match only that linker's output bit for bit).
+
+    Both failing is exit 8 naming both attempts: the modules were signed by Google for
+    this build, so a refused key here is a module that does not match, not a policy."""
+
+    load = steps.load_modules(from_staging=True)
+    unload_other = steps.unload_other_driver(version)
+
+    def run(ctx: Context) -> None:
+        try:
+            load.run(ctx)
+            return
+        except (ModuleLoadError, SecureBootError) as exc:
+            first = exc
+        ld = shutil.which("ld")
+        log.warning("precompiled_load_failed", error=first.message, linker="ld.lld",
+                    retry=f"relinking with {ld or 'GNU ld'} {' '.join(LEGACY_LD_OPTIONS)} "
+                    "(legacy linking) and loading once more")
+        try:
+            if ld is None:
+                raise BuildError("no `ld` on PATH for the legacy link (the image needs binutils)")
+            _link(ctx, [ld, *LEGACY_LD_OPTIONS])
+            _sign(ctx, tuple(m for m, *_ in LINKED), ctx.work.staged().drivers, version)
+            unload_other.run(ctx)
+            load.run(ctx)
+        except (BuildError, IntegrityError, ModuleLoadError, SecureBootError) as second:
+            raise ModuleLoadError(
+                "the precompiled modules did not load, neither linked with ld.lld "
+                f"({first.message}) nor relinked with GNU ld ({second.message})",
+                hint="the -custom.run and signatures of this COS build do not match its kernel; "
+                "try another --driver-version, or see the kernel log (dmesg)",
+                kernel_release=ctx.host_info.kernel_release,
+            ) from second
+        log.info("precompiled_loaded_after_legacy_link", linker=ld)
+
+    return Step(load.name, run, f"{load.detail}; if the kernel refuses them: relink "
+                f"nvidia.ko and nvidia-modeset.ko with GNU ld {' '.join(LEGACY_LD_OPTIONS)} "
+                "(legacy, as cos-gpu-installer v2) and load once more")

@@ -32,7 +32,7 @@ def check_gpus(version: str, requested: str, module_type: str | None) -> Step:
         if module_type:
             ctx.work.kernel_module_type = module_type
 
-    return Step(inner.name, run, inner.detail)
+    return Step(inner.name, run, inner.detail, check=True)
 
 
 def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: str,
@@ -75,7 +75,7 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
             log.info("module_signing_enforced", reasons=list(policy.reasons),
                      using=signed_what)
 
-    return Step("check_module_signing", run, policy_note)
+    return Step("check_module_signing", run, policy_note, check=True)
 
 
 def prepare_kernel_headers(tools: BuildTools, release: str,

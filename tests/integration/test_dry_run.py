@@ -1,0 +1,120 @@
+"""`install --dry-run` refuses what the real run refuses (issue 14): it runs the plan's
+pre-flight checks (the steps marked ``check``), with the real run's exit code and final
+line, and prints a plan only when those pass. Each case runs both, as the pod does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
+from tests.integration.conftest import V1, V2
+from tests.pod import last_event, ok
+
+pytestmark = pytest.mark.chroot
+
+L4_TOO_OLD = (
+    "FAILED in step check_gpu_compatibility (usage, exit 2): driver 470.256.02 (R470) is too "
+    "old for NVIDIA L4 at 0000:00:04.0: it needs R525 or newer. What to do: the GPUs on this "
+    "node support R525 or newer: set --driver-version (NVIDIA_DRIVER_VERSION) to such a "
+    "driver, e.g. 580.65.06, or leave it unset to get a supported default.")
+K80_TOO_NEW = (
+    "FAILED in step check_gpu_compatibility (usage, exit 2): driver 550.54.14 (R550) is too "
+    "new for Tesla K80 at 0000:00:04.0: Kepler GPUs need R470 or older. What to do: the GPUs "
+    "on this node support R340 to R470: set --driver-version (NVIDIA_DRIVER_VERSION) to such a "
+    "driver, e.g. 470.256.02, or leave it unset to get a supported default.")
+ARCH = ("FAILED (unsupported_host, exit 3): unsupported host OS 'arch' (Arch Linux). What to do: "
+        "supported: Container-Optimized OS (ID=cos), Ubuntu (ID=ubuntu/debian).")
+BAD_FLAG = (
+    "FAILED (usage, exit 2): --kernel-release '5.15/../../etc' is not a kernel release. What to "
+    "do: give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and . - _ + ~, at "
+    "most 64 characters).")
+
+
+def bad_running_kernel(kernel) -> str:
+    return ("FAILED (unsupported_host, exit 3): the running kernel's release 'weird kernel!' "
+            "(uname -r) is not a kernel release: it names the headers, modules and cache to "
+            "use. What to do: pass the node's real release with --kernel-release "
+            f"(KERNEL_RELEASE), or check {kernel.proc_dir}/sys/kernel/osrelease.")
+
+
+def refused(proc, code: int) -> str:
+    """A refusal: the exit code, no traceback, no plan; the final line."""
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    final = last_event(proc)
+    assert final["event"] == "install_failed" and "\n" not in final["message"]
+    return final["message"]
+
+
+@pytest.mark.parametrize("case", ["470-on-l4", "550-on-k80", "unknown-distro",
+                                  "bad-kernel-release-flag", "bad-running-kernel-release"])
+def test_dry_run_refuses_what_the_real_run_refuses(node, pod, kernel, server, case):
+    env, args = {}, []
+    if case == "470-on-l4":
+        env["NVIDIA_DRIVER_VERSION"], code, message = "470.256.02", 2, L4_TOO_OLD
+    elif case == "550-on-k80":
+        (kernel.sys_dir / "bus/pci/devices/0000:00:04.0/device").write_text("0x102d\n")
+        code, message = 2, K80_TOO_NEW
+    elif case == "unknown-distro":
+        (node.root / "etc/os-release").write_text('ID=arch\nPRETTY_NAME="Arch Linux"\n')
+        code, message = 3, ARCH
+    elif case == "bad-kernel-release-flag":
+        args, code, message = ["--kernel-release", "5.15/../../etc"], 2, BAD_FLAG
+    else:
+        (kernel.proc_dir / "sys/kernel/osrelease").write_text("weird kernel!\n")
+        code, message = 3, bad_running_kernel(kernel)
+    assert refused(pod.run("install", "--dry-run", *args, env=env), code) == message
+    assert refused(pod.run("install", *args, env=env), code) == message
+    assert server.requests == []  # both refused before any download
+
+
+def test_dry_run_refuses_a_replacement_while_the_driver_is_in_use(node, pod, kernel, server):
+    ok(pod.run("install"))
+    kernel.hold("nvidia")
+    dry = refused(pod.run("install", "--dry-run", env={"NVIDIA_DRIVER_VERSION": V2}), 8)
+    assert dry.startswith("FAILED in step check_loaded_driver (module_load, exit 8): ")
+    assert dry == refused(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}), 8)
+
+
+def test_dry_run_with_no_gpu_is_the_load_failure_it_leads_to(node, pod, kernel, server):
+    """The real run builds, then fails: exit 8 on a real kernel (nvidia.ko's init finds no
+    GPU, DESIGN §3); the fixture kernel loads anyway and nvidia-smi then finds no device (9).
+    The dry run says so before any of that, with the real kernel's exit code."""
+    import shutil
+
+    shutil.rmtree(kernel.sys_dir / "bus/pci/devices/0000:00:04.0")
+    message = refused(pod.run("install", "--dry-run"), 8)
+    assert message == (
+        "FAILED in step check_gpu_compatibility (module_load, exit 8): no NVIDIA GPU on the PCI "
+        f"bus ({kernel.sys_dir}/bus/pci/devices): the install would build the driver, then fail "
+        "to load it (nvidia.ko: NVRM: No NVIDIA GPU found.). What to do: run it on a node with "
+        "an NVIDIA GPU (lspci -d 10de:); the DaemonSet's node affinity must select GPU nodes "
+        "only.")
+    real = pod.run("install")
+    assert real.returncode == 9 and "No devices were found" in last_event(real)["message"]
+
+
+def test_dry_run_shows_module_args_and_its_checks(node, pod, kernel, server):
+    env = {"NVIDIA_MODULE_ARGS": "nvidia.NVreg_EnableGpuFirmware=0 nvidia-uvm.uvm_perf_prefetch_enable=0"}
+    proc = ok(pod.run("install", "--dry-run", "--module-arg", "nvidia.NVreg_DeviceFileMode=0666",
+                      "-o", "json", env=env))
+    plan = json.loads(proc.stdout)
+    assert plan["module_args"] == {"nvidia": ["NVreg_DeviceFileMode=0666"]}  # a flag wins
+    proc = ok(pod.run("install", "--dry-run", "-o", "json", env=env))
+    plan = json.loads(proc.stdout)
+    assert plan["module_args"] == {"nvidia": ["NVreg_EnableGpuFirmware=0"],
+                                   "nvidia_uvm": ["uvm_perf_prefetch_enable=0"]}
+    assert [s["name"] for s in plan["steps"] if s["check"]] == [
+        "check_gpu_compatibility", "check_module_signing", "check_loaded_driver"]
+    text = ok(pod.run("install", "--dry-run", env=env)).stdout.splitlines()
+    assert text[0] == (f"dry run: fresh plan for Ubuntu 22.04.4 LTS, kernel {RELEASE}; "
+                       "pre-flight checks passed, nothing was changed")
+    at = text.index("module_args:")
+    assert text[at:at + 5] == ["module_args:", "  nvidia:", "    - NVreg_EnableGpuFirmware=0",
+                               "  nvidia_uvm:", "    - uvm_perf_prefetch_enable=0"]
+    assert ("   1. check_gpu_compatibility: NVIDIA GPUs in sysfs support driver "
+            f"{V1}; auto kernel modules [checked: passed]") in text
+    assert server.requests == [] and kernel.calls() == []
