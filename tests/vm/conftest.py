@@ -4,8 +4,11 @@ The whole tier shares one guest ("node") and boots it three times:
 ``boot_install`` (first install, cache hit, replacement, in-use refusals),
 ``boot_reboot`` (the same disk after a reboot: cache hit without rebuilding,
 wrong load order, a module built for another kernel, an unresolved symbol)
-and ``boot_sig_enforce`` (module.sig_enforce=1). Each test asserts on the
-results of the steps those boots ran.
+and ``boot_sig_enforce`` (module.sig_enforce=1). A second guest ("real_node")
+gets NVIDIA's real modules built on the host: ``boot_real``, ``boot_real_enforced``
+and ``boot_bundle`` (the real 535 install as a bundle, installed with
+``--prebuilt-only``; tests/vm/bundles.py). Each test asserts on the results of the
+steps those boots ran.
 
 Environment:
   NDI_VM_SKIP=1        skip the tier
