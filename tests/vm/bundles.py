@@ -28,7 +28,6 @@ class Bundles:
     key: BundleKey  # the guest's (driver, kernel, module type)
     other_name: str  # other-kernel/<other_name>
     other_sha256: str
-    bundle_bytes: int
 
 
 def _write(root: Path, key: BundleKey, out: Path) -> build.Written:
@@ -58,4 +57,4 @@ def make(install_dir: Path, key: BundleKey, data: Path, scratch: Path) -> Bundle
     other = _write(other_root, BundleKey(key.driver_version, other_release, key.module_type),
                    data / "other-kernel")
     shutil.rmtree(other_root)
-    return Bundles(key, other.path.name, other.sha256, good.path.stat().st_size)
+    return Bundles(key, other.path.name, other.sha256)
