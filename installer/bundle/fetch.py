@@ -32,7 +32,6 @@ from installer.bundle.manifest import (
     INDEX_NAME,
     LAYOUT_DIRS,
     MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
     BundleError,
     BundleKey,
     Manifest,
@@ -42,7 +41,7 @@ from installer.bundle.manifest import (
 )
 from installer.context import Context
 from installer.errors import DownloadError, IntegrityError, SecureBootError, UsageError
-from installer.fsutil import UnreadableFile, read_limited, remove_tree
+from installer.fsutil import remove_tree
 from installer.installdir import Tree
 from installer.modinfo import read_modinfo, vermagic_release
 from installer.net.policy import check_url_scheme, local_path, redact_url
@@ -161,36 +160,32 @@ def _download(ctx: Context, url: str, key: BundleKey, digest: str | None,
 
 
 def unpack(path: Path, staging: Tree, key: BundleKey, running_release: str) -> Manifest:
-    """Extract ``path`` and move its layout dirs into ``staging`` once every check passed."""
-    out = staging.root / "bundle"
-    archive.extract(path, out, label=key.name(), max_bytes=MAX_BUNDLE_BYTES)
-    manifest = _checked(out, key, running_release, path)
-    for top in LAYOUT_DIRS:
-        if (out / top).is_dir():
-            os.replace(out / top, staging.root / top)  # onto the empty dir new_staging made
-    remove_tree(out)
-    path.unlink()
-    return manifest
+    """Check the manifest (the archive's first member) against this node, extract, check
+    the tree against the manifest, then move the layout dirs into ``staging``.
 
+    The manifest is read before anything is extracted, so a bundle for another
+    driver, kernel or module type costs one small read, not unpacking ~0.2 GB."""
+    from installer.bundle import index
 
-def _checked(out: Path, key: BundleKey, running_release: str, path: Path) -> Manifest:
     def refuse(what: str) -> IntegrityError:
         return IntegrityError(f"prebuilt bundle {key.name()} {what}; nothing was installed",
                               hint="rebuild and re-index the bundle; do not edit bundles",
                               path=str(path), kernel_release=running_release)
 
-    extra = sorted({p.name for p in out.iterdir()} - {*LAYOUT_DIRS, MANIFEST_NAME})
-    if extra:
-        raise refuse(f"holds {', '.join(extra)} beside the install layout")
     try:
-        manifest = Manifest.from_json(read_limited(out / MANIFEST_NAME, MAX_MANIFEST_BYTES))
-        differences = tree.differences(out, manifest.files, manifest.links)
-    except FileNotFoundError:
-        raise refuse(f"has no {MANIFEST_NAME}") from None
-    except (UnreadableFile, BundleError) as exc:
+        manifest = index.read_manifest(path)
+    except BundleError as exc:
         raise refuse(f"has a bad manifest: {exc}") from None
     if manifest.key != key:
         raise refuse(f"holds {manifest.key.describe()}, not {key.describe()}")
+    out = staging.root / "bundle"
+    archive.extract(path, out, label=key.name(), max_bytes=MAX_BUNDLE_BYTES)
+    path.unlink()  # the tree is what is checked from here on; free its space now
+    extra = sorted({p.name for p in out.iterdir()} - {*LAYOUT_DIRS, MANIFEST_NAME})
+    if extra:
+        raise refuse(f"holds {', '.join(extra)} beside the install layout")
+    # The digest pinned the archive and so the manifest; this pins the files to it.
+    differences = tree.differences(out, manifest.files, manifest.links)
     if differences:
         raise refuse(f"does not match its manifest: {'; '.join(differences[:3])}")
     for ko in sorted((out / "drivers").glob("*.ko")):
@@ -198,4 +193,8 @@ def _checked(out: Path, key: BundleKey, running_release: str, path: Path) -> Man
         if built_for != running_release:
             raise refuse(f"has {ko.name} built for kernel {built_for}, the running kernel is "
                          f"{running_release}")
+    for top in LAYOUT_DIRS:
+        if (out / top).is_dir():
+            os.replace(out / top, staging.root / top)  # onto the empty dir new_staging made
+    remove_tree(out)
     return manifest

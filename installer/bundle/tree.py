@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from installer.bundle.manifest import LAYOUT_DIRS, MAX_FILES, BundleError, FileEntry
@@ -20,8 +21,9 @@ def describe(root: Path) -> tuple[dict[str, FileEntry], dict[str, str]]:
     """(files: rel -> sha256/size, links: rel -> target) under the layout dirs of ``root``.
 
     Anything else (a FIFO, a device, a socket) is a BundleError; links are not followed.
+    The files are hashed on every CPU (hashlib lets go of the GIL): ~0.2 GB for a 535 bundle.
     """
-    files: dict[str, FileEntry] = {}
+    sizes: dict[str, int] = {}
     links: dict[str, str] = {}
     for top in LAYOUT_DIRS:
         for dirpath, dirnames, filenames in os.walk(root / top):
@@ -32,11 +34,14 @@ def describe(root: Path) -> tuple[dict[str, FileEntry], dict[str, str]]:
                 if stat.S_ISLNK(st.st_mode):
                     links[rel] = os.readlink(path)
                 elif stat.S_ISREG(st.st_mode):
-                    files[rel] = FileEntry(sha256_file(path), st.st_size)
+                    sizes[rel] = st.st_size
                 else:
                     raise BundleError(f"{rel} is neither a regular file nor a symlink")
-                if len(files) + len(links) > MAX_FILES:
+                if len(sizes) + len(links) > MAX_FILES:
                     raise BundleError(f"more than {MAX_FILES} files under {root}")
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        digests = pool.map(sha256_file, [root / rel for rel in sizes])
+        files = {rel: FileEntry(digest, sizes[rel]) for rel, digest in zip(sizes, digests, strict=True)}
     return files, links
 
 

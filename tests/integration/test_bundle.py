@@ -41,6 +41,24 @@ def compiled(proc) -> bool:
     return "nvidia_installer_started" in [e.get("event") for e in events(proc.stderr)]
 
 
+def build_bundle(work, server, release: str, *args: str, out: str = f"/root{OUT}",
+                 setup=None):
+    """``bundle build`` for ``release`` in the pod of a fresh build node (whose own kernel
+    is RELEASE); ``setup(node)`` runs first. Returns (node, kernel, its JSON, compiled)."""
+    node = build_ubuntu_node(work / f"node-{release}", kernel_release=release)
+    if setup:
+        setup(node)
+    kernel = FakeKernel(work / f"kernel-{release}", RELEASE)  # the build machine's kernel
+    pod = Pod(node_root=node.root, install_dir=node.install_dir,
+              scratch=work / f"pod-{release}", fakebin=kernel.bin_dir, shared=[kernel.root],
+              env={**kernel.env(), "NVIDIA_DRIVER_VERSION": V,
+                   "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
+                   "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path)})
+    proc = ok(pod.run("bundle", "build", "--output-dir", out, "--kernel-release", release,
+                      "--kernel-module-type", "proprietary", *args))
+    return node, kernel, json.loads(proc.stdout), compiled(proc)
+
+
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory, driver_runs):
     """A build node runs `bundle build` for its own kernel and for another one, then
@@ -51,18 +69,7 @@ def bundles(tmp_path_factory, driver_runs):
     with ArtifactServer() as server:
         for version, run in driver_runs.items():
             server.serve(f"/tesla/{version}/{run.name}", run)
-        builds = {}
-        for release in (RELEASE, OTHER):
-            node = build_ubuntu_node(work / f"node-{release}", kernel_release=release)
-            kernel = FakeKernel(work / f"kernel-{release}", RELEASE)  # the build machine's kernel
-            pod = Pod(node_root=node.root, install_dir=node.install_dir,
-                      scratch=work / f"pod-{release}", fakebin=kernel.bin_dir, shared=[kernel.root],
-                      env={**kernel.env(), "NVIDIA_DRIVER_VERSION": V,
-                           "NVIDIA_DRIVER_BASE_URL": f"{server.url}/tesla",
-                           "REQUESTS_CA_BUNDLE": str(server.ca_bundle_path)})
-            proc = ok(pod.run("bundle", "build", "--output-dir", f"/root{OUT}",
-                              "--kernel-release", release, "--kernel-module-type", "proprietary"))
-            builds[release] = (node, kernel, json.loads(proc.stdout), compiled(proc))
+        builds = {release: build_bundle(work, server, release) for release in (RELEASE, OTHER)}
     out = work / "bundles"
     out.mkdir()
     for node, *_ in builds.values():
@@ -195,3 +202,63 @@ def test_unsigned_bundle_on_a_signature_enforcing_kernel_is_exit_10(node, pod, k
     assert proc.returncode == 10, proc.stderr[-2000:]
     assert NAME in last_event(proc)["error"] and "unsigned" in last_event(proc)["error"]
     assert not compiled(proc) and kernel.loaded() == {}
+
+
+def test_indexed_bundle_whose_manifest_lies_is_exit_6(node, pod, kernel, bundles):
+    """The index pins the archive, so also its manifest; the tree must then match that
+    manifest: a bundle whose nvidia-smi is not the one its manifest lists (re-packed, then
+    honestly re-indexed) is refused after extraction, before anything is loaded."""
+    from tests.unit.test_bundle import repack
+
+    url = publish(node, bundles)
+    dest = node.root / OUT.lstrip("/")
+
+    def swap_smi(info, data):
+        return [(info, b"\x7fELF not the manifest's" if info.name == "bin/nvidia-smi" else data)]
+
+    repack(bundles["dir"] / NAME, dest / NAME, swap_smi)
+    ok(pod.run("bundle", "index", f"/root{OUT}"))
+    proc = pod.run("install", env={"NVIDIA_PREBUILT_URL": url})
+    assert proc.returncode == 6, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert final["error_class"] == "integrity", final
+    assert "does not match its manifest: bin/nvidia-smi has sha256" in final["error"]
+    assert not compiled(proc) and kernel.loaded() == {}
+    assert not (node.install_dir / ".cache").exists() and not (node.install_dir / "bin").exists()
+
+
+def test_signed_bundle_loads_on_a_signature_enforcing_kernel(tmp_path, driver_runs, node, pod,
+                                                             kernel):
+    """`bundle build --signing-key/--signing-cert` signs with the headers' scripts/sign-file
+    (a stand-in here that appends a real module signature trailer); a node that only loads
+    signed modules installs that bundle without compiling and loads every module."""
+    from installer.modsign import MAGIC
+    from tests.fixtures.server import ArtifactServer
+    from tests.unit.test_bundle import SIGN_FILE
+
+    (tmp_path / "mok.key").write_text("KEY")
+    (tmp_path / "mok.crt").write_text("CERT")
+
+    def sign_file(build_node):
+        tool = build_node.headers_dir / "scripts/sign-file"
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_text(SIGN_FILE)
+        tool.chmod(0o755)
+
+    with ArtifactServer() as server:
+        for version, run in driver_runs.items():
+            server.serve(f"/tesla/{version}/{run.name}", run)
+        build_node, _, doc, _ = build_bundle(
+            tmp_path / "build", server, RELEASE, "--signing-key", str(tmp_path / "mok.key"),
+            "--signing-cert", str(tmp_path / "mok.crt"), setup=sign_file)
+    assert doc["signed"] is True, doc
+    dest = node.root / OUT.lstrip("/")
+    shutil.copytree(build_node.root / OUT.lstrip("/"), dest)
+    ok(pod.run("bundle", "index", f"/root{OUT}"))
+    kernel.set_sig_enforce(True)
+    proc = ok(pod.run("install", env={"NVIDIA_PREBUILT_URL": f"file:///root{OUT}/"}))
+    staged = [e for e in events(proc.stderr) if e.get("event") == "prebuilt_bundle_staged"]
+    assert staged and staged[-1]["signed"] is True and not compiled(proc)
+    assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
+    for ko in (node.install_dir / "drivers").glob("*.ko"):
+        assert ko.read_bytes().endswith(MAGIC), ko

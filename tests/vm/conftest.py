@@ -4,8 +4,11 @@ The whole tier shares one guest ("node") and boots it three times:
 ``boot_install`` (first install, cache hit, replacement, in-use refusals),
 ``boot_reboot`` (the same disk after a reboot: cache hit without rebuilding,
 wrong load order, a module built for another kernel, an unresolved symbol)
-and ``boot_sig_enforce`` (module.sig_enforce=1). Each test asserts on the
-results of the steps those boots ran.
+and ``boot_sig_enforce`` (module.sig_enforce=1). A second guest ("real_node")
+gets NVIDIA's real modules built on the host: ``boot_real``, ``boot_real_enforced``
+and ``boot_bundle`` (the real 535 install as a bundle, installed with
+``--prebuilt-only``; tests/vm/bundles.py). Each test asserts on the results of the
+steps those boots ran.
 
 Environment:
   NDI_VM_SKIP=1        skip the tier
@@ -31,9 +34,11 @@ from tests.vm import driver_run
 from tests.vm import provision as prov
 from tests.vm.harness import BootResult, GuestVM, make_data_disk
 from tests.vm.scenario import (
+    BUNDLE_FLAVOR,
     REAL_FLAVORS,
     SIG_ENFORCE,
     VERSIONS,
+    bundle_steps,
     install_steps,
     real_parts_steps,
     real_sig_enforce_steps,
@@ -201,10 +206,10 @@ def boot_sig_enforce(node: GuestVM, boot_reboot: BootResult) -> BootResult:
 
 
 @pytest.fixture(scope="session")
-def real_data(vm_assets: prov.VMAssets, vm_workdir: Path):
-    """The data disk: NVIDIA's real 535 (proprietary, open) and 470 modules, built on this
-    machine by the installer itself through its sandbox (tests/realparts), and the
-    firmware-request test module. Returns (image, {"main": V, "legacy": V})."""
+def real_installs(vm_assets: prov.VMAssets):
+    """NVIDIA's real 535 (proprietary, open) and 470 installs, built on this machine by the
+    installer itself through its sandbox (tests/realparts, cached). Returns
+    ({REAL_FLAVORS name: install dir}, {"main": V, "legacy": V})."""
     from tests.fixtures.runfile import driver_payload
     from tests.realparts import kbuild, provision, runfile
     from tests.realparts.through_installer import install_real
@@ -219,20 +224,54 @@ def real_data(vm_assets: prov.VMAssets, vm_workdir: Path):
         pytest.skip(f"cannot provision NVIDIA's real parts: {exc}")
     assert headers.abi == vm_assets.kernel_release, "host headers and guest kernel must agree"
     versions = {"main": parts.main.version, "legacy": parts.legacy.version}
-    data = vm_workdir / "real-data"
-    shutil.rmtree(data, ignore_errors=True)
-    data.mkdir()
+    installs = {}
     for name, (key, module_type) in REAL_FLAVORS.items():
         v = versions[key]
         run = runfile.build_real_run(v, "full", parts, userspace=driver_payload(v))
-        done = install_real(run, v, module_type, headers)
-        shutil.copytree(done.install_dir, data / name, symlinks=True)
+        installs[name] = install_real(run, v, module_type, headers).install_dir
+    TIMINGS["real parts: host builds through the installer"] = round(time.monotonic() - t0, 1)
+    return installs, versions
+
+
+@pytest.fixture(scope="session")
+def real_data(vm_assets: prov.VMAssets, vm_workdir: Path, real_installs):
+    """The data disk: the real installs and the firmware-request test module.
+    Returns (image, {"main": V, "legacy": V})."""
+    installs, versions = real_installs
+    t0 = time.monotonic()
+    data = vm_workdir / "real-data"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir()
+    for name, install_dir in installs.items():
+        shutil.copytree(install_dir, data / name, symlinks=True)
     shutil.copy2(driver_run.build_fwreq(vm_assets.headers_dir, vm_workdir / "fwreq"), data)
     image = make_data_disk(data, vm_workdir / "real-data.img")
     shutil.rmtree(data)
-    TIMINGS["real parts: host builds through the installer + data disk"] = round(
-        time.monotonic() - t0, 1)
+    TIMINGS["real parts: data disk"] = round(time.monotonic() - t0, 1)
     return image, versions
+
+
+@pytest.fixture(scope="session")
+def real_bundle_data(vm_assets: prov.VMAssets, vm_workdir: Path, real_installs):
+    """The bundles data disk (tests/vm/bundles.py): the real 535 install as a bundle, a
+    tampered copy, a bundle for another kernel. Returns (image, Bundles)."""
+    from installer.bundle.manifest import BundleKey
+    from tests.vm import bundles
+
+    installs, versions = real_installs
+    t0 = time.monotonic()
+    data, scratch = vm_workdir / "bundle-data", vm_workdir / "bundle-scratch"
+    for d in (data, scratch):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+    key, module_type = REAL_FLAVORS[BUNDLE_FLAVOR]
+    made = bundles.make(installs[BUNDLE_FLAVOR],
+                        BundleKey(versions[key], vm_assets.kernel_release, module_type),
+                        data, scratch)
+    image = make_data_disk(data, vm_workdir / "bundle-data.img")
+    shutil.rmtree(data)
+    TIMINGS["bundles: pack, index, tamper + data disk"] = round(time.monotonic() - t0, 1)
+    return image, made
 
 
 @pytest.fixture(scope="session")
@@ -266,6 +305,13 @@ def boot_real_enforced(real_node: GuestVM, boot_real: BootResult, real_data) -> 
                       cmdline=SIG_ENFORCE)
 
 
+@pytest.fixture(scope="session")
+def boot_bundle(real_node: GuestVM, real_bundle_data) -> BootResult:
+    """A fresh install dir on the real node: every install comes from a bundle."""
+    image, made = real_bundle_data
+    return _boot_real(real_node, "real-bundle", bundle_steps(made), image)
+
+
 # Steps whose kernel messages go into the test log (the "make test-vm" output).
 KERNEL_LOG_STEPS = (
     "install-a",
@@ -281,6 +327,7 @@ KERNEL_LOG_STEPS = (
     "run-install-535",
     "run-install-470",
     "run-install-535-enforced",
+    "bundle-install",
 )
 
 

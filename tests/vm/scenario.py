@@ -152,3 +152,36 @@ def real_sig_enforce_steps(versions: dict[str, str]) -> list[Step]:
              timeout=INSTALL_TIMEOUT),
         Step("modules-after-enforced", "cat /proc/modules"),
     ]
+
+
+# ------------------------------------------------- bundles of NVIDIA's real modules
+
+BUNDLES = "/mnt/bundles"  # the bundles data disk (tests/vm/bundles.py)
+BUNDLE_FLAVOR = "install-535"
+
+
+def bundle_install(version: str, url: str, *extra: str) -> str:
+    """A fresh node with --prebuilt-only: a bundle or nothing (the .run URL is never read)."""
+    return (f"{INSTALL} --driver-version {version} --driver-url file:///nonexistent/"
+            f"{run_name(version)} --kernel-module-type proprietary --prebuilt-url {url} "
+            f"--prebuilt-only {' '.join(extra)}").rstrip()
+
+
+def bundle_steps(made) -> list[Step]:  # made: tests.vm.bundles.Bundles
+    version = made.key.driver_version
+    fresh = f"rm -rf {INSTALL_DIR} && cat /proc/modules"
+    installs = [
+        ("bundle-missing", bundle_install(version, f"file://{BUNDLES}/none/")),
+        ("bundle-tampered", bundle_install(version, f"file://{BUNDLES}/tampered/")),
+        ("bundle-other-kernel", bundle_install(
+            version, f"file://{BUNDLES}/other-kernel/{made.other_name}",
+            f"--prebuilt-sha256 {made.other_sha256}")),
+        ("bundle-install", bundle_install(version, f"file://{BUNDLES}/bundles/")),
+    ]
+    steps = [Step("mount-bundles", f"mkdir -p {BUNDLES} && mount -o ro /dev/vdb {BUNDLES} && "
+                  f"ls -R {BUNDLES}"), Step("fresh-node", fresh)]
+    for name, sh in installs:
+        # What is installed and loaded after each run: nothing is promoted without a GPU.
+        steps += [Step(name, sh, timeout=INSTALL_TIMEOUT),
+                  Step(f"after-{name}", f"ls {DRIVERS} 2>&1; cat /proc/modules")]
+    return steps

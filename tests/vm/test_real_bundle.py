@@ -1,0 +1,60 @@
+"""A bundle of NVIDIA's real modules, installed on a fresh node in the real kernel (issue 15).
+
+``bundle build``'s writer packed the real 535 install built on the host
+(tests/vm/bundles.py), ``bundle index`` indexed it; the guest runs
+``install --prebuilt-url file://... --prebuilt-only``: no compiler, no .run. The
+kernel accepts the bundle's nvidia.ko and its init finds no GPU (exit 8, as
+test_real_modules.py explains), so nothing is promoted. A missing bundle is exit 5; a tampered one and
+one for another kernel release are exit 6, and nothing reaches the kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.vm.harness import BootResult, StepResult
+from tests.vm.test_real_modules import NO_GPU, NV_MODULES, final_event, ok
+
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(3600)]
+
+
+def loaded(step: StepResult) -> set[str]:
+    return {line.split()[0] for line in step.stdout.splitlines() if line.strip()}
+
+
+def test_bundle_modules_loaded_by_the_real_kernel(boot_bundle: BootResult):
+    ok(boot_bundle.step("mount-bundles"))
+    ok(boot_bundle.step("fresh-node"))
+    step = boot_bundle.step("bundle-install")
+    assert step.rc == 8, step.describe()
+    final = final_event(step)
+    assert final["error_class"] == "module_load" and final["error"] == NO_GPU, step.describe()
+    names = [e.get("event") for e in step.json_events()]
+    assert "prebuilt_bundle_staged" in names, step.describe()
+    assert "nvidia_installer_started" not in names, step.describe()  # nothing compiled
+    assert any("NVRM: No NVIDIA GPU found." in ln for ln in step.dmesg), step.describe()
+    assert not any("Unknown symbol" in ln or "disagrees about version" in ln
+                   for ln in step.dmesg), step.describe()
+    # nvidia.ko's in-tree dependency came from the guest's own tree; nothing half-loaded,
+    # and without a GPU nothing was promoted from the staging dir.
+    after = boot_bundle.step("after-bundle-install")
+    assert "drm" in loaded(after) and not loaded(after) & set(NV_MODULES), after.describe()
+    assert "No such file" in after.output, after.describe()
+
+
+@pytest.mark.parametrize(("name", "exit_code", "says"), [
+    ("bundle-missing", 5, "no prebuilt bundle"),
+    ("bundle-tampered", 6, "sha256"),
+    ("bundle-other-kernel", 6, "holds"),
+])
+def test_bad_bundles_end_in_their_exit_code_before_any_load(boot_bundle: BootResult, name,
+                                                             exit_code, says):
+    step = boot_bundle.step(name)
+    assert step.rc == exit_code, step.describe()
+    final = final_event(step)
+    assert final["exit_code"] == exit_code and says in final["error"], step.describe()
+    # The kernel was never asked: no nvidia module, no NVRM line, nothing installed.
+    assert not any("NVRM" in ln or "nvidia" in ln for ln in step.dmesg), step.describe()
+    after = boot_bundle.step(f"after-{name}")
+    assert "No such file" in after.output and not loaded(after) & set(NV_MODULES), \
+        after.describe()
