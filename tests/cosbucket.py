@@ -171,27 +171,49 @@ tar -xf "$archive" -C "$out" && rm -f "$archive"
 SIGNED_MODULES = ("nvidia.ko", "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia-drm.ko")
 
 
-def precompiled_pieces(version: str, release: str) -> dict[str, bytes]:
-    """Files of the -custom.run's kernel/ dir (before mkprecompiled --unpack), as
-    NVIDIA's precompiled packages hold them: the kernel interface objects and the
-    pre-linked uvm/drm modules in one packed archive, the binary cores beside."""
+def _precompiled_objects(version: str, release: str) -> dict[str, bytes]:
+    """kernel/precompiled/ after mkprecompiled --unpack: the kernel interface objects and
+    the pre-linked uvm/drm modules."""
     def interface(name: str, deps: tuple[str, ...], obj: str = "") -> bytes:
         return fake_ko(name, release, version=version, depends=deps, signed=False,
                        sections={".text": f"interface={obj}\n".encode()} if obj else None)
 
+    return {
+        "nv-linux.o": interface("nvidia", (), "nv-linux.o"),
+        "nv-modeset-linux.o": interface("nvidia_modeset", ("nvidia",), "nv-modeset-linux.o"),
+        "nvidia-uvm.ko": interface("nvidia_uvm", ("nvidia",)),
+        "nvidia-drm.ko": interface("nvidia_drm", ("drm", "nvidia_modeset", "drm_kms_helper")),
+    }
+
+
+_CORES = {
+    "kernel/nvidia/nv-kernel.o_binary": elf_object({".text": b"core=nv-kernel.o_binary\n"}),
+    "kernel/nvidia-modeset/nv-modeset-kernel.o_binary":
+        elf_object({".text": b"core=nv-modeset-kernel.o_binary\n"}),
+}
+
+
+def precompiled_pieces(version: str, release: str) -> dict[str, bytes]:
+    """Files of the -custom.run's kernel/ dir (before mkprecompiled --unpack), as
+    NVIDIA's precompiled packages hold them: the kernel interface objects and the
+    pre-linked uvm/drm modules in one packed archive, the binary cores beside."""
     packed = io.BytesIO()
     with tarfile.open(fileobj=packed, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        _add(tar, "nv-linux.o", interface("nvidia", (), "nv-linux.o"))
-        _add(tar, "nv-modeset-linux.o",
-             interface("nvidia_modeset", ("nvidia",), "nv-modeset-linux.o"))
-        _add(tar, "nvidia-uvm.ko", interface("nvidia_uvm", ("nvidia",)))
-        _add(tar, "nvidia-drm.ko",
-             interface("nvidia_drm", ("drm", "nvidia_modeset", "drm_kms_helper")))
+        for name, data in _precompiled_objects(version, release).items():
+            _add(tar, name, data)
+    return {f"kernel/precompiled/nvidia-precompiled-{release}": packed.getvalue(), **_CORES}
+
+
+def signed_modules(version: str, release: str) -> dict[str, bytes]:
+    """The modules Google signs: interface then binary core linked by `ld -d -r` (which
+    FAKE_LD does by concatenation), uvm and drm as packed."""
+    objs = _precompiled_objects(version, release)
     return {
-        f"kernel/precompiled/nvidia-precompiled-{release}": packed.getvalue(),
-        "kernel/nvidia/nv-kernel.o_binary": elf_object({".text": b"core=nv-kernel.o_binary\n"}),
-        "kernel/nvidia-modeset/nv-modeset-kernel.o_binary":
-            elf_object({".text": b"core=nv-modeset-kernel.o_binary\n"}),
+        "nvidia.ko": objs["nv-linux.o"] + _CORES["kernel/nvidia/nv-kernel.o_binary"],
+        "nvidia-modeset.ko": objs["nv-modeset-linux.o"]
+        + _CORES["kernel/nvidia-modeset/nv-modeset-kernel.o_binary"],
+        "nvidia-uvm.ko": objs["nvidia-uvm.ko"],
+        "nvidia-drm.ko": objs["nvidia-drm.ko"],
     }
 
 
@@ -202,13 +224,14 @@ def custom_run(out_dir: Path, version: str, release: str = COS_KERNEL) -> Path:
     return _wrapped_run(out_dir / f"NVIDIA-Linux-x86_64-{version}-custom.run", version, files)
 
 
-def signature_tgz(path: Path, *, evil: str | None = None,
-                  modules: tuple[str, ...] = SIGNED_MODULES) -> Path:
-    """nvidia-drivers-<V>-signature.tar.gz: <module>.sig per module and pubkey.der;
-    evil="dotdot" adds a member escaping the target."""
+def signature_tgz(path: Path, version: str, release: str = COS_KERNEL, *,
+                  evil: str | None = None, modules: tuple[str, ...] = SIGNED_MODULES) -> Path:
+    """nvidia-drivers-<V>-signature.tar.gz: <module>.sig per module (over the bytes of
+    signed_modules) and pubkey.der; evil="dotdot" adds a member escaping the target."""
+    linked = signed_modules(version, release)
     with tarfile.open(path, "w:gz", format=tarfile.GNU_FORMAT) as tar:
         for ko in modules:
-            _add(tar, f"{ko}.sig", fake_pkcs7(ko))
+            _add(tar, f"{ko}.sig", fake_pkcs7(linked[ko]))
         _add(tar, "pubkey.der", b"\x30\x82fake-gpu-key")
         if evil == "dotdot":
             _add(tar, "../../../../../../tmp/cos-evil-signature", "pwned")
@@ -322,8 +345,8 @@ class Bucket:
             shutil.copyfile(run, ext / f"NVIDIA-Linux-x86_64-{version}-custom.run")
         for version in self.signature_versions:
             ext.mkdir(parents=True, exist_ok=True)
-            signature_tgz(ext / f"nvidia-drivers-{version}-signature.tar.gz",
-                          evil=self.evil_signatures)
+            signature_tgz(ext / f"nvidia-drivers-{version}-signature.tar.gz", version,
+                          self.release, evil=self.evil_signatures)
         return d
 
     def file_url(self) -> str:

@@ -30,6 +30,7 @@ from tests.cosbucket import (
     env_recording_run,
     fake_pkcs7,
     recorded_env,
+    signed_modules,
 )
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, INSTALL_HOST, build_cos_node, tree_digest
 from tests.integration.conftest import serve_runs
@@ -309,9 +310,10 @@ def test_precompiled_signed_on_an_enforcing_node_for_a_v100(node, pod, kernel, s
     assert "CACHE_FLAVOR=precompiled-signed" in cache
     assert f"CACHE_BUILD_ID={COS_BUILD_ID}" in cache
     magic = b"~Module signature appended~\n"
+    google_signed = signed_modules(DEFAULT_V, COS_KERNEL)
     for ko in SIGNED_MODULES:
         data = (install / "drivers" / ko).read_bytes()
-        assert data.endswith(magic) and fake_pkcs7(ko) in data
+        assert data.endswith(magic) and fake_pkcs7(google_signed[ko]) in data
         assert b"license=NVIDIA\0" in data and data.count(magic) == 1  # signed by the trailer
     nvidia = (install / "drivers/nvidia.ko").read_bytes()
     assert b"interface=nv-linux.o" in nvidia and b"core=nv-kernel.o_binary" in nvidia

@@ -297,11 +297,14 @@ SIGN_FILE = f"""#!{sys.executable}
 import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
 from installer.modsign import append_signature
+from tests.fixtures.fakekmod import fake_pkcs7
 hash_algo, key, cert, module = sys.argv[1:5]
 if open(key).read() != "KEY":
     sys.exit("sign-file: bad key")
+if hash_algo != "sha256":  # the fake PKCS#7 (what the fake kernel verifies) is SHA-256 only
+    sys.exit(f"sign-file: fake signs sha256, not {{hash_algo}}")
 data = open(module, "rb").read()
-open(module, "wb").write(append_signature(data, b"PKCS7-" + hash_algo.encode()))
+open(module, "wb").write(append_signature(data, fake_pkcs7(data)))
 """
 
 
@@ -312,6 +315,7 @@ def test_sign_modules_uses_the_headers_sign_file(tmp_path):
     from installer.headers import KernelTree
     from installer.modsign import parse_signature
     from installer.runner import Runner
+    from tests.fixtures.fakekmod import fake_pkcs7
     from installer.workstate import WorkState
 
     headers = tmp_path / "headers"
@@ -327,9 +331,10 @@ def test_sign_modules_uses_the_headers_sign_file(tmp_path):
         ko.rename(stage.drivers / ko.name)
     ctx = SimpleNamespace(work=WorkState(staging=stage, kernel_tree=KernelTree(headers, headers)),
                           runner=Runner())
+    unsigned = {ko.name: ko.read_bytes() for ko in stage.drivers.glob("*.ko")}
     build.sign_modules(build.Signing(key, cert)).run(ctx)
     for ko in stage.drivers.glob("*.ko"):
-        assert parse_signature(ko.read_bytes()).pkcs7 == b"PKCS7-sha256"
+        assert parse_signature(ko.read_bytes()).pkcs7 == fake_pkcs7(unsigned[ko.name])
     key.write_text("WRONG")
     with pytest.raises(BuildError, match="sign-file failed for nvidia"):
         build.sign_modules(build.Signing(key, cert)).run(ctx)
