@@ -315,8 +315,8 @@ def test_sign_modules_uses_the_headers_sign_file(tmp_path):
     from installer.headers import KernelTree
     from installer.modsign import parse_signature
     from installer.runner import Runner
-    from tests.fixtures.fakekmod import fake_pkcs7
     from installer.workstate import WorkState
+    from tests.fixtures.fakekmod import fake_pkcs7
 
     headers = tmp_path / "headers"
     (headers / "scripts").mkdir(parents=True)
