@@ -80,9 +80,8 @@ def test_dry_run_refuses_a_replacement_while_the_driver_is_in_use(node, pod, ker
 
 
 def test_dry_run_with_no_gpu_is_the_load_failure_it_leads_to(node, pod, kernel, server):
-    """The real run builds, then fails: exit 8 on a real kernel (nvidia.ko's init finds no
-    GPU, DESIGN §3); the fixture kernel loads anyway and nvidia-smi then finds no device (9).
-    The dry run says so before any of that, with the real kernel's exit code."""
+    """The real run builds, then fails: exit 8 (nvidia.ko's init finds no GPU, ENODEV,
+    DESIGN §3). The dry run says so before any of that, with the same exit code."""
     import shutil
 
     shutil.rmtree(kernel.sys_dir / "bus/pci/devices/0000:00:04.0")
@@ -94,7 +93,10 @@ def test_dry_run_with_no_gpu_is_the_load_failure_it_leads_to(node, pod, kernel, 
         "an NVIDIA GPU (lspci -d 10de:); the DaemonSet's node affinity must select GPU nodes "
         "only.")
     real = pod.run("install")
-    assert real.returncode == 9 and "No devices were found" in last_event(real)["message"]
+    assert real.returncode == 8, real.stderr[-3000:]
+    final = last_event(real)
+    assert final["error_class"] == "module_load", final
+    assert "No NVIDIA GPU found" in final["error"], final
 
 
 def test_dry_run_shows_module_args_and_its_checks(node, pod, kernel, server):

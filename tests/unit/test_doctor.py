@@ -90,9 +90,9 @@ class FakeNode:
         w(self.root / "run/nvidia/validations/driver-ready",
           f"IS_HOST_DRIVER=true\nNVIDIA_DRIVER_VERSION={V}\nREADY_AT=2026-01-01T00:00:00Z\n")
         self.plugin_socket()
+        self.kernel.add_gpu()  # an L4 at 0000:00:04.0, before nvidia.ko can load
         for name, deps in NVIDIA_MODULES.items():
             self.kernel.preload(fake_ko(name, RELEASE, version=V, depends=deps))
-        self.kernel.add_gpu()  # an L4 at 0000:00:04.0
         for name, (major, minor) in NODES.items():
             os.mknod(self.dev / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
             os.chmod(self.dev / name, 0o666)
