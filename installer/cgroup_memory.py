@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from installer.cgroups import limit_dirs
+
 # One kbuild job's peak: the largest resident set of any process of a `make -j1` build of
 # NVIDIA's 535.261.03 kernel modules (proprietary tree, gcc-12, Debian 6.1 headers,
 # conftest included), getrusage(RUSAGE_CHILDREN).ru_maxrss, measured on the CI machine
@@ -21,30 +23,6 @@ JOB_PEAK_BYTES = 384 << 20
 # The installer (python), make and nvidia-installer themselves.
 RESERVE_BYTES = 512 << 20
 _UNLIMITED_V1 = 1 << 62  # v1 reports "no limit" as LONG_MAX rounded down to a page
-
-
-def _dirs(cgroup_root: Path, self_cgroup: Path) -> list[Path]:
-    """The namespace root of each hierarchy and, when the host's tree is mounted, our own
-    cgroup from /proc/self/cgroup and its ancestors."""
-    dirs = [cgroup_root, cgroup_root / "memory"]
-    try:
-        lines = self_cgroup.read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            base = cgroup_root  # v2 unified
-        elif "memory" in controllers.split(","):
-            base = cgroup_root / "memory"
-        else:
-            continue
-        names = [p for p in path.split("/") if p and p not in (".", "..")]
-        dirs += [base.joinpath(*names[:n]) for n in range(len(names), 0, -1)]
-    return list(dict.fromkeys(dirs))
 
 
 def _limit(cgroup_dir: Path) -> int | None:
@@ -62,7 +40,7 @@ def _limit(cgroup_dir: Path) -> int | None:
 def memory_limit(cgroup_root: Path = Path("/sys/fs/cgroup"),
                  self_cgroup: Path = Path("/proc/self/cgroup")) -> int | None:
     """The tightest memory limit on this process in bytes, or None when there is none."""
-    limits = [x for d in _dirs(cgroup_root, self_cgroup) if (x := _limit(d))]
+    limits = [x for d in limit_dirs("memory", ("memory",), cgroup_root, self_cgroup) if (x := _limit(d))]
     return min(limits) if limits else None
 
 

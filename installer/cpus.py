@@ -7,29 +7,7 @@ import math
 import os
 from pathlib import Path
 
-
-def _cgroup_dirs(cgroup_root: Path, self_cgroup: Path) -> list[Path]:
-    """Dirs whose CPU quota caps this process: the mounted root of each hierarchy (the
-    container's own cgroup under a cgroup namespace) and, when the host's hierarchy is
-    mounted instead, our cgroup from /proc/self/cgroup and its ancestors."""
-    v1_roots = [cgroup_root / "cpu", cgroup_root / "cpu,cpuacct"]
-    dirs = [cgroup_root, *v1_roots]
-    try:
-        lines = self_cgroup.read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
-        if controllers == "":
-            bases = [cgroup_root]  # v2 unified
-        elif "cpu" in controllers.split(","):
-            bases = v1_roots
-        else:
-            continue
-        parts = [p for p in path.split("/") if p and p not in (".", "..")]
-        for base in bases:
-            dirs += [base.joinpath(*parts[:n]) for n in range(len(parts), 0, -1)]
-    return list(dict.fromkeys(dirs))
+from installer.cgroups import limit_dirs
 
 
 def _quota_cpus(cgroup_dir: Path) -> int | None:
@@ -53,7 +31,8 @@ def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup"),
     """CPUs this container may really use: affinity, capped by every cgroup v2/v1 CPU
     quota between its own cgroup and the root (the tightest one wins)."""
     cpus = len(os.sched_getaffinity(0))
-    quotas = [q for d in _cgroup_dirs(cgroup_root, self_cgroup) if (q := _quota_cpus(d))]
+    dirs = limit_dirs("cpu", ("cpu", "cpu,cpuacct"), cgroup_root, self_cgroup)
+    quotas = [q for d in dirs if (q := _quota_cpus(d))]
     if quotas:
         cpus = min(cpus, *quotas)
     return max(1, cpus)
