@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import structlog
 
@@ -44,7 +43,7 @@ from installer.errors import DownloadError, IntegrityError, SecureBootError, Usa
 from installer.fsutil import remove_tree
 from installer.installdir import Tree
 from installer.modinfo import read_modinfo, vermagic_release
-from installer.net.policy import check_url_scheme, local_path, redact_url
+from installer.net.policy import check_url_scheme, redact_url
 from installer.plan import Step
 
 log = structlog.get_logger(__name__)
@@ -139,15 +138,13 @@ def _download(ctx: Context, url: str, key: BundleKey, digest: str | None,
     or --prebuilt-only decision)."""
     from installer.net.transfer import download
 
-    missing = urlsplit(url).scheme.lower() == "file" and not local_path(url).exists()
-    if not missing:
-        try:
-            return download(ctx.http, url, staging.root / "downloads" / key.name(),
-                            expected_sha256=digest, label="prebuilt bundle",
-                            allow_insecure_http=ctx.settings.allow_insecure_http).path
-        except DownloadError as exc:
-            if exc.context.get("status") != 404:
-                raise
+    try:
+        return download(ctx.http, url, staging.root / "downloads" / key.name(),
+                        expected_sha256=digest, label="prebuilt bundle",
+                        allow_insecure_http=ctx.settings.allow_insecure_http).path
+    except DownloadError as exc:
+        if exc.context.get("status") != 404:  # HTTP 404, or a missing file:// path
+            raise
     if ctx.settings.prebuilt_only:
         raise DownloadError(
             f"no prebuilt bundle {key.name()} at {redact_url(url)} (--prebuilt-only)",

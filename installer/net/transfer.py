@@ -414,6 +414,7 @@ def _copy_local(
             hint="pre-stage the artifact at that path, or use an https:// URL",
             path=str(src),
             url=st.shown,
+            status=404,  # file://'s "not found": callers treat a missing artifact one way
         ) from exc
     except OSError as exc:
         raise DownloadError(f"cannot read {src}: {exc.strerror or exc}", path=str(src), url=st.shown) from exc
