@@ -29,7 +29,7 @@ from installer.bundle.manifest import (
     check_link,
 )
 from installer.context import Context
-from installer.distros.ubuntu import Ubuntu, find_kernel_headers
+from installer.distros.ubuntu import Ubuntu, compile_steps, find_kernel_headers
 from installer.errors import BuildError
 from installer.fsutil import sha256_file, write_atomic
 from installer.modinfo import read_modinfo, vermagic_release
@@ -65,9 +65,7 @@ def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
     return Plan("bundle", (
         find_kernel_headers(),
         steps.prepare_staging(),
-        steps.download_driver(url, ctx.settings.driver_sha256),
-        steps.extract_driver(),
-        steps.build_driver(ctx, version, key.module_type),
+        *compile_steps(ctx, url, version, key.module_type),
         *((sign_modules(signing),) if signing else ()),
         write_bundle(key, output_dir, signed=signing is not None),
     ), {"driver_version": version, "kernel_release": key.kernel_release,

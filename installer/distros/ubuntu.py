@@ -87,7 +87,13 @@ class Ubuntu(Distro):
             ctx, version, key, {**summary, "driver_url": url}, check_gpus=check_gpus,
             check_signing=steps.check_module_signing("this flow builds unsigned modules"),
             before_staging=(find_kernel_headers(),),
-            build=(steps.download_driver(url, ctx.settings.driver_sha256),
-                   steps.extract_driver(),
-                   steps.build_driver(ctx, version, module_type)),
+            build=compile_steps(ctx, url, version, module_type),
             prebuilt=prebuilt)
+
+
+def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tuple[Step, ...]:
+    """The NVIDIA .run downloaded, extracted and built in the sandbox: install's build and
+    ``bundle build``'s are this one sequence."""
+    return (steps.download_driver(url, ctx.settings.driver_sha256),
+            steps.extract_driver(),
+            steps.build_driver(ctx, version, module_type))
