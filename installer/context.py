@@ -68,6 +68,11 @@ class Context:
                    host_info=host_info)
 
     @property
+    def modprobe_root(self) -> Path | None:
+        """``modprobe -d``: in-tree dependencies come from the host's own module tree."""
+        return None if self.host.root == Path("/") else self.host.root
+
+    @property
     def http(self) -> requests.Session:
         if self._session is None:
             from installer.net.retry import TransferLimits

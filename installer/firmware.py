@@ -55,6 +55,11 @@ def read_search_path(kernel: KernelState) -> str | None:
         return None
 
 
+def set_search_path(kernel: KernelState, value: str) -> None:
+    """Write ``firmware_class.path`` (OSError when it cannot be set here)."""
+    (kernel.sys_dir / PATH_PARAM).write_text(value)
+
+
 def ours(install: InstallDir) -> set[str]:
     """The live and the staged firmware dirs, as the host names them."""
     return {str(install.host_view(tree.firmware)) for tree in (install, Tree(install.staging_dir))}
@@ -70,7 +75,7 @@ def make_findable(kernel: KernelState, host: HostRoot, install: InstallDir, tree
     if current is not None and (current == "" or current in ours(install)) \
             and len(target) <= PATH_MAX:
         try:
-            (kernel.sys_dir / PATH_PARAM).write_text(target)
+            set_search_path(kernel, target)
         except OSError as exc:
             log.warning("firmware_path_not_set", path=target, error=str(exc))
         else:

@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from installer import __version__, distros, metrics, modules, readiness, status
+from installer import __version__, distros, metrics, modules, readiness, rollback, status
 from installer.context import Context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
@@ -116,7 +116,9 @@ def _module_args(args: tuple[str, ...]) -> dict[str, list[str]]:
 
 
 def _discard(ctx: Context) -> None:
-    """After a failed or interrupted run: what it half-made goes, the live install stays."""
+    """After a failed or interrupted run: the node goes back to how it was (the driver it
+    had, loaded from the live install), and what the run half-made goes."""
+    rollback.undo(ctx)
     ctx.install.discard_staging()
     for path in ctx.scratch:
         remove_tree(path)

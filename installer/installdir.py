@@ -110,23 +110,47 @@ class InstallDir(Tree):
             self._promote(staging)
 
     def _promote(self, staging: Tree) -> None:
-        self.cache_file.unlink(missing_ok=True)
-        fsync_dir(self.root)
+        # The old layout, its .cache and its log wait in .previous until the new install is
+        # recorded (commit) or a failure puts them back (restore_previous). The live dir has
+        # no .cache meanwhile, so a run killed here leaves nothing taken for a good install.
         self.previous_dir.mkdir(exist_ok=True)
+        _move(self.cache_file, self.previous_dir / self.cache_file.name)
+        fsync_dir(self.root)
         for name in LAYOUT_DIRS:
             live, new = self.root / name, staging.root / name
-            if live.exists() or live.is_symlink():
-                os.replace(live, self.previous_dir / name)
+            _move(live, self.previous_dir / name)
             if new.exists():
                 os.replace(new, live)
             else:
                 live.mkdir()
-        staged_log = staging.root / "nvidia-installer.log"
-        if staged_log.exists():
-            os.replace(staged_log, self.installer_log)
+        if (staging.root / "nvidia-installer.log").exists():
+            _move(self.installer_log, self.previous_dir / self.installer_log.name)
+            os.replace(staging.root / "nvidia-installer.log", self.installer_log)
         fsync_dir(self.root)
-        remove_tree(self.previous_dir)
         remove_tree(staging.root)
+
+    def commit(self) -> None:
+        """The promoted install is recorded: the old one goes for good."""
+        remove_tree(self.previous_dir)
+
+    def restore_previous(self) -> bool:
+        """Undo ``promote`` after a later failure: the old layout, .cache and log come back
+        byte-identical and the new layout goes. False when nothing was waiting."""
+        if not self.previous_dir.is_dir():
+            return False
+        with signals.deferred():
+            self.cache_file.unlink(missing_ok=True)
+            fsync_dir(self.root)
+            for name in LAYOUT_DIRS:
+                remove_tree(self.root / name)
+                _move(self.previous_dir / name, self.root / name)
+            for name in (self.installer_log.name, self.cache_file.name):
+                # The log only moved when the new install brought one; the record goes last.
+                _move(self.previous_dir / name, self.root / name)
+            fsync_dir(self.root)
+            remove_tree(self.previous_dir)
+        log.info("previous_install_restored", install_dir=str(self.root))
+        return True
 
     def remove_install(self) -> None:
         """Uninstall: the layout dirs and the record go, logs and status stay."""
@@ -134,3 +158,9 @@ class InstallDir(Tree):
         for name in LAYOUT_DIRS:
             remove_tree(self.root / name)
         self.clear_leftovers()
+
+
+def _move(src: Path, dst: Path) -> None:
+    """rename(2) when ``src`` exists (a dangling symlink is moved as it is)."""
+    if src.exists() or src.is_symlink():
+        os.replace(src, dst)

@@ -25,7 +25,6 @@ from installer import (
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.errors import (
-    InstallerError,
     ModuleLoadError,
     SecureBootError,
     UsageError,
@@ -215,19 +214,16 @@ def unload_other_driver(version: str) -> Step:
         if loaded is not None and loaded != version:
             modules.ensure_replaceable(ctx.kernel, version)
             removed = modules.unload(ctx.kernel, ctx.runner)
-            ctx.work.unloaded_version = loaded
+            ctx.work.changes.unloaded_version = loaded
             log.info("old_driver_unloaded", version=loaded, modules=removed)
 
     return Step("unload_other_driver", run, "rmmod a different, unused driver version")
 
 
-def _modprobe_root(ctx: Context) -> Path | None:
-    return None if ctx.host.root == Path("/") else ctx.host.root
-
-
 def gpu_firmware(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
+        ctx.work.changes.note_firmware_path(firmware.read_search_path(ctx.kernel))
         firmware.make_findable(ctx.kernel, ctx.host, ctx.install, tree)
 
     where = "<install-dir-host>/.staging/firmware" if from_staging else "<install-dir-host>/firmware"
@@ -239,39 +235,18 @@ def load_modules(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
         loads = modules.plan_loads(tree.drivers, ctx.settings.module_args)
-        loaded_now: list[str] = []
-        try:
-            modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=_modprobe_root(ctx),
-                         loaded_now=loaded_now)
-        except InstallerError:
-            _roll_back(ctx, loaded_now, reload_previous=from_staging)
-            raise
+        # What it loads before a failure is unloaded again by rollback.undo.
+        modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=ctx.modprobe_root,
+                     loaded_now=ctx.work.changes.loaded)
 
     where = "<staging>/drivers" if from_staging else "<install-dir>/drivers"
     return Step("load_modules", run, f"insmod {', '.join(modules.LOAD_ORDER)} from {where}")
 
 
-def _roll_back(ctx: Context, loaded_now: list[str], *, reload_previous: bool) -> None:
-    """After a failed load: unload what this run loaded, and bring back the driver it
-    unloaded if the previous install is still recorded and intact (best effort: the
-    original error is what gets reported)."""
-    try:
-        modules.unload(ctx.kernel, ctx.runner, only=loaded_now)
-        previous = ctx.work.unloaded_version
-        record = cache.read(ctx.install.cache_file)
-        if not (reload_previous and previous and record and record.driver_version == previous
-                and cache.check_files(record, ctx.install.root) is None):
-            return
-        loads = modules.plan_loads(ctx.install.drivers, ctx.settings.module_args)
-        modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=_modprobe_root(ctx))
-        log.warning("previous_driver_reloaded", version=previous)
-    except InstallerError as exc:
-        log.warning("roll_back_incomplete", error=exc.message)
-
-
 def device_nodes(ctx: Context, from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
+        ctx.work.changes.note_device_files(ctx.kernel.dev_dir)
         verify.create_device_nodes(tree, ctx.kernel, ctx.runner)
         _create_dev_char_links(ctx)
 
@@ -292,6 +267,7 @@ def verify_staged(version: str | None = None) -> Step:
 def promote() -> Step:
     def run(ctx: Context) -> None:
         ctx.install.promote(ctx.work.staged())
+        ctx.work.changes.promoted = True
         log.info("install_promoted", install_dir=str(ctx.install.root))
 
     return Step("promote", run, "swap the staged bin/ lib64/ drivers/ firmware/ into place")
@@ -322,6 +298,8 @@ def verify_install(version: str | None = None) -> Step:
 def record_cache(key: CacheKey) -> Step:
     def run(ctx: Context) -> None:
         cache.write(ctx.install.cache_file, key, ctx.install.root, __version__)
+        ctx.install.commit()
+        ctx.work.changes.promoted = False
         log.info("cache_recorded", path=str(ctx.install.cache_file), key=key.describe())
 
     return Step("record_cache", run, f"write .cache for {key.describe()} (last, atomically)")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -30,6 +31,35 @@ class BuildToolchain:
 
 
 @dataclass
+class NodeChanges:
+    """What this run changed on the node, each field set by the step named."""
+
+    unloaded_version: str | None = None  # unload_other_driver
+    firmware_path_before: str | None = None  # gpu_firmware: firmware_class.path before
+    loaded: list[str] = field(default_factory=list)  # load_modules: modules inserted
+    promoted: bool = False  # promote: the old layout waits in .previous until record_cache
+    device_files_before: frozenset[str] | None = None  # device_nodes: /dev entries before
+
+    def note_firmware_path(self, current: str | None) -> None:
+        if self.firmware_path_before is None:
+            self.firmware_path_before = current
+
+    def note_device_files(self, dev_dir: Path) -> None:
+        if self.device_files_before is None:
+            self.device_files_before = device_files(dev_dir)
+
+
+def device_files(dev_dir: Path) -> frozenset[str]:
+    """The NVIDIA device files and /dev/char links, relative to ``dev_dir``."""
+    found = {p.name for p in dev_dir.glob("nvidia*")}
+    char = dev_dir / "char"
+    if char.is_dir():
+        found |= {f"char/{p.name}" for p in char.iterdir()
+                  if p.is_symlink() and os.readlink(p).startswith("../nvidia")}
+    return frozenset(found)
+
+
+@dataclass
 class WorkState:
     staging: Tree | None = None  # prepare_staging
     downloads: dict[Artifact, Downloaded] = field(default_factory=dict)  # fetch_artifacts
@@ -40,7 +70,7 @@ class WorkState:
     prebuilt_dir: Path | None = None  # unpack_prebuilt / link_precompiled (COS)
     signatures_dir: Path | None = None  # unpack_signatures (COS)
     kernel_module_type: str | None = None  # check_gpu_compatibility
-    unloaded_version: str | None = None  # unload_other_driver (for a roll-back)
+    changes: NodeChanges = field(default_factory=NodeChanges)  # what rollback.undo reverses
     gpus: list[Gpu] | None = None  # verify (None: no verify ran, as with --preload)
     bundle: Manifest | None = None  # fetch_prebuilt_bundle: the staged tree came from it
     bundle_written: Written | None = None  # write_bundle (bundle build)

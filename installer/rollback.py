@@ -1,0 +1,88 @@
+"""Put the node back as it was after a failed or interrupted run (DESIGN §4).
+
+The steps that change the node note here what they changed; when a run fails
+at any later point, ``undo`` reverses it, newest first: the modules this run
+loaded are unloaded, a promoted install swaps back for the one it replaced,
+``firmware_class.path`` gets its old value, and the driver this run unloaded
+is loaded again from the install dir with its device files. Device files this
+run made for a driver that is gone again are removed. The readiness file stays
+absent (README, "Readiness after a failed upgrade": the pod retries the run).
+
+Every action is best effort: the run's own error is what gets reported; what
+could not be undone is logged (``roll_back_incomplete``) for the operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from installer import cache, devchar, firmware, ldcache, modules, verify
+from installer.context import Context
+from installer.errors import InstallerError
+from installer.installdir import Tree
+from installer.workstate import NodeChanges, device_files
+
+log = structlog.get_logger(__name__)
+
+
+def undo(ctx: Context) -> None:
+    """Reverse what ``ctx.work.changes`` records (see the module docstring)."""
+    changes: NodeChanges = ctx.work.changes
+    if changes.loaded:
+        _attempt("unload_new_modules",
+                 lambda: modules.unload(ctx.kernel, ctx.runner, only=changes.loaded))
+    if changes.promoted:
+        _attempt("restore_previous_install", ctx.install.restore_previous)
+    if changes.firmware_path_before is not None:
+        _attempt("restore_firmware_path",
+                 lambda: firmware.set_search_path(ctx.kernel, changes.firmware_path_before))
+    reloaded = bool(changes.unloaded_version) and _attempt(
+        "reload_previous_driver", lambda: _reload_previous(ctx, changes.unloaded_version))
+    if reloaded:
+        _attempt("previous_device_files", lambda: _make_device_files(ctx))
+    elif changes.device_files_before is not None:
+        _attempt("remove_new_device_files",
+                 lambda: _remove_new_device_files(ctx.kernel.dev_dir, changes.device_files_before))
+    if changes.promoted:
+        _attempt("restore_host_ld_cache",
+                 lambda: ldcache.update_host(ctx.host, ctx.runner, ctx.install.lib64_host()))
+
+
+def _attempt(action: str, fn: Callable[[], object]) -> bool:
+    try:
+        result = fn()
+    except (InstallerError, OSError) as exc:
+        log.warning("roll_back_incomplete", action=action,
+                    error=getattr(exc, "message", None) or str(exc))
+        return False
+    return result is not False
+
+
+def _reload_previous(ctx: Context, version: str) -> bool:
+    """The driver this run unloaded, from the install dir it is recorded in."""
+    record = cache.read(ctx.install.cache_file)
+    problem = ("no intact install of it is recorded" if record is None
+               or record.driver_version != version else cache.check_files(record, ctx.install.root))
+    if problem:
+        log.warning("previous_driver_not_reloaded", version=version, reason=problem,
+                    hint="reboot the node or re-run install once the cause above is fixed")
+        return False
+    firmware.make_findable(ctx.kernel, ctx.host, ctx.install, Tree(ctx.install.root))
+    modules.load(modules.plan_loads(ctx.install.drivers, ctx.settings.module_args),
+                 ctx.kernel, ctx.runner, modprobe_root=ctx.modprobe_root)
+    log.warning("previous_driver_reloaded", version=version)
+    return True
+
+
+def _make_device_files(ctx: Context) -> None:
+    verify.create_device_nodes(Tree(ctx.install.root), ctx.kernel, ctx.runner)
+    devchar.create(ctx.kernel.dev_dir)
+
+
+def _remove_new_device_files(dev_dir: Path, before: frozenset[str]) -> None:
+    for rel in sorted(device_files(dev_dir) - before, reverse=True):  # char/ links first
+        (dev_dir / rel).unlink(missing_ok=True)
+        log.info("device_file_removed", path=str(dev_dir / rel))
