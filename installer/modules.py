@@ -18,7 +18,12 @@ log = structlog.get_logger(__name__)
 
 # nvidia first; uvm and modeset use its symbols; drm uses modeset's.
 LOAD_ORDER = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
-NVIDIA_MODULES = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia_peermem", "nvidia")
+# Every module that holds the driver, in the order they come out: the users of nvidia's
+# exported symbols first (NVIDIA/nvidia-installer conflicting-kernel-modules.c: nv_peer_mem,
+# nvidia-peermem, nvidia-vgpu-vfio, nvidia-uvm, nvidia-drm, nvidia-modeset, nvidia; NVIDIA's
+# k8s-driver-manager unloadDriver() adds GPUDirect Storage's nvidia_fs and GDRCopy's gdrdrv).
+NVIDIA_MODULES = ("nv_peer_mem", "nvidia_peermem", "nvidia_fs", "gdrdrv", "nvidia_vgpu_vfio",
+                  "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia")
 LOAD_TIMEOUT_S = 120
 
 

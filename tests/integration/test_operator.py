@@ -186,7 +186,7 @@ def test_doctor_after_a_failed_upgrade_says_the_old_driver_works(node, pod, kern
     assert status["fix"] == f"{fix} (details: /usr/local/nvidia/status.json)"
     km = found["kernel_modules"]
     assert (km["verdict"], km["fix"]) == ("warn", fix)
-    assert km["detail"] == (f"driver {V1} loaded (nvidia_drm, nvidia_modeset, nvidia_uvm, "
+    assert km["detail"] == (f"driver {V1} loaded (nvidia_uvm, nvidia_drm, nvidia_modeset, "
                             f"nvidia), the one the install dir holds: it works; {failed_how}; "
                             "not in use")
     assert found["readiness"]["verdict"] == "warn"
@@ -284,7 +284,7 @@ def test_uninstall_is_complete_and_idempotent(node, pod, kernel):
     assert (result["outcome"], result["previous_driver_version"]) == ("uninstalled", V1)
     assert not [m for m in kernel.loaded() if m.startswith("nvidia")]
     assert [c["argv"] for c in kernel.calls("rmmod")] == [
-        ["nvidia_drm"], ["nvidia_modeset"], ["nvidia_uvm"], ["nvidia"]]
+        ["nvidia_uvm"], ["nvidia_drm"], ["nvidia_modeset"], ["nvidia"]]
     left = sorted(p.name for p in node.install_dir.iterdir())
     assert left == ["nvidia-installer.log", "status.json"]
     assert json.loads((node.install_dir / "status.json").read_text())["outcome"] == "uninstalled"

@@ -313,7 +313,26 @@ def test_releases_without_skip_module_load_leave_the_loaded_driver_alone(node, p
     log = (node.install_dir / "nvidia-installer.log").read_text()
     assert "Kernel module test load complete." in log
     assert loads(kernel)[before:] == [
-        "rmmod nvidia_drm", "rmmod nvidia_modeset", "rmmod nvidia_uvm", "rmmod nvidia",
+        "rmmod nvidia_uvm", "rmmod nvidia_drm", "rmmod nvidia_modeset", "rmmod nvidia",
         "insmod nvidia.ko", "insmod nvidia-uvm.ko", "insmod nvidia-modeset.ko",
         "insmod nvidia-drm.ko"]  # drm_kms_helper stayed loaded from the first install
+    assert kernel.loaded()["nvidia"].version == V2
+
+
+def test_upgrade_unloads_the_modules_that_hold_nvidia_first(node, pod, kernel, server):
+    """RDMA/GDS/GDRCopy/vGPU modules hold nvidia through its exported symbols: they come out
+    first, in the order NVIDIA's own tools use (conflicting-kernel-modules.c; NVIDIA's
+    k8s-driver-manager unloadDriver), and are not mistaken for a workload using the GPU."""
+    from tests.fixtures.kernel import fake_ko
+
+    ok(pod.run("install"))
+    for name in ("gdrdrv", "nvidia_fs", "nv_peer_mem", "nvidia_vgpu_vfio"):
+        kernel.preload(fake_ko(name, RELEASE, version="1.0", depends=("nvidia",)))
+    before = len(loads(kernel))
+    proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
+    assert "in use" not in proc.stderr
+    assert loads(kernel)[before:before + 9] == [
+        "rmmod nv_peer_mem", "rmmod nvidia_fs", "rmmod gdrdrv", "rmmod nvidia_vgpu_vfio",
+        "rmmod nvidia_uvm", "rmmod nvidia_drm", "rmmod nvidia_modeset", "rmmod nvidia",
+        "insmod nvidia.ko"]
     assert kernel.loaded()["nvidia"].version == V2
