@@ -164,6 +164,10 @@ def _exit_codes_epilog() -> str:
               show_envvar=True, help="Allow plain http:// URLs.")
 @click.option("--module-arg", "module_args", multiple=True, envvar="NVIDIA_MODULE_ARGS",
               show_envvar=True, help="MODULE.PARAM=VALUE for insmod, repeatable.")
+@click.option("--install-only", is_flag=True, envvar="INSTALL_ONLY", show_envvar=True,
+              help="Put the driver in the install dir and stop: no module is loaded or "
+              "unloaded and nothing is verified (for DaemonSets that load the modules "
+              "themselves). Refused while another driver version is loaded.")
 @click.option("--preload", is_flag=True, envvar="PRELOAD", show_envvar=True,
               help="COS: only fetch and cache the toolchain and kernel headers (no GPU needed).")
 @click.option("--toolchain-dir", type=click.Path(path_type=Path),

@@ -42,6 +42,9 @@ def _success_message(outcome: dict[str, Any]) -> str:
         return f"dry run: printed the {outcome.get('plan')} plan, changed nothing"
     if outcome.get("plan") == "preload":
         return "preload done: COS toolchain and kernel headers cached; no driver installed"
+    if outcome.get("install_only"):
+        return (f"NVIDIA driver {outcome.get('driver_version')} is in the install dir; "
+                "--install-only: nothing loaded or verified")
     how = "loaded from the cache" if outcome.get("plan") == "cached" else "installed"
     return f"NVIDIA driver {outcome.get('driver_version')} {how} and verified"
 
@@ -92,7 +95,8 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
             raise
         gpus = ctx.work.gpus or []
         outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
-                          gpus=[asdict(g) for g in gpus])
+                          gpus=[asdict(g) for g in gpus],
+                          **({"install_only": True} if settings.install_only else {}))
     return outcome
 
 

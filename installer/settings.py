@@ -41,6 +41,9 @@ class Settings:
     dry_run: bool = False
     allow_insecure_http: bool = False
     preload: bool = False
+    # Put the driver in the install dir and stop: nothing loaded, unloaded or verified (for
+    # DaemonSets that load the modules themselves: cos-gpu-installer v2's -no-verify).
+    install_only: bool = False
     toolchain_dir: Path | None = None  # COS tools cache; None: /build/cos-tools or the host's
     toolchain_dir_host: PurePosixPath = PurePosixPath("/var/lib/cos-tools")
     vulkan_icd_dir: Path | None = None  # this process's view; None: via the host root
@@ -119,6 +122,9 @@ class Settings:
                 and self.download_min_rate_time_s > 0):
             raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
                              "seconds, --download-min-rate >= 0 bytes/s")
+        if self.install_only and (self.preload or self.persistence_mode):
+            raise UsageError("--install-only loads nothing: it cannot be combined with "
+                             f"{'--preload' if self.preload else '--persistence-mode'}")
         prebuilt_sha = self.prebuilt_sha256
         if self.prebuilt_url or prebuilt_sha or self.prebuilt_only:
             from installer.bundle.fetch import check_settings

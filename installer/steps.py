@@ -74,8 +74,16 @@ def check_module_signing(need_signed: str) -> Step:
 
 def check_loaded_driver(version: str) -> Step:
     def run(ctx: Context) -> None:
-        modules.ensure_replaceable(ctx.kernel, version)
         loaded = modules.loaded_driver_version(ctx.kernel)
+        if ctx.settings.install_only and loaded not in (None, version):
+            raise ModuleLoadError(
+                f"NVIDIA driver {loaded} is loaded; --install-only never unloads it, and "
+                f"{version}'s libraries under it would fail every GPU program (Driver/library "
+                "version mismatch)",
+                hint="reboot the node first, or run without --install-only to replace it",
+                driver_version=version,
+            )
+        modules.ensure_replaceable(ctx.kernel, version)
         log.info("loaded_driver", version=loaded, wanted=version)
 
     return Step("check_loaded_driver", run,
@@ -397,8 +405,24 @@ def after_verify(ctx: Context) -> tuple[Step, ...]:
     return (persistence_mode(),) if ctx.settings.persistence_mode else ()
 
 
+def install_only(ctx: Context, version: str, key: CacheKey | None) -> tuple[Step, ...]:
+    """--install-only: the files in place, findable (firmware path, ld caches), recorded.
+    Whoever loads the modules runs nvidia-modprobe and nvidia-smi (GKE's confidential-node
+    DaemonSets: insmod <install-dir>/drivers/*.ko, then nvidia-modprobe -c0 -u -m)."""
+    staged = (check_staged_modules(), *vulkan_icd.steps_for(ctx), promote()) if key else ()
+    return (
+        *staged,
+        gpu_firmware(from_staging=False),
+        container_ld_cache(),
+        host_ld_cache(),
+        *((record_cache(key),) if key else ()),
+    )
+
+
 def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
     """A cache hit in any flow: load what is installed, ld caches, verify."""
+    if ctx.settings.install_only:
+        return (clear_leftovers(), check_loaded_driver(version), *install_only(ctx, version, None))
     return (
         clear_leftovers(),
         check_loaded_driver(version),
@@ -415,6 +439,8 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
 
 def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ...]:
     """A fresh build in any flow: load and verify it from staging, swap it in, record it last."""
+    if ctx.settings.install_only:
+        return install_only(ctx, version, key)
     return (
         check_staged_modules(),
         unload_other_driver(version),

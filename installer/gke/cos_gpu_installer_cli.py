@@ -29,8 +29,10 @@ cos-gpu-installer v2's command line, run by nvidia-driver-installer. Flags:
   -gcs-download-bucket B, -gcs-download-prefix P   where the COS artifacts are
   -nvidia-installer-url U  with -allow-unsigned-driver: install this .run
   -allow-unsigned-driver   accepted (signed modules are used whenever the kernel enforces them)
+  -no-verify               install into the host dir only: load and verify nothing
+                           (nvidia-driver-installer --install-only)
   -debug                   debug logs
-Refused: -test, -signature-url, -nvidia-installer-url-open, -no-verify.
+Refused: -test, -signature-url, -nvidia-installer-url-open.
 See `nvidia-driver-installer install --help` for everything else.
 """
 
@@ -42,8 +44,6 @@ _REFUSED = {
     "signature-url": "module signatures come only from the COS build's artifacts",
     "nvidia-installer-url-open": "the open modules come from the COS build or the --version "
                                  "given; use nvidia-driver-installer --kernel-module-type",
-    "no-verify": "every install is loaded and verified (a preload without a GPU is "
-                 "-prepare-build-tools)",
 }
 # glog's flags, which v2 accepts before the command; -v >= 2 is its debug level.
 _GLOBAL_BOOL = {"logtostderr", "alsologtostderr"}
@@ -126,6 +126,11 @@ def translate(argv: list[str], env: Mapping[str, str]) -> list[str]:
         ours += ["--driver-url", given["nvidia-installer-url"]]
     if given.get("prepare-build-tools") == "true":
         ours.append("--preload")
+    if given.get("no-verify") == "true":
+        # GKE's confidential-node DaemonSets (daemonset-confidential*.yaml) run
+        # `install --no-verify` and then insmod the modules and run nvidia-modprobe
+        # themselves: put the driver in place, load and verify nothing.
+        ours.append("--install-only")
     if verbose or given.get("debug") == "true":
         ours.append("--verbose")
     ours += [x for name, value in flags if name == "module-arg" for x in ("--module-arg", value)]

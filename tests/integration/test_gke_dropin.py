@@ -144,11 +144,44 @@ def test_a_v2_written_cache_is_a_hit(gke_pod, node, kernel):
     assert kernel.loaded()["nvidia"].version == LATEST_V
 
 
-def test_a_refused_v2_flag_fails_the_pod_naming_it(gke_pod):
-    # GKE's confidential DaemonSet passes --no-verify; we refuse it (exit 2) and say so.
-    proc = gke_pod.run_script("/cos-gpu-installer install --no-verify --version=default")
-    assert proc.returncode == 2
-    assert "-no-verify is not supported" in proc.stderr
+# daemonset-confidential.yaml: the driver put in place with --no-verify, then loaded by
+# the script itself (the same commands; insmod/modprobe through PATH, where the pod has
+# the fake kernel's kmod, instead of /sbin).
+GKE_CONFIDENTIAL_SCRIPT = """\
+if lsmod | grep nvidia; then
+  echo "GPU driver is already installed, skipping installation"
+  exit 0
+fi
+/cos-gpu-installer install --no-verify --version=default || exit 1
+echo "LOADING"
+modprobe -d /root drm_kms_helper; insmod /usr/local/nvidia/drivers/nvidia.ko; \
+insmod /usr/local/nvidia/drivers/nvidia-uvm.ko; insmod /usr/local/nvidia/drivers/nvidia-modeset.ko; \
+insmod /usr/local/nvidia/drivers/nvidia-drm.ko
+/usr/local/nvidia/bin/nvidia-modprobe -c0 -u -m
+chmod 755 /root/home/kubernetes/bin/nvidia
+"""
+
+
+def test_gke_confidential_daemonset_installs_with_no_verify_and_loads_itself(
+        gke_pod, node, kernel):
+    proc = gke_pod.run_script(GKE_CONFIDENTIAL_SCRIPT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = _last(proc)
+    assert final["event"] == "install_finished" and final["plan"] == "fresh"
+    assert "--install-only: nothing loaded or verified" in final["message"]
+    # Our run loaded nothing and ran no nvidia-smi: every insmod is the script's own.
+    installer_steps = {e.get("step") for e in events(proc.stderr)}
+    assert {"load_modules", "device_nodes", "verify"}.isdisjoint(installer_steps)
+    assert not kernel.calls("nvidia-smi")
+    assert (node.install_dir / ".cache").is_file()
+    assert "nvidia" in kernel.loaded()  # loaded by the script from what we installed
+    assert not (node.root / "run/nvidia/validations/driver-ready").exists()
+
+    # A later plain run (the pod restarted after a reboot) is a cache hit that loads.
+    kernel.unload_all()
+    proc = gke_pod.run_script("/cos-gpu-installer install --version=default")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _last(proc)["plan"] == "cached" and "nvidia" in kernel.loaded()
 
 
 def test_gke_ubuntu_daemonset_shape(tmp_path):

@@ -336,3 +336,25 @@ def test_upgrade_unloads_the_modules_that_hold_nvidia_first(node, pod, kernel, s
         "rmmod nvidia_uvm", "rmmod nvidia_drm", "rmmod nvidia_modeset", "rmmod nvidia",
         "insmod nvidia.ko"]
     assert kernel.loaded()["nvidia"].version == V2
+
+
+def test_install_only_puts_the_driver_in_place_and_loads_nothing(node, pod, kernel, server):
+    proc = ok(pod.run("install", "--install-only"))
+    assert "nvidia" not in kernel.loaded() and not kernel.calls("insmod")
+    assert not kernel.calls("nvidia-smi") and not kernel.devices()
+    assert (node.install_dir / "drivers/nvidia.ko").exists()
+    assert (node.install_dir / ".cache").is_file()
+    assert "nothing loaded or verified" in last_event(proc)["message"]
+    # The next plain run loads what is there: a cache hit.
+    assert last_event(ok(pod.run("install")))["plan"] == "cached"
+    assert kernel.loaded()["nvidia"].version == V1
+    # Another version under a loaded driver: refused before any download, nothing changed.
+    before = tree_digest(node.install_dir)
+    requests = len(server.requests)
+    proc = pod.run("install", "--install-only", env={"NVIDIA_DRIVER_VERSION": V2})
+    assert proc.returncode == 8, proc.stderr[-2000:]
+    assert "--install-only never unloads it" in last_event(proc)["error"]
+    assert len(server.requests) == requests and kernel.loaded()["nvidia"].version == V1
+    after = tree_digest(node.install_dir)
+    assert {k: v for k, v in after.items() if k != "status.json"} == {
+        k: v for k, v in before.items() if k != "status.json"}
