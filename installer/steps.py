@@ -13,6 +13,7 @@ from installer import (
     cgroup_memory,
     cpus,
     devchar,
+    devnodes,
     firmware,
     gpus,
     ldcache,
@@ -272,12 +273,11 @@ def _roll_back(ctx: Context, loaded_now: list[str], *, reload_previous: bool) ->
 def device_nodes(ctx: Context, from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
-        verify.create_device_nodes(tree, ctx.kernel, ctx.runner)
+        devnodes.create(tree.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
+                        ctx.settings.module_args)
         _create_dev_char_links(ctx)
 
-    argv = verify.modprobe_args(len(gpus.scan(ctx.kernel.sys_dir)))
-    return Step("device_nodes", run,
-                f"nvidia-modprobe {' '.join(argv)}; /dev/char/<major>:<minor> links")
+    return Step("device_nodes", run, devnodes.plan(ctx.kernel, ctx.settings.module_args).describe())
 
 
 def verify_staged(version: str | None = None) -> Step:
