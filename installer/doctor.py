@@ -314,8 +314,8 @@ def check_device_nodes(n: Node) -> Finding:
         if not_chr:
             what += f" ({', '.join(not_chr)} exist but are not character devices)"
         return Finding("device_nodes", FAIL, f"missing: {what} (present: {detail})",
-                       "re-run install, or on the node: nvidia-modprobe -c0 -u -m (and "
-                       "nvidia-smi once as root for /dev/nvidia1..N)")
+                       "re-run install, or on the node: nvidia-modprobe -c255 -c0 -m, then "
+                       "nvidia-modprobe -c0 -u (one -cN per GPU minor in the first)")
     if closed:
         return Finding("device_nodes", WARN, f"{detail}; not mode 0666: "
                        f"{', '.join('/dev/' + c for c in closed)}",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from installer import cache, devchar, firmware, ldcache, modules, verify
+from installer import cache, devnodes, firmware, ldcache, modules
 from installer.context import Context
 from installer.errors import InstallerError
 from installer.installdir import Tree
@@ -78,8 +78,8 @@ def _reload_previous(ctx: Context, version: str) -> bool:
 
 
 def _make_device_files(ctx: Context) -> None:
-    verify.create_device_nodes(Tree(ctx.install.root), ctx.kernel, ctx.runner)
-    devchar.create(ctx.kernel.dev_dir)
+    devnodes.create(ctx.install.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
+                    ctx.settings.module_args)
 
 
 def _remove_new_device_files(dev_dir: Path, before: frozenset[str]) -> None:

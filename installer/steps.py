@@ -12,7 +12,7 @@ from installer import (
     cache,
     cgroup_memory,
     cpus,
-    devchar,
+    devnodes,
     firmware,
     gpus,
     ldcache,
@@ -28,7 +28,6 @@ from installer.errors import (
     ModuleLoadError,
     SecureBootError,
     UsageError,
-    VerifyError,
 )
 from installer.fsutil import remove_tree
 from installer.gke import vulkan_icd
@@ -255,12 +254,10 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
         ctx.work.changes.note_device_files(ctx.kernel.dev_dir)
-        verify.create_device_nodes(tree, ctx.kernel, ctx.runner)
-        _create_dev_char_links(ctx)
+        devnodes.create(tree.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
+                        ctx.settings.module_args)
 
-    argv = verify.modprobe_args(len(gpus.scan(ctx.kernel.sys_dir)))
-    return Step("device_nodes", run,
-                f"nvidia-modprobe {' '.join(argv)}; /dev/char/<major>:<minor> links")
+    return Step("device_nodes", run, devnodes.plan(ctx.kernel, ctx.settings.module_args).describe())
 
 
 def verify_staged(version: str | None = None) -> Step:
@@ -364,20 +361,6 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
     return Step("check_gpu_compatibility", run,
                 f"NVIDIA GPUs in sysfs support driver {version}; {requested_module_type} "
                 "kernel modules", check=True)
-
-
-def _create_dev_char_links(ctx: Context) -> None:
-    """Part of every device_nodes step, so every flow gets them (NVML after daemon-reload)."""
-    try:
-        devchar.create(ctx.kernel.dev_dir)
-    except OSError as exc:
-        raise VerifyError(
-            f"could not create the /dev/char symlinks: {exc}",
-            hint="the container needs the host's /dev mounted read-write; without the links "
-            "GPU containers lose access after a systemctl daemon-reload "
-            "(\"Failed to initialize NVML: Unknown Error\")",
-            path=str(ctx.kernel.dev_dir / "char"),
-        ) from exc
 
 
 def persistence_mode() -> Step:

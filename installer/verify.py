@@ -36,30 +36,6 @@ def parse_query_gpu(text: str) -> list[Gpu]:
     return gpus
 
 
-def modprobe_args(gpu_count: int) -> list[str]:
-    """nvidia-modprobe's options: one /dev/nvidia<N> per GPU (minors follow probe order,
-    not just nvidia0), /dev/nvidia-uvm and /dev/nvidia-modeset."""
-    return [*(f"-c{n}" for n in range(max(1, gpu_count))), "-u", "-m"]
-
-
-def create_device_nodes(tree: Tree, kernel: KernelState, runner: Runner) -> None:
-    from installer.gpus import scan
-
-    modprobe = tree.bin / "nvidia-modprobe"
-    try:
-        runner.run([modprobe, *modprobe_args(len(scan(kernel.sys_dir)))],
-                   timeout=SMI_TIMEOUT_S, env=kernel.seam_env())
-    except CommandError as exc:
-        raise VerifyError(
-            f"nvidia-modprobe could not create the device nodes: {exc.stderr_tail(2)}",
-            hint="check that the nvidia and nvidia-uvm modules are loaded",
-            path=str(modprobe),
-        ) from exc
-    require_device_nodes(kernel, "after nvidia-modprobe",
-                         hint="check /dev is the host's /dev (mounted into the container)")
-    log.info("device_nodes_ready", nodes=sorted(p.name for p in kernel.dev_dir.glob("nvidia*")))
-
-
 def require_device_nodes(kernel: KernelState, when: str, *, hint: str) -> None:
     """The nodes CUDA needs (``/dev/nvidiactl``, ``/dev/nvidia-uvm``) exist, or exit 9."""
     missing = [n for n in REQUIRED_NODES if not kernel.device_node(n).exists()]

@@ -95,7 +95,7 @@ def test_missing_device_nodes(node, pod, kernel):
     assert code == 9
     assert found["device_nodes"]["verdict"] == "fail"
     assert "missing: /dev/nvidia-uvm" in found["device_nodes"]["detail"]
-    assert "nvidia-modprobe -c0 -u -m" in found["device_nodes"]["fix"]
+    assert "nvidia-modprobe -c255 -c0 -m" in found["device_nodes"]["fix"]
     # The fix it names works: a re-run (a cache hit) recreates them.
     assert last_event(ok(pod.run("install")))["plan"] == "cached"
     assert doctor(pod)[0] == 0

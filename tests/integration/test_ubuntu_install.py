@@ -274,14 +274,6 @@ def test_lockdown_refusing_cached_unsigned_modules_is_exit_10(node, pod, kernel,
     assert "nvidia" not in kernel.loaded()
 
 
-def test_a_device_node_per_gpu(node, pod, kernel, server):
-    kernel.add_gpu("0000:00:05.0")
-    kernel.add_gpu("0000:00:06.0")
-    ok(pod.run("install"))
-    assert {"nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"} <= set(kernel.devices())
-    assert kernel.calls("nvidia-modprobe")[0]["argv"][:3] == ["-c0", "-c1", "-c2"]
-
-
 def test_params_for_an_already_loaded_module_are_reported_not_applied(node, pod, kernel, server):
     ok(pod.run("install"))
     proc = ok(pod.run("install", "--module-arg", "nvidia.NVreg_EnableGpuFirmware=0"))

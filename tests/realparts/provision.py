@@ -4,10 +4,7 @@ Debian ships NVIDIA's kernel module trees (Kbuild, Makefile, conftest.sh and
 the ``nv-kernel.o_binary`` blobs), the GSP firmware, ``nvidia-smi``,
 ``libnvidia-ml`` and ``nvidia-modprobe`` in the components ``contrib``,
 ``non-free`` and ``non-free-firmware``, which this machine's apt config does
-not enable. So apt runs with a private configuration: a sources file of our
-own, derived from this machine's enabled entries (same URIs, suites and
-signed-by; no mirror is named here), and lists/cache dirs of our own.
-/etc/apt is never written.
+not enable: apt runs with a private configuration (tests/debapt.py).
 
 Cache layout under ``$NDI_REALPARTS_CACHE`` (default /var/cache/ndi-realparts)::
 
@@ -33,14 +30,19 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from tests.vm import provision as vm_provision
+from tests.debapt import (  # noqa: F401 (ProvisionError, run: this module's API too)
+    Log,
+    PrivateApt,
+    ProvisionError,
+    deb_name,
+    run,
+    upstream,
+    version_key,
+)
 from tests.vm.provision import locked
 
 CACHE_ROOT = Path(os.environ.get("NDI_REALPARTS_CACHE", "/var/cache/ndi-realparts"))
@@ -69,12 +71,6 @@ LEGACY_REQUIRED = ("kernel",)
 MODPROBE_PACKAGE = "nvidia-modprobe"  # its own release train: newest <= the main version
 
 RECIPE_VERSION = "1"
-
-Log = Callable[[str], None]
-
-
-class ProvisionError(RuntimeError):
-    """The real parts cannot be had on this machine (tests skip or fail with this message)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,112 +112,11 @@ def default_log(msg: str) -> None:
     print(f"[realparts] {msg}", file=sys.stderr, flush=True)
 
 
-def run(argv: list[str], *, log: Log | None = None, **kw) -> subprocess.CompletedProcess:
-    if log:
-        log("$ " + " ".join(argv))
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C")
-    cp = subprocess.run(argv, env=env, text=True, capture_output=True, **kw)
-    if cp.returncode != 0:
-        tail = (cp.stderr + cp.stdout)[-3000:]
-        raise ProvisionError(f"command failed (rc={cp.returncode}): {' '.join(argv)}\n{tail}")
-    return cp
-
-
 def _hash(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-# ------------------------------------------------------------- private apt
-
-
-class PrivateApt:
-    """apt-get/apt-cache with a sources file and state dirs of our own."""
-
-    def __init__(self, root: Path, log: Log) -> None:
-        self.root, self.log = root, log
-        self.conf = root / "apt.conf"
-        self.updated = False
-
-    def configure(self) -> None:
-        """Write the private config; forget the lists when the sources changed."""
-        codename = vm_provision._host_codename()
-        entries = vm_provision._apt_entries(codename)
-        if not entries:
-            raise ProvisionError(f"no enabled apt source for {codename} in /etc/apt")
-        lines = []
-        for e in entries:
-            opt = f"[signed-by={e['signed_by']}] " if e["signed_by"] else ""
-            line = f"deb {opt}{e['uri']} {e['suite']} {' '.join(COMPONENTS)}"
-            if line not in lines:
-                lines.append(line)
-        sources = "\n".join(lines) + "\n"
-        for d in ("lists/partial", "cache/archives/partial", "sources.list.d", "preferences.d"):
-            (self.root / d).mkdir(parents=True, exist_ok=True)
-        src_file = self.root / "sources.list"
-        if not src_file.exists() or src_file.read_text() != sources:
-            shutil.rmtree(self.root / "lists")
-            (self.root / "lists/partial").mkdir(parents=True)
-            src_file.write_text(sources)
-        r = self.root
-        self.conf.write_text(
-            f'Dir::State::Lists "{r}/lists";\n'
-            f'Dir::Cache "{r}/cache";\n'
-            f'Dir::Etc::SourceList "{src_file}";\n'
-            f'Dir::Etc::SourceParts "{r}/sources.list.d";\n'
-            f'Dir::Etc::PreferencesParts "{r}/preferences.d";\n'
-            'APT::Sandbox::User "root";\n'
-        )
-
-    def has_lists(self) -> bool:
-        return any((self.root / "lists").glob("*_Packages*"))
-
-    def update(self) -> None:
-        t0 = time.monotonic()
-        run(["apt-get", "-c", str(self.conf), "update", "-qq"], log=self.log)
-        self.updated = True
-        self.log(f"package lists read in {time.monotonic() - t0:.1f} s")
-
-    def madison(self, pkgs: list[str]) -> dict[str, list[tuple[str, str]]]:
-        """package -> [(Debian version, "uri suite/component")], newest first."""
-        cp = run(["apt-cache", "-c", str(self.conf), "madison", *pkgs])
-        found: dict[str, list[tuple[str, str]]] = {p: [] for p in pkgs}
-        for line in cp.stdout.splitlines():
-            parts = [x.strip() for x in line.split("|")]
-            if len(parts) == 3 and parts[0] in found and parts[2].endswith("Packages"):
-                source = " ".join(parts[2].split()[:2])
-                if (parts[1], source) not in found[parts[0]]:
-                    found[parts[0]].append((parts[1], source))
-        return found
-
-    def download(self, pins: dict[str, str], dest: Path) -> None:
-        with tempfile.TemporaryDirectory(dir=dest, prefix=".dl-") as tmp:
-            os.chmod(tmp, 0o755)
-            run(
-                ["apt-get", "-c", str(self.conf), "download", *(f"{p}={v}" for p, v in pins.items())],
-                cwd=tmp,
-                log=self.log,
-            )
-            for deb in Path(tmp).glob("*.deb"):
-                name = run(["dpkg-deb", "-f", str(deb), "Package"]).stdout.strip()
-                ver = run(["dpkg-deb", "-f", str(deb), "Version"]).stdout.strip()
-                os.replace(deb, dest / _deb_name(name, ver))
-
-
-def _deb_name(pkg: str, version: str) -> str:
-    return f"{pkg}_{version.replace(':', '%3a')}.deb"
-
-
 # ---------------------------------------------------------- version choice
-
-
-def upstream(debian_version: str) -> str:
-    """535.261.03-1 -> 535.261.03; 1:2.0-3 -> 2.0."""
-    v = debian_version.split(":", 1)[-1]
-    return v.rsplit("-", 1)[0] if "-" in v else v
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version))
 
 
 def choose(available: dict[str, list[tuple[str, str]]]) -> dict[str, str]:
@@ -270,7 +165,7 @@ def _kernel_version(tree: Path) -> str:
 def _unpack(pins: dict[str, str], debs: Path, dest: Path, log: Log) -> None:
     for pkg, ver in pins.items():
         (dest / "pkg" / pkg).mkdir(parents=True)
-        run(["dpkg-deb", "-x", str(debs / _deb_name(pkg, ver)), str(dest / "pkg" / pkg)])
+        run(["dpkg-deb", "-x", str(debs / deb_name(pkg, ver)), str(dest / "pkg" / pkg)])
         for tarball in sorted((dest / "pkg" / pkg / "usr/src").glob("*.tar.xz")):
             out = dest / "trees" / pkg
             out.mkdir(parents=True)
@@ -389,7 +284,7 @@ def _fetch(apt: PrivateApt, debs: Path) -> tuple[dict[str, str], dict[str, list[
     for attempt in (1, 2):
         try:
             pins, available = _resolve(apt)
-            missing = {p: v for p, v in pins.items() if not (debs / _deb_name(p, v)).exists()}
+            missing = {p: v for p, v in pins.items() if not (debs / deb_name(p, v)).exists()}
             if missing:
                 t0 = time.monotonic()
                 apt.download(missing, debs)
@@ -426,7 +321,7 @@ def provision(log: Log = default_log) -> RealParts:
     except OSError as e:
         raise ProvisionError(f"cannot make the cache dir (NDI_REALPARTS_CACHE): {e}") from e
     with locked(CACHE_ROOT / ".lock"):
-        apt = PrivateApt(CACHE_ROOT / "apt", log)
+        apt = PrivateApt(CACHE_ROOT / "apt", log, COMPONENTS)
         apt.configure()
         if not apt.has_lists() or os.environ.get("NDI_REALPARTS_REFRESH") == "1":
             apt.update()

@@ -110,15 +110,16 @@ def test_compile_plan(env):
 
 
 def test_dry_run_texts_are_the_argv_the_steps_run(env):
-    from installer import cpus, verify
+    from installer import cpus, devnodes
     from installer.nvidia_options import installer_args
 
     env.kernel.add_gpu("0000:00:04.0")
     env.kernel.add_gpu("0000:00:05.0")
     plan = CosFlow().plan(env.ctx())
-    assert step(plan, "device_nodes").detail.startswith(
-        "nvidia-modprobe " + " ".join(verify.modprobe_args(2)) + ";")
-    assert "-c0 -c1 -u -m" in step(plan, "device_nodes").detail
+    assert step(plan, "device_nodes").detail == (
+        "nvidia-modprobe " + " ".join(devnodes.modprobe_invocations([0, 1])[0]) + "; "
+        "nvidia-modprobe -c0 -u; /dev/char/<major>:<minor> links")
+    assert "-c255 -c0 -c1 -m" in step(plan, "device_nodes").detail
     argv = installer_args(version=DEFAULT_V, kernel_release=COS_KERNEL,
                           kernel_source_path=Path("<kernel-source>"),
                           kernel_output_path=Path("<kernel-output>"),

@@ -172,7 +172,7 @@ def test_missing_device_nodes(node, capsys):
     f = found["device_nodes"]
     assert f["verdict"] == "fail"
     assert "/dev/nvidia-uvm, /dev/nvidia-uvm-tools" in f["detail"]
-    assert "nvidia-modprobe -c0 -u -m" in f["fix"]
+    assert "nvidia-modprobe -c255 -c0 -m" in f["fix"]
 
 
 def test_missing_dev_char_links(node, capsys):

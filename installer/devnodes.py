@@ -1,0 +1,171 @@
+"""The NVIDIA device files, made the way NVIDIA's own nvidia-modprobe makes them.
+
+The kernel modules make none (they register character regions, no
+``device_create``); NVIDIA's user space makes them: NVML (``nvidia-smi`` as root)
+``/dev/nvidiactl`` and ``/dev/nvidiaN``, ``nvidia-modprobe`` any of them on request.
+We ask ``nvidia-modprobe`` for every file explicitly rather than rely on NVML's side
+effect, so the result is the same whoever runs first. What each option means is
+NVIDIA/nvidia-modprobe ``nvidia-modprobe.c`` ``main()`` (the same from 535.43.02, the
+first release that also links ``/dev/char/<major>:<minor>``, to 550 and later):
+
+- without ``-u``, every ``-c N`` is ``nvidia_mknod(N)``: ``/dev/nvidiaN`` (195, N), and
+  ``/dev/nvidiactl`` (195, 255) for N = 255 (``assign_device_file_name``);
+- ``-m`` is ``nvidia_modeset_mknod()``: ``/dev/nvidia-modeset`` (195, 254);
+- with ``-u``, every ``-c N`` is ``nvidia_uvm_mknod(N)``: ``/dev/nvidia-uvm`` (major of
+  "nvidia-uvm" in /proc/devices, minor N) and ``/dev/nvidia-uvm-tools`` (N + 1). Only
+  ``-c0`` is right: ``-c0 -c1 -u`` leaves nvidia-uvm at minor 1.
+
+With ``NVreg_ModifyDeviceFiles=0`` the driver leaves device files to the admin
+(``mknod_helper`` only links existing ones); we make none either and only check them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from installer import devchar, gpus, modules
+from installer.errors import VerifyError
+from installer.kernel import KernelState
+from installer.runner import CommandError, Runner
+
+log = structlog.get_logger(__name__)
+
+TIMEOUT_S = 120
+CTL_MINOR = 255  # NV_CTL_DEVICE_NUM (nvidia-modprobe-utils.h)
+UVM_NODES = ("nvidia-uvm", "nvidia-uvm-tools")
+
+
+def parse_device_minor(text: str) -> int | None:
+    """The ``Device Minor:`` line of /proc/driver/nvidia/gpus/<addr>/information."""
+    m = re.search(r"^Device Minor:\s*(\d+)\s*$", text, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def parse_params(text: str) -> dict[str, int]:
+    """/proc/driver/nvidia/params: ``Name: value`` lines (numeric ones only)."""
+    out = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and value.strip().isdigit():
+            out[name.strip()] = int(value)
+    return out
+
+
+def modify_allowed(params_text: str | None, module_args: tuple[str, ...]) -> bool:
+    """ModifyDeviceFiles as the loaded driver reports it, else as we would load it (default 1)."""
+    if params_text is not None:
+        return parse_params(params_text).get("ModifyDeviceFiles", 1) == 1
+    for param in modules.params_for("nvidia", module_args):
+        key, _, value = param.partition("=")
+        if key == "NVreg_ModifyDeviceFiles":
+            return value.strip() == "1"
+    return True
+
+
+def modprobe_invocations(minors: list[int]) -> list[list[str]]:
+    """nvidia-modprobe's argv lists (after the program) for these GPU minors."""
+    return [
+        # No -u: each -c is nvidia_mknod(); 255 is nvidiactl; -m nvidia_modeset_mknod().
+        [f"-c{CTL_MINOR}", *(f"-c{m}" for m in minors), "-m"],
+        # -u: -c0 is the UVM base minor, nvidia-uvm 0 and nvidia-uvm-tools 1 (nvidia_uvm_mknod).
+        ["-c0", "-u"],
+    ]
+
+
+def expected_nodes(minors: list[int]) -> list[str]:
+    return ["nvidiactl", *(f"nvidia{m}" for m in minors), "nvidia-modeset", *UVM_NODES]
+
+
+@dataclass(frozen=True)
+class Plan:
+    minors: list[int]
+    modify: bool
+
+    @property
+    def invocations(self) -> list[list[str]]:
+        return modprobe_invocations(self.minors) if self.modify else []
+
+    def describe(self) -> str:
+        if not self.modify:
+            return ("NVreg_ModifyDeviceFiles=0: no device files made, those present are "
+                    "checked and linked in /dev/char")
+        calls = "; ".join("nvidia-modprobe " + " ".join(a) for a in self.invocations)
+        return f"{calls}; /dev/char/<major>:<minor> links"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def gpu_minors(kernel: KernelState) -> list[int]:
+    """The driver's minors (/proc/driver/nvidia/gpus/*/information), else 0..N-1 by PCI scan."""
+    infos = sorted((kernel.proc_dir / "driver/nvidia/gpus").glob("*/information"))
+    found = [parse_device_minor(_read(p) or "") for p in infos]
+    if found and None not in found:
+        return sorted(m for m in found if m is not None)
+    return list(range(max(1, len(gpus.scan(kernel.sys_dir)))))
+
+
+def plan(kernel: KernelState, module_args: tuple[str, ...]) -> Plan:
+    params = _read(kernel.proc_dir / "driver/nvidia/params")
+    return Plan(gpu_minors(kernel), modify_allowed(params, module_args))
+
+
+def create(modprobe: Path, kernel: KernelState, runner: Runner,
+           module_args: tuple[str, ...]) -> list[str]:
+    """Make the device files (unless the driver forbids it) and check they all exist."""
+    p = plan(kernel, module_args)
+    dev = kernel.dev_dir
+    if p.modify:
+        if not os.access(dev, os.W_OK):
+            raise VerifyError(f"cannot create the NVIDIA device files: {dev} is not writable",
+                              hint="mount the host's /dev read-write into the container "
+                              "(privileged)", path=str(dev))
+        # symlink_char_dev fails the whole call when /dev/char is missing (devtmpfs has it).
+        (dev / "char").mkdir(exist_ok=True)
+        for argv in p.invocations:
+            try:
+                runner.run([modprobe, *argv], timeout=TIMEOUT_S, env=kernel.seam_env())
+            except CommandError as exc:
+                raise VerifyError(
+                    f"nvidia-modprobe {' '.join(argv)} failed (exit {exc.returncode})"
+                    f"{': ' + exc.stderr_tail(2) if exc.stderr_tail(2) else ''}",
+                    hint="check that nvidia, nvidia-modeset and nvidia-uvm are loaded "
+                    "(/proc/devices lists nvidia-uvm) and /dev is the host's",
+                    path=str(modprobe)) from exc
+    missing = [n for n in expected_nodes(p.minors) if not (dev / n).exists()]
+    if missing:
+        what = ", ".join(f"/dev/{n}" for n in missing)
+        if not p.modify:
+            raise VerifyError(f"NVreg_ModifyDeviceFiles=0 and {what} missing: the driver "
+                              "leaves device files to you", path=str(dev),
+                              hint="create them (udev rule or mknod, see /proc/devices) or "
+                              "drop NVreg_ModifyDeviceFiles=0 from the module parameters")
+        raise VerifyError(f"device files missing after nvidia-modprobe: {what}", path=str(dev),
+                          hint="check /dev is the host's /dev, mounted read-write")
+    nodes = expected_nodes(p.minors)
+    _link_char_devices(dev)
+    log.info("device_nodes_ready", nodes=nodes, made_by="nvidia-modprobe" if p.modify else None)
+    return nodes
+
+
+def _link_char_devices(dev: Path) -> None:
+    """/dev/char/<major>:<minor> for every NVIDIA node (nvidia-modprobe's own links do not
+    cover nodes it did not make): without them GPU containers lose access after a
+    systemctl daemon-reload ("Failed to initialize NVML: Unknown Error")."""
+    try:
+        devchar.create(dev)
+    except OSError as exc:
+        raise VerifyError(
+            f"could not create the /dev/char symlinks: {exc}",
+            hint="the container needs the host's /dev mounted read-write",
+            path=str(dev / "char"),
+        ) from exc

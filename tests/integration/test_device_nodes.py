@@ -1,0 +1,78 @@
+"""Device files after install, made by NVIDIA's real nvidia-modprobe (the fixture payload's
+launcher runs Debian's binary against the fake kernel) and checked by the fake NVML."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from installer import devnodes
+from tests.fixtures.fakekmod import UVM_MAJOR
+from tests.integration.conftest import V2
+from tests.pod import last_event, ok, reboot_then_cached_install
+
+NV_MAJOR = 195
+
+
+def expected(minors: list[int]) -> dict[str, tuple[int, int]]:
+    """Exactly these character devices: one per GPU, the control, modeset and UVM pair."""
+    return {"nvidiactl": (NV_MAJOR, 255), "nvidia-modeset": (NV_MAJOR, 254),
+            **{f"nvidia{m}": (NV_MAJOR, m) for m in minors},
+            "nvidia-uvm": (UVM_MAJOR, 0), "nvidia-uvm-tools": (UVM_MAJOR, 1)}
+
+
+def assert_exact_nodes(kernel, gpu_count: int) -> None:
+    want = expected(list(range(gpu_count)))
+    got = {n: d for n, d in kernel.devices().items() if n.startswith("nvidia")}
+    assert got == want
+    assert kernel.char_links() == {f"{ma}:{mi}": f"../{n}" for n, (ma, mi) in want.items()}
+    calls = kernel.calls("nvidia-modprobe")[-2:]
+    assert [c["argv"] for c in calls] == [
+        ["-c255", *(f"-c{m}" for m in range(gpu_count)), "-m"], ["-c0", "-u"]]
+    assert all(c["rc"] == 0 for c in calls)
+
+
+def add_gpus(kernel, count: int) -> None:
+    for n in range(1, count):  # the kernel fixture has one at 0000:00:04.0
+        kernel.add_gpu(f"0000:00:{4 + n:02x}.0")
+
+
+@pytest.mark.parametrize("gpu_count", [1, 2, 8])
+def test_fresh_install_makes_exactly_the_device_files(node, pod, kernel, server, gpu_count):
+    add_gpus(kernel, gpu_count)
+    ok(pod.run("install"))
+    assert_exact_nodes(kernel, gpu_count)
+
+
+def test_reboot_cached_load_makes_them_again(node, pod, kernel, server):
+    add_gpus(kernel, 2)
+    ok(pod.run("install"))
+    reboot_then_cached_install(pod, kernel, server)
+    assert_exact_nodes(kernel, 2)
+
+
+def test_upgrade_keeps_exactly_the_device_files(node, pod, kernel, server):
+    add_gpus(kernel, 2)
+    ok(pod.run("install"))
+    kernel.unload_all()
+    ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
+    assert kernel.loaded()["nvidia"].version == V2
+    assert_exact_nodes(kernel, 2)
+
+
+def test_modify_device_files_0_makes_none_and_says_so(node, pod, kernel, server):
+    proc = pod.run("install", "--module-arg", "nvidia.NVreg_ModifyDeviceFiles=0")
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert "NVreg_ModifyDeviceFiles=0" in final["error"] and "/dev/nvidiactl" in final["error"]
+    assert not [n for n in kernel.devices() if n.startswith("nvidia")]
+    assert kernel.calls("nvidia-modprobe") == []
+
+
+def test_no_installer_code_makes_device_files_itself():
+    """Only nvidia-modprobe (and NVML) make them: the installer never calls mknod."""
+    src = Path(devnodes.__file__).parent
+    offenders = [str(p) for p in src.rglob("*.py") if re.search(r"\bmknod\b\s*\(", p.read_text())]
+    assert offenders == []
