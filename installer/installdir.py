@@ -21,6 +21,7 @@ from installer.fsutil import fsync_dir, remove_tree
 log = structlog.get_logger(__name__)
 
 LAYOUT_DIRS = ("bin", "lib64", "drivers", "firmware")
+BUILD_LOG = "kernel-build.log"  # make's output of the last build (nvidia_run.KBUILD_LOG)
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,11 @@ class InstallDir(Tree):
                 os.replace(new, live)
             else:
                 live.mkdir()
-        staged_log = staging.root / "nvidia-installer.log"
-        if staged_log.exists():
-            os.replace(staged_log, self.installer_log)
+        # nvidia-installer's log and make's (kernel-build.log: nvidia_run.KBUILD_LOG).
+        for log_name in (self.installer_log.name, BUILD_LOG):
+            staged_log = staging.root / log_name
+            if staged_log.exists():
+                os.replace(staged_log, self.root / log_name)
         fsync_dir(self.root)
         remove_tree(self.previous_dir)
         remove_tree(staging.root)

@@ -19,7 +19,7 @@ import structlog
 
 from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
-from installer.installdir import Tree
+from installer.installdir import BUILD_LOG, Tree
 from installer import module_build
 from installer.nvidia_options import LOG_FILE, check_loads_nothing
 from installer.runner import CommandError, Runner, tail
@@ -32,7 +32,7 @@ log = structlog.get_logger(__name__)
 EXTRACT_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 3600
 EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
-KBUILD_LOG = "kernel-build.log"  # make's output, in the staging dir
+KBUILD_LOG = BUILD_LOG  # make's output, in the staging dir, then beside the install
 FAILED_LOG = "nvidia-installer.failed.log"  # the failed build's log, beside the install
 
 
