@@ -249,7 +249,7 @@ def build_modules(
     log.info("kernel_modules_build_started", argv=argv)
     rc = _in_sandbox(runner, spec, staging.root / "sandbox.json", BUILD_TIMEOUT_S,
                      f"make ({tree_dir}/)")
-    _raise_for(rc, staging, "building NVIDIA's kernel modules failed (make", kernel_release)
+    _raise_for(rc, staging, "building NVIDIA's kernel modules failed (make ", kernel_release)
     built = module_build.built_modules(extract_dir / tree_dir)
     if not any(ko.name == module_build.REQUIRED for ko in built):
         raise BuildError(f"make succeeded but produced no {module_build.REQUIRED} in {tree_dir}/",
