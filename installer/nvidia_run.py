@@ -17,10 +17,10 @@ from pathlib import Path
 
 import structlog
 
+from installer import module_build
 from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
 from installer.installdir import BUILD_LOG, Tree
-from installer import module_build
 from installer.nvidia_options import LOG_FILE, check_loads_nothing
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec

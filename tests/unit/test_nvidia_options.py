@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from installer import gpus
+from installer import gpus, module_build
 from installer.errors import UsageError
-from installer import module_build
 from installer.headers import KernelTree
 from installer.nvidia_options import (
     FIRST_RELEASE,

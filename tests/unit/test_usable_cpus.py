@@ -9,7 +9,6 @@ from installer.cpus import usable_cpus
 from installer.headers import KernelTree
 from installer.module_build import make_argv
 
-
 HOST = len(os.sched_getaffinity(0))
 
 
