@@ -1,4 +1,5 @@
-"""Build concurrency: nvidia-installer gets the CPUs the container may use, not the host's.
+"""Build concurrency: NVIDIA's kernel module build (make -jN) gets the CPUs the container
+may use, not the host's.
 
     python bench/build_concurrency.py [--json-out FILE]
 
@@ -7,11 +8,11 @@
    /proc/self/cgroup, v1 CFS quota, no quota) next to ``os.cpu_count()``.
 2. End to end (root only): a fresh install in the pod-like chroot with a fake
    cgroup fs mounted over the container's /sys/fs/cgroup (cpu.max = 1 CPU):
-   the ``--concurrency-level`` our log says we passed, and the one the
-   (fake) nvidia-installer recorded receiving.
+   the ``-jN`` our log says we passed to make, and the one the (fake) kbuild under
+   NVIDIA's Makefile interface recorded receiving (kernel-build.log).
 
 A reference installer runs ``nvidia-installer`` with its default
-concurrency, the host's CPU count: a 4-CPU pod on a 96-CPU node runs 96
+concurrency (its own make -jN), the host's CPU count: a 4-CPU pod on a 96-CPU node runs 96
 compiler jobs and is throttled by its quota (CFS) for most of the build.
 """
 
@@ -76,15 +77,13 @@ def end_to_end(work: Path) -> dict:
         if res["rc"] != 0:
             raise SystemExit(f"fresh install failed: {res['stderr'][-3000:]}")
         ours = next((e.get("argv") for e in events(res["stderr"])
-                     if e.get("event") == "nvidia_installer_started"), None)
-        # nvidia-installer's own log (kept in the install dir) lists its command line
-        # and the make command it ran.
-        log = (fx.node.install_dir / "nvidia-installer.log").read_text(errors="replace")
-    flag = [a for a in (ours or []) if a.startswith("--concurrency-level=")]
-    received = [w.strip() for w in log.splitlines() if w.strip().startswith("--concurrency-level=")]
-    make = re.search(r"make [^']*?(-j\d+)", log)
-    return {"logged": flag[0] if flag else None, "received": received[0] if received else None,
-            "make": make.group(1) if make else None}
+                     if e.get("event") == "kernel_modules_build_started"), None)
+        # make's output (kept in the install dir): the fake kbuild prints the -jN it got.
+        log = (fx.node.install_dir / "kernel-build.log").read_text(errors="replace")
+    flag = [a for a in (ours or []) if re.fullmatch(r"-j\d+", a)]
+    received = re.search(r"jobs: (-j\d+)", log)
+    return {"logged": flag[0] if flag else None,
+            "received": received.group(1) if received else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pod", action="store_true", help="skip the end-to-end install")
     args = ap.parse_args(argv)
     from installer.cpus import usable_cpus
-    from installer.nvidia_options import installer_args
+    from installer.headers import KernelTree
+    from installer.module_build import make_argv
 
     work = Path(tempfile.mkdtemp(prefix="bench-build-", dir="/tmp"))
     try:
@@ -104,21 +104,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'cgroup':58} {'usable_cpus':>11} {'expected':>8}  argv flag")
         for desc, fs, me, want in scenarios(work):
             got = usable_cpus(fs, me)
-            argv = installer_args(version="535.261.03", kernel_release="r",
-                                  kernel_source_path=None, kernel_output_path=None,
-                                  concurrency=got, module_type=None)
-            flag = next(a for a in argv
-                        if a.startswith("--concurrency-level="))
-            ok &= got == want and flag == f"--concurrency-level={want}"
+            argv = make_argv("kernel", KernelTree(Path("/src"), Path("/src")), got)
+            flag = next(a for a in argv if a.startswith("-j"))
+            ok &= got == want and flag == f"-j{want}"
             print(f"  {desc:58} {got:>11} {want:>8}  {flag}")
         e2e = None
         why_not = "skipped (--no-pod)" if args.no_pod else can_run_pods()
         if why_not is None:
             e2e = end_to_end(work)
-            ok &= e2e["logged"] == "--concurrency-level=1" == e2e["received"]
+            ok &= e2e["logged"] == "-j1" == e2e["received"]
             print(f"end to end, pod with cpu.max = 1 CPU on a {host}-CPU host: we passed "
-                  f"{e2e['logged']}; nvidia-installer.log: received {e2e['received']}, "
-                  f"ran make {e2e['make']}")
+                  f"make {e2e['logged']}; kernel-build.log: received {e2e['received']}")
         else:
             print(f"end to end: not run: {why_not}")
     finally:

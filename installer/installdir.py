@@ -21,6 +21,7 @@ from installer.fsutil import fsync_dir, remove_tree
 log = structlog.get_logger(__name__)
 
 LAYOUT_DIRS = ("bin", "lib64", "drivers", "firmware")
+BUILD_LOG = "kernel-build.log"  # make's output of the last build (nvidia_run.KBUILD_LOG)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class Tree:
 @dataclass(frozen=True)
 class InstallDir(Tree):
     host_path: PurePosixPath  # where the host sees ``root`` (the pod mounts it elsewhere)
+
+    # The last build's logs, promoted with it (nvidia-installer's, make's).
+    LOGS = ("nvidia-installer.log", BUILD_LOG)
 
     @property
     def cache_file(self) -> Path:
@@ -123,9 +127,11 @@ class InstallDir(Tree):
                 os.replace(new, live)
             else:
                 live.mkdir()
-        if (staging.root / "nvidia-installer.log").exists():
-            _move(self.installer_log, self.previous_dir / self.installer_log.name)
-            os.replace(staging.root / "nvidia-installer.log", self.installer_log)
+        # nvidia-installer's log and make's (kernel-build.log: nvidia_run.KBUILD_LOG).
+        for log_name in self.LOGS:
+            if (staging.root / log_name).exists():
+                _move(self.root / log_name, self.previous_dir / log_name)
+                os.replace(staging.root / log_name, self.root / log_name)
         fsync_dir(self.root)
         remove_tree(staging.root)
 
@@ -144,8 +150,8 @@ class InstallDir(Tree):
             for name in LAYOUT_DIRS:
                 remove_tree(self.root / name)
                 _move(self.previous_dir / name, self.root / name)
-            for name in (self.installer_log.name, self.cache_file.name):
-                # The log only moved when the new install brought one; the record goes last.
+            for name in (*self.LOGS, self.cache_file.name):
+                # A log only moved when the new install brought one; the record goes last.
                 _move(self.previous_dir / name, self.root / name)
             fsync_dir(self.root)
             remove_tree(self.previous_dir)

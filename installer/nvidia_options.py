@@ -9,8 +9,6 @@ release tags; see tests/fixtures/nvidia_installer_options.json).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from installer.errors import UsageError
 
 # First release tag whose option table has each option; every other option we
@@ -36,39 +34,29 @@ def accepts(version: str, option: str) -> bool:
     return first is None or version_key(version) >= version_key(first)
 
 
-def module_type_args(version: str, module_type: str) -> list[str]:
-    """Select proprietary or open modules in the spelling this release knows.
-
-    ``--kernel-module-type`` from 555.42.02; before it, 470.42.01+ take
-    ``--kernel-module-build-directory=kernel-open`` (proprietary is the default).
-    """
-    if accepts(version, "--kernel-module-type"):
-        return [f"--kernel-module-type={module_type}"]
-    if module_type == "proprietary":
-        return []
-    if accepts(version, "--kernel-module-build-directory") and version_key(version) >= (515,):
-        return ["--kernel-module-build-directory=kernel-open"]
-    raise UsageError(
-        f"driver {version} has no open kernel modules (they exist from R515)",
-        hint="use --kernel-module-type proprietary, or a newer driver",
-        driver_version=version,
-    )
+# Options that make nvidia-installer build, install, load or unload kernel modules:
+# none may reach it (module_build.py builds the modules; modules.py loads them).
+KERNEL_MODULE_OPTIONS = (
+    "--kernel-module-only", "--kernel-modules-only", "--skip-module-load", "--kernel-name",
+    "-k", "--kernel-source-path", "--kernel-output-path", "--kernel-install-path",
+    "--kernel-module-build-directory", "-m", "--kernel-module-type", "-M", "--dkms",
+    "--allow-installation-with-running-driver", "--rebuild-initramfs",
+)
+NO_KERNEL_MODULE = "--no-kernel-module"  # every release; --no-kernel-modules from 515.43.04
 
 
-def installer_args(
-    *,
-    version: str,
-    kernel_release: str,
-    kernel_source_path: Path | None,
-    kernel_output_path: Path | None,
-    concurrency: int,
-    module_type: str | None,
-) -> list[str]:
-    """Silent, non-interactive nvidia-installer argv for ``version``.
+def installer_args(*, version: str) -> list[str]:
+    """Silent, non-interactive nvidia-installer argv for ``version``: user space,
+    firmware and nvidia-modprobe only.
 
-    Loading is ours (in order, after checks, rolled back on failure): releases with
-    ``--skip-module-load`` get it; older ones test-load through the kmod tools on
-    PATH, which the sandbox makes inert (``sandbox.KMOD_SHIMS``).
+    ``--no-kernel-module`` (the spelling every release knows) skips, at every release
+    tag from 470.256.02 to 570.*: install_kernel_modules (the build and
+    ``test_kernel_modules``, which loads each module through ``syscall(SYS_init_module)``),
+    ``check_for_unloaded_kernel_module`` (kernel.c: it rmmods a loaded driver), depmod
+    (command-list.c) and the final ``load_kernel_module("nvidia-drm")``
+    (install-from-cwd.c); firmware and nvidia-modprobe are still installed (manifest.c
+    ``get_installable_file_type_list`` gates only KERNEL_MODULE_SRC, DKMS_CONF and
+    NVIDIA_MODPROBE, the last on --no-nvidia-modprobe).
     """
     if version_key(version) < version_key(OLDEST_SUPPORTED):
         raise UsageError(
@@ -89,22 +77,18 @@ def installer_args(
         "--no-install-compat32-libs",
         "--no-distro-scripts",
         "--no-systemd",
-        "--skip-module-load",
         f"--log-file-name={LOG_FILE}",
-        f"--concurrency-level={concurrency}",
-        f"--kernel-name={kernel_release}",
-        f"--kernel-install-path=/lib/modules/{kernel_release}/video",
+        NO_KERNEL_MODULE,
     ]
     args = [a for a in args if accepts(version, a.split("=", 1)[0])]
-    if kernel_source_path is None:
-        # The older spelling: every release has it (--no-kernel-modules from 515.43.04).
-        args.append("--no-kernel-module")
-    else:
-        args.append(f"--kernel-source-path={kernel_source_path}")
-        # Debian/Ubuntu split headers: without the output dir nvidia-installer uses the
-        # source dir for both and NVIDIA's conftest fails (determine_kernel_output_path).
-        if kernel_output_path is not None and kernel_output_path != kernel_source_path:
-            args.append(f"--kernel-output-path={kernel_output_path}")
-        if module_type:
-            args += module_type_args(version, module_type)
+    check_loads_nothing(args)
     return args
+
+
+def check_loads_nothing(argv: list[str]) -> None:
+    """Refuse (a bug: exit 1) an nvidia-installer argv that would let it touch the
+    host kernel's modules."""
+    names = {a.split("=", 1)[0] for a in argv[1:]}
+    bad = sorted(names & set(KERNEL_MODULE_OPTIONS))
+    if NO_KERNEL_MODULE not in names or bad:
+        raise AssertionError(f"nvidia-installer argv would build or load modules: {argv}")

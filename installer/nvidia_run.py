@@ -1,7 +1,9 @@
-"""The NVIDIA ``.run``: extract it and run its nvidia-installer in the sandbox.
+"""The NVIDIA ``.run``: extract it, build its kernel modules with NVIDIA's Makefile,
+then run its nvidia-installer for user space only, each in the sandbox.
 
 Shared by every distro: Ubuntu and COS differ only in where the kernel source
-tree and the compiler come from.
+tree and the compiler come from. Nothing here loads or unloads a module
+(module_build.py says why); modules.py does, after the checks.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from pathlib import Path
 
 import structlog
 
+from installer import module_build
 from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
-from installer.installdir import Tree
-from installer.nvidia_options import LOG_FILE
+from installer.installdir import BUILD_LOG, Tree
+from installer.nvidia_options import LOG_FILE, check_loads_nothing
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
 from installer.settings import Settings
@@ -29,6 +32,8 @@ log = structlog.get_logger(__name__)
 EXTRACT_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 3600
 EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
+KBUILD_LOG = BUILD_LOG  # make's output, in the staging dir, then beside the install
+FAILED_LOG = "nvidia-installer.failed.log"  # the failed build's log, beside the install
 
 
 _RUN_NAME = re.compile(r"NVIDIA-Linux-x86_64-(\d[\d.]*\d)(?:-[\w.]+)?\.run$")
@@ -219,7 +224,45 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
     return target
 
 
-def build(
+def build_modules(
+    runner: Runner,
+    *,
+    extract_dir: Path,
+    staging: Tree,
+    argv: list[str],
+    tree_dir: str,
+    kernel_release: str,
+    binds: list[tuple[str, str]],
+    env: dict[str, str],
+) -> list[str]:
+    """NVIDIA's Makefile (``argv``: module_build.make_argv) in the sandbox; the modules
+    it leaves in ``<extract>/<tree_dir>`` (a bind: they outlive the sandbox) move into
+    ``staging/drivers``. Nothing is loaded: make runs no kmod tool."""
+    workdir = staging.root / "sandbox"
+    workdir.mkdir(exist_ok=True)
+    spec = SandboxSpec(
+        workdir=str(workdir), argv=argv, cwd=EXTRACT_IN_CHROOT, env=env,
+        binds=[*binds, (str(extract_dir), EXTRACT_IN_CHROOT)],
+        exec_binds=[EXTRACT_IN_CHROOT], kernel_install_path="", log_file="", harvest_to="",
+        output_file=str(staging.root / KBUILD_LOG), result_file=str(workdir / "result.json"),
+    )
+    log.info("kernel_modules_build_started", argv=argv)
+    rc = _in_sandbox(runner, spec, staging.root / "sandbox.json", BUILD_TIMEOUT_S,
+                     f"make ({tree_dir}/)")
+    _raise_for(rc, staging, "building NVIDIA's kernel modules failed (make ", kernel_release)
+    built = module_build.built_modules(extract_dir / tree_dir)
+    if not any(ko.name == module_build.REQUIRED for ko in built):
+        raise BuildError(f"make succeeded but produced no {module_build.REQUIRED} in {tree_dir}/",
+                         hint=f"see {staging.root / KBUILD_LOG}", kernel_release=kernel_release)
+    staging.drivers.mkdir(parents=True, exist_ok=True)
+    for ko in built:
+        shutil.move(str(ko), str(staging.drivers / ko.name))
+    names = [ko.name for ko in built]
+    log.info("kernel_modules_built", modules=names)
+    return names
+
+
+def install_userspace(
     runner: Runner,
     *,
     extract_dir: Path,
@@ -228,9 +271,11 @@ def build(
     kernel_release: str,
     binds: list[tuple[str, str]],
     env: dict[str, str],
-    kernel_module: bool,
 ) -> dict[str, int]:
-    """Run nvidia-installer in the sandbox; the layout lands in ``staging``."""
+    """nvidia-installer (``argv``: nvidia_options.installer_args, which always holds
+    --no-kernel-module) in the sandbox; user space, firmware and nvidia-modprobe land
+    in ``staging``."""
+    check_loads_nothing(argv)
     workdir = staging.root / "sandbox"
     workdir.mkdir(exist_ok=True)
     spec = SandboxSpec(
@@ -240,7 +285,7 @@ def build(
         env=env,
         binds=[*binds, (str(extract_dir), EXTRACT_IN_CHROOT)],
         exec_binds=[EXTRACT_IN_CHROOT],
-        kernel_install_path=f"/lib/modules/{kernel_release}/video",
+        kernel_install_path="",
         log_file=LOG_FILE,
         harvest_to=str(staging.root),
         output_file=str(staging.root / "installer-output.log"),
@@ -249,26 +294,30 @@ def build(
     log.info("nvidia_installer_started", argv=argv)
     rc = _in_sandbox(runner, spec, staging.root / "sandbox.json", BUILD_TIMEOUT_S,
                      "nvidia-installer")
-    if rc != 0:
-        if any(_ENOSPC in text for text in _installer_texts(staging)):
-            raise _out_of_space(staging.root, installer_error(staging))
-        raise BuildError(
-            f"nvidia-installer failed (exit {rc}): {installer_error(staging)}",
-            hint=f"see {staging.root.parent / 'nvidia-installer.failed.log'} for the full log",
-            kernel_release=kernel_release,
-        )
+    _raise_for(rc, staging, "nvidia-installer failed (", kernel_release)
     counts = json.loads((workdir / "result.json").read_text())["harvested"]
-    if kernel_module and not (staging.drivers / "nvidia.ko").exists():
-        raise BuildError("nvidia-installer succeeded but produced no nvidia.ko",
-                         kernel_release=kernel_release)
     log.info("nvidia_installer_finished", **{f"{k}_files": v for k, v in counts.items()})
     return counts
+
+
+def _raise_for(rc: int, staging: Tree, what: str, kernel_release: str) -> None:
+    """Exit 11 when the disk filled up, else exit 7 with the first compiler error."""
+    if rc == 0:
+        return
+    if any(_ENOSPC in text for text in _installer_texts(staging)):
+        raise _out_of_space(staging.root, installer_error(staging))
+    raise BuildError(
+        f"{what}exit {rc}): {installer_error(staging)}",
+        hint=f"see {staging.root.parent / FAILED_LOG} for the full log",
+        kernel_release=kernel_release,
+    )
 
 
 def _installer_texts(staging: Tree) -> list[str]:
     return [
         path.read_text(errors="replace")
-        for path in (staging.root / "nvidia-installer.log", staging.root / "installer-output.log")
+        for path in (staging.root / KBUILD_LOG, staging.root / "nvidia-installer.log",
+                     staging.root / "installer-output.log")
         if path.is_file()
     ]
 
@@ -295,7 +344,9 @@ def installer_error(staging: Tree) -> str:
 
 
 def keep_failure_log(staging: Tree, install_log: Path) -> None:
-    """Keep nvidia-installer.log of a failed build next to (not inside) the install."""
-    src = staging.root / "nvidia-installer.log"
-    if src.is_file():
-        os.replace(src, install_log.with_name("nvidia-installer.failed.log"))
+    """Keep the log of a failed build next to (not inside) the install: nvidia-installer's,
+    else make's (the build stopped before nvidia-installer ran)."""
+    for src in (staging.root / "nvidia-installer.log", staging.root / KBUILD_LOG):
+        if src.is_file():
+            os.replace(src, install_log.with_name(FAILED_LOG))
+            return

@@ -16,12 +16,13 @@ headers: probes fail silently and flags drop. The container's ``/dev``,
 ``/proc`` and ``/sys`` are bound in (read the same, nothing of the container
 changed).
 
-Loading modules is ours, not NVIDIA's: before 550.40.07 there is no
-``--skip-module-load``, and every release unloads a loaded NVIDIA driver it
-finds (``check_for_unloaded_kernel_module``) and test-loads what it built
-(``test_kernel_modules``), all through ``lsmod``/``insmod``/``rmmod``/``modprobe``
-found on PATH (``find_system_util``). Inert stand-ins first on the sandbox's
-PATH keep the working driver loaded until our own checks have passed.
+Loading modules is ours, not NVIDIA's: what runs here is NVIDIA's Makefile
+(module_build.py) and nvidia-installer with ``--no-kernel-module``, which loads,
+unloads and test-loads nothing (docs/nvidia-facts.md, "Who loads modules"). No
+kmod stand-ins are put on PATH: they never protected the host (nvidia-installer
+test-loads through ``syscall(SYS_init_module)``, not insmod) and an inert rmmod
+left test-loaded modules in the kernel; a stray kmod call now reaches the real
+tools and is seen, instead of hidden.
 
 The parent runs ``unshare --mount --propagation private -- python -m
 installer.sandbox SPEC`` through the Runner; the child (``main`` below) does the
@@ -46,13 +47,6 @@ BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
 FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SYSTEM_BINDS = ("/dev", "/proc", "/sys")  # the build environment kbuild and conftest.sh read
-KMOD_SHIM_DIR = "/run/nvidia-driver-installer/kmod"  # inside the chroot, first on PATH
-KMOD_SHIMS = {
-    "lsmod": 'echo "Module                  Size  Used by"\n',
-    **{tool: f'echo "nvidia-driver-installer: {tool} $* skipped in the build sandbox (the '
-             f'installer loads the modules after the build)" >&2\n'
-       for tool in ("insmod", "rmmod", "modprobe")},
-}
 
 
 @dataclass
@@ -63,7 +57,7 @@ class SandboxSpec:
     env: dict[str, str]
     binds: list[tuple[str, str]]  # (container path, path inside the chroot)
     exec_binds: list[str]  # binds remounted exec (the host dir may be noexec on COS)
-    kernel_install_path: str  # inside the chroot
+    kernel_install_path: str  # inside the chroot; "" when nothing installs modules
     log_file: str  # inside the chroot
     harvest_to: str  # the staging tree; "" to keep nothing of what the command wrote
     output_file: str  # installer stdout+stderr
@@ -110,15 +104,6 @@ def _bind(src: str, merged: Path, dst: str, make_exec: bool) -> None:
         _mount("-o", "remount,bind,exec", str(target))
 
 
-def _write_kmod_shims(merged: Path) -> None:
-    shim_dir = merged / KMOD_SHIM_DIR.lstrip("/")
-    shim_dir.mkdir(parents=True, exist_ok=True)
-    for tool, body in KMOD_SHIMS.items():
-        shim = shim_dir / tool
-        shim.write_text("#!/bin/sh\n" + body + "exit 0\n")
-        shim.chmod(0o755)
-
-
 def _is_whiteout(path: Path) -> bool:
     st = path.lstat()
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
@@ -146,8 +131,8 @@ def harvest(upper: Path, spec: SandboxSpec) -> dict[str, int]:
     """Move the install layout out of the upper dir; everything else is discarded."""
     out = Path(spec.harvest_to)
     counts = {"bin": 0, "lib64": 0, "drivers": 0, "firmware": 0}
-    kernel_dirs = [spec.kernel_install_path.lstrip("/")]
-    if kernel_dirs[0].startswith("lib/"):
+    kernel_dirs = [spec.kernel_install_path.lstrip("/")] if spec.kernel_install_path else []
+    if kernel_dirs and kernel_dirs[0].startswith("lib/"):
         kernel_dirs.append("usr/" + kernel_dirs[0])
     for rel in kernel_dirs:
         src = upper / rel
@@ -177,14 +162,12 @@ def main(spec_path: str) -> int:
         _bind(path, merged, path, make_exec=False)
     for src, dst in spec.binds:
         _bind(src, merged, dst, dst in spec.exec_binds)
-    _write_kmod_shims(merged)
 
     def enter_chroot() -> None:
         os.chroot(merged)
         os.chdir(spec.cwd)
 
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C", **spec.env}
-    env["PATH"] = f"{KMOD_SHIM_DIR}:{env['PATH']}"
     with open(spec.output_file, "wb") as output:
         proc = subprocess.run(spec.argv, env=env, stdout=output, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, preexec_fn=enter_chroot)  # noqa: PLW1509

@@ -16,6 +16,7 @@ from installer import (
     firmware,
     gpus,
     ldcache,
+    module_build,
     modules,
     nvidia_options,
     nvidia_run,
@@ -161,20 +162,17 @@ def extract_driver() -> Step:
 
 def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
                  userspace_only: bool = False) -> Step:
-    """nvidia-installer in the sandbox with only the options ``version`` accepts."""
+    """NVIDIA's Makefile builds the modules (unless ``userspace_only``: COS prebuilt),
+    then nvidia-installer --no-kernel-module installs user space; both in the sandbox.
+    Neither loads anything: module_build.py."""
 
     release = ctx.host_info.kernel_release
+    tree_dir = "" if userspace_only else module_build.build_dir(version, module_type)
+    installer_argv = nvidia_options.installer_args(version=version)
 
-    def argv(tree: KernelTree | None) -> list[str]:
-        return nvidia_options.installer_args(
-            version=version,
-            kernel_release=release,
-            kernel_source_path=tree.source if tree else None,
-            kernel_output_path=tree.output if tree else None,
-            concurrency=cgroup_memory.jobs_for(cpus.usable_cpus(),
-                                               cgroup_memory.memory_limit()),
-            module_type=None if userspace_only else module_type,
-        )
+    def make_argv(tree: KernelTree) -> list[str]:
+        jobs = cgroup_memory.jobs_for(cpus.usable_cpus(), cgroup_memory.memory_limit())
+        return module_build.make_argv(f"{nvidia_run.EXTRACT_IN_CHROOT}/{tree_dir}", tree, jobs)
 
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
@@ -187,20 +185,23 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
         seams = ctx.kernel.seam_env()
         binds += [(path, path) for path in seams.values()]
         env = {**seams, **(toolchain.env if toolchain else {})}
+        sandboxed = {"extract_dir": ctx.work.extract_dir, "staging": staging,
+                     "kernel_release": release, "binds": binds, "env": env}
         try:
-            nvidia_run.build(
-                ctx.runner, extract_dir=ctx.work.extract_dir, staging=staging,
-                argv=argv(None if userspace_only else ctx.work.kernel_tree),
-                kernel_release=release, binds=binds, env=env, kernel_module=not userspace_only,
-            )
+            if not userspace_only:
+                assert ctx.work.kernel_tree is not None, "the kernel headers are found first"
+                nvidia_run.build_modules(ctx.runner, argv=make_argv(ctx.work.kernel_tree),
+                                         tree_dir=tree_dir, **sandboxed)
+            nvidia_run.install_userspace(ctx.runner, argv=installer_argv, **sandboxed)
         except Exception:
             nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
             raise
 
-    # What --dry-run shows is this release's argv, with the headers a later step finds.
-    headers = None if userspace_only else KernelTree(Path("<kernel-source>"), Path("<kernel-output>"))
-    return Step("build_driver", run, f"{' '.join(argv(headers))} (NVIDIA {version}, in a "
-                "private overlay of the container root)")
+    # What --dry-run shows: both commands, with the headers a later step finds.
+    headers = KernelTree(Path("<kernel-source>"), Path("<kernel-output>"))
+    make = "" if userspace_only else f"{' '.join(make_argv(headers))}; then "
+    return Step("build_driver", run, f"{make}{' '.join(installer_argv)} (NVIDIA {version}, "
+                "in a private overlay of the container root)")
 
 
 def check_staged_modules() -> Step:

@@ -288,11 +288,12 @@ def _wrapped_run(run: Path, version: str, extra: dict[str, bytes]) -> Path:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def recorded_env(installer_log: str) -> dict[str, str]:
-    """The environment block the wrapper appended to nvidia-installer.log."""
-    if ENV_BEGIN not in installer_log:
+def recorded_env(installer_log: str, begin: str = ENV_BEGIN) -> dict[str, str]:
+    """The environment block the wrapper appended to nvidia-installer.log (or, with
+    ``begin=runfile.KBUILD_ENV_BEGIN``, the one the fake kbuild printed to make's log)."""
+    if begin not in installer_log:
         return {}
-    block = installer_log.split(ENV_BEGIN, 1)[1].split("=== CC --version ===", 1)[0]
+    block = installer_log.split(begin, 1)[1].split("=== CC --version ===", 1)[0]
     env = {}
     for line in block.strip().splitlines():
         key, sep, value = line.partition("=")

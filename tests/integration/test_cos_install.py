@@ -33,6 +33,7 @@ from tests.cosbucket import (
     signed_modules,
 )
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, INSTALL_HOST, build_cos_node, tree_digest
+from tests.fixtures.runfile import KBUILD_ENV_BEGIN
 from tests.integration.conftest import serve_runs
 from tests.pod import Pod, last_event, ok, pod_on, reboot_then_cached_install
 
@@ -166,15 +167,14 @@ def test_compile_path_builds_with_the_builds_headers_and_toolchain(node, pod, ke
     assert os.readlink(t / "toolchain/bin/ld") == f"{TRIPLE}-ld.lld"
     assert not (t / "toolchain/usr/lib64/rustlib").exists()
 
-    # What nvidia-installer saw: the extracted headers, the toolchain's CC/CXX, its bin/
-    # first on PATH (so `ld` is the cross linker), and the compiler ran in the sandbox.
-    log = installer_log(node)
-    assert f"--kernel-source-path={src}" in log
-    assert f"Kernel source path: '{src}'" in log
-    seen = recorded_env(log)
+    # What NVIDIA's Makefile ran with: the extracted headers, the toolchain's CC/CXX, its
+    # bin/ first on PATH (so `ld` is the cross linker), and the compiler ran in the sandbox.
+    log = (install / "kernel-build.log").read_text()
+    assert f"SYSSRC={src} SYSOUT={src} jobs:" in log
+    seen = recorded_env(log, KBUILD_ENV_BEGIN)
     assert seen["CC"] == CC and seen["CXX"] == CXX
-    # After the sandbox's inert kmod tools (NVIDIA's installer must not load modules).
-    assert seen["PATH"].split(":")[:2] == ["/run/nvidia-driver-installer/kmod", tc_bin]
+    assert seen["PATH"].split(":")[0] == tc_bin  # no kmod stand-ins: nothing loads here
+    assert "--no-kernel-module" in installer_log(node)  # user space only
     assert seen["SYSROOT"] == f"/root/var/lib/cos-tools/{COS_BUILD_ID}/toolchain/usr/{TRIPLE}"
     assert seen["IGNORE_MISSING_MODULE_SYMVERS"] == "1"
     assert f"{CC} (fake COS toolchain)" in log

@@ -16,6 +16,7 @@ import pytest
 
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 from tests.fixtures.node import INSTALL_HOST, tree_digest
+from tests.fixtures.runfile import build_driver_run
 from tests.integration.conftest import V1, V2
 from tests.pod import events, last_event, ok, reboot_then_cached_install
 
@@ -48,9 +49,12 @@ def test_fresh_install_lays_out_the_host(node, pod, kernel, server):
     status = json.loads((install / "status.json").read_text())
     assert status["outcome"] == "ok" and status["plan"] == "fresh"
 
-    # Modules went in in dependency order, the in-tree drm helper via modprobe -d <host root>.
-    assert loads(kernel) == ["insmod nvidia.ko", "insmod nvidia-uvm.ko", "insmod nvidia-modeset.ko",
+    # Modules went in in dependency order, the in-tree ones they depend on (modinfo -F
+    # depends: drm, video, drm_kms_helper) via modprobe -d <host root>.
+    assert loads(kernel) == ["modprobe drm", "insmod nvidia.ko", "insmod nvidia-uvm.ko",
+                             "modprobe video", "insmod nvidia-modeset.ko",
                              "modprobe drm_kms_helper", "insmod nvidia-drm.ko"]
+    assert kernel.calls("init_module") == []  # NVIDIA's installer test-loaded nothing
     modprobe = kernel.calls("modprobe")[0]["argv"]
     assert modprobe[:2] == ["-d", "/root"]  # the host root as the pod sees it
     assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
@@ -154,10 +158,12 @@ def test_broken_build_exit_7_with_installer_error(node, pod, server):
     proc = pod.run("install")
     assert proc.returncode == 7, proc.stderr[-2000:]
     error = last_event(proc)["error"]
-    assert "Unable to build the NVIDIA kernel module" in error
-    # The compiler's first error, what a person fixes, comes first.
-    assert error.index("nvidia/nv.c:1: error: implicit declaration") < error.index("Unable to build")
-    assert (node.install_dir / "nvidia-installer.failed.log").exists()
+    # NVIDIA's Makefile failed (nvidia-installer never ran); the compiler's first error,
+    # what a person fixes, is the message.
+    assert error.startswith("building NVIDIA's kernel modules failed (make exit 2): "
+                            "nvidia/nv.c:1: error: implicit declaration"), error
+    kept = (node.install_dir / "nvidia-installer.failed.log").read_text()
+    assert "make[1]: *** [Makefile:1913:" in kept
     assert not (node.install_dir / ".cache").exists()
 
 
@@ -286,28 +292,39 @@ def test_nvidia_installer_builds_with_the_real_dev_proc_and_sys(node, pod, kerne
     """An overlay of / shows no submounts and a registry image's /dev is empty: without
     binds the first `> /dev/null` makes a plain file that kbuild's cc-option compiles."""
     ok(pod.run("install"))
-    log = (node.install_dir / "nvidia-installer.log").read_text()
+    log = (node.install_dir / "kernel-build.log").read_text()  # make's output, kept
     assert ("build environment: /dev/null is character special file; /proc/self/exe is "
             "symbolic link; /sys/kernel is directory") in log
 
 
-def test_releases_without_skip_module_load_leave_the_loaded_driver_alone(node, pod, kernel,
-                                                                        server):
-    """535 has no --skip-module-load: NVIDIA's installer unloads a loaded driver and
-    test-loads its build through the kmod tools on PATH (kernel.c
-    check_for_unloaded_kernel_module, test_kernel_modules). In our sandbox those are
-    inert: the only module loads and unloads are ours, after the build is checked."""
-    ok(pod.run("install"))
+V535_EARLIER = "535.104.05"  # a 535 node upgraded to V2 (535.183.01)
+
+
+def _events(proc, name):
+    return [e for e in events(proc.stderr) if e.get("event") == name]
+
+
+def test_r535_upgrade_with_the_old_driver_loaded(node, pod, kernel, server, tmp_path):
+    """535 has no --skip-module-load: run the old way, NVIDIA's installer would rmmod the
+    running 535 and test-load its build into the host kernel (kernel.c
+    check_for_unloaded_kernel_module, test_kernel_modules: init_module, EEXIST with the
+    old one in). NVIDIA's Makefile builds, nvidia-installer --no-kernel-module installs
+    user space, and the only unloads and loads are ours, after the checks."""
+    server.serve_run(V535_EARLIER, build_driver_run(tmp_path / "runs", V535_EARLIER))
+    ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V535_EARLIER}))
+    assert kernel.loaded()["nvidia"].version == V535_EARLIER
     before = len(loads(kernel))
     proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
-    argv = [e for e in events(proc.stderr) if e.get("event") == "nvidia_installer_started"]
-    assert argv and "--skip-module-load" not in argv[-1]["argv"]
-    log = (node.install_dir / "nvidia-installer.log").read_text()
-    assert "Kernel module test load complete." in log
+    make = _events(proc, "kernel_modules_build_started")[-1]["argv"]
+    assert make[:3] == ["make", "-C", "/tmp/nvidia-driver-installer/extract/kernel"]
+    assert f"SYSSRC=/root/usr/src/linux-headers-{RELEASE}" in make and make[-1] == "modules"
+    argv = _events(proc, "nvidia_installer_started")[-1]["argv"]
+    assert "--no-kernel-module" in argv and "--skip-module-load" not in argv
+    assert kernel.calls("init_module") == []  # nothing test-loaded during the build
     assert loads(kernel)[before:] == [
         "rmmod nvidia_uvm", "rmmod nvidia_drm", "rmmod nvidia_modeset", "rmmod nvidia",
         "insmod nvidia.ko", "insmod nvidia-uvm.ko", "insmod nvidia-modeset.ko",
-        "insmod nvidia-drm.ko"]  # drm_kms_helper stayed loaded from the first install
+        "insmod nvidia-drm.ko"]  # drm, video, drm_kms_helper stayed loaded
     assert kernel.loaded()["nvidia"].version == V2
 
 
@@ -350,3 +367,16 @@ def test_install_only_puts_the_driver_in_place_and_loads_nothing(node, pod, kern
     after = tree_digest(node.install_dir)
     assert {k: v for k, v in after.items() if k != "status.json"} == {
         k: v for k, v in before.items() if k != "status.json"}
+
+
+def test_module_args_reach_the_loaded_module(node, pod, kernel, server):
+    """--module-arg values are the loaded module's parameters, and nothing else is:
+    no NVreg_ModifyDeviceFiles=0 from a test load left behind."""
+    ok(pod.run("install", "--module-arg", "nvidia.NVreg_EnableGpuFirmware=0",
+               "--module-arg", "nvidia-uvm.uvm_disable_hmm=1",
+               env={"NVIDIA_DRIVER_VERSION": V2}))
+    loaded = kernel.loaded()
+    assert loaded["nvidia"].params == {"NVreg_EnableGpuFirmware": "0"}
+    assert loaded["nvidia_uvm"].params == {"uvm_disable_hmm": "1"}
+    assert (kernel.sys_dir / "module/nvidia/parameters/NVreg_EnableGpuFirmware").read_text() == "0\n"
+    assert kernel.calls("init_module") == []

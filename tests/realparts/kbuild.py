@@ -173,8 +173,9 @@ def cmd_flags(build_dir: Path, obj: str, dirs: dict[str, str] | None = None) -> 
 
 
 def logged_commands(log_text: str) -> dict[str, tuple[str, str]]:
-    """obj -> (target, command) from the ``kbuild: cmd_<target> := ...`` lines the
-    stand-in writes into nvidia-installer.log (its build tree is gone after an install)."""
+    """obj -> (target, command) from the ``kbuild: cmd_<target> := ...`` lines the tier's
+    GNUmakefile (GNUmakefile.log-kbuild) prints into make's output, kernel-build.log, or
+    the stand-in into nvidia-installer.log (the build tree is gone after an install)."""
     found = {}
     for m in re.finditer(r"^\s*kbuild: (?:saved)?cmd_(\S+)\s*:=\s*(.*)$", log_text, re.M):
         target = m.group(1)

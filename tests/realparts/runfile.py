@@ -32,6 +32,7 @@ from tests.realparts.provision import DriverParts, RealParts
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "nvidia-installer"
 MODPROBE_STANDIN = HERE / "nvidia-modprobe"
+LOG_KBUILD = HERE / "GNUmakefile.log-kbuild"  # kbuild's recorded commands into make's output
 TREE_EXCLUDE = ("debian",)
 # full: every tree the version has (NVIDIA's 470/535 .run); proprietary / open: one tree.
 FLAVORS = ("full", "proprietary", "open")
@@ -89,6 +90,8 @@ def _payload(driver: DriverParts, flavor: str, parts: RealParts, table: dict, de
             shutil.copyfile(src, out)
             out.chmod(0o755 if name.startswith(("nvidia-", "libnvidia")) else 0o644)
     trees = _trees(driver, flavor)
+    for name in trees:  # NVIDIA's Makefile runs unchanged; this logs kbuild's commands
+        shutil.copyfile(LOG_KBUILD, dest / name / "GNUmakefile")
     (dest / ".version").write_text(driver.version + "\n")
     (dest / ".build-directory").write_text(("kernel" if "kernel" in trees else "kernel-open") + "\n")
     (dest / ".options.json").write_text(json.dumps({"for_version": driver.version, **table}, indent=1))
@@ -110,7 +113,8 @@ def build_real_run(version: str, flavor: str, parts: RealParts, dest_dir: Path |
     inputs = _inputs(driver, flavor, userspace)
     hashes = {name: cache.content_hash(src, TREE_EXCLUDE) for name, src in inputs.items()}
     k = cache.key(version, flavor, hashes, table, COMPRESSION,
-                  cache.file_hash(STOCK_HEADER), cache.file_hash(Path(__file__)))
+                  cache.file_hash(STOCK_HEADER), cache.file_hash(Path(__file__)),
+                  cache.file_hash(LOG_KBUILD))
 
     def produce(work: Path) -> None:
         payload = work / f"NVIDIA-Linux-x86_64-{version}"

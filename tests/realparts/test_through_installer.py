@@ -1,5 +1,6 @@
 """The installer builds NVIDIA's real 535 (proprietary and open) and 470 kernel modules
-through its sandbox, exactly as in the pod, and loses no compiler probe doing so.
+with NVIDIA's own Makefile through its sandbox, exactly as in the pod, and loses no
+compiler probe doing so; NVIDIA's installer then runs for user space only.
 
 Cold, each build takes 2-3 minutes on 2 cores; results are cached by their inputs
 (the installer's own source included), so a rerun takes seconds.
@@ -72,16 +73,21 @@ def _check_build(done: RealInstall, version: str, abi: str, firmware: bool) -> l
     assert f"CACHE_NVIDIA_DRIVER_VERSION={version}" in cache
     assert f"CACHE_KERNEL_VERSION={abi}" in cache
     argv = done.event("nvidia_installer_started")["argv"]
-    # Exactly what that release's option table has (NVIDIA/nvidia-installer option_table.h).
+    # Exactly what that release's option table has (NVIDIA/nvidia-installer option_table.h),
+    # user space only: NVIDIA's installer neither builds nor loads a module.
     assert nvidia_options.unknown(version, argv) == []
-    return argv
+    assert "--no-kernel-module" in argv
+    return done.event("kernel_modules_build_started")["argv"]
+
+
+def _make_var(make_argv: list[str], name: str) -> str:
+    return next(a.split("=", 1)[1] for a in make_argv if a.startswith(f"{name}="))
 
 
 def test_real_535_proprietary_built_through_the_sandbox(real_535, real_parts, headers):
-    argv = _check_build(real_535, real_parts.main.version, headers.abi, firmware=True)
-    assert "--skip-module-load" not in argv  # 550.40.07+ only
-    source = next(a.split("=", 1)[1] for a in argv if a.startswith("--kernel-source-path="))
-    output = next(a.split("=", 1)[1] for a in argv if a.startswith("--kernel-output-path="))
+    make = _check_build(real_535, real_parts.main.version, headers.abi, firmware=True)
+    assert make[:2] == ["make", "-C"] and make[2].endswith("/kernel") and make[-1] == "modules"
+    source, output = _make_var(make, "SYSSRC"), _make_var(make, "SYSOUT")
     assert source.endswith(str(headers.source)) and output.endswith(str(headers.output))
     assert modinfo(real_535.install_dir / "drivers/nvidia.ko", "firmware").split() == [
         f"nvidia/{real_parts.main.version}/gsp_tu10x.bin",
@@ -92,10 +98,9 @@ def test_sandbox_build_lost_no_compiler_probe(real_535, real_parts, headers):
     """kbuild's recorded flags for one object of each module, built through our sandbox
     (the pod's overlay rootfs, whose own /dev is empty) and directly on this machine."""
     direct = kbuild.cached_build(real_parts.main.kernel, headers)
-    argv = real_535.event("nvidia_installer_started")["argv"]
-    node_source = next(a.split("=", 1)[1] for a in argv if a.startswith("--kernel-source-path="))
-    node_output = next(a.split("=", 1)[1] for a in argv if a.startswith("--kernel-output-path="))
-    logged = kbuild.logged_commands(real_535.installer_log)
+    make = real_535.event("kernel_modules_build_started")["argv"]
+    node_source, node_output = _make_var(make, "SYSSRC"), _make_var(make, "SYSOUT")
+    logged = kbuild.logged_commands(real_535.build_log)
     for obj in OBJECTS:
         ours = kbuild.flags_of(*logged[obj], obj, {node_source: "<src>", node_output: "<out>"})
         theirs = kbuild.cmd_flags(direct, obj, {str(headers.source): "<src>",
@@ -115,10 +120,11 @@ def test_real_535_open_fails_to_build_on_this_kernel_and_says_why(real_535_open,
     assert final["error_class"] == "build" and final["step"] == "build_driver"
     assert "error: too few arguments to function" in final["error"]
     assert "pci_resize_resource" in final["error"]
-    assert "Building kernel modules" in final["error"]
-    argv = real_535_open.event("nvidia_installer_started")["argv"]
-    assert "--kernel-module-build-directory=kernel-open" in argv
-    assert nvidia_options.unknown(real_parts.main.version, argv) == []
+    assert final["error"].startswith("building NVIDIA's kernel modules failed (make exit 2)")
+    make = real_535_open.event("kernel_modules_build_started")["argv"]
+    assert make[2].endswith("/kernel-open")
+    # NVIDIA's installer never ran: the build failed first.
+    assert not [e for e in real_535_open.events if e.get("event") == "nvidia_installer_started"]
     assert not (real_535_open.install_dir / ".cache").exists()
     assert not list((real_535_open.install_dir / "drivers").glob("*.ko"))
     # Not our sandbox: built directly on this machine, the same source fails the same way.
@@ -129,9 +135,8 @@ def test_real_535_open_fails_to_build_on_this_kernel_and_says_why(real_535_open,
 
 
 def test_real_470_built_through_the_sandbox(real_470, real_parts, headers):
-    argv = _check_build(real_470, real_parts.legacy.version, headers.abi, firmware=False)
-    assert not any(a.startswith(("--kernel-module-type", "--kernel-module-build-directory"))
-                   for a in argv)
+    make = _check_build(real_470, real_parts.legacy.version, headers.abi, firmware=False)
+    assert make[2].endswith("/kernel")  # R470 has no open modules
 
 
 # ---------------------------------------------------- real nvidia-smi, real NVML

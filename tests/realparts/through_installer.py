@@ -39,7 +39,7 @@ INSTALL_TIMEOUT_S = 1800
 
 @dataclasses.dataclass(frozen=True)
 class RealInstall:
-    install_dir: Path  # bin/ lib64/ drivers/ firmware/ .cache nvidia-installer.log
+    install_dir: Path  # bin/ lib64/ drivers/ firmware/ .cache nvidia-installer.log kernel-build.log
     events: list[dict]  # the run's JSON log events
     seconds: float
     rc: int
@@ -47,6 +47,11 @@ class RealInstall:
     @property
     def installer_log(self) -> str:
         return (self.install_dir / "nvidia-installer.log").read_text(errors="replace")
+
+    @property
+    def build_log(self) -> str:
+        """make's output of NVIDIA's Makefile (the installer keeps it as kernel-build.log)."""
+        return (self.install_dir / "kernel-build.log").read_text(errors="replace")
 
     def event(self, name: str) -> dict:
         found = [e for e in self.events if e.get("event") == name]

@@ -110,7 +110,8 @@ def test_compile_plan(env):
 
 
 def test_dry_run_texts_are_the_argv_the_steps_run(env):
-    from installer import cpus, devnodes
+    from installer import cgroup_memory, cpus, devnodes, module_build
+    from installer.headers import KernelTree
     from installer.nvidia_options import installer_args
 
     env.kernel.add_gpu("0000:00:04.0")
@@ -120,11 +121,12 @@ def test_dry_run_texts_are_the_argv_the_steps_run(env):
         "nvidia-modprobe " + " ".join(devnodes.modprobe_invocations([0, 1])[0]) + "; "
         "nvidia-modprobe -c0 -u; /dev/char/<major>:<minor> links")
     assert "-c255 -c0 -c1 -m" in step(plan, "device_nodes").detail
-    argv = installer_args(version=DEFAULT_V, kernel_release=COS_KERNEL,
-                          kernel_source_path=Path("<kernel-source>"),
-                          kernel_output_path=Path("<kernel-output>"),
-                          concurrency=cpus.usable_cpus(), module_type="proprietary")
-    assert step(plan, "build_driver").detail.startswith(" ".join(argv) + " (NVIDIA ")
+    jobs = cgroup_memory.jobs_for(cpus.usable_cpus(), cgroup_memory.memory_limit())
+    make = module_build.make_argv("/tmp/nvidia-driver-installer/extract/kernel",
+                                  KernelTree(Path("<kernel-source>"), Path("<kernel-output>")), jobs)
+    argv = installer_args(version=DEFAULT_V)
+    assert step(plan, "build_driver").detail.startswith(
+        " ".join(make) + "; then " + " ".join(argv) + " (NVIDIA ")
 
 
 def test_prebuilt_plan_is_preferred(env):

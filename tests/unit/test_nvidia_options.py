@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from installer import gpus
+from installer import gpus, module_build
 from installer.errors import UsageError
-from installer.nvidia_options import FIRST_RELEASE, accepts, installer_args
+from installer.headers import KernelTree
+from installer.nvidia_options import (
+    FIRST_RELEASE,
+    KERNEL_MODULE_OPTIONS,
+    accepts,
+    check_loads_nothing,
+    installer_args,
+)
 from tests.fixtures import nvidia_options as tables
 
 TABULATED = tables.tabulated()
@@ -19,20 +26,35 @@ PICKED = sorted({*gpus.FALLBACK_VERSIONS, "550.127.05", "535.183.01", *TABULATED
                 key=tables.version_key)
 
 
-def _argv(version, module_type, source=Path("/src"), output=Path("/out")):
-    return installer_args(version=version, kernel_release="6.1.0-56-amd64",
-                          kernel_source_path=source, kernel_output_path=output,
-                          concurrency=2, module_type=module_type)
+def _argv(version):
+    return installer_args(version=version)
 
 
 @pytest.mark.parametrize("version", PICKED)
 def test_every_option_passed_is_in_that_releases_table(version):
-    module_types = [None, "proprietary"] + (["open"] if tables.version_key(version) >= (515,) else [])
-    for module_type in module_types:
-        assert tables.unknown(version, _argv(version, module_type)) == [], module_type
-    userspace = _argv(version, None, source=None, output=None)
-    assert tables.unknown(version, userspace) == []
-    assert "--no-kernel-module" in userspace
+    assert tables.unknown(version, _argv(version)) == []
+
+
+@pytest.mark.parametrize("version", PICKED)
+def test_every_release_gets_user_space_only(version):
+    """--no-kernel-module, the spelling every release has; nothing that builds, installs,
+    loads or unloads a module (install-from-cwd.c, kernel.c at the release tags)."""
+    argv = _argv(version)
+    assert "--no-kernel-module" in argv
+    names = {a.split("=", 1)[0] for a in argv}
+    assert not names & set(KERNEL_MODULE_OPTIONS)
+    check_loads_nothing(argv)
+
+
+@pytest.mark.parametrize("argv", [
+    ["./nvidia-installer", "--silent"],
+    ["./nvidia-installer", "--no-kernel-module", "--skip-module-load"],
+    ["./nvidia-installer", "--no-kernel-module", "--kernel-module-only"],
+    ["./nvidia-installer", "--no-kernel-module", "--kernel-name=6.1.0-56-amd64"],
+])
+def test_an_argv_that_could_touch_modules_is_a_bug(argv):
+    with pytest.raises(AssertionError, match="would build or load modules"):
+        check_loads_nothing(argv)
 
 
 @pytest.mark.parametrize("option", sorted(FIRST_RELEASE))
@@ -47,29 +69,26 @@ def test_first_release_table_matches_nvidias_history(option):
         assert accepts(version, option) == (option in tables.accepted(version)), version
 
 
-def test_r535_gets_no_skip_module_load_and_r550_does():
-    assert "--skip-module-load" not in _argv("535.261.03", None)
-    assert "--skip-module-load" in _argv("550.127.05", None)
-    assert "--no-systemd" in _argv("470.256.02", None)
+def test_no_systemd_from_465():
+    assert "--no-systemd" in _argv("470.256.02")
 
 
-def test_module_type_spelling_by_release():
-    assert "--kernel-module-type=open" in _argv("570.86.16", "open")
-    assert "--kernel-module-type=proprietary" in _argv("555.42.02", "proprietary")
-    assert "--kernel-module-build-directory=kernel-open" in _argv("535.261.03", "open")
-    assert not any("kernel-module" in a for a in _argv("535.261.03", "proprietary")[1:]
-                   if "path" not in a)
+def test_module_build_dir_by_type_and_release():
+    assert module_build.build_dir("570.86.16", "open") == "kernel-open"
+    assert module_build.build_dir("555.42.02", "proprietary") == "kernel"
+    assert module_build.build_dir("535.261.03", "open") == "kernel-open"
+    # The release's own default: open from R560 (what the .run builds without -M/-m).
+    assert module_build.build_dir("560.35.03", None) == "kernel-open"
+    assert module_build.build_dir("550.127.05", None) == "kernel"
     with pytest.raises(UsageError, match="no open kernel modules"):
-        _argv("470.256.02", "open")
+        module_build.build_dir("470.256.02", "open")
 
 
-def test_split_headers_pass_both_paths_and_a_single_tree_one():
-    argv = _argv("535.261.03", None)
-    assert "--kernel-source-path=/src" in argv and "--kernel-output-path=/out" in argv
-    one = _argv("535.261.03", None, source=Path("/t"), output=Path("/t"))
-    assert not any(a.startswith("--kernel-output-path") for a in one)
+def test_make_passes_split_headers_and_jobs():
+    argv = module_build.make_argv("/x/kernel", KernelTree(Path("/src"), Path("/out")), 3)
+    assert argv == ["make", "-C", "/x/kernel", "SYSSRC=/src", "SYSOUT=/out", "-j3", "modules"]
 
 
 def test_releases_older_than_supported_are_refused():
     with pytest.raises(UsageError, match="older than this installer supports"):
-        _argv("460.106.00", None)
+        _argv("460.106.00")

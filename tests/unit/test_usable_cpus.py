@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from installer.cpus import usable_cpus
-from installer.nvidia_options import installer_args
-from tests.fixtures.kernel import UBUNTU_KERNEL
+from installer.headers import KernelTree
+from installer.module_build import make_argv
 
 HOST = len(os.sched_getaffinity(0))
 
@@ -60,7 +61,6 @@ def test_no_cgroup_files_means_affinity(tmp_path):
 
 def test_concurrency_reaches_the_installer_argv(tmp_path):
     fs, me = _tree(tmp_path, {"fs/cpu.max": "100000 100000\n"})
-    argv = installer_args(version="535.261.03", kernel_release=UBUNTU_KERNEL,
-                          kernel_source_path=None, kernel_output_path=None,
-                          concurrency=usable_cpus(fs, me), module_type=None)
-    assert "--concurrency-level=1" in argv
+    tree = KernelTree(Path("/src"), Path("/src"))
+    argv = make_argv("/x/kernel", tree, usable_cpus(fs, me))
+    assert "-j1" in argv

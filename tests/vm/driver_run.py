@@ -40,6 +40,7 @@ DRIVER_SRC = HERE / "driver"
 MODULE_FILES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 KERNEL_FILES = (
     "Kbuild",
+    "Makefile",
     "nv-fake.h",
     "nvidia.c",
     "nvidia-uvm.c",
