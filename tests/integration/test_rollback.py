@@ -10,6 +10,7 @@ plus a fresh node, where "as it was" means no driver at all.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tests.integration.conftest import V1, V2, serve_runs
 from tests.pod import events, last_event, ok, pod_on
 
 pytestmark = pytest.mark.chroot
+serving = contextlib.contextmanager(serve_runs)
 
 FIRMWARE_PATH = "module/firmware_class/parameters/path"  # under the fake /sys
 READY = "run/nvidia/validations/driver-ready"
@@ -76,15 +78,14 @@ def node_state(node, kernel) -> dict:
 def upgrade_fails(node, kernel, tmp_path, run: Path | None, step: str, exit_code: int):
     """Install V1, then an upgrade to V2 (``run``, else the stock V2) failing at ``step``."""
     runs = {V1: driver_run_path(tmp_path, V1), V2: run or driver_run_path(tmp_path, V2)}
-    for server in serve_runs(runs):
+    with serving(runs) as server:
         pod = pod_on(node, kernel, server, tmp_path / "pod", env={"NVIDIA_DRIVER_VERSION": V1})
         ok(pod.run("install"))
         before = node_state(node, kernel)
         proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2})
-        assert proc.returncode == exit_code, proc.stderr[-3000:]
-        assert last_event(proc)["step"] == step, last_event(proc)
-        return before, proc
-    raise AssertionError("no server")
+    assert proc.returncode == exit_code, proc.stderr[-3000:]
+    assert last_event(proc)["step"] == step, last_event(proc)
+    return before, proc
 
 
 def driver_run_path(tmp_path: Path, version: str) -> Path:
@@ -133,7 +134,7 @@ def test_verify_failure_after_promote_restores_the_previous_install(node, kernel
 
 def test_a_failed_fresh_install_leaves_no_driver_behind(node, kernel, tmp_path):
     run = custom_run(tmp_path / "custom", V1, nvidia_smi=SMI_FAILS)
-    for server in serve_runs({V1: run}):
+    with serving({V1: run}) as server:
         pod = pod_on(node, kernel, server, tmp_path / "pod", env={"NVIDIA_DRIVER_VERSION": V1})
         before = node_state(node, kernel)
         proc = pod.run("install")
