@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from installer import cache, devchar, distros, firmware, gpus, ldcache, modules, readiness, signing
+from installer import cache, devchar, devnodes, distros, firmware, gpus, ldcache, modules, readiness, signing
 from installer import status as status_file
 from installer.cache import CacheKey
 from installer.context import UNKNOWN_FAMILY, Context, detect
@@ -297,10 +297,10 @@ def check_gpu_firmware(n: Node) -> Finding:
 
 def check_device_nodes(n: Node) -> Finding:
     dev = n.kernel.dev_dir
-    wanted = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
-    wanted += [f"nvidia{i}" for i in range(max(len(n.pci), 1))]
-    if "nvidia_modeset" in n.kernel.modules():
-        wanted.append("nvidia-modeset")
+    # One /dev/nvidia<minor> per GPU as the driver numbers them; modeset when it is loaded.
+    modeset = "nvidia_modeset" in n.kernel.modules()
+    wanted = [name for name in devnodes.expected_nodes(devnodes.gpu_minors(n.kernel))
+              if modeset or name != "nvidia-modeset"]
     present = {d.rel: d for d in devchar.nvidia_char_devices(dev)}
     missing = [w for w in wanted if w not in present]
     not_chr = [w for w in missing if (dev / w).exists()]
