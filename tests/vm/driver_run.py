@@ -9,7 +9,9 @@ The archive is a makeself file with a header that behaves like NVIDIA's
 - ``kernel/``: the fake NVIDIA module sources (``kmod-src/``) with
   ``MODULE_VERSION`` set to the driver version;
 - ``nvidia-smi``, ``libnvidia-ml.so.<V>``, ``libcuda.so.<V>`` built here with
-  gcc (the guest has the same glibc), and ``nvidia-modprobe`` (a shell script);
+  gcc (the guest has the same glibc), and ``nvidia-modprobe``: NVIDIA's real binary
+  (Debian's package, tests/fixtures/realmodprobe.py), which makes the device files
+  from what the guest kernel's modules registered (/proc/devices, /sys/module);
 - ``fake.conf``: test knobs (vermagic rewrite, forced build failure, drm dep).
 
 A kbuild of the four modules takes about 2 minutes under TCG (most of it is
@@ -31,7 +33,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.fixtures import nvidia_options
+from tests.fixtures import nvidia_options, realmodprobe
 from tests.fixtures.runfile import pack_run, run_name
 
 HERE = Path(__file__).resolve().parent
@@ -184,9 +186,10 @@ def build_run(
             (kernel / "prebuilt").mkdir()
             for m in MODULE_FILES:
                 shutil.copy2(prebuilt / f"{m}.ko", kernel / "prebuilt" / f"{m}.ko")
-        for name in ("nvidia-installer", "nvidia-modprobe", "other_kernel.py"):
+        for name in ("nvidia-installer", "other_kernel.py"):
             shutil.copy2(DRIVER_SRC / name, payload / name)
             (payload / name).chmod(0o755)
+        shutil.copy2(realmodprobe.binary(), payload / "nvidia-modprobe")
         (payload / ".version").write_text(version + "\n")
         # Exactly the options this release's nvidia-installer accepts (option_table.h).
         (payload / ".options").write_text("\n".join(sorted(nvidia_options.accepted(version))) + "\n")

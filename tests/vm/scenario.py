@@ -41,6 +41,7 @@ def install_steps() -> list[Step]:
         Step("install-a", install("a"), timeout=INSTALL_TIMEOUT),
         Step("probe-a", PROBE),
         Step("installer-log-a", f"cat {INSTALL_DIR}/nvidia-installer.log"),
+        Step("kernel-build-log-a", f"cat {INSTALL_DIR}/kernel-build.log"),
         Step("install-a-again", install("a"), timeout=INSTALL_TIMEOUT),
         Step("probe-a-again", PROBE),
         Step("install-b", install("b"), timeout=INSTALL_TIMEOUT),
