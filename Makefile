@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install deps test test-vm demo lint manifests images test-images test-pod bench clean
+.PHONY: help install deps test test-vm demo lint manifests lock images test-images test-pod bench clean
 
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -36,10 +36,16 @@ lint: install  ## ruff, yamllint and hadolint
 manifests: install  ## render the committed manifests from the templates
 	$(VENV)/bin/nvidia-driver-installer manifests render --all --output-dir manifests
 
+lock:  ## regenerate images/requirements.lock (hashed Python dependencies of the images)
+	bash scripts/lock-image-deps.sh
+
 images: install  ## build both images with buildah from a local debootstrap base (slow tier)
 	bash images/build.sh
 
-test-images: install  ## build both images and install from them on fixture nodes (slow tier, root, ~5 min fresh)
+test-lock:  ## regenerate images/requirements.lock (hashed Python dependencies of the images)
+	bash scripts/lock-image-deps.sh
+
+images: install  ## build both images and install from them on fixture nodes (slow tier, root, ~5 min fresh)
 	NDI_IMAGE_TESTS=1 $(PY) -m pytest tests/test_images.py $(PYTEST_ARGS)
 
 # podman runs the pods, runc is its runtime (crun refuses hybrid cgroups), catatonit

@@ -657,6 +657,12 @@ def render_command(
             check()
         except ValueError as exc:
             raise _bad(param, exc) from None
+    for f in selected:
+        if f not in opts.image_digests:
+            click.echo(f"warning: the {f} image is pinned by tag only ({_image(f, opts)}): a "
+                       "re-pushed tag changes what every GPU node runs as root; pin it with "
+                       f"--image-digest {f}=sha256:<digest of the pushed image>",
+                       err=True)
     try:
         if output_dir is None:
             click.echo("".join(render(f, opts) for f in selected), nl=False)

@@ -479,3 +479,15 @@ def test_build_script_shellcheck():
         pytest.skip("shellcheck is not installed (Debian package shellcheck)")
     proc = _run(shellcheck, str(REPO / "images" / "build.sh"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_an_image_pinned_by_tag_only_is_said_loudly():
+    """Issue 22 item 9: a tag can be re-pushed; the DaemonSet runs the image as root."""
+    unpinned = CliRunner().invoke(m.manifests, ["render", "--flavor", "cos"])
+    assert unpinned.exit_code == 0
+    assert "warning: the cos image is pinned by tag only" in unpinned.stderr
+    assert "# NOT PINNED" in unpinned.stdout and "--image-digest cos=sha256:" in unpinned.stdout
+    pinned = CliRunner().invoke(m.manifests, ["render", "--flavor", "cos", "--image-digest", DIGEST])
+    assert pinned.exit_code == 0
+    assert "pinned by tag only" not in pinned.stderr and "NOT PINNED" not in pinned.stdout
+    assert "@" + DIGEST.partition("=")[2] in pinned.stdout or DIGEST in pinned.stdout
