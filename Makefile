@@ -42,10 +42,7 @@ lock:  ## regenerate images/requirements.lock (hashed Python dependencies of the
 images: install  ## build both images with buildah from a local debootstrap base (slow tier)
 	bash images/build.sh
 
-test-lock:  ## regenerate images/requirements.lock (hashed Python dependencies of the images)
-	bash scripts/lock-image-deps.sh
-
-images: install  ## build both images and install from them on fixture nodes (slow tier, root, ~5 min fresh)
+test-images: install  ## build both images and install from them on fixture nodes (slow tier, root, ~5 min fresh)
 	NDI_IMAGE_TESTS=1 $(PY) -m pytest tests/test_images.py $(PYTEST_ARGS)
 
 # podman runs the pods, runc is its runtime (crun refuses hybrid cgroups), catatonit
