@@ -195,9 +195,10 @@ def _exit_codes_epilog() -> str:
               help="Host path of a node_exporter textfile (*.prom) to write the outcome, "
               "duration and driver version to.")
 @click.option("--cos-artifacts-sha256", envvar="COS_ARTIFACTS_SHA256", show_envvar=True,
-              help="COS: a sha256sum-style manifest (file path or URL) pinning the build's "
-              "artifacts (kernel headers, toolchain, prebuilt modules, custom .run, signatures); "
-              "each must match, and an artifact it does not list is refused (exit 6).")
+              help="COS: a sha256sum-style manifest (file path or URL) pinning every file the "
+              "install reads (version aliases, toolchain_env, toolchain_url, toolchain, kernel "
+              "headers, the .run, prebuilt modules, custom .run, signatures); each must match, "
+              "and one it does not list is refused before any download (exit 6).")
 @click.option("--download-deadline", "download_deadline_s", type=click.FloatRange(min=0,
               min_open=True), envvar="DOWNLOAD_DEADLINE", default=3600, show_default=True,
               show_envvar=True, help="Seconds one download may take in all, retries included "

@@ -5,10 +5,15 @@ headers, toolchain, prebuilt modules, the custom ``.run``, signatures) are
 pinned with a manifest, ``--cos-artifacts-sha256 FILE|URL``: ``sha256sum``
 output (``<hex>  <name>`` per line, ``*`` binary marker allowed), made when a
 build is first vetted. An artifact is found by its path under the build's
-artifacts URL (``extensions/gpu/…``) or by its file name. With a manifest,
-every artifact the plan fetches must be listed (exit 6 before any download
-otherwise); metadata files listed in it (``toolchain_env``, ``toolchain_url``,
-``gpu_*_version``) are checked too.
+artifacts URL (``extensions/gpu/…``) or by its file name.
+
+With a manifest, every file the plan reads must be listed, or the run stops
+with exit 6 before any download: the version aliases (``gpu_*_version``),
+``toolchain_env``, ``toolchain_url``, the toolchain archive, the kernel headers,
+the NVIDIA ``.run`` (unless ``--driver-sha256`` pins it), prebuilt modules, the
+custom ``.run`` and its signatures. Metadata the build does not publish (a
+``toolchain_url`` most builds lack) needs no line: it is probed, not read, and
+an unlisted one that exists is refused. A listed one must exist and match.
 """
 
 from __future__ import annotations
@@ -76,11 +81,26 @@ class Manifest:
                 url=redact_url(url))
         return digest
 
+    def not_listed(self, url: str, label: str) -> IntegrityError:
+        name = file_name(url, "")
+        return IntegrityError(
+            f"the {label} {redact_url(url)} is not pinned by the COS artifacts manifest "
+            f"{self.source} (no entry for {name!r}); not reading it",
+            hint="add its sha256 to the manifest once the file is vetted (a manifest made "
+            "with sha256sum over the whole build lists it)", url=redact_url(url))
+
     def check_text(self, name: str, text: str | None, url: str) -> None:
-        """A metadata file read from the build: if the manifest lists it, it must match."""
-        digest = self.lookup(name) if text is not None else None
-        if digest is None or text is None:
-            return
+        """A metadata file read from the build: the manifest lists it (callers read only
+        what it lists), so it must exist and match."""
+        digest = self.lookup(name)
+        if digest is None:
+            raise self.not_listed(url, name)
+        if text is None:
+            raise IntegrityError(
+                f"{redact_url(url)} is pinned by the COS artifacts manifest {self.source} "
+                "but the build does not publish it",
+                hint="the artifacts URL serves another build, or the mirror is incomplete",
+                url=redact_url(url))
         actual = hashlib.sha256(text.encode()).hexdigest()
         if actual != digest:
             raise IntegrityError(

@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection
 
 import requests
 import requests.adapters
+import requests.auth
 
 from installer import __version__
 from installer.errors import DownloadError
@@ -22,21 +23,58 @@ from installer.net.policy import redact_url
 from installer.net.retry import TransferLimits, TransientHTTPError, describe_cause, parse_retry_after
 
 
+class _URLAuthOnly(requests.auth.AuthBase):
+    """Credentials from the request's own URL (``user:pass@``), as ``requests`` takes them
+    when no auth is given (``PreparedRequest.prepare_auth(None)``), and nothing else."""
+
+    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
+        r.prepare_auth(None)
+        return r
+
+
+class ArtifactSession(requests.Session):
+    """``trust_env`` without ``.netrc``: in the pod ``HOME=/root`` is the host's root, and
+    its ``.netrc`` holds the host's credentials, never meant for NVIDIA's or Google's servers.
+
+    ``requests`` 2.x reads netrc in exactly two places, both under ``trust_env``:
+    ``Session.prepare_request`` (``if self.trust_env and not auth and not self.auth:
+    auth = get_netrc_auth(url)``, sessions.py L537-538 in 2.34) and
+    ``Session.rebuild_auth`` on every redirect (``get_netrc_auth(url) if self.trust_env``,
+    L330). A session-level ``auth`` closes the first, the override below the second.
+    ``trust_env`` itself stays on, so ``merge_environment_settings`` (L845-860: proxies
+    from the environment, ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``) and
+    ``rebuild_proxies`` (``NO_PROXY`` re-checked per redirect) work as in ``requests``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trust_env = True
+        self.auth = _URLAuthOnly()
+
+    def rebuild_auth(self, prepared_request: requests.PreparedRequest,
+                     response: requests.Response) -> None:
+        # requests' own rebuild_auth minus the netrc lookup: drop credentials when a
+        # redirect leaves the host they were meant for.
+        original = response.request
+        if ("Authorization" in prepared_request.headers and original is not None
+                and self.should_strip_auth(original.url, prepared_request.url)):
+            del prepared_request.headers["Authorization"]
+
+
 def make_session(*, user_agent: str | None = None,
                  limits: TransferLimits | None = None) -> requests.Session:
-    """A ``requests.Session`` for artifact downloads.
+    """A ``requests.Session`` for artifact downloads (an :class:`ArtifactSession`).
 
     Honours ``HTTPS_PROXY``/``NO_PROXY`` and ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
-    as ``requests`` does (``trust_env``). ``requests`` ignores ``SSL_CERT_FILE``
+    as ``requests`` does (``trust_env``), but never ``.netrc``. ``requests`` ignores ``SSL_CERT_FILE``
     (it uses certifi), so when neither of its own variables is set, a
     ``SSL_CERT_FILE`` (or ``SSL_CERT_DIR``) is used as the trust store.
     No adapter-level retries: :mod:`installer.net.retry` decides. ``limits`` (the
     deadline and minimum rate of every download through this session)
     default to :class:`~installer.net.retry.TransferLimits`.
     """
-    session = requests.Session()
+    session = ArtifactSession()
     session.transfer_limits = limits or TransferLimits()  # type: ignore[attr-defined]
-    session.trust_env = True
     session.headers["User-Agent"] = (
         user_agent or f"nvidia-driver-installer/{__version__} {requests.utils.default_user_agent()}"
     )

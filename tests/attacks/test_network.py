@@ -177,3 +177,26 @@ def test_a_retry_after_flood_cannot_hold_the_run(ubuntu):
     proc = ubuntu.run("install", env={"DOWNLOAD_TIMEOUT": "5"}, timeout=90)
     outcome(proc, 5, "giving up", "503")
     ubuntu.assert_host_unchanged()
+
+
+# -- issue 22 item 7: the host's ~/.netrc -------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["home", "NETRC"])
+def test_the_hosts_netrc_is_never_sent_to_artifact_servers(ubuntu, where):
+    """In the pod HOME=/root is the host's root: its .netrc holds the host's credentials,
+    not the operator's choice for this download. Proxies and CA bundles still come from
+    the environment (the server's CA is trusted through REQUESTS_CA_BUNDLE)."""
+    netrc = ubuntu.node.path("/.netrc")
+    netrc.write_text("machine 127.0.0.1 login hostuser password HostNetrcS3cret\n"
+                     "default login hostuser password HostNetrcS3cret\n")
+    netrc.chmod(0o600)
+    env = {"HOME": "/root"} if where == "home" else {"NETRC": "/root/.netrc"}
+    ubuntu.snapshot()
+    proc = ubuntu.run("install", env=env)
+    outcome(proc, 0, "installed and verified")
+    sent = [(r.method, r.path) for r in ubuntu.server.requests
+            if any(k.lower() == "authorization" for k in r.headers)]
+    assert ubuntu.server.requests and sent == [], sent
+    assert "HostNetrcS3cret" not in proc.stderr + proc.stdout
+    ubuntu.assert_host_unchanged(installed=True)

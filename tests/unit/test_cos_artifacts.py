@@ -161,6 +161,28 @@ def test_toolchain_env():
                                  "LD=x86_64-cros-linux-gnu-ld.lld\n# c\n")
     assert env == {"CC": "x86_64-cros-linux-gnu-clang", "CXX": "x86_64-cros-linux-gnu-clang++",
                    "LD": "x86_64-cros-linux-gnu-ld.lld"}
+    env = ca.parse_toolchain_env("CC=/t/bin/x86_64-cos-linux-gnu-gcc\nLLVM_IAS=1\nHOSTLD=ld.lld\n")
+    assert env["CC"] == "/t/bin/x86_64-cos-linux-gnu-gcc" and env["LLVM_IAS"] == "1"
+
+
+@pytest.mark.parametrize("line", [
+    "CC=/bin/sh -c 'id'", "CC=gcc -wrapper /x", "KCFLAGS=-O2", "HOSTCC=gcc;id", "CXX=$(id)",
+    "CC=`id`", "CC=-wrapper", "CC=a=b", "CC=/t/../../bin/sh", "CC=bin/gcc", "LLVM=/usr/bin/",
+    "PATH=/tmp", "LD_PRELOAD=/x.so", "CROSS_COMPILE=x-", "CC=gcc|id", "CC=gcc&"])
+def test_toolchain_env_names_tools_only(line):
+    with pytest.raises(IntegrityError, match=line.split("=", 1)[0]) as err:
+        ca.parse_toolchain_env(line + "\n", "https://u:secret@h/toolchain_env")
+    assert err.value.exit_code == 6 and "secret" not in err.value.message
+
+
+def test_tool_paths_must_be_inside_the_toolchain(tmp_path):
+    from installer.distros.cos.toolchain import check_tool_paths
+
+    check_tool_paths({"CC": f"{tmp_path}/bin/gcc", "CXX": "g++"}, tmp_path, "te")
+    with pytest.raises(IntegrityError, match="LD=.*outside the toolchain"):
+        check_tool_paths({"LD": "/usr/bin/ld"}, tmp_path, "te")
+    with pytest.raises(IntegrityError, match="outside the toolchain"):
+        check_tool_paths({"CC": f"{tmp_path}-evil/gcc"}, tmp_path, "te")
 
 
 # --------------------------------------------------------------------------- access

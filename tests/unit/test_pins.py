@@ -26,7 +26,11 @@ def test_listed_metadata_must_match():
     m.check_text("toolchain_env", "CC=x\n", "https://h/toolchain_env")
     with pytest.raises(IntegrityError, match="sha256 mismatch"):
         m.check_text("toolchain_env", "CC=/tmp/evil\n", "https://h/toolchain_env")
-    m.check_text("toolchain_url", "anything", "https://h/toolchain_url")  # not listed
+    # Unlisted metadata is never accepted (issue 22: an unlisted toolchain_env ran code).
+    with pytest.raises(IntegrityError, match="not pinned by the COS artifacts manifest"):
+        m.check_text("toolchain_url", "anything", "https://h/toolchain_url")
+    with pytest.raises(IntegrityError, match="does not publish it"):
+        m.check_text("toolchain_env", None, "https://h/toolchain_env")
 
 
 @pytest.mark.parametrize("text", ["", "not a manifest\n", f"{A[:-1]}  x\n"])

@@ -10,9 +10,9 @@ under ``extensions/gpu/`` the precompiled proprietary driver
 ``nvidia-drivers-<V>-signature.tar.gz``.
 
 Everything is fetched anonymously: no metadata-server token is ever added
-(public buckets answer 401 to a bad one, cos-gpu-installer#80). Credentials
-reach a request only if the operator configured them (a proxy, ``.netrc``, a
-signed URL).
+(public buckets answer 401 to a bad one, cos-gpu-installer#80), nor the
+host's ``.netrc`` (net/session.py). Credentials reach a request only if the
+operator put them in a URL (a proxy, ``user:pass@``, a signed URL).
 """
 
 from __future__ import annotations
@@ -195,11 +195,18 @@ def resolve_version(
 # --------------------------------------------------------------------------- toolchain
 
 
-def parse_toolchain_env(text: str | None) -> dict[str, str]:
-    """``toolchain_env`` (``CC=…``/``CXX=…`` shell lines); defaults when the build has none."""
+def parse_toolchain_env(text: str | None, source: str = TOOLCHAIN_ENV_FILE) -> dict[str, str]:
+    """``toolchain_env`` (``CC=…``/``CXX=…`` shell lines); defaults when the build has none.
+
+    Only the toolchain's own tools may be named (:func:`toolchain.check_toolchain_env`):
+    anything else is exit 6 here, before a value reaches a build.
+    """
+    from installer.distros.cos.toolchain import check_toolchain_env
+
     if text is None:
         return dict(DEFAULT_TOOLCHAIN_ENV)
     env = parse_env_file(text)
+    check_toolchain_env(env, source)
     return {**DEFAULT_TOOLCHAIN_ENV, **{k: v for k, v in env.items() if v}}
 
 
@@ -241,9 +248,18 @@ class Artifacts:
         return join(self.base, name)
 
     def fetch_text(self, name: str) -> str | None:
-        """A small metadata file of the build (checked against the manifest if listed)."""
+        """A small metadata file of the build (None: the build has none).
+
+        With a manifest only what it lists is read (and must match); an unlisted file
+        is probed, not read: absent is fine (most builds have no ``toolchain_url``),
+        present is exit 6, since its content would steer the install unvetted.
+        """
         from installer.net.fetch import fetch_text
 
+        if self.manifest is not None and self.manifest.lookup(name) is None:
+            if self.exists(name):
+                raise self.manifest.not_listed(self.url(name), name)
+            return None
         text = fetch_text(self.session, self.url(name),
                           allow_insecure_http=self.allow_insecure_http, policy=self.policy)
         if self.manifest is not None:

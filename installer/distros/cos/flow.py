@@ -43,7 +43,7 @@ from installer.distros.cos.steps import (
     unpack_prebuilt,
 )
 from installer.distros.cos.toolchain import BuildTools
-from installer.net.policy import artifacts_root, check_url_scheme, file_name
+from installer.net.policy import artifacts_root, check_url_scheme
 from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.steps import Fetch
@@ -199,8 +199,8 @@ class CosFlow(Cos):
             signatures_url=signatures_url if policy.enforced else None,
             signed_what="precompiled modules signed by Google" if precompiled
             else "signed prebuilt modules")
-        run_sha = ctx.settings.driver_sha256 or (arts.manifest.lookup(file_name(run_url, ""))
-                                                 if arts.manifest else None)
+        # With a manifest NVIDIA's .run is pinned like the build's files: listed, or exit 6.
+        run_sha = ctx.settings.driver_sha256 or arts.pin(run_url, "driver")
         summary["driver_sha256"] = run_sha
         fetches = [Fetch("driver", run_url, "driver", run_sha)]
         if prebuilt:
@@ -213,6 +213,7 @@ class CosFlow(Cos):
             tc_env, tc_url = self._toolchain_source(ctx, arts)
             tools = v2_tools.adopt(self._tools(ctx), ctx.host_info.kernel_release, tc_env["CC"],
                                    pinned=arts.manifest is not None)
+            toolchain.check_tool_paths(tc_env, tools.toolchain, arts.url(TOOLCHAIN_ENV_FILE))
             headers_preset = self._host_headers(ctx)
             if precompiled:
                 # The custom .run replaces NVIDIA's public one (--driver-sha256 names that).
@@ -266,7 +267,8 @@ class CosFlow(Cos):
         return fetches
 
     def _toolchain_source(self, ctx: Context, arts: Artifacts) -> tuple[dict[str, str], str]:
-        env = parse_toolchain_env(arts.fetch_text(TOOLCHAIN_ENV_FILE))
+        env = parse_toolchain_env(arts.fetch_text(TOOLCHAIN_ENV_FILE),
+                                  arts.url(TOOLCHAIN_ENV_FILE))
         url = toolchain_location(arts.fetch_text(TOOLCHAIN_URL_FILE), arts.base,
                                  artifacts_root(ctx.settings.cos_artifacts_url))
         check_url_scheme(url, allow_insecure_http=ctx.settings.allow_insecure_http)
@@ -284,6 +286,7 @@ class CosFlow(Cos):
         arts = self._artifacts(ctx)
         tools = self._tools(ctx)
         tc_env, tc_url = self._toolchain_source(ctx, arts)
+        toolchain.check_tool_paths(tc_env, tools.toolchain, arts.url(TOOLCHAIN_ENV_FILE))
         headers_url = arts.url(KERNEL_HEADERS)
         fetches = self._tools_fetches(arts, tools, tc_env, tc_url, True)
         plan_steps: list[Step] = []

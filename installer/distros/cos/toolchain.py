@@ -26,9 +26,10 @@ from pathlib import Path
 import structlog
 
 from installer import __version__, archive
-from installer.errors import BuildError
+from installer.errors import BuildError, IntegrityError
 from installer.fsutil import UnreadableFile, read_limited, remove_tree, write_atomic
 from installer.hostroot import HostRoot
+from installer.net.policy import redact_url
 from installer.runner import CommandError, Runner
 
 log = structlog.get_logger(__name__)
@@ -45,9 +46,23 @@ TOOLCHAIN_EXCLUDES = (
     "lib/librustc*",
     "usr/lib64/librustc*",
 )
-# Only these toolchain_env keys reach the NVIDIA installer's environment.
-COMPILE_ENV_KEYS = ("CC", "CXX", "LD", "AR", "NM", "OBJCOPY", "OBJDUMP", "STRIP",
-                    "HOSTCC", "HOSTCXX", "LLVM", "LLVM_IAS", "CROSS_COMPILE", "KCFLAGS")
+# What toolchain_env may set. COS writes only CC and CXX into it (cos/tools
+# src/cmd/cos_kernel_devenv/devenv.sh kernel_build: `echo "CC=${CC}" > toolchain_env`,
+# `echo "CXX=${CXX}" >>`); v2 (src/pkg/cos/cos.go SetCompilationEnv) and v1
+# (entrypoint.sh set_compilation_env: "toolchain_env file will set 'CC' and 'CXX'")
+# read it for those. The other tools are the ones devenv.sh's set_compilation_env
+# exports beside them (LD, HOSTCC, HOSTCXX, HOSTLD, OBJCOPY, STRIP, LLVM_IAS=1) and the
+# binutils kbuild runs. Each names a tool of the toolchain; nothing takes flags
+# (KCFLAGS, CROSS_COMPILE-style prefixes, PATH ...): a value here runs as root.
+TOOL_VARS = ("CC", "CXX", "LD", "AR", "NM", "OBJCOPY", "OBJDUMP", "STRIP", "READELF",
+             "HOSTCC", "HOSTCXX", "HOSTLD", "HOSTAR")
+SWITCH_VARS = ("LLVM", "LLVM_IAS")  # kbuild's 0/1 switches (tools then come from PATH)
+COMPILE_ENV_KEYS = TOOL_VARS + SWITCH_VARS
+# A bare tool name (looked up on PATH, the toolchain's bin/ first), or an absolute path
+# that must be inside the toolchain (check_tool_paths). No whitespace (extra words: a
+# `-wrapper`), no shell or make metacharacters, no leading '-' (an option), no '='.
+_TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_+][A-Za-z0-9._+-]{0,127}$")
+_TOOL_PATH_RE = re.compile(r"^(/[A-Za-z0-9_+][A-Za-z0-9._+-]*){1,32}$")
 _BUILD_DIR_RE = re.compile(r"^\d+(\.\d+)+$")
 _COMPILER_SUFFIXES = ("gcc", "cc", "clang", "g++", "c++", "clang++")
 
@@ -171,6 +186,43 @@ def _first_word(value: str) -> str:
     return value.split()[0] if value.split() else ""
 
 
+def _refuse(var: str, value: str, source: str, why: str) -> IntegrityError:
+    shown = redact_url(source)
+    return IntegrityError(
+        f"{shown} sets {var}={value[:80]!r}: {why}; refusing to build with it",
+        hint=f"toolchain_env may set {', '.join(TOOL_VARS)} to a tool of the toolchain (a "
+        f"bare name or a path inside it) and {', '.join(SWITCH_VARS)} to 0 or 1; check the "
+        "artifacts URL, or pin the build with --cos-artifacts-sha256",
+        url=shown, variable=var)
+
+
+def check_toolchain_env(env: Mapping[str, str], source: str) -> None:
+    """IntegrityError (exit 6) naming the first variable of toolchain_env that is not a
+    known tool variable naming a tool (:data:`TOOL_VARS`), or a 0/1 switch."""
+    for var, value in env.items():
+        if var in SWITCH_VARS:
+            if value not in ("", "0", "1"):
+                raise _refuse(var, value, source, "it can only be 0 or 1")
+        elif var not in TOOL_VARS:
+            raise _refuse(var, value, source, "not a toolchain variable")
+        elif value and not _TOOL_NAME_RE.match(value) and not (
+                _TOOL_PATH_RE.match(value) and not _has_dot_parts(value)):
+            raise _refuse(var, value, source, "not the name or path of one tool (no "
+                          "arguments, options, '=' or shell characters)")
+
+
+def _has_dot_parts(path: str) -> bool:
+    return any(part in (".", "..") for part in path.split("/"))
+
+
+def check_tool_paths(env: Mapping[str, str], toolchain: Path, source: str) -> None:
+    """A tool named by an absolute path must be inside the toolchain dir."""
+    for var in TOOL_VARS:
+        value = env.get(var, "")
+        if os.path.isabs(value) and not value.startswith(f"{toolchain}/"):
+            raise _refuse(var, value, source, f"a path outside the toolchain ({toolchain})")
+
+
 def compiler_path(toolchain: Path, cc: str) -> Path:
     word = _first_word(cc)
     return Path(word) if os.path.isabs(word) else toolchain / "bin" / word
@@ -242,10 +294,8 @@ def link_ld(toolchain: Path, env: Mapping[str, str]) -> Path | None:
 def compile_env(toolchain: Path, env: Mapping[str, str], base_path: str) -> dict[str, str]:
     """The environment nvidia-installer builds with: CC/CXX from toolchain_env, the
     toolchain's bin first on PATH, SYSROOT when the toolchain has one."""
+    # Checked when toolchain_env was read (check_toolchain_env): known keys only.
     out = {k: env[k] for k in COMPILE_ENV_KEYS if env.get(k)}
-    ignored = sorted(set(env) - set(COMPILE_ENV_KEYS))
-    if ignored:
-        log.info("toolchain_env_ignored", keys=ignored)
     out["PATH"] = f"{toolchain / 'bin'}:{base_path}"
     sysroots = sorted(p for p in (toolchain / "usr").glob("*-linux-gnu") if p.is_dir())
     if sysroots:
