@@ -184,6 +184,7 @@ log "mapped ${BASE_NAMES[*]} -> $BASE_IMAGE (debootstrap $SUITE):" \
 ctx=$(mktemp -d "$CACHE/context.XXXXXX")
 trap 'rm -rf "$ctx"' EXIT
 cp "$REPO/pyproject.toml" "$ctx/"
+mkdir "$ctx/images" && cp "$REPO/images/requirements.lock" "$ctx/images/"
 if [[ -f $REPO/README.md ]]; then
   cp "$REPO/README.md" "$ctx/"
 else
