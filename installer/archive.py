@@ -28,8 +28,13 @@ would let an archive grant privileges to a file on the host.
 Limits, so a small hostile archive cannot exhaust memory or disk: a long-name
 or PAX header larger than ``MAX_HEADER_BYTES`` (tarfile would read it whole
 into memory), more than ``max_members`` members, more than ``max_bytes`` of
-content, a path component over 255 bytes or a path over 4095 -- all exit 6.
-A disk that fills up while extracting is exit 11 (``DiskSpaceError``).
+content, a path component over 255 bytes or a path over 4095, a member path or
+symlink target more than ``MAX_DEPTH`` components deep, or an extraction still
+running after ``deadline_s`` -- all exit 6. A disk that fills up while extracting
+is exit 11 (``DiskSpaceError``).
+
+Each directory is made and checked once (``_Extractor.dirs``): resolving every
+member's parents again cost ~76 ms a member 800 deep (a 5 MB archive: hours).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import os
 import shutil
 import stat
 import tarfile
+import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -59,6 +65,12 @@ DEFAULT_MAX_BYTES = 32 << 30
 DEFAULT_MAX_MEMBERS = 500_000
 MAX_HEADER_BYTES = 1 << 20
 NAME_MAX, PATH_MAX = 255, 4095
+# Real trees are shallow: a Debian linux-headers tree is 7 deep below its top dir (10 in
+# COS's kernel-headers.tgz, under usr/src/linux-headers-<release>/).
+MAX_DEPTH = 64
+# A backstop: with depth and member counts bounded, a real toolchain or bundle extracts
+# in well under a minute; a pathological archive must not hold the host lock for hours.
+DEFAULT_DEADLINE_S = 1200.0
 _XATTR_PREFIX = "SCHILY.xattr."
 # The only xattr an archive may set: IMA signatures of COS firmware. Never
 # security.capability (file capabilities: root for whoever runs the file),
@@ -80,6 +92,10 @@ class ExtractResult:
 
 class _Refused(Exception):
     """One member is unsafe; turned into an IntegrityError naming the archive."""
+
+
+class _Overdue(Exception):
+    """The extraction passed its deadline; turned into an IntegrityError."""
 
 
 class _BoundedTarInfo(tarfile.TarInfo):
@@ -125,6 +141,8 @@ def _clean_name(name: str) -> PurePosixPath:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if any(p == ".." for p in parts):
         raise _Refused("a '..' path component")
+    if len(parts) > MAX_DEPTH:  # before any mkdir: pathlib's parents=True recursed per level
+        raise _Refused(f"a path {len(parts)} directories deep (at most {MAX_DEPTH})")
     if len(name.encode(errors="surrogateescape")) > PATH_MAX or any(
             len(p.encode(errors="surrogateescape")) > NAME_MAX for p in parts):
         raise _Refused("a path too long for the filesystem")
@@ -144,8 +162,8 @@ class _Extractor:
                  exclude: Callable[[str], bool] | None, max_bytes: int,
                  max_members: int = DEFAULT_MAX_MEMBERS) -> None:
         self.tar = tar
-        self.root = root
         self.root_real = _real(str(root))
+        self.root = Path(self.root_real)  # members' real paths are under it
         self.keep_xattrs = keep_xattrs
         self.exclude = exclude
         self.max_bytes = max_bytes
@@ -155,18 +173,37 @@ class _Extractor:
         self.symlinks: list[tuple[str, Path]] = []
         self.dir_modes: list[tuple[Path, int]] = []
         self.excluded: set[str] = set()
+        # Real paths of directories (not links) inside the root, made or checked: a
+        # directory is never replaced later (_clear refuses), so these stay safe.
+        self.dirs: set[str] = {self.root_real}
 
     # -- checks against the tree as it is on disk now
 
-    def _check_parent(self, dest: Path) -> None:
-        parent_real = _real(str(dest.parent))
-        if not _inside(self.root_real, parent_real):
-            raise _Refused("a path that leads outside the target through a symlink")
-
-    def _make_parents(self, dest: Path) -> None:
-        self._check_parent(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        self._check_parent(dest)  # mkdir followed whatever links exist: check again
+    def _make_parents(self, dest: Path) -> Path:
+        """Make ``dest``'s missing parents one at a time; returns ``dest`` with its parent
+        resolved (real, inside the root). A symlink on the way is followed only to a
+        directory inside the root (checked with the tree as it is on disk now)."""
+        current = self.root_real
+        for part in dest.parent.relative_to(self.root).parts:
+            path = os.path.join(current, part)
+            if path not in self.dirs:
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    os.mkdir(path)
+                else:
+                    if stat.S_ISLNK(st.st_mode):
+                        path = _real(path)
+                        if not _inside(self.root_real, path):
+                            raise _Refused("a path that leads outside the target through a "
+                                           "symlink")
+                        if not os.path.isdir(path):
+                            raise _Refused("a path through a symlink to a non-directory")
+                    elif not stat.S_ISDIR(st.st_mode):
+                        raise _Refused("a path through a file")
+                self.dirs.add(path)
+            current = path
+        return Path(current, dest.name)
 
     def _clear(self, dest: Path, *, for_dir: bool = False) -> None:
         """Remove what a member replaces (tar semantics); never a directory by a file."""
@@ -209,11 +246,10 @@ class _Extractor:
     def _dir(self, dest: Path, info: tarfile.TarInfo) -> None:
         if dest == self.root:
             return
-        self._make_parents(dest)
-        self._clear(dest, for_dir=True)
+        dest = self._make_parents(dest)
+        self._clear(dest, for_dir=True)  # a link there goes: the dir is made in its place
         dest.mkdir(exist_ok=True)
-        if not _inside(self.root_real, _real(str(dest))):
-            raise _Refused("a directory outside the target")
+        self.dirs.add(str(dest))
         # Applied at the end: a read-only dir must still receive its members.
         self.dir_modes.append((dest, (info.mode & 0o777) | 0o700))
         self.result.dirs += 1
@@ -224,8 +260,10 @@ class _Extractor:
             raise _Refused("a symlink with an empty or invalid target")
         if target.startswith("/"):
             raise _Refused(f"a symlink to the absolute path {target!r}")
-        self._make_parents(dest)
-        resolved = _real(os.path.join(_real(str(dest.parent)), target))
+        if target.count("/") >= MAX_DEPTH:
+            raise _Refused(f"a symlink target more than {MAX_DEPTH} components long")
+        dest = self._make_parents(dest)
+        resolved = _real(os.path.join(dest.parent, target))
         if not _inside(self.root_real, resolved):
             raise _Refused(f"a symlink pointing outside the target ({rel} -> {target})")
         self._clear(dest)
@@ -251,7 +289,7 @@ class _Extractor:
             raise _Refused(f"a hard link to {info.linkname!r}, not extracted before it") from None
         if not stat.S_ISREG(st.st_mode):
             raise _Refused(f"a hard link to {info.linkname!r}, which is not a regular file")
-        self._make_parents(dest)
+        dest = self._make_parents(dest)
         self._clear(dest)
         os.link(src_real, dest, follow_symlinks=False)
         self.result.links += 1
@@ -260,7 +298,7 @@ class _Extractor:
         self.result.bytes += info.size
         if self.result.bytes > self.max_bytes:
             raise _Refused(f"more than {self.max_bytes} bytes of content")
-        self._make_parents(dest)
+        dest = self._make_parents(dest)
         self._clear(dest)
         src = self.tar.extractfile(info)
         if src is None:  # cannot happen for a regular file
@@ -322,6 +360,7 @@ def extract(
     exclude: Callable[[str], bool] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_members: int = DEFAULT_MAX_MEMBERS,
+    deadline_s: float = DEFAULT_DEADLINE_S,
 ) -> ExtractResult:
     """Unpack ``archive`` into ``target`` (which must not exist yet); see the module doc.
 
@@ -338,12 +377,15 @@ def extract(
         remove_tree(work, ignore_errors=True)
     work.mkdir(mode=0o755)
     member_name = None
+    deadline = time.monotonic() + deadline_s
     try:
         with tarfile.open(archive, mode="r:*", tarinfo=_BoundedTarInfo) as tar:
             ex = _Extractor(tar, work, keep_xattrs=keep_xattrs, exclude=exclude,
                             max_bytes=max_bytes, max_members=max_members)
             while (info := tar.next()) is not None:
                 tar.members.clear()  # tarfile keeps every header otherwise: memory per member
+                if time.monotonic() > deadline:
+                    raise _Overdue(ex.members)
                 member_name = info.name
                 try:
                     ex.member(info)
@@ -362,6 +404,15 @@ def extract(
             hint="the artifact is corrupt or has been tampered with; check its source",
             path=str(archive),
             member=member_name,
+        ) from None
+    except _Overdue as exc:
+        remove_tree(work, ignore_errors=True)
+        raise IntegrityError(
+            f"unsafe archive {label}: still extracting after {deadline_s:.0f} s ({exc} "
+            "members); stopped, nothing was extracted",
+            hint="a real archive takes well under a minute: check its source (or, on a very "
+            "slow disk, the disk)",
+            path=str(archive),
         ) from None
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
         remove_tree(work, ignore_errors=True)

@@ -8,14 +8,24 @@ recognised (``CACHE_BUILD_ID=`` / ``CACHE_KERNEL_VERSION=`` and
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
 
-from installer.fsutil import UnreadableFile, read_regular, sha256_file, write_atomic
+from installer.bundle.manifest import BundleError, check_rel
+from installer.fsutil import (
+    UnreadableFile,
+    open_beneath,
+    read_regular,
+    sha256_file,
+    sha256_stream,
+    write_record,
+)
 from installer.gke import v2_cache
 from installer.osinfo import parse_env_file
 
@@ -23,13 +33,21 @@ log = structlog.get_logger(__name__)
 
 CACHE_FORMAT = "2"
 MAX_BYTES = 1 << 20  # hashes of a few dozen files: a few KB
+# A hashed file larger than this makes the record unusable (a miss): the largest real
+# ones (nvidia.ko with debug info, libcuda.so) are ~100-200 MB, and hashing 1 GiB takes
+# ~2 s with the host lock held. A sparse 1 TiB file named in a record took over an hour.
+MAX_FILE_BYTES = 1 << 30
+MAX_HASHED_BYTES = 4 << 30  # all of a record's files together (a real install: ~0.3 GB)
 # A record without hashes (written by GKE's installers) is trusted only if these exist.
 REQUIRED_FILES = ("drivers/nvidia.ko", "bin/nvidia-smi", "lib64/libnvidia-ml.so.1")
 
 
 def stat_signature(path: Path) -> tuple[int, int, int, int]:
+    return _signature(os.stat(path))
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
     """(size, mtime_ns, ctime_ns, inode): what changes when a file is written or replaced."""
-    st = os.stat(path)
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
@@ -109,21 +127,22 @@ def hashed_files(install_dir: Path) -> list[str]:
 
 
 def read(cache_file: Path) -> CacheRecord | None:
-    """The record, or None when there is none or it is unusable (a FIFO, a device, a huge
-    file: logged, and the next install replaces it)."""
+    """The record, or None when there is none or it is unusable (a FIFO, a device, a
+    directory, a huge file, a symlink loop: logged, and the next install replaces it)."""
     try:
         data, st = read_regular(cache_file, MAX_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except UnreadableFile as exc:
-        log.warning("cache_record_unusable", path=str(cache_file), reason=f"it {exc.reason}",
+    except (UnreadableFile, OSError) as exc:  # OSError: a symlink loop (ELOOP), EACCES...
+        reason = exc.reason if isinstance(exc, UnreadableFile) else f"cannot be read: {exc.strerror}"
+        log.warning("cache_record_unusable", path=str(cache_file), reason=f"it {reason}",
                     hint="treated as no cache: a fresh install replaces it")
         return None
     return replace(CacheRecord.parse(data.decode(errors="replace")), written_ns=st.st_mtime_ns)
 
 
-def _unchanged(record: CacheRecord, rel: str, path: Path) -> bool:
-    """True when ``path`` provably still is the file that was hashed (no need to re-hash).
+def _unchanged(record: CacheRecord, rel: str, st: os.stat_result) -> bool:
+    """True when ``st`` provably still is the file that was hashed (no need to re-hash).
 
     Its size, mtime, ctime and inode must equal those recorded, and both times
     must be strictly older than the record file's mtime (same filesystem, same
@@ -137,10 +156,7 @@ def _unchanged(record: CacheRecord, rel: str, path: Path) -> bool:
     _size, mtime_ns, ctime_ns, _ino = recorded
     if mtime_ns >= record.written_ns or ctime_ns >= record.written_ns:
         return False
-    try:
-        return stat_signature(path) == recorded
-    except OSError:
-        return False
+    return _signature(st) == recorded
 
 
 def check_files(record: CacheRecord, install_dir: Path) -> str | None:
@@ -150,14 +166,37 @@ def check_files(record: CacheRecord, install_dir: Path) -> str | None:
             if not (install_dir / rel).exists():
                 return f"{rel} is missing"
         return None
+    budget = MAX_HASHED_BYTES
     for rel, digest in record.file_hashes.items():
-        path = install_dir / rel
-        if not path.is_file():
+        # The record is hostile input too: only the install's own files are hashed, never
+        # an absolute path, a '..', or anything through a symlink.
+        try:
+            check_rel(rel, "hash entry")
+        except BundleError as exc:
+            return f"the record is unusable: {exc}"
+        try:
+            fd = open_beneath(install_dir, rel)
+        except FileNotFoundError:
             return f"{rel} is missing"
-        if _unchanged(record, rel, path):
-            continue  # hashing a 100 MB nvidia.ko costs ~0.6 s per boot; stat costs ~20 us
-        if sha256_file(path) != digest:
-            return f"{rel} has changed since it was installed"
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                return (f"the record is unusable: hash entry {rel!r} is a symlink or lies "
+                        "under one (or under a file)")
+            return f"{rel} cannot be read: {exc.strerror}"
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return f"{rel} is not a regular file"
+            if _unchanged(record, rel, st):
+                continue  # hashing a 100 MB nvidia.ko costs ~0.6 s per boot; stat costs ~20 us
+            if st.st_size > MAX_FILE_BYTES:
+                return (f"the record is unusable: {rel} is {st.st_size} bytes, more than any "
+                        f"driver file (at most {MAX_FILE_BYTES})")
+            budget -= st.st_size
+            if budget < 0:
+                return f"the record is unusable: its files add up to more than {MAX_HASHED_BYTES} bytes"
+            if sha256_stream(f) != digest:
+                return f"{rel} has changed since it was installed"
     return None
 
 
@@ -185,4 +224,4 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
         f"CACHE_FILE_STAT='{stats}'",
         *v2_cache.v2_lines(key.build_id, key.driver_version, flavor.rsplit("-", 1)[-1]),
     ]
-    write_atomic(cache_file, "\n".join(lines) + "\n")
+    write_record(cache_file, "\n".join(lines) + "\n")

@@ -9,6 +9,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 HASH_CHUNK = 1 << 20
 
@@ -29,6 +30,18 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def write_record(path: Path, data: str | bytes) -> None:
+    """``write_atomic`` for the install dir's own records (``.cache``, ``status.json``).
+
+    rename(2) replaces a symlink (even a loop), FIFO or device itself, never what it
+    names; a directory in the way would fail every install from then on, so it goes
+    first (records live only in the install dir: nothing of the host's is removed).
+    """
+    if path.is_dir() and not path.is_symlink():
+        remove_tree(path)
+    write_atomic(path, data)
 
 
 class UnreadableFile(Exception):
@@ -93,11 +106,34 @@ def fsync_dir(path: Path) -> None:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            digest.update(chunk)
+        return sha256_stream(f)
+
+
+def sha256_stream(f: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while chunk := f.read(HASH_CHUNK):
+        digest.update(chunk)
     return digest.hexdigest()
+
+
+def open_beneath(root: Path, rel: str) -> int:
+    """A read-only fd of ``rel`` (a clean relative path) under ``root``, following no
+    symlink below ``root``: each directory is opened O_NOFOLLOW relative to the last,
+    so a link anywhere in ``rel`` is ELOOP or ENOTDIR, never followed. Non-blocking, so a
+    FIFO opens at once (the caller fstats what it got)."""
+    *dirs, name = rel.split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in dirs:
+            sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                       dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:

@@ -160,7 +160,7 @@ class InstallDir(Tree):
 
     def remove_install(self) -> None:
         """Uninstall: the layout dirs and the record go, logs and status stay."""
-        self.cache_file.unlink(missing_ok=True)
+        remove_tree(self.cache_file)  # whatever it is: a directory there must not stop it
         for name in LAYOUT_DIRS:
             remove_tree(self.root / name)
         self.clear_leftovers()

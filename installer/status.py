@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from installer import __version__, cache
+from installer import __version__, cache, safejson
 from installer.errors import IntegrityError, NotInstalledError
-from installer.fsutil import UnreadableFile, read_limited, write_atomic
+from installer.fsutil import UnreadableFile, read_limited, write_record
 from installer.net.policy import scrub
 from installer.settings import Settings
 
@@ -22,7 +22,7 @@ def now_iso() -> str:
 
 def write(path: Path, **fields: Any) -> None:
     doc = scrub({"installer_version": __version__, "finished_at": now_iso(), **fields})
-    write_atomic(path, json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    write_record(path, json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read(path: Path) -> dict[str, Any] | None:
@@ -36,10 +36,12 @@ def read(path: Path) -> dict[str, Any] | None:
         raw = read_limited(path, MAX_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:  # a symlink loop (ELOOP), EACCES...
+        raise UnreadableFile(f"cannot be read: {exc.strerror}") from None
     try:
-        doc = json.loads(raw)
-    except ValueError:
-        raise UnreadableFile("is not valid JSON") from None
+        doc = safejson.loads(raw, max_bytes=MAX_BYTES)
+    except ValueError as exc:
+        raise UnreadableFile(str(exc)) from None
     if not isinstance(doc, dict):
         raise UnreadableFile(f"holds a JSON {type(doc).__name__}, not an object")
     return doc

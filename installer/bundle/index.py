@@ -21,6 +21,7 @@ from pathlib import Path
 
 import structlog
 
+from installer import safejson
 from installer.archive import UnreadableArchive, read_first_member
 from installer.bundle.manifest import (
     FORMAT,
@@ -52,9 +53,9 @@ class IndexEntry:
 def parse(text: str) -> dict[str, IndexEntry]:
     """The entries of an index, every name, digest and key checked."""
     try:
-        doc = json.loads(text)
+        doc = safejson.loads(text, max_bytes=MAX_INDEX_BYTES)
     except ValueError as exc:
-        raise BundleError(f"the index is not JSON: {exc}") from None
+        raise BundleError(f"the index {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise BundleError(f"the index is not a format-{FORMAT} bundle index")
     bundles = doc.get("bundles")

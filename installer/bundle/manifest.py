@@ -22,6 +22,8 @@ import string
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from installer import safejson
+
 FORMAT = 1
 MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.json"
@@ -146,12 +148,10 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise BundleError(f"the manifest is larger than {MAX_MANIFEST_BYTES} bytes")
         try:
-            doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise BundleError(f"the manifest is not JSON: {exc}") from None
+            doc = safejson.loads(data, max_bytes=MAX_MANIFEST_BYTES)
+        except ValueError as exc:
+            raise BundleError(f"the manifest {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise BundleError(f"the manifest is not a format-{FORMAT} bundle manifest")
         key = BundleKey(_text(doc.get("driver_version"), "driver_version"),

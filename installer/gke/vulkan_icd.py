@@ -11,11 +11,11 @@ through ``LD_LIBRARY_PATH=/usr/local/nvidia/lib64`` in workloads).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import structlog
 
+from installer import safejson
 from installer.context import Context
 from installer.fsutil import write_atomic
 from installer.plan import Step
@@ -24,6 +24,7 @@ log = structlog.get_logger(__name__)
 
 ICD_FILE = "nvidia_icd.json"
 ICD_LIBRARY = "libGLX_nvidia.so.0"
+MAX_CHARS = 1 << 16
 
 
 def icd_text(extract_dir: Path) -> str | None:
@@ -31,10 +32,10 @@ def icd_text(extract_dir: Path) -> str | None:
     for name, raw in ((ICD_FILE, False), (ICD_FILE + ".template", True)):
         path = extract_dir / name
         if path.is_file() and not path.is_symlink():
-            text = path.read_text(errors="replace")[:1 << 16]
+            text = path.read_text(errors="replace")[:MAX_CHARS]
             text = text.replace("__NV_VK_ICD__", ICD_LIBRARY) if raw else text
             try:
-                json.loads(text)
+                safejson.loads(text, max_bytes=4 * MAX_CHARS)  # UTF-8: up to 4 bytes a char
             except ValueError:
                 return None
             return text

@@ -149,3 +149,27 @@ def test_link_chain_retargeted_by_a_later_member_is_refused(cos):
     proc = cos.run("install")
     outcome(proc, 6, "unsafe archive", "outside")
     cos.assert_host_unchanged()
+
+
+# -- issue 22 item 6: archive depth -----------------------------------------------------------
+
+
+def _deep(depth: int, leaf: str = "f") -> str:
+    return "usr/src/" + "d/" * (depth - 2) + leaf
+
+
+def test_a_member_1000_directories_deep_is_refused(cos):
+    headers = cos.bucket.write() / "kernel-headers.tgz"
+    _rewrite(headers, [_file(_deep(1000), b"x")])
+    proc = cos.run("install")
+    outcome(proc, 6, "unsafe archive", "directories deep")
+    cos.assert_host_unchanged()
+
+
+def test_many_deep_members_are_refused_at_once(cos):
+    """800 members 800 deep, a 9.4 KB tgz: ~76 ms each resolving their parents (60 s)."""
+    headers = cos.bucket.write() / "kernel-headers.tgz"
+    _rewrite(headers, [_file(_deep(800, f"f{i}"), b"x") for i in range(800)])
+    proc = cos.run("install", timeout=20)
+    outcome(proc, 6, "unsafe archive", "directories deep")
+    cos.assert_host_unchanged()

@@ -127,7 +127,7 @@ def test_hostile_manifest_is_refused(changes, error):
 def test_oversized_or_non_json_manifest_is_refused():
     with pytest.raises(BundleError, match="larger than"):
         Manifest.from_json(b" " * (5 << 20))
-    with pytest.raises(BundleError, match="not JSON"):
+    with pytest.raises(BundleError, match="not valid JSON"):
         Manifest.from_json(b"\xff\xfe")
 
 

@@ -155,7 +155,9 @@ def test_install_dir_naming_a_file_is_a_usage_error(capsys, tmp_path, command):
 
 @pytest.mark.parametrize(("content", "what"), [
     ("[1, 2]", "holds a JSON list, not an object"),
-    ("{not json", "is not valid JSON"),
+    ("{not json", "is not valid JSON: Expecting property name enclosed in double quotes: "
+                  "line 1 column 2 (char 1)"),
+    ("[" * 100_000, "is nested more than 64 levels deep"),
 ])
 def test_status_with_a_corrupt_status_file(capsys, tmp_path, content, what):
     (tmp_path / "status.json").write_text(content)
