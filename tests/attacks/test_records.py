@@ -58,9 +58,6 @@ def test_deeply_nested_status_json_is_a_clear_error(ubuntu):
     ubuntu.assert_host_unchanged()
 
 
-@pytest.mark.xfail(strict=True, reason="installer/distros/cos/toolchain.py (not this branch's "
-                   "to edit) parses its marker with json.loads: read_marker must use "
-                   "installer.safejson.loads")
 def test_deeply_nested_cos_tools_marker_is_an_incomplete_tree(cos):
     outcome(cos.run("install"), 0)
     marker, = cos.node.path("/" + TOOLS).glob("*/kernel-headers/.nvidia-driver-installer.json")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import structlog
 
-from installer import __version__, archive
+from installer import __version__, archive, safejson
 from installer.errors import BuildError, IntegrityError
 from installer.fsutil import UnreadableFile, read_limited, remove_tree, write_atomic
 from installer.hostroot import HostRoot
@@ -116,7 +116,7 @@ def _marked(tree: Path, sha256: str | None) -> bool:
 
 def read_marker(tree: Path) -> dict | None:
     try:
-        doc = json.loads(read_limited(tree / MARKER, 1 << 16))
+        doc = safejson.loads(read_limited(tree / MARKER, 1 << 16), max_bytes=1 << 16)
     except (OSError, ValueError, UnreadableFile):
         return None
     return doc if isinstance(doc, dict) else None
