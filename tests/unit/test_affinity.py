@@ -68,7 +68,7 @@ def selects(daemonset: dict, labels: dict[str, str]) -> bool:
 def _render(*args: str) -> dict[str, dict]:
     result = CliRunner().invoke(m.manifests, ["render", "--all", *args])
     assert result.exit_code == 0, result.output
-    docs = [d for d in yaml.safe_load_all(result.output) if d]
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     return {d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in docs}
 
 
