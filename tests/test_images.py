@@ -170,8 +170,10 @@ class ImagePod:
         lines.append(f"cat > {r}/usr/local/sbin/apt-get <<'APT'\n{FAKE_APT_GET}APT")
         lines.append(f"chmod 755 {r}/usr/local/sbin/apt-get")
         env_words = " ".join(q(f"{k}={v}") for k, v in env.items())
-        lines.append(f"cd {r}")
-        lines.append(f"exec chroot {r} env -i {env_words} sh -c "
+        # pivot_root as a runtime does, not chroot: bwrap (the build jail) resolves its
+        # bind sources from the namespace's root.
+        lines.append(f"cd {r} && pivot_root . . && umount -l . && cd /")
+        lines.append(f"exec env -i {env_words} sh -c "
                      + q("cd / && exec " + " ".join(q(a) for a in argv)))
         return "\n".join(lines)
 
