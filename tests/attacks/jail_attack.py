@@ -4,6 +4,7 @@ Each attempt prints ``blocked`` or ``ESCAPED``; any escape exits 1, which fails 
 header, the Makefile or nvidia-installer (exit 7). Writes to the host root are left to
 the test's host check. @CANARY@, @KEY@, @SECRET@, @HOST@ are filled in by the test.
 """
+import contextlib
 import ctypes
 import os
 import stat
@@ -110,10 +111,8 @@ def read_key():
 
 attempt("write /proc/1/root<canary>", lambda: write(f"/proc/1/root{CANARY}/{WHERE}"))
 for host_path in (f"/proc/1/root{HOST}/etc/pwned-{WHERE}", f"{HOST}/etc/pwned-{WHERE}"):
-    try:
+    with contextlib.suppress(OSError):
         write(host_path)  # the test's host check sees it if it landed on the host
-    except OSError:
-        pass
 attempt("read the installer's environ", read_environs)
 attempt("init_module (CAP_SYS_MODULE)", init_module)
 attempt("open /sys/module/.../parameters for writing", sys_module)
