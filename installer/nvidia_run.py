@@ -202,7 +202,8 @@ def extract_argv(run_name: str, target_name: str) -> list[str]:
     return ["sh", f"{RUN_IN_CHROOT}/{run_name}", "-x", "--target", f"{OUT_IN_CHROOT}/{target_name}"]
 
 
-def extract(runner: Runner, run_file: Path, target: Path) -> Path:
+def extract(runner: Runner, run_file: Path, target: Path,
+            rw_binds: list[tuple[str, str]] | None = None) -> Path:
     """``sh NVIDIA-….run -x --target DIR`` in the jail: the .run's shell header is the
     download's own code, so it sees the .run (read-only) and the dir it extracts into,
     and whatever else it writes stays in the jail's overlay. The archive checks its own
@@ -218,7 +219,7 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
         argv=extract_argv(run_file.name, target.name),
         cwd="/", env={},
         binds=[(str(run_file.parent), RUN_IN_CHROOT)],
-        rw_binds=[(str(target.parent), OUT_IN_CHROOT)],
+        rw_binds=[*(rw_binds or []), (str(target.parent), OUT_IN_CHROOT)],
         exec_binds=[RUN_IN_CHROOT, OUT_IN_CHROOT],
         kernel_install_path="", log_file="", harvest_to="",
         output_file=str(output), result_file=str(workdir / "result.json"),

@@ -58,8 +58,10 @@ JAIL_TMPFS = ("/tmp", "/root", "/run")
 # No CAP_* at all; unshare everything but the user namespace (as root without one, bwrap
 # drops the capabilities itself and the jail's uid 0 owns the files it writes).
 BWRAP_ISOLATION = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-                   "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-                   "--cap-drop", "ALL")
+                   "--unshare-cgroup-try", "--die-with-parent", "--cap-drop", "ALL")
+# Not --new-session: the Runner already starts each command in a session of its own with
+# no controlling terminal (no TIOCSTI), and a SIGTERM to that process group must reach
+# the jail's processes (bwrap forwards no signal).
 
 
 @dataclass

@@ -151,8 +151,10 @@ EXTRACT_DIR = "extract"  # under the staging dir
 def extract_driver() -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
+        # The test seams (empty in production), as for the build: build_driver says why.
+        seams = [(path, path) for path in ctx.kernel.seam_env().values()]
         ctx.work.extract_dir = nvidia_run.extract(
-            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR
+            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams
         )
 
     argv = nvidia_run.extract_argv("<driver>.run", EXTRACT_DIR)
