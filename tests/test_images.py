@@ -151,6 +151,7 @@ class ImagePod:
         r = q(str(self.rootfs))
         lines = [
             "mount --make-rprivate /",
+            f"mount --bind {r} {r}",  # a mount point: pivot_root below needs one
             f"mkdir -p {r}/usr/local/sbin {r}/proc {r}/sys",
         ]
         # The DaemonSet's hostPath mounts (the pod contract, DESIGN §2), then
