@@ -20,6 +20,7 @@ import structlog
 from installer import module_build
 from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
+from installer.headers import KernelTree
 from installer.installdir import BUILD_LOG, Tree
 from installer.nvidia_options import LOG_FILE, check_loads_nothing
 from installer.runner import CommandError, Runner, tail
@@ -154,7 +155,7 @@ OUT_IN_CHROOT = "/tmp/nvidia-driver-installer/out"
 
 def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: float,
                 what: str) -> int:
-    """Run ``spec`` in a private mount namespace; the command's exit status. It runs for
+    """Run ``spec`` in the jail (sandbox.py); the command's exit status. It runs for
     minutes: a heartbeat shows its last line, from its output or its log file (in the
     overlay's upper dir, when that is not the tmpfs fallback only the sandbox sees)."""
     write_spec(spec, spec_file)
@@ -171,10 +172,29 @@ def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: flo
         if _ENOSPC in exc.stderr:
             raise _out_of_space(spec_file.parent, exc.stderr_tail(2)) from exc
         raise BuildError(
-            f"could not run {what} in a private mount namespace: {exc.stderr_tail(3)}",
-            hint="the installer container must be privileged (it mounts an overlay)",
+            f"could not run {what} in the build jail: {exc.stderr_tail(3)}",
+            hint="the installer container must be privileged (it mounts an overlay and "
+            "runs bwrap, Debian's bubblewrap)",
         ) from exc
     return json.loads(Path(spec.result_file).read_text())["returncode"]
+
+
+def kernel_tree_binds(tree: KernelTree) -> list[tuple[str, str]]:
+    """The kernel headers' source and output dirs at their own paths, plus the dirs their
+    top-level symlinks lead to (Debian's output dir links ``scripts`` and ``tools`` into
+    ``/usr/lib/linux-kbuild-<v>``): what kbuild reads, and nothing else of the host root."""
+    dirs: list[Path] = []
+    for top in dict.fromkeys((tree.source, tree.output)):
+        dirs.append(top)
+        for entry in sorted(top.iterdir()) if top.is_dir() else ():
+            target = entry.resolve() if entry.is_symlink() else None
+            # A link that leads to / or to an ancestor of the tree would show it all.
+            if target is not None and target.is_dir() and target.parent != target \
+                    and not top.is_relative_to(target):
+                dirs.append(target)
+    kept = [d for d in dict.fromkeys(dirs)
+            if not any(d != o and d.is_relative_to(o) for o in dirs)]
+    return [(str(d), str(d)) for d in kept]
 
 
 def extract_argv(run_name: str, target_name: str) -> list[str]:
@@ -182,10 +202,12 @@ def extract_argv(run_name: str, target_name: str) -> list[str]:
     return ["sh", f"{RUN_IN_CHROOT}/{run_name}", "-x", "--target", f"{OUT_IN_CHROOT}/{target_name}"]
 
 
-def extract(runner: Runner, run_file: Path, target: Path) -> Path:
-    """``sh NVIDIA-….run -x --target DIR`` in the sandbox: the .run's shell header is the
-    download's own code, so whatever else it writes stays in the sandbox's overlay. The
-    archive checks its own checksums first."""
+def extract(runner: Runner, run_file: Path, target: Path,
+            rw_binds: list[tuple[str, str]] | None = None) -> Path:
+    """``sh NVIDIA-….run -x --target DIR`` in the jail: the .run's shell header is the
+    download's own code, so it sees the .run (read-only) and the dir it extracts into,
+    and whatever else it writes stays in the jail's overlay. The archive checks its own
+    checksums first."""
     check_run_file(run_file)
     check_space(run_file, target.parent)
     workdir = target.parent / "extract-sandbox"
@@ -196,7 +218,8 @@ def extract(runner: Runner, run_file: Path, target: Path) -> Path:
         workdir=str(workdir),
         argv=extract_argv(run_file.name, target.name),
         cwd="/", env={},
-        binds=[(str(run_file.parent), RUN_IN_CHROOT), (str(target.parent), OUT_IN_CHROOT)],
+        binds=[(str(run_file.parent), RUN_IN_CHROOT)],
+        rw_binds=[*(rw_binds or []), (str(target.parent), OUT_IN_CHROOT)],
         exec_binds=[RUN_IN_CHROOT, OUT_IN_CHROOT],
         kernel_install_path="", log_file="", harvest_to="",
         output_file=str(output), result_file=str(workdir / "result.json"),
@@ -229,6 +252,7 @@ def build_modules(
     *,
     extract_dir: Path,
     staging: Tree,
+    rw_binds: list[tuple[str, str]] | None = None,  # writable too (test seams)
     argv: list[str],
     tree_dir: str,
     kernel_release: str,
@@ -242,7 +266,7 @@ def build_modules(
     workdir.mkdir(exist_ok=True)
     spec = SandboxSpec(
         workdir=str(workdir), argv=argv, cwd=EXTRACT_IN_CHROOT, env=env,
-        binds=[*binds, (str(extract_dir), EXTRACT_IN_CHROOT)],
+        binds=binds, rw_binds=[*(rw_binds or []), (str(extract_dir), EXTRACT_IN_CHROOT)],
         exec_binds=[EXTRACT_IN_CHROOT], kernel_install_path="", log_file="", harvest_to="",
         output_file=str(staging.root / KBUILD_LOG), result_file=str(workdir / "result.json"),
     )
@@ -267,6 +291,7 @@ def install_userspace(
     *,
     extract_dir: Path,
     staging: Tree,
+    rw_binds: list[tuple[str, str]] | None = None,  # writable too (test seams)
     argv: list[str],
     kernel_release: str,
     binds: list[tuple[str, str]],
@@ -283,7 +308,8 @@ def install_userspace(
         argv=argv,
         cwd=EXTRACT_IN_CHROOT,
         env=env,
-        binds=[*binds, (str(extract_dir), EXTRACT_IN_CHROOT)],
+        binds=binds,
+        rw_binds=[*(rw_binds or []), (str(extract_dir), EXTRACT_IN_CHROOT)],
         exec_binds=[EXTRACT_IN_CHROOT],
         kernel_install_path="",
         log_file=LOG_FILE,

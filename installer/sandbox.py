@@ -1,33 +1,39 @@
-"""Run the NVIDIA installer where everything it writes is captured, then harvest it.
+"""Run NVIDIA's code in a jail where everything it writes is captured, then harvest it.
+
+What runs here is code from the download: the .run's makeself header (``sh X.run -x``),
+NVIDIA's kernel Makefile with kbuild and the compiler (module_build.py), and
+nvidia-installer ``--no-kernel-module`` (user space). It gets a jail (docs/jail.md):
+
+- bubblewrap (``bwrap``, Debian ``bubblewrap``) as root with ``--cap-drop ALL`` and no
+  user namespace: uid 0, so it writes the root-owned files of its own tree, and no
+  capabilities (no init_module, mount, ptrace of privileged processes, mknod, raw I/O);
+  bwrap sets no_new_privs, so no setuid file or file capability gives any back;
+- its own PID, network (loopback only), IPC, UTS and cgroup namespaces, with a fresh
+  procfs: none of the host's or the installer's processes, so no ``/proc/1/root`` to the
+  node and no ``/proc/<pid>/environ`` of ours;
+- a root made only of the container image's system dirs (``SYSTEM_DIRS``), seen through
+  an overlay whose upper dir is harvested; a tmpfs ``/tmp``, ``/root`` and ``/run``; a
+  minimal ``/dev`` (null, zero, full, random, urandom, tty: the real character devices
+  kbuild's ``cc-option`` needs for ``-x c /dev/null``, no block devices); ``/sys``
+  read-only (conftest.sh and the Makefile read it); plus the spec's binds: the extracted
+  tree read-write, kernel headers and the COS toolchain read-only. The host root, the
+  install dir, the signing key and the container's other files are not there.
 
 nvidia-installer writes to fixed system paths (/usr/bin, /usr/lib/x86_64-linux-gnu,
-/lib/modules/<kernel>/..., /lib/firmware, and /etc, /usr/share, /var noise).
-Rather than chase those paths with one overlay each, we run it chrooted into
-an overlay of this container's whole root, in a private mount namespace: every
-write lands in the overlay's upper dir and the container's own dirs stay as
-they were. Then the files that make the install layout are moved from the
-upper dir into the staging tree and the rest is discarded.
+/lib/firmware, and /etc, /usr/share, /var noise): they are the jail's system dirs, so
+every write lands in the overlay's upper dir and the container's own dirs stay as
+they were. Then the files that make the install layout are moved from the upper dir
+into the staging tree and the rest is discarded.
 
-The chroot is a build environment: an overlay of ``/`` does not show
-submounts, and a registry image's own ``/dev`` is empty, so without binds the
-first ``> /dev/null`` creates a plain file that kbuild's ``cc-option`` then
-compiles (``-x c /dev/null``) and NVIDIA's Kbuild appends to its conftest
-headers: probes fail silently and flags drop. The container's ``/dev``,
-``/proc`` and ``/sys`` are bound in (read the same, nothing of the container
-changed).
+bwrap 0.8.0 (Debian bookworm) has no overlay options (``--overlay-src`` came in 0.11.0),
+so the overlay is mounted here, by our code, before entering bwrap, and bwrap binds its
+system dirs. The parent runs ``unshare --mount --propagation private -- python -m
+installer.sandbox SPEC`` through the Runner; the child (``main`` below) does the mounts,
+runs bwrap and harvests before its namespace goes away (the upper dir may be a tmpfs
+that only exists there).
 
-Loading modules is ours, not NVIDIA's: what runs here is NVIDIA's Makefile
-(module_build.py) and nvidia-installer with ``--no-kernel-module``, which loads,
-unloads and test-loads nothing (docs/nvidia-facts.md, "Who loads modules"). No
-kmod stand-ins are put on PATH: they never protected the host (nvidia-installer
-test-loads through ``syscall(SYS_init_module)``, not insmod) and an inert rmmod
-left test-loaded modules in the kernel; a stray kmod call now reaches the real
-tools and is seen, instead of hidden.
-
-The parent runs ``unshare --mount --propagation private -- python -m
-installer.sandbox SPEC`` through the Runner; the child (``main`` below) does the
-mounts, runs the installer and harvests before its namespace goes away (the
-upper dir may be a tmpfs that only exists there).
+Loading modules is ours, not NVIDIA's: nothing here needs to (docs/nvidia-facts.md,
+"Who loads modules"), and without CAP_SYS_MODULE nothing here can.
 """
 
 from __future__ import annotations
@@ -46,7 +52,16 @@ LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
 BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
 FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SYSTEM_BINDS = ("/dev", "/proc", "/sys")  # the build environment kbuild and conftest.sh read
+# The container image's system dirs: the jail's root (through the overlay), nothing else of /.
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "var", "opt")
+JAIL_TMPFS = ("/tmp", "/root", "/run")
+# No CAP_* at all; unshare everything but the user namespace (as root without one, bwrap
+# drops the capabilities itself and the jail's uid 0 owns the files it writes).
+BWRAP_ISOLATION = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                   "--unshare-cgroup-try", "--die-with-parent", "--cap-drop", "ALL")
+# Not --new-session: the Runner already starts each command in a session of its own with
+# no controlling terminal (no TIOCSTI), and a SIGTERM to that process group must reach
+# the jail's processes (bwrap forwards no signal).
 
 
 @dataclass
@@ -55,7 +70,7 @@ class SandboxSpec:
     argv: list[str]
     cwd: str  # inside the chroot
     env: dict[str, str]
-    binds: list[tuple[str, str]]  # (container path, path inside the chroot)
+    binds: list[tuple[str, str]]  # (container path, path in the jail): read-only
     exec_binds: list[str]  # binds remounted exec (the host dir may be noexec on COS)
     kernel_install_path: str  # inside the chroot; "" when nothing installs modules
     log_file: str  # inside the chroot
@@ -63,6 +78,7 @@ class SandboxSpec:
     output_file: str  # installer stdout+stderr
     result_file: str
     lower: str = "/"
+    rw_binds: list[tuple[str, str]] = field(default_factory=list)  # the jail's own tree
     harvested: dict[str, int] = field(default_factory=dict)
 
 
@@ -92,16 +108,29 @@ def _mount_overlay(spec: SandboxSpec) -> Path:
     raise RuntimeError(f"cannot mount the overlay of {spec.lower}: {err.strip()}")
 
 
-def _bind(src: str, merged: Path, dst: str, make_exec: bool) -> None:
-    target = merged / dst.lstrip("/")
-    if Path(src).is_dir():
-        target.mkdir(parents=True, exist_ok=True)
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.touch(exist_ok=True)
-    _mount("--rbind", src, str(target))
-    if make_exec:
-        _mount("-o", "remount,bind,exec", str(target))
+def _exec_source(src: str) -> None:
+    """Remount ``src`` exec in our private mount namespace (bwrap keeps a bind's noexec)."""
+    _mount("--bind", src, src)
+    _mount("-o", "remount,bind,exec", src)
+
+
+def bwrap_argv(merged: Path, spec: SandboxSpec) -> list[str]:
+    """The jail: see the module docstring."""
+    argv = ["bwrap", *BWRAP_ISOLATION]
+    for name in SYSTEM_DIRS:
+        path = merged / name
+        if path.is_symlink():  # merged /usr: /bin -> usr/bin
+            argv += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            argv += ["--bind", str(path), f"/{name}"]
+    for path in JAIL_TMPFS:
+        argv += ["--tmpfs", path]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
+    for src, dst in spec.binds:
+        argv += ["--ro-bind", src, dst]
+    for src, dst in spec.rw_binds:
+        argv += ["--bind", src, dst]
+    return [*argv, "--chdir", spec.cwd, "--", *spec.argv]
 
 
 def _is_whiteout(path: Path) -> bool:
@@ -156,21 +185,19 @@ def harvest(upper: Path, spec: SandboxSpec) -> dict[str, int]:
 def main(spec_path: str) -> int:
     spec = SandboxSpec(**json.loads(Path(spec_path).read_text()))
     spec.binds = [tuple(b) for b in spec.binds]  # type: ignore[misc]
+    spec.rw_binds = [tuple(b) for b in spec.rw_binds]  # type: ignore[misc]
+    # Before the overlay: a bind of a dir over itself hides the mounts below it (the
+    # overlay sits in the staging dir that extract binds).
+    for src, dst in [*spec.binds, *spec.rw_binds]:
+        if dst in spec.exec_binds:
+            _exec_source(src)
     upper = _mount_overlay(spec)
     merged = Path(spec.workdir) / "merged"
-    for path in SYSTEM_BINDS:
-        _bind(path, merged, path, make_exec=False)
-    for src, dst in spec.binds:
-        _bind(src, merged, dst, dst in spec.exec_binds)
-
-    def enter_chroot() -> None:
-        os.chroot(merged)
-        os.chdir(spec.cwd)
-
+    # bwrap passes its environment on: only this, nothing of ours (secrets, proxies).
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C", **spec.env}
     with open(spec.output_file, "wb") as output:
-        proc = subprocess.run(spec.argv, env=env, stdout=output, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, preexec_fn=enter_chroot)  # noqa: PLW1509
+        proc = subprocess.run(bwrap_argv(merged, spec), env=env, stdout=output,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     if spec.harvest_to and proc.returncode == 0:
         spec.harvested = harvest(upper, spec)
     elif spec.harvest_to:

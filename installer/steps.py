@@ -151,8 +151,10 @@ EXTRACT_DIR = "extract"  # under the staging dir
 def extract_driver() -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
+        # The test seams (empty in production), as for the build: build_driver says why.
+        seams = [(path, path) for path in ctx.kernel.seam_env().values()]
         ctx.work.extract_dir = nvidia_run.extract(
-            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR
+            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams
         )
 
     argv = nvidia_run.extract_argv("<driver>.run", EXTRACT_DIR)
@@ -176,17 +178,22 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
 
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
-        binds = [] if ctx.host.root == Path("/") else [(str(ctx.host.root), str(ctx.host.root))]
-        # Dirs the build needs that an overlay of the container root does not show
-        # (e.g. the COS toolchain on its own mount): (container path, chroot path).
+        # What the jail shows besides the image's system dirs, read-only (container
+        # path, jail path): the kernel headers (not the host root they sit in) and the
+        # COS toolchain dir.
+        binds: list[tuple[str, str]] = []
+        if not userspace_only and ctx.work.kernel_tree is not None:
+            binds += nvidia_run.kernel_tree_binds(ctx.work.kernel_tree)
         toolchain = ctx.work.toolchain
         binds += toolchain.binds if toolchain else ()
-        # A kernel-state seam (tests) must mean the same kernel inside the sandbox.
+        # A kernel-state seam (tests only; empty in production) must mean the same fake
+        # kernel inside the jail: the stand-ins record their calls there and would
+        # test-load through it if our flow let them (tests/fixtures/README.md).
         seams = ctx.kernel.seam_env()
-        binds += [(path, path) for path in seams.values()]
         env = {**seams, **(toolchain.env if toolchain else {})}
         sandboxed = {"extract_dir": ctx.work.extract_dir, "staging": staging,
-                     "kernel_release": release, "binds": binds, "env": env}
+                     "kernel_release": release, "binds": binds, "env": env,
+                     "rw_binds": [(path, path) for path in seams.values()]}
         try:
             if not userspace_only:
                 assert ctx.work.kernel_tree is not None, "the kernel headers are found first"
@@ -201,7 +208,7 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
     headers = KernelTree(Path("<kernel-source>"), Path("<kernel-output>"))
     make = "" if userspace_only else f"{' '.join(make_argv(headers))}; then "
     return Step("build_driver", run, f"{make}{' '.join(installer_argv)} (NVIDIA {version}, "
-                "in a private overlay of the container root)")
+                "in the build jail: docs/jail.md)")
 
 
 def check_staged_modules() -> Step:

@@ -123,14 +123,18 @@ class Pod:
         lines.append(f"cat > {rootfs}/usr/local/sbin/apt-get <<'APT'\n{FAKE_APT_GET}APT")
         lines.append(f"chmod 755 {rootfs}/usr/local/sbin/apt-get")
         env_words = " ".join(q(f"{k}={v}") for k, v in env.items())
-        lines.append(f"cd {q(str(repo))}")
         inner = q(f"cd {q(str(repo))} && exec " + " ".join(q(c) for c in cli))
+        if export is not None:
+            lines.append(f"mkdir -p {q(str(export))} {q(str(rootfs))}{q(str(export))}")
+            lines.append(f"mount --bind {q(str(export))} {q(str(rootfs))}{q(str(export))}")
+        # The rootfs becomes the namespace's root as a runtime makes it (pivot_root, not
+        # chroot): bwrap, the build jail, resolves its bind sources from that root.
+        lines.append(f"cd {q(str(rootfs))} && pivot_root . . && umount -l . && cd /")
         if export is None:
-            lines.append(f"exec chroot {rootfs} env -i {env_words} sh -c {inner}")
+            lines.append(f"exec env -i {env_words} sh -c {inner}")
         else:
-            lines.append(f"rc=0; chroot {rootfs} env -i {env_words} sh -c {inner} || rc=$?")
-            lines.append(f"mkdir -p {q(str(export))} && cp -a {rootfs}/usr/local/nvidia/. "
-                         f"{q(str(export))}/")
+            lines.append(f"rc=0; env -i {env_words} sh -c {inner} || rc=$?")
+            lines.append(f"cp -a /usr/local/nvidia/. {q(str(export))}/")
             lines.append("exit $rc")
         return "\n".join(lines)
 

@@ -151,6 +151,7 @@ class ImagePod:
         r = q(str(self.rootfs))
         lines = [
             "mount --make-rprivate /",
+            f"mount --bind {r} {r}",  # a mount point: pivot_root below needs one
             f"mkdir -p {r}/usr/local/sbin {r}/proc {r}/sys",
         ]
         # The DaemonSet's hostPath mounts (the pod contract, DESIGN §2), then
@@ -170,8 +171,10 @@ class ImagePod:
         lines.append(f"cat > {r}/usr/local/sbin/apt-get <<'APT'\n{FAKE_APT_GET}APT")
         lines.append(f"chmod 755 {r}/usr/local/sbin/apt-get")
         env_words = " ".join(q(f"{k}={v}") for k, v in env.items())
-        lines.append(f"cd {r}")
-        lines.append(f"exec chroot {r} env -i {env_words} sh -c "
+        # pivot_root as a runtime does, not chroot: bwrap (the build jail) resolves its
+        # bind sources from the namespace's root.
+        lines.append(f"cd {r} && pivot_root . . && umount -l . && cd /")
+        lines.append(f"exec env -i {env_words} sh -c "
                      + q("cd / && exec " + " ".join(q(a) for a in argv)))
         return "\n".join(lines)
 

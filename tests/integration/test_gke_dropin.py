@@ -81,7 +81,7 @@ class GkeCosPod(Pod):
             f"cat > {rootfs}/cos-gpu-installer <<'ENTRY'\n{ENTRY}ENTRY",
             f"chmod 755 {rootfs}/cos-gpu-installer",
         ]
-        at = next(i for i, line in enumerate(lines) if line.startswith("exec chroot"))
+        at = next(i for i, line in enumerate(lines) if "pivot_root" in line)
         return "\n".join(lines[:at] + extra + lines[at:])
 
 

@@ -1,0 +1,127 @@
+"""What a hostile .run tries from inside the build jail (run as ``python3 - WHERE``).
+
+Each attempt prints ``blocked`` or ``ESCAPED``; any escape exits 1, which fails the
+header, the Makefile or nvidia-installer (exit 7). Writes to the host root are left to
+the test's host check. @CANARY@, @KEY@, @SECRET@, @HOST@ are filled in by the test.
+"""
+import contextlib
+import ctypes
+import os
+import stat
+import sys
+
+WHERE = sys.argv[1]
+CANARY, KEY, SECRET, HOST = "@CANARY@", "@KEY@", "@SECRET@", "@HOST@"
+libc = ctypes.CDLL(None, use_errno=True)
+escaped, blocked = [], []
+
+
+def attempt(name, fn):
+    try:
+        got = fn()
+    except OSError as exc:
+        got = False
+        name += f" ({exc.strerror})"
+    (escaped if got else blocked).append(name)
+
+
+def write(path):
+    with open(path, "w") as f:
+        f.write(f"written by {WHERE}\n")
+    return True
+
+
+def cap_eff(pid="self"):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16)
+
+
+def pids():
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+
+
+def read_environs():
+    for pid in pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if SECRET.encode() in f.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def init_module():
+    libc.syscall(175, None, 0, b"")  # init_module(2): ENOSYS here (no module support)
+    return bool(cap_eff() & (1 << 16))  # what the kernel checks first: CAP_SYS_MODULE
+
+
+def sys_module():
+    fd = os.open("/sys/module/firmware_class/parameters/path", os.O_WRONLY)
+    os.close(fd)  # opened for writing is enough; nothing written
+    return True
+
+
+def mount():
+    os.makedirs("/tmp/jail-mnt", exist_ok=True)
+    return libc.mount(b"tmpfs", b"/tmp/jail-mnt", b"tmpfs", 0, None) == 0
+
+
+def ptrace():
+    for pid in pids():
+        try:
+            if not cap_eff(pid):
+                continue  # nothing to gain from a process without capabilities
+        except OSError:
+            continue
+        if libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH
+            libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
+            return True
+    return False
+
+
+def block_devices():
+    for name in os.listdir("/dev"):
+        path = f"/dev/{name}"
+        if stat.S_ISBLK(os.lstat(path).st_mode):
+            try:
+                os.close(os.open(path, os.O_WRONLY))  # opened; nothing written
+                return True
+            except OSError:
+                pass
+    return False
+
+
+def mknod_block():
+    os.mknod("/tmp/jail-sda", stat.S_IFBLK | 0o600, os.makedev(8, 0))
+    os.unlink("/tmp/jail-sda")
+    return True
+
+
+def read_key():
+    for path in (KEY, "/proc/1/root" + KEY):
+        try:
+            with open(path) as f:
+                if f.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+attempt("write /proc/1/root<canary>", lambda: write(f"/proc/1/root{CANARY}/{WHERE}"))
+for host_path in (f"/proc/1/root{HOST}/etc/pwned-{WHERE}", f"{HOST}/etc/pwned-{WHERE}"):
+    with contextlib.suppress(OSError):
+        write(host_path)  # the test's host check sees it if it landed on the host
+attempt("read the installer's environ", read_environs)
+attempt("init_module (CAP_SYS_MODULE)", init_module)
+attempt("open /sys/module/.../parameters for writing", sys_module)
+attempt("mount", mount)
+attempt("ptrace a process with capabilities", ptrace)
+attempt("open a block device for writing", block_devices)
+attempt("mknod a block device", mknod_block)
+attempt("read the signing key", read_key)
+print(f"jail-attacks {WHERE}: {len(blocked)} blocked: {'; '.join(blocked)}")
+if escaped:
+    print(f"{WHERE}.c:1: error: jail attack escaped: {'; '.join(escaped)}")
+    sys.exit(1)

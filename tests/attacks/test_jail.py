@@ -1,0 +1,101 @@
+"""case 15: a hostile .run. Its makeself header (``sh X.run -x``), its kernel Makefile and
+its nvidia-installer each try to leave the build jail (tests/attacks/jail_attack.py):
+write through /proc/1/root outside the host root and into it, read the installer's
+environment, init_module, write /sys/module, mount, ptrace a privileged process, open or
+make a block device, read the bundle signing key. Every attempt must fail inside; the
+payload still installs (exit 0) and nothing outside the install dir changed.
+
+Under the old sandbox (unshare --mount + chroot into an overlay of /, the container's
+/dev, /proc and /sys, all capabilities) the header's attempt escapes first (the canary
+through /proc/1/root, the installer's environ, CAP_SYS_MODULE, mount, ptrace, block
+devices, the key on the container's root filesystem), so the install fails with exit 7
+"could not extract" naming them: checked on bb31daf^ (docs/jail.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.attacks.conftest import V, outcome
+from tests.fixtures.runfile import LABEL, driver_payload, nvidia_header, run_name
+
+pytestmark = pytest.mark.chroot
+
+SECRET = "jail-test-secret-3f9c1e"
+ATTACK = Path(__file__).with_name("jail_attack.py")
+
+
+def hostile_run(out: Path, canary: Path, key: Path) -> Path:
+    """The stock payload whose header, Makefiles and nvidia-installer run the attacks first."""
+    script = (ATTACK.read_text().replace("@CANARY@", str(canary)).replace("@KEY@", str(key))
+              .replace("@SECRET@", SECRET).replace("@HOST@", "/root"))
+    payload = out / f"payload-{V}"
+    shutil.copytree(driver_payload(V), payload, symlinks=True)
+    (payload / ".attack.py").write_text(script)
+    installer = payload / "nvidia-installer"
+    installer.rename(payload / ".nvidia-installer-real")
+    installer.write_text('#!/bin/sh\npython3 "$(dirname "$0")/.attack.py" nvidia-installer '
+                         '|| exit 1\nexec "$(dirname "$0")/.nvidia-installer-real" "$@"\n')
+    installer.chmod(0o755)
+    for tree in ("kernel", "kernel-open"):
+        makefile = payload / tree / "Makefile"
+        makefile.write_text(makefile.read_text().replace(
+            "modules:\n", "modules:\n\t@python3 $(CURDIR)/../.attack.py make\n", 1))
+    # The header runs before anything is extracted: the attack travels in it (base64: the
+    # header is a shell here-document to makeself, so no $ or quotes of its own).
+    code = base64.b64encode(script.encode()).decode()
+    header = nvidia_header().replace(
+        "#!/bin/sh\n", f"#!/bin/sh\npython3 -c \"import base64,sys;sys.argv=['-','header'];"
+        f"exec(base64.b64decode('{code}'))\" || exit 1\n", 1)
+    assert "jail-attacks" not in header and "base64" in header
+    header_file = out / "hostile-header.sh"
+    header_file.write_text(header)
+    import subprocess
+
+    run = out / run_name(V)
+    subprocess.run(["makeself", "--header", str(header_file), "--nox11", "--keep-umask",
+                    "--sha256", str(payload), str(run), f"{LABEL} {V}", "./nvidia-installer"],
+                   check=True, capture_output=True, text=True)
+    return run
+
+
+def test_a_hostile_run_cannot_leave_the_build_jail(ubuntu, tmp_path):
+    key = tmp_path / "signing.key"  # bundle build --signing-key's file, in the container
+    key.write_text("-----BEGIN PRIVATE KEY-----\nnot a real key\n")
+    ubuntu.server.serve_run(V, hostile_run(tmp_path / "hostile", ubuntu.canary, key))
+    proc = ubuntu.run("install", env={"NDI_JAIL_SECRET": SECRET})
+    outcome(proc, 0)
+    build_log = (ubuntu.node.install_dir / "kernel-build.log").read_text()
+    assert "jail-attacks make: 9 blocked" in build_log, build_log[-3000:]
+    ubuntu.assert_host_unchanged(installed=True)
+
+
+def test_bundle_build_keeps_the_signing_key_out_of_the_jail(tmp_path, canary):
+    """``bundle build --signing-key``: the key is a file of the build pod; the hostile .run
+    builds and nvidia-installer runs in the jail, which cannot read it (exit 1 -> exit 7),
+    and the modules are still signed with it afterwards, outside."""
+    from tests.fixtures.server import ArtifactServer
+    from tests.integration.test_bundle import RELEASE, build_bundle
+    from tests.unit.test_bundle import SIGN_FILE
+
+    key, cert = tmp_path / "mok.key", tmp_path / "mok.crt"
+    key.write_text("KEY")  # what the sign-file stand-in accepts
+    cert.write_text("CERT")
+
+    def sign_file(build_node):
+        tool = build_node.headers_dir / "scripts/sign-file"
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_text(SIGN_FILE)
+        tool.chmod(0o755)
+
+    with ArtifactServer() as server:
+        server.serve_run(V, hostile_run(tmp_path / "hostile", canary, key))
+        _, _, doc, compiled = build_bundle(tmp_path / "build", server, RELEASE,
+                                           "--signing-key", str(key), "--signing-cert",
+                                           str(cert), setup=sign_file)
+    assert compiled and doc["signed"] is True, doc
+    assert sorted(p.name for p in canary.iterdir()) == ["sentinel"]
