@@ -62,7 +62,8 @@ HOST_PACKAGES = [
 
 # Installed in the guest root on top of debootstrap's minbase (the headers
 # package is added with the ABI). gcc/make/kmod: kbuild and module loading;
-# procps: ps/pgrep for lock-holder and debugging output.
+# procps: ps/pgrep for lock-holder and debugging output; bubblewrap: the build jail
+# NVIDIA's code runs in (installer/sandbox.py), as in our images.
 GUEST_PACKAGES = [
     "python3",
     "kmod",
@@ -72,6 +73,7 @@ GUEST_PACKAGES = [
     "make",
     "libc6-dev",
     "ca-certificates",
+    "bubblewrap",
 ]
 
 # In-tree modules copied out of linux-image (with their dependencies):
