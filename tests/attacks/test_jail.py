@@ -79,23 +79,16 @@ def test_bundle_build_keeps_the_signing_key_out_of_the_jail(tmp_path, canary):
     builds and nvidia-installer runs in the jail, which cannot read it (exit 1 -> exit 7),
     and the modules are still signed with it afterwards, outside."""
     from tests.fixtures.server import ArtifactServer
-    from tests.integration.test_bundle import RELEASE, build_bundle
-    from tests.unit.test_bundle import SIGN_FILE
+    from tests.integration.test_bundle import RELEASE, build_bundle, install_sign_file
 
     key, cert = tmp_path / "mok.key", tmp_path / "mok.crt"
     key.write_text("KEY")  # what the sign-file stand-in accepts
     cert.write_text("CERT")
 
-    def sign_file(build_node):
-        tool = build_node.headers_dir / "scripts/sign-file"
-        tool.parent.mkdir(parents=True, exist_ok=True)
-        tool.write_text(SIGN_FILE)
-        tool.chmod(0o755)
-
     with ArtifactServer() as server:
         server.serve_run(V, hostile_run(tmp_path / "hostile", canary, key))
         _, _, doc, compiled = build_bundle(tmp_path / "build", server, RELEASE,
                                            "--signing-key", str(key), "--signing-cert",
-                                           str(cert), setup=sign_file)
+                                           str(cert), setup=install_sign_file)
     assert compiled and doc["signed"] is True, doc
     assert sorted(p.name for p in canary.iterdir()) == ["sentinel"]

@@ -234,23 +234,16 @@ def test_signed_bundle_loads_on_a_signature_enforcing_kernel(tmp_path, driver_ru
     signed modules installs that bundle without compiling and loads every module."""
     from installer.modsign import MAGIC
     from tests.fixtures.server import ArtifactServer
-    from tests.unit.test_bundle import SIGN_FILE
 
     (tmp_path / "mok.key").write_text("KEY")
     (tmp_path / "mok.crt").write_text("CERT")
-
-    def sign_file(build_node):
-        tool = build_node.headers_dir / "scripts/sign-file"
-        tool.parent.mkdir(parents=True, exist_ok=True)
-        tool.write_text(SIGN_FILE)
-        tool.chmod(0o755)
 
     with ArtifactServer() as server:
         for version, run in driver_runs.items():
             server.serve(f"/tesla/{version}/{run.name}", run)
         build_node, _, doc, _ = build_bundle(
             tmp_path / "build", server, RELEASE, "--signing-key", str(tmp_path / "mok.key"),
-            "--signing-cert", str(tmp_path / "mok.crt"), setup=sign_file)
+            "--signing-cert", str(tmp_path / "mok.crt"), setup=install_sign_file)
     assert doc["signed"] is True, doc
     dest = node.root / OUT.lstrip("/")
     shutil.copytree(build_node.root / OUT.lstrip("/"), dest)
@@ -262,3 +255,13 @@ def test_signed_bundle_loads_on_a_signature_enforcing_kernel(tmp_path, driver_ru
     assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
     for ko in (node.install_dir / "drivers").glob("*.ko"):
         assert ko.read_bytes().endswith(MAGIC), ko
+
+
+def install_sign_file(build_node) -> None:
+    """The kernel's scripts/sign-file in the build node's headers: the tests' stand-in."""
+    from tests.unit.test_bundle import SIGN_FILE
+
+    tool = build_node.headers_dir / "scripts/sign-file"
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text(SIGN_FILE)
+    tool.chmod(0o755)
