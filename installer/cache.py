@@ -17,7 +17,6 @@ from pathlib import Path
 
 import structlog
 
-from installer.bundle.manifest import BundleError, check_rel
 from installer.fsutil import (
     UnreadableFile,
     open_beneath,
@@ -27,6 +26,7 @@ from installer.fsutil import (
     write_record,
 )
 from installer.gke import v2_cache
+from installer.installdir import check_layout_path
 from installer.osinfo import parse_env_file
 
 log = structlog.get_logger(__name__)
@@ -171,8 +171,8 @@ def check_files(record: CacheRecord, install_dir: Path) -> str | None:
         # The record is hostile input too: only the install's own files are hashed, never
         # an absolute path, a '..', or anything through a symlink.
         try:
-            check_rel(rel, "hash entry")
-        except BundleError as exc:
+            check_layout_path(rel, "hash entry")
+        except ValueError as exc:
             return f"the record is unusable: {exc}"
         try:
             fd = open_beneath(install_dir, rel)

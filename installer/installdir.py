@@ -24,6 +24,20 @@ LAYOUT_DIRS = ("bin", "lib64", "drivers", "firmware")
 BUILD_LOG = "kernel-build.log"  # make's output of the last build (nvidia_run.KBUILD_LOG)
 
 
+def check_layout_path(rel: object, what: str = "path") -> str:
+    """``rel`` if it is a clean relative path inside one of the layout dirs (never the
+    dir itself), else ValueError: records and bundles name files this way, and both are
+    hostile input."""
+    if not isinstance(rel, str) or not rel or len(rel) > 4095 or not rel.isprintable():
+        raise ValueError(f"{what} {rel!r} is not a short printable path")
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{what} {rel!r} is not a clean relative path")
+    if parts[0] not in LAYOUT_DIRS or len(parts) < 2:
+        raise ValueError(f"{what} {rel!r} is not inside {', '.join(LAYOUT_DIRS)}")
+    return rel
+
+
 @dataclass(frozen=True)
 class Tree:
     """A directory holding the layout dirs: the live install or a staging area."""

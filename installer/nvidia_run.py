@@ -154,8 +154,9 @@ OUT_IN_CHROOT = "/tmp/nvidia-driver-installer/out"
 
 
 def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: float,
-                what: str) -> int:
-    """Run ``spec`` in the jail (sandbox.py); the command's exit status. It runs for
+                what: str) -> dict:
+    """Run ``spec`` in the jail (sandbox.py); its result record (``returncode``,
+    ``harvested``). It runs for
     minutes: a heartbeat shows its last line, from its output or its log file (in the
     overlay's upper dir, when that is not the tmpfs fallback only the sandbox sees)."""
     write_spec(spec, spec_file)
@@ -176,7 +177,7 @@ def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: flo
             hint="the installer container must be privileged (it mounts an overlay and "
             "runs bwrap, Debian's bubblewrap)",
         ) from exc
-    return json.loads(Path(spec.result_file).read_text())["returncode"]
+    return json.loads(Path(spec.result_file).read_text())
 
 
 def kernel_tree_binds(tree: KernelTree) -> list[tuple[str, str]]:
@@ -226,7 +227,7 @@ def extract(runner: Runner, run_file: Path, target: Path,
     )
     try:
         rc = _in_sandbox(runner, spec, workdir / "sandbox.json", EXTRACT_TIMEOUT_S,
-                         f"{run_file.name} -x")
+                         f"{run_file.name} -x")["returncode"]
         text = output.read_text(errors="replace") if output.is_file() else ""
     finally:
         remove_tree(workdir)
@@ -262,17 +263,10 @@ def build_modules(
     """NVIDIA's Makefile (``argv``: module_build.make_argv) in the sandbox; the modules
     it leaves in ``<extract>/<tree_dir>`` (a bind: they outlive the sandbox) move into
     ``staging/drivers``. Nothing is loaded: make runs no kmod tool."""
-    workdir = staging.root / "sandbox"
-    workdir.mkdir(exist_ok=True)
-    spec = SandboxSpec(
-        workdir=str(workdir), argv=argv, cwd=EXTRACT_IN_CHROOT, env=env,
-        binds=binds, rw_binds=[*(rw_binds or []), (str(extract_dir), EXTRACT_IN_CHROOT)],
-        exec_binds=[EXTRACT_IN_CHROOT], kernel_install_path="", log_file="", harvest_to="",
-        output_file=str(staging.root / KBUILD_LOG), result_file=str(workdir / "result.json"),
-    )
     log.info("kernel_modules_build_started", argv=argv)
-    rc = _in_sandbox(runner, spec, staging.root / "sandbox.json", BUILD_TIMEOUT_S,
-                     f"make ({tree_dir}/)")
+    rc = _on_extracted_tree(runner, argv, f"make ({tree_dir}/)", extract_dir=extract_dir,
+                            staging=staging, binds=binds, rw_binds=rw_binds, env=env,
+                            output=KBUILD_LOG)["returncode"]
     _raise_for(rc, staging, "building NVIDIA's kernel modules failed (make ", kernel_release)
     built = module_build.built_modules(extract_dir / tree_dir)
     if not any(ko.name == module_build.REQUIRED for ko in built):
@@ -301,29 +295,34 @@ def install_userspace(
     --no-kernel-module) in the sandbox; user space, firmware and nvidia-modprobe land
     in ``staging``."""
     check_loads_nothing(argv)
+    log.info("nvidia_installer_started", argv=argv)
+    result = _on_extracted_tree(runner, argv, "nvidia-installer", extract_dir=extract_dir,
+                                staging=staging, binds=binds, rw_binds=rw_binds, env=env,
+                                output="installer-output.log", log_file=LOG_FILE,
+                                harvest=True)
+    _raise_for(result["returncode"], staging, "nvidia-installer failed (", kernel_release)
+    counts = result["harvested"]
+    log.info("nvidia_installer_finished", **{f"{k}_files": v for k, v in counts.items()})
+    return counts
+
+
+def _on_extracted_tree(runner: Runner, argv: list[str], what: str, *, extract_dir: Path,
+                       staging: Tree, binds: list[tuple[str, str]],
+                       rw_binds: list[tuple[str, str]] | None, env: dict[str, str],
+                       output: str, log_file: str = "", harvest: bool = False) -> dict:
+    """``argv`` in the jail with the extracted .run as its (writable) working dir; its
+    output in ``staging/<output>``; what it wrote to system paths harvested into
+    ``staging`` when ``harvest``."""
     workdir = staging.root / "sandbox"
     workdir.mkdir(exist_ok=True)
     spec = SandboxSpec(
-        workdir=str(workdir),
-        argv=argv,
-        cwd=EXTRACT_IN_CHROOT,
-        env=env,
-        binds=binds,
+        workdir=str(workdir), argv=argv, cwd=EXTRACT_IN_CHROOT, env=env, binds=binds,
         rw_binds=[*(rw_binds or []), (str(extract_dir), EXTRACT_IN_CHROOT)],
-        exec_binds=[EXTRACT_IN_CHROOT],
-        kernel_install_path="",
-        log_file=LOG_FILE,
-        harvest_to=str(staging.root),
-        output_file=str(staging.root / "installer-output.log"),
-        result_file=str(workdir / "result.json"),
+        exec_binds=[EXTRACT_IN_CHROOT], kernel_install_path="", log_file=log_file,
+        harvest_to=str(staging.root) if harvest else "",
+        output_file=str(staging.root / output), result_file=str(workdir / "result.json"),
     )
-    log.info("nvidia_installer_started", argv=argv)
-    rc = _in_sandbox(runner, spec, staging.root / "sandbox.json", BUILD_TIMEOUT_S,
-                     "nvidia-installer")
-    _raise_for(rc, staging, "nvidia-installer failed (", kernel_release)
-    counts = json.loads((workdir / "result.json").read_text())["harvested"]
-    log.info("nvidia_installer_finished", **{f"{k}_files": v for k, v in counts.items()})
-    return counts
+    return _in_sandbox(runner, spec, staging.root / "sandbox.json", BUILD_TIMEOUT_S, what)
 
 
 def _raise_for(rc: int, staging: Tree, what: str, kernel_release: str) -> None:

@@ -21,7 +21,6 @@ import structlog
 from installer import __version__, steps
 from installer.bundle import tree
 from installer.bundle.manifest import (
-    LAYOUT_DIRS,
     MANIFEST_NAME,
     BundleError,
     BundleKey,
@@ -32,6 +31,7 @@ from installer.context import Context
 from installer.distros.ubuntu import Ubuntu, compile_steps, find_kernel_headers
 from installer.errors import BuildError
 from installer.fsutil import sha256_file, write_atomic
+from installer.installdir import LAYOUT_DIRS
 from installer.modinfo import read_modinfo, vermagic_release
 from installer.modsign import MAGIC
 from installer.nvidia_run import driver_url

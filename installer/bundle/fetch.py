@@ -29,7 +29,6 @@ from installer import archive, signing
 from installer.bundle import tree
 from installer.bundle.manifest import (
     INDEX_NAME,
-    LAYOUT_DIRS,
     MANIFEST_NAME,
     BundleError,
     BundleKey,
@@ -41,7 +40,7 @@ from installer.bundle.manifest import (
 from installer.context import Context
 from installer.errors import DownloadError, IntegrityError, SecureBootError, UsageError
 from installer.fsutil import remove_tree
-from installer.installdir import Tree
+from installer.installdir import LAYOUT_DIRS, Tree
 from installer.modinfo import read_modinfo, vermagic_release
 from installer.net.policy import check_url_scheme, redact_url
 from installer.plan import Step

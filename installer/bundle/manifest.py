@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from installer import safejson
+from installer.installdir import check_layout_path
 
 FORMAT = 1
 MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.json"
 SUFFIX = ".tar.gz"
-LAYOUT_DIRS = ("bin", "lib64", "drivers", "firmware")  # installdir.LAYOUT_DIRS
 MODULE_TYPES = ("open", "proprietary")
 MAX_MANIFEST_BYTES = 4 << 20  # a real 535 bundle's manifest: ~15 KB
 MAX_FILES = 20_000
@@ -94,14 +94,10 @@ class BundleKey:
 
 def check_rel(rel: object, what: str = "path") -> str:
     """A clean relative path inside one of the layout dirs (never the dir itself)."""
-    if not isinstance(rel, str) or not rel or len(rel) > 4095 or not rel.isprintable():
-        raise BundleError(f"{what} {rel!r} is not a short printable path")
-    parts = rel.split("/")
-    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise BundleError(f"{what} {rel!r} is not a clean relative path")
-    if parts[0] not in LAYOUT_DIRS or len(parts) < 2:
-        raise BundleError(f"{what} {rel!r} is not inside {', '.join(LAYOUT_DIRS)}")
-    return rel
+    try:
+        return check_layout_path(rel, what)
+    except ValueError as exc:
+        raise BundleError(str(exc)) from None
 
 
 def check_link(rel: str, target: object) -> str:

@@ -13,8 +13,9 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from installer.bundle.manifest import LAYOUT_DIRS, MAX_FILES, BundleError, FileEntry
+from installer.bundle.manifest import MAX_FILES, BundleError, FileEntry
 from installer.fsutil import sha256_file
+from installer.installdir import LAYOUT_DIRS
 
 
 def describe(root: Path) -> tuple[dict[str, FileEntry], dict[str, str]]:

@@ -94,14 +94,20 @@ def test_cache_record_as_a_symlink_loop_is_no_record(ubuntu, command, code):
         ubuntu.assert_host_unchanged()
 
 
-@pytest.mark.parametrize("record", [".cache", "status.json"])
-def test_record_as_a_directory_is_replaced_by_the_next_install(ubuntu, record):
+def _installed_with_a_directory_as(ubuntu, record: str):
+    """A good install whose ``record`` was then replaced by a non-empty directory."""
     outcome(ubuntu.run("install"), 0)
     path = ubuntu.node.install_dir / record
     path.unlink()
     (path / "sub").mkdir(parents=True)
     (path / "sub" / "f").write_text("in the way\n")
     ubuntu.snapshot()
+    return path
+
+
+@pytest.mark.parametrize("record", [".cache", "status.json"])
+def test_record_as_a_directory_is_replaced_by_the_next_install(ubuntu, record):
+    path = _installed_with_a_directory_as(ubuntu, record)
     proc = ubuntu.run("install")
     outcome(proc, 0, "verified")  # .cache: a fresh install; status.json: a cache hit
     assert path.is_file() and not path.is_symlink()
@@ -111,11 +117,7 @@ def test_record_as_a_directory_is_replaced_by_the_next_install(ubuntu, record):
 
 @pytest.mark.parametrize("record", [".cache", "status.json"])
 def test_record_as_a_directory_does_not_stop_uninstall(ubuntu, record):
-    outcome(ubuntu.run("install"), 0)
-    path = ubuntu.node.install_dir / record
-    path.unlink()
-    (path / "sub").mkdir(parents=True)
-    ubuntu.snapshot()
+    _installed_with_a_directory_as(ubuntu, record)
     proc = ubuntu.run("uninstall")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (ubuntu.node.install_dir / ".cache").exists()
