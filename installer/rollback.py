@@ -22,7 +22,6 @@ import structlog
 from installer import cache, devnodes, firmware, ldcache, modules
 from installer.context import Context
 from installer.errors import InstallerError
-from installer.installdir import Tree
 from installer.workstate import NodeChanges, device_files
 
 log = structlog.get_logger(__name__)
@@ -70,7 +69,7 @@ def _reload_previous(ctx: Context, version: str) -> bool:
         log.warning("previous_driver_not_reloaded", version=version, reason=problem,
                     hint="reboot the node or re-run install once the cause above is fixed")
         return False
-    firmware.make_findable(ctx.kernel, ctx.host, ctx.install, Tree(ctx.install.root))
+    firmware.make_findable(ctx.kernel, ctx.host, ctx.install, ctx.install)
     modules.load(modules.plan_loads(ctx.install.drivers, ctx.settings.module_args),
                  ctx.kernel, ctx.runner, modprobe_root=ctx.modprobe_root)
     log.warning("previous_driver_reloaded", version=version)
