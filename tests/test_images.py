@@ -280,9 +280,11 @@ def node(tmp_path, image, kernel):
 
 @pytest.fixture
 def pod(image, container, node, kernel):
+    from tests.fixtures.kernel import HOOK_DIR
+
     flavor = flavor_of(image)
     return ImagePod(image=image, rootfs=container, mounts=manifest_mounts(flavor, node.root),
-                    fakebin=kernel.bin_dir, shared=[kernel.root],
+                    fakebin=kernel.bin_dir, shared=[kernel.root, HOOK_DIR],
                     env={**manifest_env(flavor), **kernel.env()})
 
 

@@ -384,7 +384,7 @@ def test_malicious_headers_refused_during_preload(env, tmp_path):
 
 
 @pytest.mark.parametrize("output", ["json", "text"])
-def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys, output):
+def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys, monkeypatch, output):
     """`install --dry-run` end to end in-process: nothing written, plan on stdout (-o json:
     the document for tools; text: the steps as a numbered list)."""
     from installer.cli import main
@@ -394,19 +394,10 @@ def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys, output):
             "--install-dir", str(env.node.install_dir), "--toolchain-dir", str(env.tools_dir),
             "--cos-artifacts-url", env.bucket.file_url(),
             "--driver-base-url", f"file://{env.tesla}", "--log-format", "json"]
-    old = {k: os.environ.get(k) for k in env.kernel.env()}
-    os.environ.update(env.kernel.env())
-    os.environ["KERNEL_RELEASE"] = COS_KERNEL
-    try:
-        with pytest.raises(SystemExit) as exit_:
-            main(argv)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        os.environ.pop("KERNEL_RELEASE", None)
+    env.kernel.activate(monkeypatch)
+    monkeypatch.setenv("KERNEL_RELEASE", COS_KERNEL)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert not env.tools_dir.exists()

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import cache, cli, doctor, signing
+from installer import cache, cli, doctor, kernel, signing
 from installer.cache import CacheKey
 from tests.fixtures import node as fixture_node
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
@@ -137,8 +137,7 @@ class FakeNode:
 @pytest.fixture
 def node(tmp_path, libs, monkeypatch):
     n = FakeNode(tmp_path, libs).build()
-    for name, path in (("PROC", n.proc), ("SYS", n.sys), ("DEV", n.dev)):
-        monkeypatch.setenv(f"NVIDIA_INSTALLER_{name}_DIR", str(path))
+    monkeypatch.setattr(kernel, "_roots", kernel.KernelRoots(n.proc, n.sys, n.dev))
     monkeypatch.setattr(doctor.shutil, "disk_usage",
                         lambda p: shutil._ntuple_diskusage(100 << 30, 50 << 30, 50 << 30))
     yield n

@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import diagnostics, install, metrics, readiness
+from installer import diagnostics, install, kernel, metrics, readiness
 from installer.errors import BuildError
 from installer.hostroot import HostRoot
 from installer.plan import Plan, Step
@@ -25,7 +25,8 @@ def host(tmp_path, monkeypatch):
     (root / INSTALL_HOST.relative_to("/")).mkdir(parents=True)
     for name in ("proc", "sys", "dev"):
         (tmp_path / name).mkdir()
-        monkeypatch.setenv(f"NVIDIA_INSTALLER_{name.upper()}_DIR", str(tmp_path / name))
+    monkeypatch.setattr(kernel, "_roots",
+                        kernel.KernelRoots(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev"))
     (tmp_path / "proc/modules").write_text("")
     return HostRoot(root)
 

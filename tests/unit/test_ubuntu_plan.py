@@ -37,8 +37,7 @@ class Env:
         self.node = build_ubuntu_node(tmp_path / "node", headers=headers)
         self.kernel = FakeKernel(tmp_path / "kernel", UBUNTU_KERNEL)
         self.tesla = tmp_path / "tesla"
-        for name, value in self.kernel.env().items():
-            monkeypatch.setenv(name, value)
+        self.kernel.activate(monkeypatch)
 
     def add_gpu(self, device: str = "0x27b8") -> None:  # an L4 unless told
         self.kernel.add_gpu(device=device)
