@@ -6,8 +6,9 @@ stay inside the commands so ``--help`` and cache hits start fast.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     from installer import signals
 
     command = _command_name(argv)
-    with signals.handled():
+    with signals.handled(), _guarded_output():
         try:
             rv = cli.main(args=argv, prog_name="nvidia-driver-installer", standalone_mode=False)
         except click.exceptions.Abort:
@@ -395,6 +396,31 @@ def main(argv: list[str] | None = None) -> None:
             _report_bug(exc, command)
             sys.exit(int(ExitCode.INTERNAL))
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@contextlib.contextmanager
+def _guarded_output() -> Iterator[None]:
+    """stdout and stderr that never raise (issue 26): the node's outcome is the same whether
+    anyone reads the output or not. A lost stdout is said on stderr, once."""
+    from installer.output import GuardedStream
+
+    def stdout_lost(exc: OSError | ValueError) -> None:
+        import structlog
+
+        if structlog.is_configured():
+            structlog.get_logger("installer").warning(
+                "stdout_unwritable", error=str(exc) or type(exc).__name__,
+                message="stdout is closed or unwritable: its output is dropped; the command "
+                "goes on (see status.json for the outcome)")
+
+    saved = sys.stdout, sys.stderr
+    sys.stdout = GuardedStream(saved[0], stdout_lost)
+    sys.stderr = GuardedStream(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout, sys.stderr = saved
 
 
 def _report_bug(exc: Exception, command: str) -> None:

@@ -1,0 +1,49 @@
+"""Issue 26's rough edges, run as the pod runs it: what an operator trying the installer
+by hand hits first (a closed pipe, stale lock files, never-installed nodes, firmware left
+behind by uninstall)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.integration.conftest import V1
+from tests.pod import last_event, ok
+
+pytestmark = pytest.mark.chroot
+
+READY = "run/nvidia/validations/driver-ready"
+
+
+def _run_with_closed_output(pod, *args: str, keep_lines: int, env=None) -> int:
+    """``install … 2>&1 | head -N``: read N lines of stderr, then close both pipes (stdout
+    at once) as ``head`` does when it exits; the run goes on writing into closed pipes."""
+    proc = pod.start(*args, env=env)
+    proc.stdout.close()
+    for _ in range(keep_lines):
+        proc.stderr.readline()
+    proc.stderr.close()
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if proc.poll() is None:
+        os.killpg(proc.pid, 9)
+    return proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_a_closed_pipe_never_changes_what_happens_to_the_node(node, pod, log_format):
+    ok(pod.run("install"))
+    assert (node.root / READY).exists()
+    code = _run_with_closed_output(pod, "install", "--force", "-o", "json", keep_lines=3,
+                                   env={"LOG_FORMAT": log_format})
+    assert code == 0
+    status = json.loads((node.install_dir / "status.json").read_text())
+    assert (status["outcome"], status["plan"], status["driver_version"]) == ("ok", "fresh", V1)
+    assert (node.root / READY).exists()
+    # and the next run, output intact, is a cache hit of that install
+    assert last_event(ok(pod.run("install")))["plan"] == "cached"
