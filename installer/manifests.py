@@ -24,7 +24,7 @@ import click
 
 from installer import __version__
 from installer.distros import DISTROS
-from installer.versions import is_driver_version
+from installer.versions import is_driver_version, unsupported_reason
 
 
 def _installer_env_vars() -> tuple[str, ...]:
@@ -194,6 +194,8 @@ def validate_digest(value: str) -> str:
 
 def validate_driver_version(flavor: str, value: str) -> str:
     if is_driver_version(value):
+        if (why := unsupported_reason(value)) is not None:  # the rule install applies
+            raise ValueError(why)
         return value
     if flavor == "cos" and _COS_DRIVER_ALIAS.match(value):
         return value
@@ -373,8 +375,8 @@ def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
     env["LOG_FORMAT"] = DEFAULT_LOG_FORMAT
     env["LOCK_TIMEOUT"] = DEFAULT_LOCK_TIMEOUT
     for key, value in opts.extra_env.items():
-        if key == "COS_DOWNLOAD_GCS" and flavor != "cos":
-            continue  # COS artifacts mean nothing to the Ubuntu flow
+        if key in ("COS_DOWNLOAD_GCS", "COS_ARTIFACTS_SHA256") and flavor != "cos":
+            continue  # COS artifacts mean nothing to the Ubuntu flow (which refuses the pin)
         env[key] = value
     return list(env.items())
 

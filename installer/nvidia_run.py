@@ -26,7 +26,7 @@ from installer.nvidia_options import LOG_FILE, check_loads_nothing
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
 from installer.settings import Settings
-from installer.versions import is_driver_version
+from installer.versions import is_driver_version, unsupported_reason
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +61,8 @@ def check_version(version: str) -> str:
             f"not a driver version: {version!r}",
             hint="use a version such as 550.127.05 (COS also takes default, latest, R535)",
         )
+    if (why := unsupported_reason(version)) is not None:  # before anything is downloaded
+        raise UsageError(why, hint="use R470 or newer", driver_version=version)
     return version
 
 

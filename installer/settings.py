@@ -8,6 +8,7 @@ from pathlib import Path, PurePosixPath
 
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
+from installer.versions import is_driver_version, unsupported_reason
 
 DEFAULT_HOST_ROOT = Path("/root")
 DEFAULT_INSTALL_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
@@ -92,13 +93,13 @@ class Settings:
         sha = normalize_sha256(self.driver_sha256 or None, "--driver-sha256")
         if self.lock_timeout_s < 0:
             raise UsageError("--lock-timeout must be >= 0 seconds")
-        for arg in self.module_args:
-            mod, dot, kv = arg.partition(".")
-            if not (dot and mod and "=" in kv and kv.index("=") > 0):
-                raise UsageError(
-                    f"bad --module-arg {arg!r}",
-                    hint="use MODULE.PARAM=VALUE, e.g. nvidia.NVreg_EnableGpuFirmware=0",
-                )
+        if self.driver_url and self.driver_base_url:
+            raise UsageError("--driver-url and --driver-base-url both name where the .run comes "
+                             "from: give one (NVIDIA_DRIVER_DOWNLOAD_URL or NVIDIA_DRIVER_BASE_URL)")
+        self._check_module_args()
+        version = self.driver_version
+        if version and is_driver_version(version) and (why := unsupported_reason(version)):
+            raise UsageError(f"--driver-version: {why}", hint="use R470 or newer")
         if self.kernel_module_type not in ("auto", "open", "proprietary"):
             raise UsageError(
                 f"bad --kernel-module-type {self.kernel_module_type!r}",
@@ -133,4 +134,20 @@ class Settings:
                                           allow_insecure_http=self.allow_insecure_http)
         return replace(self, install_dir=install_dir, driver_sha256=sha,
                        prebuilt_sha256=prebuilt_sha)
+
+    def _check_module_args(self) -> None:
+        from installer.kernel import module_name
+        from installer.modules import LOAD_ORDER
+
+        loaded = [module_name(m) for m in LOAD_ORDER]
+        for arg in self.module_args:
+            mod, dot, kv = arg.partition(".")
+            if not (dot and mod and "=" in kv and kv.index("=") > 0):
+                raise UsageError(
+                    f"bad --module-arg {arg!r}",
+                    hint="use MODULE.PARAM=VALUE, e.g. nvidia.NVreg_EnableGpuFirmware=0",
+                )
+            if module_name(mod) not in loaded:
+                raise UsageError(f"--module-arg {arg!r} is for module {mod!r}, which the "
+                                 f"installer never loads: use one of {', '.join(loaded)}")
 

@@ -15,6 +15,7 @@ from installer.cache import CacheKey
 from installer.context import Context
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
+from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +62,10 @@ class Distro(abc.ABC):
     def create(cls) -> Distro:
         """The instance that plans installs (a subclass may live in a heavier module)."""
         return cls()
+
+    def check_settings(self, settings: Settings) -> None:
+        """Refuse options that mean nothing on this OS (UsageError), before the lock."""
+        return
 
     @abc.abstractmethod
     def driver_version(self, ctx: Context) -> str:

@@ -13,6 +13,7 @@ from installer.distros.base import Distro, cached_plan, fresh_plan
 from installer.errors import UsageError
 from installer.nvidia_run import check_version, driver_url, version_from_url
 from installer.plan import Plan, Step
+from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -63,12 +64,18 @@ class Ubuntu(Distro):
         flavor = f"compiled-{self.module_type(ctx, version)}"
         return CacheKey(version, kernel_release=ctx.host_info.kernel_release, flavor=flavor)
 
-    def plan(self, ctx: Context) -> Plan:
-        if ctx.settings.preload:
+    def check_settings(self, settings: Settings) -> None:
+        if settings.preload:
             raise UsageError(
                 "--preload is for Container-Optimized OS (it warms the COS toolchain cache)",
                 hint="on Ubuntu, run a normal install; kernel headers come from the node or apt",
             )
+        if settings.cos_artifacts_sha256:
+            raise UsageError("--cos-artifacts-sha256 pins COS artifacts; this node runs Ubuntu",
+                             hint="pin the .run with --driver-sha256 (NVIDIA_DRIVER_SHA256) "
+                             "and drop COS_ARTIFACTS_SHA256")
+
+    def plan(self, ctx: Context) -> Plan:
         version = self.driver_version(ctx)
         key = self.cache_key(ctx, version)
         module_type = key.flavor.removeprefix("compiled-") if key.flavor else "proprietary"

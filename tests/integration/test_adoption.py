@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 
 import pytest
@@ -47,3 +46,13 @@ def test_a_closed_pipe_never_changes_what_happens_to_the_node(node, pod, log_for
     assert (node.root / READY).exists()
     # and the next run, output intact, is a cache hit of that install
     assert last_event(ok(pod.run("install")))["plan"] == "cached"
+
+
+def test_an_option_meaningless_on_this_os_is_refused_before_anything_changes(node, pod):
+    ok(pod.run("install"))
+    before = (node.install_dir / "status.json").read_bytes()
+    proc = pod.run("install", "--force", env={"COS_ARTIFACTS_SHA256": "/pins.sha256"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--cos-artifacts-sha256" in last_event(proc)["message"]
+    assert (node.root / READY).exists()  # refused before the lock: the node as it was
+    assert (node.install_dir / "status.json").read_bytes() == before

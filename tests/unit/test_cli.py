@@ -34,6 +34,15 @@ def run_main(capsys, args, monkeypatch=None, env=None):
         pytest.param(["--download-deadline", "0"], "download-deadline", id="zero-deadline"),
         pytest.param(["--download-min-rate", "-1"], "download-min-rate", id="negative-rate"),
         pytest.param(["--install-dir-host", "/../../etc"], "without '..'", id="dotdot-dir"),
+        # issue 26: conflicting options, refused before anything happens
+        pytest.param(["--driver-url", "https://h/NVIDIA-Linux-x86_64-550.54.14.run",
+                      "--driver-base-url", "https://h/tesla"], "give one", id="url-and-base-url"),
+        pytest.param(["--module-arg", "foo.bar=1"], "never loads", id="module-never-loaded"),
+        pytest.param(["--module-arg", "nvidia-uvm.uvm_perf_prefetch_enable=0",
+                      "--module-arg", "nvidia_peermem.x=1"], "'nvidia_peermem'",
+                     id="module-not-ours"),
+        pytest.param(["--driver-version", "390.157"], "older than this installer supports",
+                     id="too-old-driver"),
     ],
 )
 def test_usage_errors_exit_2(capsys, tmp_path, args, needle):
