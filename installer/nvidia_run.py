@@ -273,7 +273,7 @@ def build_modules(
     built = module_build.built_modules(extract_dir / tree_dir)
     if not any(ko.name == module_build.REQUIRED for ko in built):
         raise BuildError(f"make succeeded but produced no {module_build.REQUIRED} in {tree_dir}/",
-                         hint=f"see {staging.root / KBUILD_LOG}", kernel_release=kernel_release)
+                         kernel_release=kernel_release)
     staging.drivers.mkdir(parents=True, exist_ok=True)
     for ko in built:
         shutil.move(str(ko), str(staging.drivers / ko.name))
@@ -335,7 +335,6 @@ def _raise_for(rc: int, staging: Tree, what: str, kernel_release: str) -> None:
         raise _out_of_space(staging.root, installer_error(staging))
     raise BuildError(
         f"{what}exit {rc}): {installer_error(staging)}",
-        hint=f"see {staging.root.parent / FAILED_LOG} for the full log",
         kernel_release=kernel_release,
     )
 
@@ -370,10 +369,12 @@ def installer_error(staging: Tree) -> str:
     return tail(texts[-1], 3) if texts else "(no output)"
 
 
-def keep_failure_log(staging: Tree, install_log: Path) -> None:
+def keep_failure_log(staging: Tree, install_log: Path) -> Path | None:
     """Keep the log of a failed build next to (not inside) the install: nvidia-installer's,
-    else make's (the build stopped before nvidia-installer ran)."""
+    else make's (the build stopped before nvidia-installer ran). Returns where, if kept."""
     for src in (staging.root / "nvidia-installer.log", staging.root / KBUILD_LOG):
         if src.is_file():
-            os.replace(src, install_log.with_name(FAILED_LOG))
-            return
+            kept = install_log.with_name(FAILED_LOG)
+            os.replace(src, kept)
+            return kept
+    return None

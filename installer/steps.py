@@ -26,6 +26,7 @@ from installer import (
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.errors import (
+    BuildError,
     ModuleLoadError,
     SecureBootError,
     UsageError,
@@ -200,8 +201,10 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
                 nvidia_run.build_modules(ctx.runner, argv=make_argv(ctx.work.kernel_tree),
                                          tree_dir=tree_dir, **sandboxed)
             nvidia_run.install_userspace(ctx.runner, argv=installer_argv, **sandboxed)
-        except Exception:
-            nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
+        except Exception as exc:
+            kept = nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
+            if kept is not None and isinstance(exc, BuildError):  # the node's name for it
+                exc.hint = f"see {ctx.install.host_view(kept)} on the node for the full log"
             raise
 
     # What --dry-run shows: both commands, with the headers a later step finds.

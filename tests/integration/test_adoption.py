@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.fixtures.node import INSTALL_HOST
 from tests.integration.conftest import V1
 from tests.pod import last_event, ok
 
@@ -56,3 +57,25 @@ def test_an_option_meaningless_on_this_os_is_refused_before_anything_changes(nod
     assert "--cos-artifacts-sha256" in last_event(proc)["message"]
     assert (node.root / READY).exists()  # refused before the lock: the node as it was
     assert (node.install_dir / "status.json").read_bytes() == before
+
+
+def test_doctor_on_a_never_installed_node_says_how_to_install(pod):
+    proc = pod.run("doctor", "--json")
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    text = json.dumps(doc)
+    assert "--force" not in text and "re-run" not in text
+    found = {f["check"]: f for f in doc["findings"]}
+    assert "never run" in found["installer_status"]["detail"]
+    assert "never run" in found["install_dir"]["detail"]
+
+
+def test_a_build_failure_names_the_kept_log_by_its_host_path(node, pod):
+    (node.root / f"usr/src/linux-headers-{node.kernel_release}/.fake-build-fails").write_text("")
+    proc = pod.run("install")
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    final = last_event(proc)
+    assert final["hint"] == (f"see {INSTALL_HOST}/nvidia-installer.failed.log on the node for "
+                             "the full log")
+    assert (node.install_dir / "nvidia-installer.failed.log").is_file()
+    assert "/usr/local/nvidia" not in final["message"]

@@ -345,6 +345,14 @@ def test_failed_last_run_is_reported_with_its_hint(node, capsys):
     assert "the upgrade to 535.183.01 failed (module_load, exit 8)" in km["detail"]
 
 
+def test_a_run_that_failed_before_choosing_a_version_names_none(node, capsys):
+    node.set_status(outcome="error", exit_code=3, error_class="host", driver_version=None,
+                    message="no /etc/os-release on the host")
+    f = node.findings(capsys)[1]["installer_status"]
+    assert "None" not in f["detail"] and "installing driver" not in f["detail"]
+    assert f["detail"].endswith("(exit 3): no /etc/os-release on the host")
+
+
 def test_failed_last_run_with_a_damaged_old_install_is_a_mismatch(node, capsys):
     """Only an intact old install counts as working: otherwise the libraries may not match."""
     node.set_status(outcome="error", exit_code=5, error_class="download",
@@ -464,4 +472,4 @@ def test_corrupt_status_file_is_reported_as_corrupt(node, capsys):
     assert code == 9
     f = found["installer_status"]
     assert f["detail"] == "corrupt status file: status.json holds a JSON list, not an object"
-    assert f["fix"] == f"remove {node.install}/status.json; the next install writes a new one"
+    assert f["fix"] == "remove /home/kubernetes/bin/nvidia/status.json; the next install writes a new one"

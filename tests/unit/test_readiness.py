@@ -86,6 +86,9 @@ class FakeDistro:
     def __init__(self, steps, kind="fresh"):
         self.steps, self.kind = steps, kind
 
+    def check_settings(self, settings):
+        pass
+
     def plan(self, ctx):
         return Plan(self.kind, tuple(self.steps), {"driver_version": "550.54.14",
                                                    "kernel_module_type": "proprietary"})
@@ -200,6 +203,19 @@ def test_kernel_log_tail_keeps_relevant_lines(monkeypatch, tmp_path):
     assert diagnostics.kernel_log_tail(Runner()) == [
         "[Mon] NVRM: API mismatch: the client has the version 550.54.14",
         "[Mon] Loading of unsigned module is rejected"]
+
+
+def test_kernel_log_tail_never_shows_unrelated_lines(monkeypatch, tmp_path):
+    from installer.runner import Runner
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dmesg").write_text("#!/bin/sh\necho '[Mon] eth0: link up'\n"
+                                   "echo '[Mon] usb 1-1: new device'\n")
+    (bin_dir / "dmesg").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert diagnostics.kernel_log_tail(Runner()) == [
+        "(no NVIDIA or kernel module lines in the kernel log)"]
 
 
 def test_unwritable_readiness_is_a_verify_failure(host, monkeypatch):
