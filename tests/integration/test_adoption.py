@@ -79,3 +79,29 @@ def test_a_build_failure_names_the_kept_log_by_its_host_path(node, pod):
                              "the full log")
     assert (node.install_dir / "nvidia-installer.failed.log").is_file()
     assert "/usr/local/nvidia" not in final["message"]
+
+
+def test_uninstall_removes_the_firmware_copies_it_made_and_only_those(node, pod):
+    # The fixture kernel has no firmware_class.path: install copies the GSP firmware into
+    # the host's /lib/firmware/updates (installer.firmware._copy_to_host).
+    updates = node.root / "lib/firmware/updates/nvidia"
+
+    def files() -> list[str]:
+        return sorted(p.relative_to(updates).as_posix() for p in updates.rglob("*") if p.is_file())
+
+    ok(pod.run("install"))
+    ours = files()
+    assert ours and all(name.startswith(f"{V1}/") for name in ours)
+    someone_elses = updates / "other/gsp_x.bin"
+    someone_elses.parent.mkdir()
+    someone_elses.write_bytes(b"not ours")
+    proc = ok(pod.run("uninstall", "-o", "json"))
+    removed = json.loads(proc.stdout)["changes"]["firmware_copies_removed"]
+    assert removed == [f"/lib/firmware/updates/nvidia/{n}" for n in ours]
+    assert files() == ["other/gsp_x.bin"] and not (updates / V1).exists()
+
+    ok(pod.run("install"))
+    (updates / ours[0]).write_bytes(b"replaced by someone")  # same name, other bytes
+    proc = ok(pod.run("uninstall", "-o", "json"))
+    assert json.loads(proc.stdout)["changes"]["firmware_copies_removed"] == ours[1:]
+    assert files() == [ours[0], "other/gsp_x.bin"]
