@@ -54,7 +54,7 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)
-    distro.check_settings(settings)
+    distro.check_settings(ctx)
     # os and kernel_release are bound to every event above; family is what "flow" says.
     info = ctx.host_info
     log.info("host_detected", flow=info.family, support=distros.support(info),

@@ -24,7 +24,7 @@ import click
 
 from installer import __version__
 from installer.distros import DISTROS
-from installer.versions import is_driver_version, unsupported_reason
+from installer.versions import is_driver_version
 
 
 def _installer_env_vars() -> tuple[str, ...]:
@@ -193,9 +193,11 @@ def validate_digest(value: str) -> str:
 
 
 def validate_driver_version(flavor: str, value: str) -> str:
+    from installer.nvidia_options import too_old
+
+    if (why := too_old(value)) is not None:  # the rule install applies
+        raise ValueError(why)
     if is_driver_version(value):
-        if (why := unsupported_reason(value)) is not None:  # the rule install applies
-            raise ValueError(why)
         return value
     if flavor == "cos" and _COS_DRIVER_ALIAS.match(value):
         return value

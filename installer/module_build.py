@@ -23,7 +23,7 @@ from pathlib import Path
 
 from installer.errors import UsageError
 from installer.headers import KernelTree
-from installer.versions import version_key
+from installer.nvidia_options import version_key
 
 # kernel/ holds the proprietary modules, kernel-open/ the open ones (from R515).
 BUILD_DIRS = {"proprietary": "kernel", "open": "kernel-open"}

@@ -10,7 +10,6 @@ release tags; see tests/fixtures/nvidia_installer_options.json).
 from __future__ import annotations
 
 from installer.errors import UsageError
-from installer.versions import unsupported_reason, version_key
 
 # First release tag whose option table has each option; every other option we
 # pass exists in every release we support (R470 and newer).
@@ -21,7 +20,24 @@ FIRST_RELEASE = {
     "--skip-module-load": "550.40.07",
     "--kernel-module-type": "555.42.02",
 }
+OLDEST_SUPPORTED = "465.19.01"
 LOG_FILE = "/var/log/nvidia-installer.log"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
+def too_old(version: str) -> str | None:
+    """Why an explicit driver ``version`` is refused: older than the oldest nvidia-installer
+    we drive. One rule for ``install`` and ``manifests render`` (issue 26); None for a
+    version we take and for what is no version at all (an alias: checked elsewhere)."""
+    parts = version.split(".")
+    if len(parts) < 2 or not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    if version_key(version) >= version_key(OLDEST_SUPPORTED):
+        return None
+    return f"driver {version} is older than this installer supports ({OLDEST_SUPPORTED})"
 
 
 def accepts(version: str, option: str) -> bool:
@@ -54,7 +70,7 @@ def installer_args(*, version: str) -> list[str]:
     ``get_installable_file_type_list`` gates only KERNEL_MODULE_SRC, DKMS_CONF and
     NVIDIA_MODPROBE, the last on --no-nvidia-modprobe).
     """
-    if (why := unsupported_reason(version)) is not None:
+    if (why := too_old(version)) is not None:
         raise UsageError(why, hint="use R470 or newer", driver_version=version)
     args = [
         "./nvidia-installer",

@@ -22,11 +22,11 @@ from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageEr
 from installer.fsutil import remove_tree
 from installer.headers import KernelTree
 from installer.installdir import BUILD_LOG, Tree
-from installer.nvidia_options import LOG_FILE, check_loads_nothing
+from installer.nvidia_options import LOG_FILE, check_loads_nothing, too_old
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
 from installer.settings import Settings
-from installer.versions import is_driver_version, unsupported_reason
+from installer.versions import is_driver_version
 
 log = structlog.get_logger(__name__)
 
@@ -61,7 +61,7 @@ def check_version(version: str) -> str:
             f"not a driver version: {version!r}",
             hint="use a version such as 550.127.05 (COS also takes default, latest, R535)",
         )
-    if (why := unsupported_reason(version)) is not None:  # before anything is downloaded
+    if (why := too_old(version)) is not None:  # before anything is downloaded
         raise UsageError(why, hint="use R470 or newer", driver_version=version)
     return version
 

@@ -8,7 +8,6 @@ from pathlib import Path, PurePosixPath
 
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
-from installer.versions import is_driver_version, unsupported_reason
 
 DEFAULT_HOST_ROOT = Path("/root")
 DEFAULT_INSTALL_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
@@ -97,8 +96,9 @@ class Settings:
             raise UsageError("--driver-url and --driver-base-url both name where the .run comes "
                              "from: give one (NVIDIA_DRIVER_DOWNLOAD_URL or NVIDIA_DRIVER_BASE_URL)")
         self._check_module_args()
-        version = self.driver_version
-        if version and is_driver_version(version) and (why := unsupported_reason(version)):
+        from installer.nvidia_options import too_old
+
+        if self.driver_version and (why := too_old(self.driver_version)):
             raise UsageError(f"--driver-version: {why}", hint="use R470 or newer")
         if self.kernel_module_type not in ("auto", "open", "proprietary"):
             raise UsageError(

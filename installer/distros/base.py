@@ -15,7 +15,6 @@ from installer.cache import CacheKey
 from installer.context import Context
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
-from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +62,7 @@ class Distro(abc.ABC):
         """The instance that plans installs (a subclass may live in a heavier module)."""
         return cls()
 
-    def check_settings(self, settings: Settings) -> None:
+    def check_settings(self, ctx: Context) -> None:
         """Refuse options that mean nothing on this OS (UsageError), before the lock."""
         return
 

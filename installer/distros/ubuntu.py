@@ -13,7 +13,6 @@ from installer.distros.base import Distro, cached_plan, fresh_plan
 from installer.errors import UsageError
 from installer.nvidia_run import check_version, driver_url, version_from_url
 from installer.plan import Plan, Step
-from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -64,7 +63,8 @@ class Ubuntu(Distro):
         flavor = f"compiled-{self.module_type(ctx, version)}"
         return CacheKey(version, kernel_release=ctx.host_info.kernel_release, flavor=flavor)
 
-    def check_settings(self, settings: Settings) -> None:
+    def check_settings(self, ctx: Context) -> None:
+        settings = ctx.settings
         if settings.preload:
             raise UsageError(
                 "--preload is for Container-Optimized OS (it warms the COS toolchain cache)",

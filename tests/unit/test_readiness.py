@@ -86,7 +86,7 @@ class FakeDistro:
     def __init__(self, steps, kind="fresh"):
         self.steps, self.kind = steps, kind
 
-    def check_settings(self, settings):
+    def check_settings(self, ctx):
         pass
 
     def plan(self, ctx):

@@ -124,13 +124,13 @@ def test_bad_version_is_a_usage_error(env, version):
 
 def test_preload_is_refused_on_ubuntu(env):
     with pytest.raises(UsageError) as err:
-        Ubuntu().check_settings(env.ctx(preload=True).settings)
+        Ubuntu().check_settings(env.ctx(preload=True))
     assert err.value.exit_code == ExitCode.USAGE and "Container-Optimized OS" in err.value.message
 
 
 def test_a_cos_artifacts_pin_is_refused_on_ubuntu(env):
     with pytest.raises(UsageError) as err:
-        Ubuntu().check_settings(env.ctx(cos_artifacts_sha256="/pins.sha256").settings)
+        Ubuntu().check_settings(env.ctx(cos_artifacts_sha256="/pins.sha256"))
     assert "--cos-artifacts-sha256" in err.value.message and "Ubuntu" in err.value.message
     assert "--driver-sha256" in err.value.hint
 
