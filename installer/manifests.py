@@ -115,8 +115,14 @@ DAEMONSET_TEMPLATE = "daemonset.yaml.j2"
 KUSTOMIZATION_TEMPLATE = "kustomization.yaml.j2"
 
 
-def daemonset_filename(flavor: str) -> str:
-    return f"daemonset-{flavor}.yaml"
+def daemonset_name(flavor: str, instance: str | None = None) -> str:
+    """``nvidia-driver-installer-<flavor>``, or ``…-<flavor>-<instance>`` for one DaemonSet
+    per node pool (``--name``): its own metadata.name, instance label and selector."""
+    return f"nvidia-driver-installer-{flavor}" + (f"-{instance}" if instance else "")
+
+
+def daemonset_filename(flavor: str, instance: str | None = None) -> str:
+    return f"daemonset-{flavor}" + (f"-{instance}" if instance else "") + ".yaml"
 
 
 # --- validation (pure; raises ValueError with a one-line reason) -------------
@@ -148,6 +154,16 @@ def validate_namespace(value: str) -> str:
     _check_len(value, 63, "namespace")
     if not _DNS_LABEL.match(value):
         raise ValueError(f"namespace {value!r} is not a DNS-1123 label (lower case, digits, '-')")
+    return value
+
+
+def validate_instance(flavor: str, value: str) -> str:
+    """``--name``: a DNS-1123 label short enough that the DaemonSet's name, which is also its
+    ``app.kubernetes.io/instance`` label value, stays within 63 characters."""
+    if not _DNS_LABEL.match(value):
+        raise ValueError(f"{value!r} is not a DNS-1123 label (lower case, digits, '-'), e.g. "
+                         "the node pool's name")
+    _check_len(daemonset_name(flavor, value), 63, "the DaemonSet name")
     return value
 
 
@@ -302,6 +318,7 @@ class RenderOptions:
     affinity: str = "gke"
     node_labels: Sequence[str] = DEFAULT_NODE_LABELS
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    instance: str | None = None  # --name: one DaemonSet per node pool
 
 
 def _match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -321,18 +338,22 @@ def _match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]
     return exprs
 
 
+# Nodes never ours, whatever selects them: nodes whose driver GKE installs itself
+# (gpu-driver-version set at node-pool creation) are left to GKE, as GKE's own manifests
+# do; confidential GPU nodes (TDX, SEV) need GKE's own confidential DaemonSet.
+GKE_GUARDS: tuple[dict[str, Any], ...] = (
+    {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
+    {"key": "cloud.google.com/gke-confidential-nodes-instance-type", "operator": "DoesNotExist"},
+)
+
+
 def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
     if opts.affinity == "none":
         return []
     if opts.affinity == "gke":
         return [
             {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
-            # Nodes whose driver GKE installs itself (gpu-driver-version set at
-            # node-pool creation) are left to GKE, as GKE's own manifests do.
-            {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
-            # Confidential GPU nodes (TDX, SEV) need GKE's own confidential DaemonSet.
-            {"key": "cloud.google.com/gke-confidential-nodes-instance-type",
-             "operator": "DoesNotExist"},
+            *map(dict, GKE_GUARDS),
             {
                 "key": "cloud.google.com/gke-os-distribution",
                 "operator": "In",
@@ -347,7 +368,7 @@ def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]
                 exprs.append({"key": key, "operator": "Exists"})
             else:
                 exprs.append({"key": key, "operator": "In", "values": [value]})
-        return exprs
+        return [*exprs, *map(dict, GKE_GUARDS)]  # harmless where GKE's labels never appear
     raise ValueError(f"unknown affinity mode {opts.affinity!r}")
 
 
@@ -395,7 +416,7 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         raise ValueError(f"unknown flavor {flavor!r}")
     validate_namespace(opts.namespace)
     parse_image(opts.pause_image, what="pause image", require_tag=False)
-    name = f"nvidia-driver-installer-{flavor}"
+    name = daemonset_name(flavor, opts.instance and validate_instance(flavor, opts.instance))
     selector = {
         "app.kubernetes.io/name": "nvidia-driver-installer",
         "app.kubernetes.io/instance": name,
@@ -468,7 +489,8 @@ def render_kustomization(files: Sequence[str]) -> str:
 def render_files(flavors: Sequence[str], opts: RenderOptions | None = None) -> dict[str, str]:
     """``{filename: text}`` for an output directory: one DaemonSet per flavour
     plus a kustomization.yaml listing them."""
-    files = {daemonset_filename(f): render(f, opts) for f in flavors}
+    instance = opts.instance if opts else None
+    files = {daemonset_filename(f, instance): render(f, opts) for f in flavors}
     files["kustomization.yaml"] = render_kustomization(list(files))
     return files
 
@@ -550,6 +572,11 @@ def manifests() -> None:
     f"{DEFAULT_DRIVER_VERSION['ubuntu']} on Ubuntu.",
 )
 @click.option("--namespace", metavar="NAME", default=DEFAULT_NAMESPACE, show_default=True)
+@click.option("--name", "instance", metavar="NAME",
+              help="Instance name, for one DaemonSet per node pool: nvidia-driver-installer-"
+              "<flavor>-NAME, its own instance label and selector, daemonset-<flavor>-NAME.yaml "
+              "(e.g. the pool's name, with --affinity label --node-label "
+              "cloud.google.com/gke-nodepool=NAME).")
 @click.option(
     "--affinity",
     type=click.Choice(AFFINITY_MODES),
@@ -608,9 +635,12 @@ def render_command(
     extra_env: tuple[str, ...],
     output_dir: Path | None,
     kind: str,
+    instance: str | None,
     **job: Any,
 ) -> None:
     """Render the installer DaemonSet(s), or the bundle build Job, as YAML."""
+    if kind == "bundle-job" and instance:
+        raise click.UsageError("--name names DaemonSets: it does not apply to --kind bundle-job")
     if kind == "bundle-job":  # issue 15
         from installer.bundle.job import render_command as render_job
 
@@ -643,6 +673,7 @@ def render_command(
         affinity=affinity,
         node_labels=node_labels or DEFAULT_NODE_LABELS,
         extra_env=env,
+        instance=instance,
     )
     # Validate each option on its own first, so the error names the flag.
     checks: list[tuple[str, Any]] = [
@@ -651,6 +682,8 @@ def render_command(
     ]
     for f in selected:
         checks.append(("--image", lambda f=f: _image(f, opts)))
+        if instance is not None:
+            checks.append(("--name", lambda f=f: validate_instance(f, instance)))
         if driver_version:
             checks.append(
                 ("--driver-version", lambda f=f: validate_driver_version(f, driver_version))

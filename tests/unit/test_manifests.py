@@ -334,6 +334,7 @@ def test_variant_details(variant_texts):
     assert term["matchExpressions"] == [
         {"key": "example.com/gpu", "operator": "In", "values": ["yes"]},
         {"key": "example.com/os-cos", "operator": "Exists"},
+        *m.GKE_GUARDS,  # issue 26: GKE's guards hold with labels too
         # Never both DaemonSets on one node (issue 14): the other flavour's label is absent.
         {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"},
     ]
