@@ -319,6 +319,7 @@ class RenderOptions:
     node_labels: Sequence[str] = DEFAULT_NODE_LABELS
     extra_env: Mapping[str, str] = field(default_factory=dict)
     instance: str | None = None  # --name: one DaemonSet per node pool
+    partition_gpus: bool = False  # GKE's MIG partitioner after the install (COS, as GKE)
 
 
 def _match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -338,6 +339,13 @@ def _match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]
     return exprs
 
 
+# GKE's MIG partitioner and where GKE runs it: its COS DaemonSets only (container-engine-
+# accelerators nvidia-driver-installer/cos/daemonset-preloaded*.yaml @068b15a, L111-127;
+# its ubuntu/*.yaml have none). Source: partition_gpu/partition_gpu.go (a no-op without
+# /etc/nvidia/gpu_config.json).
+PARTITION_GPUS_IMAGE = ("gcr.io/gke-release/nvidia-partition-gpu@sha256:"
+                        "c54fd003948fac687c2a93a55ea6e4d47ffbd641278a9191e75e822fe72471c2")
+PARTITION_GPUS_FLAVORS = ("cos",)
 # Nodes never ours, whatever selects them: nodes whose driver GKE installs itself
 # (gpu-driver-version set at node-pool creation) are left to GKE, as GKE's own manifests
 # do; confidential GPU nodes (TDX, SEV) need GKE's own confidential DaemonSet.
@@ -345,6 +353,11 @@ GKE_GUARDS: tuple[dict[str, Any], ...] = (
     {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
     {"key": "cloud.google.com/gke-confidential-nodes-instance-type", "operator": "DoesNotExist"},
 )
+
+
+def _partition_gpus_image(flavor: str, opts: RenderOptions) -> str:
+    """GKE's partition-gpus image where GKE runs it (its COS DaemonSets), else ""."""
+    return PARTITION_GPUS_IMAGE if opts.partition_gpus and flavor in PARTITION_GPUS_FLAVORS else ""
 
 
 def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -442,6 +455,7 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "env": _env(flavor, opts),
         "affinity": opts.affinity,
         "match_expressions": _match_expressions(flavor, opts),
+        "partition_gpus_image": _partition_gpus_image(flavor, opts),
         "host_root": HOST_ROOT_CONTAINER,
         "install_dir_host": INSTALL_DIR_HOST,
         "install_dir_container": INSTALL_DIR_CONTAINER,
@@ -572,6 +586,10 @@ def manifests() -> None:
     f"{DEFAULT_DRIVER_VERSION['ubuntu']} on Ubuntu.",
 )
 @click.option("--namespace", metavar="NAME", default=DEFAULT_NAMESPACE, show_default=True)
+@click.option("--partition-gpus", is_flag=True,
+              help="Run GKE's partition-gpus init container after the install, as GKE's COS "
+              "DaemonSets do (COS only): MIG node pools (gpu-partition-size) get their "
+              "partitions; a no-op elsewhere.")
 @click.option("--name", "instance", metavar="NAME",
               help="Instance name, for one DaemonSet per node pool: nvidia-driver-installer-"
               "<flavor>-NAME, its own instance label and selector, daemonset-<flavor>-NAME.yaml "
@@ -636,11 +654,13 @@ def render_command(
     output_dir: Path | None,
     kind: str,
     instance: str | None,
+    partition_gpus: bool,
     **job: Any,
 ) -> None:
     """Render the installer DaemonSet(s), or the bundle build Job, as YAML."""
-    if kind == "bundle-job" and instance:
-        raise click.UsageError("--name names DaemonSets: it does not apply to --kind bundle-job")
+    if kind == "bundle-job" and (instance or partition_gpus):
+        raise click.UsageError(f"{'--name' if instance else '--partition-gpus'} is for "
+                               "DaemonSets: it does not apply to --kind bundle-job")
     if kind == "bundle-job":  # issue 15
         from installer.bundle.job import render_command as render_job
 
@@ -650,6 +670,9 @@ def render_command(
     if all_flavors and flavors:
         raise click.UsageError("give --flavor or --all, not both")
     selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS
+    if partition_gpus and not set(selected) & set(PARTITION_GPUS_FLAVORS):
+        raise click.UsageError("--partition-gpus: GKE runs partition-gpus only in its "
+                               f"{'/'.join(PARTITION_GPUS_FLAVORS)} DaemonSets; render that flavor")
     if node_labels and affinity != "label":
         raise click.UsageError("--node-label only applies with --affinity label")
     if affinity == "none" and len(selected) > 1:
@@ -674,6 +697,7 @@ def render_command(
         node_labels=node_labels or DEFAULT_NODE_LABELS,
         extra_env=env,
         instance=instance,
+        partition_gpus=partition_gpus,
     )
     # Validate each option on its own first, so the error names the flag.
     checks: list[tuple[str, Any]] = [
