@@ -36,6 +36,9 @@ FREE_MINIMUM = 256 << 20
 INSTALL_FIRST = ("install the driver: apply the installer DaemonSet (README, \"Get the images\" "
                  "and \"One DaemonSet per pool\"), or on the node itself: sudo "
                  "nvidia-driver-installer install --host-root /")
+SWITCH_FROM_GKE = ("keep one installer: delete GKE's DaemonSet (kubectl -n kube-system delete "
+                   "daemonset nvidia-driver-installer), and create GPU node pools with "
+                   "gpu-driver-version=disabled (README, \"Switching from GKE's installer\")")
 DRAIN = ("drain GPU workloads from the node (kubectl drain <node> --ignore-daemonsets "
          "--delete-emptydir-data), then re-run install")
 
@@ -458,6 +461,23 @@ def check_device_plugin(n: Node) -> Finding:
     return Finding("device_plugin", WARN, f"no nvidia*.sock in {DEVICE_PLUGIN_DIR}", fix)
 
 
+def check_gke_installer(n: Node) -> Finding:
+    """GKE's own installer on this node: its DaemonSet's pod, or a .cache it wrote."""
+    from installer.gke import coexistence
+
+    pods = coexistence.gke_pods(n.host.resolve(coexistence.POD_LOGS_DIR))
+    theirs = [p.host_dir for p in pods if p.runs_ours is not True]
+    if theirs:
+        return Finding("gke_installer", WARN, "GKE's nvidia-driver-installer DaemonSet has a "
+                       f"pod on this node ({', '.join(theirs)}): two installers take turns on "
+                       "one driver, kept apart only by the host lock", SWITCH_FROM_GKE)
+    if n.record is not None and coexistence.cache_written_by_gke(n.record.fields):
+        return Finding("gke_installer", OK, "the install dir's .cache was written by GKE's "
+                       "installer; this one takes it over as it is (no GKE installer pod here)")
+    return Finding("gke_installer", OK, f"no pod of GKE's installer DaemonSet in "
+                   f"{coexistence.POD_LOGS_DIR}")
+
+
 def check_disk(n: Node) -> Finding:
     path = n.install.root
     while not path.exists() and path != path.parent:
@@ -489,6 +509,7 @@ CHECKS: tuple[tuple[str, Callable[[Node], Finding]], ...] = (
     ("host_ld_cache", check_host_ld_cache),
     ("readiness", check_readiness),
     ("device_plugin", check_device_plugin),
+    ("gke_installer", check_gke_installer),
     ("disk_space", check_disk),
 )
 
