@@ -34,3 +34,14 @@ def test_make_deps_installs_every_debian_package_a_default_test_names():
              for m in re.finditer(r"\(Debian package ([a-z0-9.+-]+)\)", path.read_text())}
     assert "shellcheck" in named  # the pattern still finds what it is for
     assert named <= default, f"missing from make deps: {sorted(named - default)}"
+
+
+def test_the_release_workflow_runs_what_make_images_and_make_push_run():
+    """Not run here (a public CI's): at least it parses, calls our scripts, and may sign."""
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((ROOT / ".github/workflows/release.yml").read_text())
+    runs = "\n".join(s.get("run", "") for s in workflow["jobs"]["images"]["steps"])
+    for script in ("images/build.sh", "images/push.sh"):
+        assert script in runs and (ROOT / script).is_file()
+    assert "NDI_LOCAL_BASE" not in runs  # the real bases, never the test substitute
+    assert workflow["permissions"]["id-token"] == "write" and "cosign sign" in runs
