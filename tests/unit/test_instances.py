@@ -132,3 +132,34 @@ def test_name_does_not_apply_to_the_bundle_job():
     result = _render("--kind", "bundle-job", "--name", "pool-a", "--target",
                      "550.127.05@6.8.0-1015-gke")
     assert result.exit_code == 2 and "--name" in result.output
+
+
+def test_the_readme_recipe_renders_two_pools(tmp_path):
+    """README "One DaemonSet per pool", as a newcomer runs it (kubectl apply left out)."""
+    import re
+    import sys
+
+    readme = (Path(m.__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## One DaemonSet per pool", 1)[1].split("\n## ", 1)[0]
+    script = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    script = script.split("\nkubectl ", 1)[0]  # up to the apply: no cluster here
+    script = script.replace("sha256:<from make push>", "sha256:" + "ab" * 32)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-driver-installer").write_text(
+        f"#!/bin/sh\nexec {sys.executable} -m installer \"$@\"\n")
+    (bin_dir / "nvidia-driver-installer").chmod(0o755)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin",
+                               "PYTHONPATH": str(Path(m.__file__).resolve().parents[1])})
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for p in sorted((tmp_path / "deploy").rglob("daemonset-*.yaml"))
+            for d in yaml.safe_load_all(p.read_text()) if d]
+    assert sorted(d["metadata"]["name"] for d in docs) == [
+        "nvidia-driver-installer-cos-gpu-b", "nvidia-driver-installer-ubuntu-gpu-a"]
+    kubectl = shutil.which("kubectl")
+    if kubectl:
+        built = subprocess.run([kubectl, "kustomize", str(tmp_path / "deploy")],
+                               capture_output=True, text=True, timeout=120)
+        assert built.returncode == 0, built.stderr
