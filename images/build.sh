@@ -29,12 +29,8 @@
 #   buildah --root "$NDI_BUILDAH_ROOT" --runroot "$NDI_BUILDAH_RUNROOT" images
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE=${NDI_IMAGE_CACHE:-/var/cache/ndi-images}
-LOCAL_BASE=${NDI_LOCAL_BASE:-0}
-# Real and substitute bases carry the same names: never in one storage.
-STORAGE_ROOT=${NDI_BUILDAH_ROOT:-$CACHE/$([[ $LOCAL_BASE == 1 ]] && echo storage || echo storage-real)}
-RUNROOT=${NDI_BUILDAH_RUNROOT:-/run/ndi-images}
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 SUITE=bookworm
 VARIANT=minbase
 FLAVORS=("$@")
@@ -43,7 +39,6 @@ SUBSTITUTE="local debootstrap"  # how a substitute base's description starts
 
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] error: %s\n' "$*" >&2; exit 1; }
-bah() { buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" "$@"; }
 
 for f in "${FLAVORS[@]}"; do
   [[ -f $REPO/images/$f/Dockerfile ]] || die "no images/$f/Dockerfile (flavors: cos ubuntu)"
@@ -222,9 +217,8 @@ else
 fi
 tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' -cf - installer | tar -C "$ctx" -xf -
 
-VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$REPO/installer/__init__.py")
 [[ -n $VERSION ]] || die "cannot read __version__ from installer/__init__.py"
-TAG=${NDI_IMAGE_TAG:-$(printf '%s' "$VERSION" | tr -c 'A-Za-z0-9_.-' '-')}
+TAG=$BUILT_TAG
 REVISION=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)
 # The commit's time, not now: an unchanged tree rebuilds to the same image.
 CREATED=$(TZ=UTC git -C "$REPO" log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null ||

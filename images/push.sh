@@ -15,20 +15,14 @@
 # pinning them. Credentials never appear: buildah reads them from the auth file.
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE=${NDI_IMAGE_CACHE:-/var/cache/ndi-images}
-LOCAL_BASE=${NDI_LOCAL_BASE:-0}
-STORAGE_ROOT=${NDI_BUILDAH_ROOT:-$CACHE/$([[ $LOCAL_BASE == 1 ]] && echo storage || echo storage-real)}
-RUNROOT=${NDI_BUILDAH_RUNROOT:-/run/ndi-images}
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 log() { printf '[push] %s\n' "$*" >&2; }
 die() { printf '[push] error: %s\n' "$*" >&2; exit 2; }
-bah() { buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" "$@"; }
 
 [[ $# -ge 1 && -n ${1:-} ]] || die "usage: images/push.sh REGISTRY [TAG] [FLAVOR...] (make push REGISTRY=... [TAG=...])"
 REGISTRY=${1%/}
-VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$REPO/installer/__init__.py")
-BUILT_TAG=${NDI_IMAGE_TAG:-$(printf '%s' "$VERSION" | tr -c 'A-Za-z0-9_.-' '-')}
 TAG=${2:-$BUILT_TAG}
 shift $(($# >= 2 ? 2 : 1))
 FLAVORS=("$@")

@@ -25,15 +25,10 @@ from pathlib import Path
 import pytest
 
 from installer import manifests as m
-from tests.test_images import REPO, built  # noqa: F401 - the image tier's build fixture
 
-pytestmark = [
-    pytest.mark.chroot,
-    pytest.mark.skipif(os.environ.get("NDI_IMAGE_TESTS") != "1",
-                       reason="image tier: set NDI_IMAGE_TESTS=1 (make test-images)"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="buildah needs root"),
-    pytest.mark.timeout(900),
-]
+# The image tier's build fixture, and its marks (skipped unless NDI_IMAGE_TESTS=1, root).
+from tests.test_images import REPO, built, pytestmark  # noqa: F401
+
 REPOSITORY = "ndi"
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json, "
                   "application/vnd.docker.distribution.manifest.v2+json")
