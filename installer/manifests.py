@@ -731,10 +731,14 @@ def render_command(
         files = render_files(selected, opts)
     except ValueError as exc:  # pragma: no cover - every option was checked above
         raise click.UsageError(str(exc)) from None
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        path = output_dir / name
-        tmp = path.with_name(f".{name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-        click.echo(f"wrote {path}", err=True)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = output_dir / name
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+            click.echo(f"wrote {path}", err=True)
+    except OSError as exc:  # a path of this machine's, not the node's: say which and why
+        raise click.BadParameter(f"cannot write the manifests to {output_dir}: "
+                                 f"{exc.strerror or exc}", param_hint="--output-dir") from None

@@ -163,3 +163,14 @@ def test_the_readme_recipe_renders_two_pools(tmp_path):
         built = subprocess.run([kubectl, "kustomize", str(tmp_path / "deploy")],
                                capture_output=True, text=True, timeout=120)
         assert built.returncode == 0, built.stderr
+
+
+@pytest.mark.parametrize("where", ["/proc/nope", "/dev/null/x"])
+def test_an_unwritable_output_dir_is_one_line_exit_2(where):
+    """Issue 26: was a traceback (exit 1), or advice meant for the pod."""
+    result = _render("--all", "--output-dir", where)
+    assert result.exit_code == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: Invalid value for --output-dir: cannot write the manifests "
+                           f"to {where}: ")
+    assert "Traceback" not in result.output and "pod" not in result.output
