@@ -66,6 +66,29 @@ def check_version(version: str) -> str:
     return version
 
 
+def named_version(url: str) -> str | None:
+    """The driver version a .run URL's file name names, if it does."""
+    match = _RUN_NAME.search(url.split("?", 1)[0])
+    return match.group(1) if match else None
+
+
+def check_extracted_version(extract_dir: Path, wanted: str, url: str | None) -> None:
+    """Exit 6 when the extracted .run is another driver than ``wanted``: its ``.manifest``
+    names it on line 2 (nvidia-installer install-from-cwd.c: description, then version).
+    Checked before anything is built, loaded or unloaded: the driver on the node stays."""
+    try:
+        lines = (extract_dir / ".manifest").read_text(errors="replace").splitlines()[:2]
+    except OSError:
+        return  # no manifest to tell: nvidia-installer itself refuses such a tree
+    found = lines[1].strip() if len(lines) == 2 else ""
+    if found and found != wanted:
+        raise IntegrityError(
+            f"the .run{' at ' + url if url else ''} is driver {found}, not {wanted}",
+            hint="point --driver-url (NVIDIA_DRIVER_DOWNLOAD_URL) at the "
+            f"{run_file_name(wanted)} .run, or set --driver-version {found}",
+            driver_version=wanted, url=url)
+
+
 def version_from_url(url: str) -> str:
     """The driver version named by a .run URL (NVIDIA-Linux-x86_64-<V>.run)."""
     match = _RUN_NAME.search(url.split("?", 1)[0])

@@ -92,6 +92,7 @@ class Settings:
         sha = normalize_sha256(self.driver_sha256 or None, "--driver-sha256")
         if self.lock_timeout_s < 0:
             raise UsageError("--lock-timeout must be >= 0 seconds")
+        self._check_driver_url_version()
         if self.driver_url and self.driver_base_url:
             raise UsageError("--driver-url and --driver-base-url both name where the .run comes "
                              "from: give one (NVIDIA_DRIVER_DOWNLOAD_URL or NVIDIA_DRIVER_BASE_URL)")
@@ -134,6 +135,19 @@ class Settings:
                                           allow_insecure_http=self.allow_insecure_http)
         return replace(self, install_dir=install_dir, driver_sha256=sha,
                        prebuilt_sha256=prebuilt_sha)
+
+    def _check_driver_url_version(self) -> None:
+        """--driver-url's file name and --driver-version naming two drivers: refused now
+        (the .run's own version is checked once extracted, before anything is unloaded)."""
+        from installer.nvidia_run import named_version
+
+        named = named_version(self.driver_url) if self.driver_url else None
+        wanted = self.driver_version
+        if named and wanted and wanted[:1].isdigit() and named != wanted:
+            raise UsageError(f"--driver-url names driver {named} "
+                             f"(NVIDIA-Linux-x86_64-{named}.run), --driver-version {wanted}",
+                             hint="give the URL of the version you want, or drop "
+                             "--driver-version (it is read from the URL's file name)")
 
     def _check_module_args(self) -> None:
         from installer.kernel import module_name

@@ -149,7 +149,7 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
 EXTRACT_DIR = "extract"  # under the staging dir
 
 
-def extract_driver() -> Step:
+def extract_driver(version: str) -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
         # The test seams (empty in production), as for the build: build_driver says why.
@@ -157,6 +157,9 @@ def extract_driver() -> Step:
         ctx.work.extract_dir = nvidia_run.extract(
             ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams
         )
+        # A --driver-url naming another driver: refused before anything is unloaded.
+        nvidia_run.check_extracted_version(ctx.work.extract_dir, version,
+                                           ctx.settings.driver_url)
 
     argv = nvidia_run.extract_argv("<driver>.run", EXTRACT_DIR)
     return Step("extract_driver", run, f"{' '.join(argv)} (in a sandbox; the staging dir's "

@@ -102,5 +102,5 @@ def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tup
     """The NVIDIA .run downloaded, extracted and built in the sandbox: install's build and
     ``bundle build``'s are this one sequence."""
     return (steps.download_driver(url, ctx.settings.driver_sha256),
-            steps.extract_driver(),
+            steps.extract_driver(version),
             steps.build_driver(ctx, version, module_type))

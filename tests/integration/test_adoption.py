@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.fixtures.node import INSTALL_HOST
-from tests.integration.conftest import V1
+from tests.integration.conftest import V1, V2
 from tests.pod import last_event, ok
 
 pytestmark = pytest.mark.chroot
@@ -105,3 +105,22 @@ def test_uninstall_removes_the_firmware_copies_it_made_and_only_those(node, pod)
     proc = ok(pod.run("uninstall", "-o", "json"))
     assert json.loads(proc.stdout)["changes"]["firmware_copies_removed"] == ours[1:]
     assert files() == [ours[0], "other/gsp_x.bin"]
+
+
+def test_a_run_of_another_version_is_refused_before_the_driver_is_touched(
+        node, pod, kernel, server, driver_runs):
+    ok(pod.run("install"))
+    before = {p: p.read_bytes() for p in node.install_dir.rglob("*") if p.is_file()
+              and p.name != "status.json"}
+    rmmods = len(kernel.calls("rmmod"))
+    # The server's 535.183.01 .run is really 550.54.14 (a mirror's mix-up, a renamed file).
+    server.serve(f"/tesla/{V2}/NVIDIA-Linux-x86_64-{V2}.run", driver_runs[V1])
+    proc = pod.run("install", "--force", env={"NVIDIA_DRIVER_VERSION": V2})
+    assert proc.returncode == 6, proc.stderr[-3000:]
+    final = last_event(proc)
+    assert f"is driver {V1}, not {V2}" in final["message"]
+    assert len(kernel.calls("rmmod")) == rmmods  # nothing unloaded
+    assert kernel.loaded()["nvidia"].version == V1
+    after = {p: p.read_bytes() for p in node.install_dir.rglob("*") if p.is_file()
+             and p.name != "status.json"}
+    assert after == before

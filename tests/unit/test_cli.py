@@ -43,6 +43,9 @@ def run_main(capsys, args, monkeypatch=None, env=None):
                      id="module-not-ours"),
         pytest.param(["--driver-version", "390.157"], "older than this installer supports",
                      id="too-old-driver"),
+        pytest.param(["--driver-url", "https://h/NVIDIA-Linux-x86_64-550.127.05.run",
+                      "--driver-version", "550.54.14"], "names driver 550.127.05",
+                     id="url-names-another-version"),
     ],
 )
 def test_usage_errors_exit_2(capsys, tmp_path, args, needle):
