@@ -58,7 +58,9 @@ def _logs_ours(container_dir: Path) -> bool | None:
     """Whether the container's newest log holds our JSON events (CRI log lines:
     ``<time> <stream> <P|F> <text>``)."""
     try:
-        logs = sorted(container_dir.glob("*.log"), key=lambda p: p.stat().st_mtime)
+        # Regular files only: a FIFO or a link planted there must not hang or lead doctor.
+        logs = sorted((p for p in container_dir.glob("*.log")
+                       if p.is_file() and not p.is_symlink()), key=lambda p: p.stat().st_mtime)
         if not logs:
             return None
         with logs[-1].open("rb") as f:

@@ -514,6 +514,14 @@ def test_our_own_pods_are_not_gkes_installer(node, capsys, pod, log):
     assert f["verdict"] == "ok" and f["detail"].startswith("no pod of GKE's installer")
 
 
+def test_a_fifo_for_a_log_never_hangs_doctor(node, capsys):
+    log_dir = node.root / f"var/log/pods/kube-system_nvidia-driver-installer-x2b4z_{UID}"
+    (log_dir / "nvidia-driver-installer").mkdir(parents=True)
+    os.mkfifo(log_dir / "nvidia-driver-installer/0.log")
+    f = node.findings(capsys)[1]["gke_installer"]
+    assert f["verdict"] == "warn"  # its pod is there; what it runs is unknown
+
+
 def test_a_cache_gkes_installer_wrote_is_said(node, capsys):
     # cos-gpu-installer entrypoint.sh L184-187 / GKE's Ubuntu entrypoint: these lines only
     node.write(node.install / ".cache", f"CACHE_KERNEL_VERSION={RELEASE}\n"
