@@ -45,3 +45,13 @@ def test_the_release_workflow_runs_what_make_images_and_make_push_run():
         assert script in runs and (ROOT / script).is_file()
     assert "NDI_LOCAL_BASE" not in runs  # the real bases, never the test substitute
     assert workflow["permissions"]["id-token"] == "write" and "cosign sign" in runs
+
+
+@pytest.mark.parametrize("script", ["images/push.sh", "images/common.sh"])
+def test_image_scripts_shellcheck(script):
+    """images/build.sh is checked in test_manifests; the scripts it shares code with, here."""
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (Debian package shellcheck)")
+    proc = subprocess.run(["shellcheck", str(ROOT / script)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
