@@ -48,6 +48,8 @@ def run(settings: Settings) -> dict[str, object]:
     ctx = Context.from_settings(settings, strict=False)  # the OS does not matter here
     host, kernel, runner, install = ctx.host, ctx.kernel, ctx.runner, ctx.install
     done: dict[str, object] = {}
+    if install.root.is_dir():
+        install.check_writable()  # all or nothing: never unload, then fail to remove
     with HostLock(host, settings.lock_timeout_s):
         ours = _is_ours(install)
         loaded = modules.loaded_driver_version(kernel)

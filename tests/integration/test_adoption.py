@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
 
 from tests.fixtures.node import INSTALL_HOST
 from tests.integration.conftest import V1, V2
-from tests.pod import last_event, ok
+from tests.pod import events, last_event, ok
 
 pytestmark = pytest.mark.chroot
 
@@ -124,3 +125,33 @@ def test_a_run_of_another_version_is_refused_before_the_driver_is_touched(
     after = {p: p.read_bytes() for p in node.install_dir.rglob("*") if p.is_file()
              and p.name != "status.json"}
     assert after == before
+
+
+@pytest.fixture
+def read_only_install_dir(node):
+    """The node's install dir mounted read-only (a pod whose volume is ro, a ro filesystem):
+    the pod's bind mount of it is read-only too."""
+    path = str(node.install_dir)
+    subprocess.run(["mount", "--bind", path, path], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", path], check=True)
+        yield node.install_dir
+    finally:
+        subprocess.run(["umount", "-l", path], check=False)
+
+
+def test_a_read_only_install_dir_is_named_before_anything_changes(node, pod, kernel, request):
+    ok(pod.run("install"))
+    ready_before = (node.root / READY).read_text()
+    request.getfixturevalue("read_only_install_dir")
+    for command in ("install", "uninstall"):
+        proc = pod.run(command)
+        final = last_event(proc)
+        assert proc.returncode == 3, (command, proc.stderr[-2000:])
+        assert final["error"].startswith(f"the install dir /usr/local/nvidia (host {INSTALL_HOST}) "
+                                         "is not writable"), final["error"]
+        assert "read-only" in final["error"].lower()
+        assert "/root" not in final["hint"]
+        assert not any(e.get("event") == "readiness_written" for e in events(proc.stderr))
+    assert (node.root / READY).read_text() == ready_before  # nothing touched: still ready
+    assert "nvidia" in kernel.loaded()  # uninstall unloaded nothing
