@@ -25,11 +25,9 @@ log = structlog.get_logger(__name__)
 
 def run(settings: Settings) -> dict[str, object]:
     """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
-    from installer.net import retry_env
     from installer.net.policy import check_url_scheme  # no requests import: cache hits stay fast
 
     started = time.monotonic()
-    retry_env.read()  # DOWNLOAD_RETRIES / DOWNLOAD_TIMEOUT: refused now, not at the download
     for url in filter(None, (settings.driver_url, settings.driver_base_url)):
         check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
     outcome = _install(settings, started)

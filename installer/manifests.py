@@ -32,7 +32,7 @@ def _installer_env_vars() -> tuple[str, ...]:
     the CLI's options so the two cannot drift; the manifests may only set these (plus the
     proxy and CA variables below)."""
     from installer.cli import env_vars
-    from installer.net.retry_env import ENV_RETRIES, ENV_TIMEOUT  # read by the retry policy
+    from installer.net.retry import ENV_RETRIES, ENV_TIMEOUT  # read by the retry policy itself
 
     return (*env_vars(), ENV_RETRIES, ENV_TIMEOUT)
 

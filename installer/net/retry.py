@@ -36,6 +36,7 @@ Invalid values raise :class:`~installer.errors.UsageError` (exit 2).
 from __future__ import annotations
 
 import email.utils
+import os
 import random
 import ssl
 import time
@@ -49,9 +50,7 @@ import structlog
 import tenacity
 import urllib3.exceptions
 
-from installer.errors import DownloadError, InstallerError
-from installer.net import retry_env
-from installer.net.retry_env import ENV_RETRIES, ENV_TIMEOUT
+from installer.errors import DownloadError, InstallerError, UsageError
 
 log = structlog.get_logger(__name__)
 
@@ -137,12 +136,43 @@ NETWORK_DEFAULTS = RetryPolicy(
     read_timeout=60.0,
 )
 
+ENV_RETRIES = "DOWNLOAD_RETRIES"
+ENV_TIMEOUT = "DOWNLOAD_TIMEOUT"
+
+
 def policy_from_env(
     base: RetryPolicy = NETWORK_DEFAULTS, environ: Mapping[str, str] | None = None
 ) -> RetryPolicy:
-    """``base`` with ``DOWNLOAD_RETRIES`` / ``DOWNLOAD_TIMEOUT`` applied (retry_env.read:
-    UsageError naming the variable when a value is not valid)."""
-    changes = retry_env.read(environ)
+    """``base`` with ``DOWNLOAD_RETRIES`` / ``DOWNLOAD_TIMEOUT`` applied.
+
+    Raises UsageError naming the variable when a value is not valid.
+    """
+    env = os.environ if environ is None else environ
+    changes: dict[str, Any] = {}
+    raw = env.get(ENV_RETRIES, "").strip()
+    if raw:
+        try:
+            attempts = int(raw)
+        except ValueError:
+            attempts = 0
+        if attempts < 1:
+            raise UsageError(
+                f"{ENV_RETRIES}={raw!r} is not a valid number of attempts",
+                hint="set it to an integer >= 1 (1 means no retry)",
+            )
+        changes["attempts"] = attempts
+    raw = env.get(ENV_TIMEOUT, "").strip()
+    if raw:
+        try:
+            total = float(raw)
+        except ValueError:
+            total = -1.0
+        if not total > 0 or total == float("inf"):
+            raise UsageError(
+                f"{ENV_TIMEOUT}={raw!r} is not a valid total timeout",
+                hint="set it to a number of seconds > 0",
+            )
+        changes["total_timeout"] = total
     return replace(base, **changes) if changes else base
 
 
