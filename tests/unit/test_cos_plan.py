@@ -55,8 +55,9 @@ class Env:
             host_root=self.node.root,
             install_dir=self.node.install_dir,
             cos_artifacts_url=self.bucket.file_url(),
-            driver_base_url=f"file://{self.tesla}",
             toolchain_dir=self.tools_dir,
+            # the two are refused together
+            **({} if "driver_url" in settings else {"driver_base_url": f"file://{self.tesla}"}),
             **settings,
         ).resolved()
         kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)

@@ -44,8 +44,9 @@ class Env:
 
     def ctx(self, **settings) -> Context:
         """The context the install command builds (the release read from the fake kernel)."""
+        if "driver_url" not in settings:  # the two are refused together
+            settings["driver_base_url"] = f"file://{self.tesla}"
         return Context.from_settings(Settings(host_root=self.node.root, install_dir=self.node.install_dir,
-                                     driver_base_url=f"file://{self.tesla}",
                                      **settings).resolved())
 
 
@@ -122,8 +123,15 @@ def test_bad_version_is_a_usage_error(env, version):
 
 def test_preload_is_refused_on_ubuntu(env):
     with pytest.raises(UsageError) as err:
-        Ubuntu().plan(env.ctx(preload=True))
+        Ubuntu().check_settings(env.ctx(preload=True))
     assert err.value.exit_code == ExitCode.USAGE and "Container-Optimized OS" in err.value.message
+
+
+def test_a_cos_artifacts_pin_is_refused_on_ubuntu(env):
+    with pytest.raises(UsageError) as err:
+        Ubuntu().check_settings(env.ctx(cos_artifacts_sha256="/pins.sha256"))
+    assert "--cos-artifacts-sha256" in err.value.message and "Ubuntu" in err.value.message
+    assert "--driver-sha256" in err.value.hint
 
 
 def _install_files(root: Path, version: str) -> None:

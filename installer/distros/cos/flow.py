@@ -206,7 +206,7 @@ class CosFlow(Cos):
         if prebuilt:
             fetches.append(Fetch("prebuilt", prebuilt_url, "prebuilt modules",
                                  arts.pin(prebuilt_url, "prebuilt modules")))
-            work = [unpack_prebuilt(version), steps.extract_driver()]
+            work = [unpack_prebuilt(version), steps.extract_driver(version)]
         else:
             from installer.gke import v2_tools
 
@@ -234,7 +234,7 @@ class CosFlow(Cos):
             work = [*([unpack_signatures(version)] if precompiled else []),
                     prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
                     prepare_toolchain(tools, tc_env),
-                    steps.extract_driver(),
+                    steps.extract_driver(version),
                     *([link_precompiled(tools, tc_env, version)] if precompiled else [])]
         # Signed modules come ready: the NVIDIA installer then installs user space only.
         work.append(steps.build_driver(ctx, version, decision.compiled_type,
