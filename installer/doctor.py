@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from installer import (
+    branches,
     cache,
     devchar,
     devnodes,
@@ -294,6 +295,23 @@ def _staged(status: dict) -> tuple[str, str] | None:
     return str(staged.get("running_version", "?")), str(staged.get("holders", "?"))
 
 
+def check_driver_branch(n: Node) -> Finding:
+    """The running (else installed) driver's branch against the dated policy table."""
+    version = n.loaded_version or (n.record.driver_version if n.record else None)
+    policy = branches.describe()
+    if version is None or version == "unknown":
+        return Finding("driver_branch", OK, f"no driver to check; {policy}")
+    ended = branches.branch_warning(version, gpus.branch_of(version))
+    if ended:
+        return Finding("driver_branch", WARN, f"{ended} ({policy})",
+                       "set NVIDIA_DRIVER_VERSION (--driver-version) to a supported branch's "
+                       "release and roll it out (README: Upgrading the driver on busy nodes)")
+    known = branches.branch(gpus.branch_of(version))
+    what = (f"R{known.number}, {known.kind} branch, supported until {known.until}" if known
+            else "a branch the policy table does not list")
+    return Finding("driver_branch", OK, f"driver {version}: {what}; {policy}")
+
+
 @dataclass(frozen=True)
 class FailedUpgrade:
     wanted: str
@@ -492,6 +510,7 @@ CHECKS: tuple[tuple[str, Callable[[Node], Finding]], ...] = (
     ("cache", check_cache),
     ("install_dir", check_install_dir),
     ("kernel_modules", check_kernel_modules),
+    ("driver_branch", check_driver_branch),
     ("gpu_firmware", check_gpu_firmware),
     ("device_nodes", check_device_nodes),
     ("dev_char_symlinks", check_dev_char),

@@ -9,6 +9,7 @@ import structlog
 
 from installer import (
     __version__,
+    branches,
     cache,
     cgroup_memory,
     cpus,
@@ -399,6 +400,9 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
                 driver_version=version,
                 gpus=[g.describe() for g in found],
             )
+        ended = branches.branch_warning(version, gpus.branch_of(version))
+        if ended:
+            log.warning("driver_branch_end_of_life", driver_version=version, message=ended)
         log.info("gpus_checked", gpus=[g.describe() for g in found], driver_version=version,
                  kernel_module_type=choice.module_type, reason=choice.reason)
 
