@@ -77,12 +77,16 @@ class Fixture:
 
 
 @contextlib.contextmanager
-def fixture(work: Path) -> Iterator[Fixture]:
-    """Node, kernel, .run on an HTTPS server, and a pod wired to them (server up inside)."""
+def fixture(work: Path, also_serve: tuple[str, ...] = ()) -> Iterator[Fixture]:
+    """Node, kernel, .run on an HTTPS server, and a pod wired to them (server up inside);
+    ``also_serve``: more driver versions on the same server."""
+    from tests.fixtures.runfile import build_driver_run
     from tests.pod import ubuntu_pod
 
     with ubuntu_pod(work, version=VERSION, release=RELEASE,
                     pod_class=_pod_class()) as (node, kernel, server, pod):
+        for version in also_serve:
+            server.serve_run(version, build_driver_run(work / "runs", version))
         yield Fixture(node, kernel, pod, server.url)
 
 

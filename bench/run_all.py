@@ -35,6 +35,7 @@ BENCHES = {
                  ["--size-mb", "1024", "--runs", "3"]),
     "parallel": ("parallel.py", ["--scale", "0.1", "--runs", "3"], ["--scale", "1", "--runs", "3"]),
     "build": ("build_concurrency.py", [], []),
+    "staged_reboot": ("staged_reboot.py", ["--runs", "3"], ["--runs", "7"]),
 }
 
 

@@ -16,7 +16,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from installer import cache, devchar, devnodes, distros, firmware, gpus, ldcache, modules, readiness, signing
+from installer import (
+    branches,
+    cache,
+    devchar,
+    devnodes,
+    distros,
+    firmware,
+    gpus,
+    ldcache,
+    modules,
+    nextboot,
+    readiness,
+    signing,
+)
 from installer import status as status_file
 from installer.cache import CacheKey
 from installer.context import UNKNOWN_FAMILY, Context, detect
@@ -171,6 +184,20 @@ def check_installer_status(n: Node) -> Finding:
         return Finding("installer_status", FAIL, f"corrupt status file: {s['message']}",
                        f"remove {where}; the next install writes a new one")
     when = s.get("finished_at", "?")
+    staged = _staged(s)
+    if staged is not None:
+        running, holders = staged
+        kept = nextboot.record(n.install)
+        where_kept = (f"kept in {n.install.host_path}/.next-boot" if kept is not None and
+                      kept.driver_version == s.get("driver_version") else
+                      "but .next-boot no longer holds it: the next run builds it again")
+        return Finding("installer_status", WARN,
+                       f"last run ok at {when}: driver {running} keeps running (in use: "
+                       f"{holders}); {s.get('driver_version')} is staged for the next boot, "
+                       f"{where_kept}",
+                       f"{DRAIN}, then reboot the node: the next run installs "
+                       f"{s.get('driver_version')} with no download or compile (or let it "
+                       "wait for the node's next reboot)")
     if s.get("outcome") == "ok":
         return Finding("installer_status", OK, f"last run ok at {when}: driver "
                        f"{s.get('driver_version')} ({s.get('plan')} plan, {s.get('duration_s')}s)")
@@ -268,7 +295,9 @@ def check_kernel_modules(n: Node) -> Finding:
     detail = f"driver {version} loaded ({', '.join(ours)})"
     use = f"in use by {held}" if held else "not in use"
     cached = n.record.driver_version if n.record else None
-    wanted = (n.status or {}).get("driver_version")
+    staged = _staged(n.status or {})
+    # With a version staged for the next boot, the running one is what the last run kept.
+    wanted = staged[0] if staged else (n.status or {}).get("driver_version")
     upgrade = _failed_upgrade(n)
     if upgrade is not None:  # the old driver is whole: no library/module mismatch
         fix = DRAIN if busy else upgrade.fix
@@ -285,6 +314,31 @@ def check_kernel_modules(n: Node) -> Finding:
         return Finding("kernel_modules", FAIL, f"{detail}; nvidia_uvm is not loaded: CUDA "
                        "cannot start", "re-run install (it loads nvidia-uvm)")
     return Finding("kernel_modules", OK, f"{detail}; {use}")
+
+
+def _staged(status: dict) -> tuple[str, str] | None:
+    """(running version, its holders) when the last run staged a version for the next boot."""
+    staged = status.get("staged_for_next_boot") if status.get("outcome") == "ok" else None
+    if not isinstance(staged, dict):
+        return None
+    return str(staged.get("running_version", "?")), str(staged.get("holders", "?"))
+
+
+def check_driver_branch(n: Node) -> Finding:
+    """The running (else installed) driver's branch against the dated policy table."""
+    version = n.loaded_version or (n.record.driver_version if n.record else None)
+    policy = branches.describe()
+    if version is None or version == "unknown":
+        return Finding("driver_branch", OK, f"no driver to check; {policy}")
+    ended = branches.branch_warning(version, gpus.branch_of(version))
+    if ended:
+        return Finding("driver_branch", WARN, f"{ended} ({policy})",
+                       "set NVIDIA_DRIVER_VERSION (--driver-version) to a supported branch's "
+                       "release and roll it out (README: Upgrading the driver on busy nodes)")
+    known = branches.branch(gpus.branch_of(version))
+    what = (f"R{known.number}, {known.kind} branch, supported until {known.until}" if known
+            else "a branch the policy table does not list")
+    return Finding("driver_branch", OK, f"driver {version}: {what}; {policy}")
 
 
 @dataclass(frozen=True)
@@ -502,6 +556,7 @@ CHECKS: tuple[tuple[str, Callable[[Node], Finding]], ...] = (
     ("cache", check_cache),
     ("install_dir", check_install_dir),
     ("kernel_modules", check_kernel_modules),
+    ("driver_branch", check_driver_branch),
     ("gpu_firmware", check_gpu_firmware),
     ("device_nodes", check_device_nodes),
     ("dev_char_symlinks", check_dev_char),

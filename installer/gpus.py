@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from installer import branches
 from installer.errors import UsageError
 
 NVIDIA_VENDOR = "0x10de"
@@ -119,7 +120,9 @@ MODELS: dict[str, Model] = {
 
 # Tested versions of the branches a GPU may have to fall back to when the
 # default driver does not support it (newest first).
-FALLBACK_VERSIONS = ("580.65.06", "570.133.20", "535.230.02", "470.256.02")
+# Newest first: the current long-term release (branches.py), then older branches for GPUs
+# or COS builds that need them (R570/R535 are past their end of life: a warning says so).
+FALLBACK_VERSIONS = (branches.RECOMMENDED_VERSION, "570.133.20", "535.230.02", "470.256.02")
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,9 @@ def choose_module_type(gpus: list[PciGpu], version: str, requested: str = "auto"
     if requested == "proprietary":
         problems += [f"{g.name} at {g.address} ({g.model.arch}) needs the open kernel "
                      "modules" for g in need_open]
+        if branch is not None and branch >= branches.OPEN_ONLY_SINCE:
+            problems.append(f"driver {version} (R{branch}) has no proprietary kernel modules: "
+                            f"NVIDIA ships only the open ones from R{branches.OPEN_ONLY_SINCE}")
         return ModuleChoice("proprietary", "requested", problems)
 
     if legacy and need_open:

@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from installer import __version__, distros, metrics, modules, readiness, rollback, status
+from installer import __version__, cache, distros, metrics, modules, readiness, rollback, status
 from installer.context import Context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
@@ -38,6 +38,11 @@ def run(settings: Settings) -> dict[str, object]:
 
 
 def _success_message(outcome: dict[str, Any]) -> str:
+    staged = outcome.get("staged_for_next_boot")
+    if staged:
+        return (f"NVIDIA driver {staged['running_version']} keeps running (in use: "
+                f"{staged['holders']}) and verified; {outcome.get('driver_version')} is "
+                "staged and installs at the next boot (drain and reboot the node to switch)")
     if outcome.get("outcome") == "dry_run":
         return f"dry run: printed the {outcome.get('plan')} plan, changed nothing"
     if outcome.get("plan") == "preload":
@@ -96,9 +101,11 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
                     hint="this is a bug in the installer: report it with the traceback")
             raise
         gpus = ctx.work.gpus or []
+        extra: dict[str, Any] = {"install_only": True} if settings.install_only else {}
+        if ctx.work.staged_for_boot is not None:
+            extra["staged_for_next_boot"] = asdict(ctx.work.staged_for_boot)
         outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
-                          gpus=[asdict(g) for g in gpus],
-                          **({"install_only": True} if settings.install_only else {}))
+                          gpus=[asdict(g) for g in gpus], **extra)
     return outcome
 
 
@@ -161,8 +168,15 @@ def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
 
 
 def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | None) -> None:
+    """The driver that runs now; with a version staged for the next boot, that one as
+    pending (and the running one's module type from its own .cache record)."""
+    staged = ctx.work.staged_for_boot
+    if staged is not None:
+        record = cache.read(ctx.install.cache_file)
+        module_type = record.flavor.rpartition("-")[2] if record and record.flavor else None
     readiness.write(ctx.host, readiness.ready_fields(
-        driver_version=plan.summary.get("driver_version"),
+        driver_version=staged.running_version if staged else plan.summary.get("driver_version"),
+        pending_driver_version=plan.summary.get("driver_version") if staged else None,
         install_dir_host=ctx.install.host_path,
         kernel_release=ctx.host_info.kernel_release,
         plan=plan.kind,
@@ -191,5 +205,6 @@ def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fie
             outcome=doc["outcome"], exit_code=doc["exit_code"], duration_s=doc["duration_s"],
             driver_version=doc["driver_version"], plan=doc["plan"],
             kernel_release=ctx.host_info.kernel_release, error_class=doc.get("error_class"),
+            staged_version=doc["driver_version"] if doc.get("staged_for_next_boot") else None,
         ))
     return doc

@@ -85,6 +85,12 @@ class InstallDir(Tree):
         return self.root / ".previous"
 
     @property
+    def next_boot_dir(self) -> Path:
+        """A checked install kept for the next boot while another driver is in use
+        (nextboot.py)."""
+        return self.root / ".next-boot"
+
+    @property
     def installer_log(self) -> Path:
         return self.root / "nvidia-installer.log"
 
@@ -196,6 +202,7 @@ class InstallDir(Tree):
         remove_tree(self.cache_file)  # whatever it is: a directory there must not stop it
         for name in LAYOUT_DIRS:
             remove_tree(self.root / name)
+        remove_tree(self.next_boot_dir)  # nothing is to be installed at the next boot either
         self.clear_leftovers()
 
 

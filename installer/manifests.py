@@ -99,6 +99,9 @@ DEFAULT_LOG_FORMAT = "json"
 # Wait up to 10 minutes for another installer (GKE's own, or a previous pod
 # still finishing) instead of failing at once and crash-looping.
 DEFAULT_LOCK_TIMEOUT = "600"
+# A different driver in use: stage the new one for the next boot and let the pod run,
+# instead of exit 8 and a crash-looping init container (the CLI's default is fail).
+DEFAULT_WHEN_IN_USE = "stage"
 AFFINITY_MODES: tuple[str, ...] = ("gke", "label", "none")
 # Set by NVIDIA's GPU feature discovery / the GPU operator's NFD rule, and by
 # Node Feature Discovery's "system" source: present on GPU nodes of most
@@ -410,6 +413,7 @@ def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
     env["NVIDIA_DRIVER_VERSION"] = driver_version
     env["LOG_FORMAT"] = DEFAULT_LOG_FORMAT
     env["LOCK_TIMEOUT"] = DEFAULT_LOCK_TIMEOUT
+    env["WHEN_IN_USE"] = DEFAULT_WHEN_IN_USE
     for key, value in opts.extra_env.items():
         if key in ("COS_DOWNLOAD_GCS", "COS_ARTIFACTS_SHA256") and flavor != "cos":
             continue  # COS artifacts mean nothing to the Ubuntu flow (which refuses the pin)

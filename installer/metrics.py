@@ -30,6 +30,7 @@ def format_metrics(
     kernel_release: str,
     error_class: str | None,
     finished_at: float | None = None,
+    staged_version: str | None = None,
 ) -> str:
     """node_exporter textfile: HELP/TYPE lines, one sample per metric."""
     labels = (f'driver_version="{_label(driver_version or "")}",plan="{_label(plan or "")}",'
@@ -39,8 +40,13 @@ def format_metrics(
     samples = [
         ("info", "gauge", "The last run: driver version, plan, kernel, outcome (always 1).",
          f"{p}_info{{{labels}}} 1"),
-        ("success", "gauge", "1 if the last run installed and verified the driver, else 0.",
+        ("success", "gauge", "1 if the last run installed and verified the driver (or, with "
+         "a version staged for the next boot, verified the running one), else 0.",
          f"{p}_success {1 if outcome == 'ok' else 0}"),
+        ("staged_for_next_boot", "gauge", "1 while a driver version waits for the next boot "
+         "(the running one is in use; drain and reboot to switch), else 0.",
+         f'{p}_staged_for_next_boot{{driver_version="{_label(staged_version or "")}"}} '
+         f'{1 if staged_version else 0}'),
         ("exit_code", "gauge", "Exit code of the last run (0 ok; see the README).",
          f"{p}_exit_code {int(exit_code)}"),
         ("duration_seconds", "gauge", "Wall time of the last run.",

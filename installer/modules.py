@@ -216,16 +216,32 @@ def ensure_replaceable(kernel: KernelState, want_version: str) -> None:
     ensure_unused(kernel, f"cannot replace it with {want_version}")
 
 
+def holders(kernel: KernelState) -> str | None:
+    """What holds the loaded NVIDIA driver (modules, references, processes), None if unused."""
+    busy = users(kernel)
+    if not busy:
+        return None
+    described = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
+    processes = device_holders(kernel.proc_dir)
+    return described + ("; " + "; ".join(processes) if processes else "")
+
+
+def in_use_by_other(kernel: KernelState, want_version: str) -> tuple[str, str] | None:
+    """(the loaded version, its holders) when a driver other than ``want_version`` is loaded
+    and in use; None when none is loaded, it is that version, or nothing uses it."""
+    current = loaded_driver_version(kernel)
+    if current is None or current == want_version:
+        return None
+    held = holders(kernel)
+    return (current, held) if held else None
+
+
 def ensure_unused(kernel: KernelState, refusing: str) -> None:
     """Exit 8 (naming the holders) if the loaded NVIDIA driver is in use: replace, uninstall."""
-    busy = users(kernel)
-    if busy:
-        holders = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
-        processes = device_holders(kernel.proc_dir)
-        if processes:
-            holders += "; " + "; ".join(processes)
+    held = holders(kernel)
+    if held:
         raise ModuleLoadError(
-            f"NVIDIA driver {loaded_driver_version(kernel)} is loaded and in use ({holders}); "
+            f"NVIDIA driver {loaded_driver_version(kernel)} is loaded and in use ({held}); "
             f"{refusing}",
             hint="drain GPU workloads from this node (kubectl drain <node> --ignore-daemonsets) "
             "and re-run; the installed driver was left as it is",

@@ -75,8 +75,10 @@ def ready_fields(
     gpu_count: int,
     persistence_mode: str,
     installer_version: str,
+    pending_driver_version: str | None = None,
 ) -> dict[str, object]:
-    """The KEY=VALUE lines: the GPU operator's keys first, then ours."""
+    """The KEY=VALUE lines: the GPU operator's keys first, then ours. PENDING_DRIVER_VERSION:
+    a version staged for the next boot while this one is in use (empty: none)."""
     return {
         "IS_HOST_DRIVER": "true",
         "NVIDIA_DRIVER_ROOT": "/",
@@ -90,6 +92,7 @@ def ready_fields(
         "GPU_COUNT": gpu_count,
         "PERSISTENCE_MODE": persistence_mode,
         "INSTALL_PLAN": plan or "",
+        "PENDING_DRIVER_VERSION": pending_driver_version or "",
         "INSTALLER_VERSION": installer_version,
         "READY_AT": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

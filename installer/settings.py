@@ -44,6 +44,9 @@ class Settings:
     # Put the driver in the install dir and stop: nothing loaded, unloaded or verified (for
     # DaemonSets that load the modules themselves: cos-gpu-installer v2's -no-verify).
     install_only: bool = False
+    # A different driver loaded and in use: "fail" (exit 8 naming the holders, DESIGN §4)
+    # or "stage" (build and check the new one, keep it for the next boot: nextboot.py).
+    when_in_use: str = "fail"
     toolchain_dir: Path | None = None  # COS tools cache; None: /build/cos-tools or the host's
     toolchain_dir_host: PurePosixPath = PurePosixPath("/var/lib/cos-tools")
     vulkan_icd_dir: Path | None = None  # this process's view; None: via the host root

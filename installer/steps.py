@@ -9,6 +9,7 @@ import structlog
 
 from installer import (
     __version__,
+    branches,
     cache,
     cgroup_memory,
     cpus,
@@ -18,6 +19,7 @@ from installer import (
     ldcache,
     module_build,
     modules,
+    nextboot,
     nvidia_options,
     nvidia_run,
     signing,
@@ -38,7 +40,7 @@ from installer.installdir import Tree
 from installer.net.policy import file_name
 from installer.plan import Step
 from installer.runner import CommandError
-from installer.workstate import Artifact
+from installer.workstate import Artifact, InUse
 
 log = structlog.get_logger(__name__)
 
@@ -89,6 +91,41 @@ def check_loaded_driver(version: str) -> Step:
 
     return Step("check_loaded_driver", run,
                 f"a different loaded driver must be unused (want {version})", check=True)
+
+
+def take_next_boot(key: CacheKey) -> Step:
+    """After the reboot: the version staged for it fills the staging dir (no download, no
+    compile) when it is for this node's key; one for anything else is discarded."""
+
+    def run(ctx: Context) -> None:
+        ctx.work.from_next_boot = nextboot.take(ctx.install, ctx.work.staged(), key)
+
+    return Step("take_next_boot", run, f"<install-dir>/.next-boot if it holds {key.describe()}")
+
+
+def stage_next_boot(key: CacheKey, in_use: InUse) -> Step:
+    """The checked staging tree kept for the next boot; the running driver untouched."""
+
+    def run(ctx: Context) -> None:
+        nextboot.stage(ctx.install, ctx.work.staged(), key)
+        ctx.work.staged_for_boot = in_use
+        log.warning("driver_staged_for_next_boot", running=in_use.running_version,
+                    staged=key.driver_version, holders=in_use.holders,
+                    message=f"NVIDIA driver {in_use.running_version} is in use "
+                    f"({in_use.holders}): it keeps running; {key.describe()} is staged and "
+                    "installs at the next boot (drain and reboot the node to switch now)")
+
+    return Step("stage_next_boot", run, f"keep {key.describe()} in <install-dir>/.next-boot; "
+                f"driver {in_use.running_version} stays loaded (in use: {in_use.holders})")
+
+
+def drop_next_boot(version: str) -> Step:
+    """A cache hit: the installed version is the one wanted, so nothing waits for a boot."""
+
+    def run(ctx: Context) -> None:
+        nextboot.discard(ctx.install, f"driver {version} is installed and is the one wanted")
+
+    return Step("drop_next_boot", run, "remove <install-dir>/.next-boot if a run left one")
 
 
 def download_driver(url: str, sha256: str | None) -> Step:
@@ -369,6 +406,9 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
                 driver_version=version,
                 gpus=[g.describe() for g in found],
             )
+        ended = branches.branch_warning(version, gpus.branch_of(version))
+        if ended:
+            log.warning("driver_branch_end_of_life", driver_version=version, message=ended)
         log.info("gpus_checked", gpus=[g.describe() for g in found], driver_version=version,
                  kernel_module_type=choice.module_type, reason=choice.reason)
 
@@ -431,6 +471,17 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
         host_ld_cache(),
         verify_install(version),
         *after_verify(ctx),
+    )
+
+
+def stage_for_next_boot(key: CacheKey, in_use: InUse) -> tuple[Step, ...]:
+    """--when-in-use stage: the checked build kept for the next boot, the running driver
+    verified as it is (its readiness says what is pending)."""
+    return (
+        check_staged_modules(),
+        stage_next_boot(key, in_use),
+        container_ld_cache(),  # this container's: nvidia-smi of the running driver resolves
+        verify_install(in_use.running_version),
     )
 
 

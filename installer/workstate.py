@@ -59,6 +59,14 @@ def device_files(dev_dir: Path) -> frozenset[str]:
     return frozenset(found)
 
 
+@dataclass(frozen=True)
+class InUse:
+    """The other driver that keeps running while the wanted one waits for the next boot."""
+
+    running_version: str
+    holders: str  # what holds it (modules.holders)
+
+
 @dataclass
 class WorkState:
     staging: Tree | None = None  # prepare_staging
@@ -73,6 +81,8 @@ class WorkState:
     changes: NodeChanges = field(default_factory=NodeChanges)  # what rollback.undo reverses
     gpus: list[Gpu] | None = None  # verify (None: no verify ran, as with --preload)
     bundle: Manifest | None = None  # fetch_prebuilt_bundle: the staged tree came from it
+    from_next_boot: bool = False  # take_next_boot: the staged tree is the one kept for it
+    staged_for_boot: InUse | None = None  # stage_next_boot: kept aside, not installed
     bundle_written: Written | None = None  # write_bundle (bundle build)
     persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
 

@@ -10,11 +10,12 @@ from typing import ClassVar
 
 import structlog
 
-from installer import cache, steps
+from installer import cache, modules, steps
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
+from installer.workstate import InUse
 
 log = structlog.get_logger(__name__)
 
@@ -95,8 +96,10 @@ class Distro(abc.ABC):
 
 def cached_plan(ctx: Context, version: str, check_gpus: Step,
                 summary: dict[str, object]) -> Plan:
-    """A cache hit in any distro: check the GPUs, then load and verify what is installed."""
-    return Plan("cached", (check_gpus, *steps.load_cached(ctx, version)), summary)
+    """A cache hit in any distro: check the GPUs, then load and verify what is installed
+    (and drop a tree staged for the next boot: this version is the one wanted now)."""
+    return Plan("cached", (check_gpus, steps.drop_next_boot(version),
+                           *steps.load_cached(ctx, version)), summary)
 
 
 def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, object], *,
@@ -105,34 +108,56 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, obj
     """A fresh install in any distro: every check before any download, then the distro's
     own steps that fill the staging dir, then load, verify, swap in and record.
 
-    ``prebuilt`` (a fleet's bundle, ``--prebuilt-url``) tries to fill the staging dir
-    first; the distro's signing check, headers and build then run only if it did not
-    (a signed bundle loads where our own unsigned build would be refused)."""
-    if prebuilt is None:
-        return Plan("fresh", (
-            check_gpus,
-            check_signing,
-            steps.check_loaded_driver(version),
-            *before_staging,
-            steps.prepare_staging(),
-            *build,
-            *steps.activate_staged(ctx, version, key),
-        ), summary)
-    return Plan("fresh", (
-        check_gpus,
-        steps.check_loaded_driver(version),
+    The staging dir is filled by the first that can: the tree staged for the next boot
+    (``take_next_boot``: after the reboot, no download, no compile), then ``prebuilt`` (a
+    fleet's bundle, ``--prebuilt-url``), then the distro's headers and build. The signing
+    check is skipped only for a bundle (a signed bundle loads where our own unsigned build
+    would be refused).
+
+    With ``--when-in-use stage`` and another driver loaded and in use, the plan is
+    ``staged``: the same fill and checks, then the tree is kept for the next boot and the
+    running driver verified, untouched (nextboot.py)."""
+    in_use = _in_use_to_stage(ctx, version)
+    # Without a bundle the signing check goes first, before any download; with one, after
+    # it (whether the bundle is signed decides).
+    early = () if prebuilt else (check_signing,)
+    note = " (only without a prebuilt bundle)" if prebuilt else ""
+    fill = (
         steps.prepare_staging(),
-        prebuilt,
-        *(_unless_bundled(s) for s in (check_signing, *before_staging, *build)),
+        steps.take_next_boot(key),
+        *((_unless_filled(prebuilt), _unless_filled(check_signing, note)) if prebuilt else ()),
+        *(_unless_filled(s, note) for s in (*before_staging, *build)),
+    )
+    if in_use is not None:
+        return Plan("staged", (
+            check_gpus, *early, *fill, *steps.stage_for_next_boot(key, in_use),
+        ), {**summary, "running_driver_version": in_use.running_version})
+    return Plan("fresh", (
+        check_gpus, *early, steps.check_loaded_driver(version), *fill,
         *steps.activate_staged(ctx, version, key),
     ), summary)
 
 
-def _unless_bundled(step: Step) -> Step:
+def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:
+    """The other driver to leave running, when --when-in-use stage asks to wait for it."""
+    if ctx.settings.when_in_use != "stage" or ctx.settings.install_only:
+        return None
+    found = modules.in_use_by_other(ctx.kernel, version)
+    if found is None:
+        return None
+    log.info("driver_in_use", running=found[0], holders=found[1], wanted=version,
+             when_in_use="stage")
+    return InUse(*found)
+
+
+def _unless_filled(step: Step, note: str = "") -> Step:
+    """``step`` only while nothing has filled the staging dir yet (``note``: for --dry-run)."""
+
     def run(ctx: Context) -> None:
-        if ctx.work.bundle is not None:
-            log.info("step_skipped", step=step.name, reason="installed from a prebuilt bundle")
+        if ctx.work.bundle is not None or ctx.work.from_next_boot:
+            source = "a prebuilt bundle" if ctx.work.bundle is not None else "the next-boot stage"
+            log.info("step_skipped", step=step.name, reason=f"staged from {source}")
             return
         step.run(ctx)
 
-    return Step(step.name, run, f"{step.detail} (only without a prebuilt bundle)")
+    return Step(step.name, run, step.detail + note, check=step.check)

@@ -6,7 +6,7 @@ import shutil
 
 import structlog
 
-from installer import gpus, headers, steps
+from installer import branches, gpus, headers, steps
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros.base import Distro, cached_plan, fresh_plan
@@ -39,8 +39,9 @@ class Ubuntu(Distro):
     # realparts tiers run it on Debian 12 kernels. Other derivatives match through ID_LIKE
     # and are reported as not tested (Distro.support).
     os_ids = ("ubuntu", "debian")
-    # A version tested with this installer; NVIDIA_DRIVER_VERSION picks another.
-    default_version = "550.127.05"
+    # A release of NVIDIA's current long-term branch (branches.py); NVIDIA_DRIVER_VERSION
+    # picks another.
+    default_version = branches.RECOMMENDED_VERSION
     gke_os_distributions = ("ubuntu", "ubuntu_containerd")
 
     def driver_version(self, ctx: Context) -> str:

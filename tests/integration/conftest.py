@@ -14,7 +14,7 @@ from tests.fixtures.runfile import build_driver_run
 from tests.fixtures.server import ArtifactServer
 from tests.pod import pod_on
 
-V1, V2 = "550.54.14", "535.183.01"  # the default driver and the one a test switches to
+V1, V2 = "550.54.14", "535.183.01"  # the version the tests install and the one they switch to
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ L4_TOO_OLD = (
     "FAILED in step check_gpu_compatibility (usage, exit 2): driver 470.256.02 (R470) is too "
     "old for NVIDIA L4 at 0000:00:04.0: it needs R525 or newer. What to do: the GPUs on this "
     "node support R525 or newer: set --driver-version (NVIDIA_DRIVER_VERSION) to such a "
-    "driver, e.g. 580.65.06, or leave it unset to get a supported default.")
+    "driver, e.g. 580.82.07, or leave it unset to get a supported default.")
 K80_TOO_NEW = (
     "FAILED in step check_gpu_compatibility (usage, exit 2): driver 550.54.14 (R550) is too "
     "new for Tesla K80 at 0000:00:04.0: Kepler GPUs need R470 or older. What to do: the GPUs "

@@ -26,17 +26,17 @@ from tests.fixtures.plans import ACTIVATE_STAGED, LOAD_CACHED
 
 COMPILE_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
-    "fetch_artifacts",
+    "take_next_boot", "fetch_artifacts",
     "prepare_kernel_headers", "prepare_toolchain", "extract_driver", "build_driver",
     *ACTIVATE_STAGED,
 ]
 PREBUILT_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
-    "fetch_artifacts",
+    "take_next_boot", "fetch_artifacts",
     "unpack_prebuilt", "extract_driver", "build_driver", "place_prebuilt",
     *ACTIVATE_STAGED,
 ]
-CACHED_STEPS = ["check_gpu_compatibility", *LOAD_CACHED]
+CACHED_STEPS = ["check_gpu_compatibility", "drop_next_boot", *LOAD_CACHED]
 
 
 class Env:

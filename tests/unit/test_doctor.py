@@ -19,13 +19,13 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import cache, cli, doctor, kernel, signing
+from installer import branches, cache, cli, doctor, kernel, signing
 from installer.cache import CacheKey
 from tests.fixtures import node as fixture_node
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 from tests.fixtures.kernel import UBUNTU_KERNEL_UPDATE, FakeKernel, fake_ko
 
-V = "550.54.14"
+V = "580.82.07"  # R580: a supported branch (branches.py), so a healthy node is all OK
 INSTALL_HOST = PurePosixPath(fixture_node.INSTALL_HOST)
 # The NVIDIA modules and what each needs (NVIDIA's real ones also need drm and video).
 NVIDIA_MODULES = {"nvidia": (), "nvidia_modeset": ("nvidia",), "nvidia_uvm": ("nvidia",),
@@ -527,3 +527,22 @@ def test_a_cache_gkes_installer_wrote_is_said(node, capsys):
                f"CACHE_NVIDIA_DRIVER_VERSION={V}\n")
     f = node.findings(capsys)[1]["gke_installer"]
     assert f["verdict"] == "ok" and "written by GKE's installer" in f["detail"]
+
+
+def test_driver_branch_ok_names_the_branch_and_the_policy_date(node, capsys):
+    _, found = node.findings(capsys)
+    f = found["driver_branch"]
+    assert f["verdict"] == "ok"
+    assert f["detail"].startswith(f"driver {V}: R580, long-term branch, supported until mid-2028")
+    assert f"driver branch policy of {branches.POLICY_DATE}" in f["detail"]
+
+
+def test_a_driver_from_an_ended_branch_is_a_warning_not_a_failure(node, capsys):
+    node.write(node.sys / "module/nvidia/version", "535.183.01\n")
+    _, found = node.findings(capsys)
+    f = found["driver_branch"]
+    assert f["verdict"] == "warn"
+    assert "driver 535.183.01 is from R535, a long-term branch past its end of life (June " \
+        "2026" in f["detail"]
+    assert f"R580 (e.g. {branches.RECOMMENDED_VERSION})" in f["detail"]
+    assert "NVIDIA_DRIVER_VERSION" in f["fix"]

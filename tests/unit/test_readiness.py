@@ -72,7 +72,14 @@ def test_metrics_text_format():
     assert "nvidia_driver_installer_duration_seconds 12.500" in text
     assert 'driver_version="5\\"50"' in text and 'error_class="build"' in text
     assert "nvidia_driver_installer_last_run_timestamp_seconds 1700000000" in text
-    assert text.count("# TYPE") == 5
+    assert 'nvidia_driver_installer_staged_for_next_boot{driver_version=""} 0' in text
+    assert text.count("# TYPE") == 6
+    staged = metrics.format_metrics(outcome="ok", exit_code=0, duration_s=1.0,
+                                    driver_version="580.82.07", plan="staged",
+                                    kernel_release="5.15", error_class=None,
+                                    staged_version="580.82.07")
+    assert 'nvidia_driver_installer_staged_for_next_boot{driver_version="580.82.07"} 1' in staged
+    assert "nvidia_driver_installer_success 1" in staged
 
 
 def test_metrics_write_failure_is_not_fatal(host):

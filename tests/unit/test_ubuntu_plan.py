@@ -23,10 +23,11 @@ DEFAULT_DRIVER_VERSION = Ubuntu.default_version
 
 FRESH_STEPS = [
     "check_gpu_compatibility", "check_module_signing", "check_loaded_driver",
-    "find_kernel_headers", "prepare_staging", "download_driver", "extract_driver",
+    "prepare_staging", "take_next_boot", "find_kernel_headers", "download_driver",
+    "extract_driver",
     "build_driver", *ACTIVATE_STAGED,
 ]
-CACHED_STEPS = ["check_gpu_compatibility", *LOAD_CACHED]
+CACHED_STEPS = ["check_gpu_compatibility", "drop_next_boot", *LOAD_CACHED]
 K80 = "0x102d"  # Kepler: R470 is its last branch, and only proprietary modules
 
 
@@ -74,8 +75,8 @@ def test_fresh_plan_builds_against_the_host_kernel(env):
     assert plan.kind == "fresh" and names(plan) == FRESH_STEPS
     assert plan.summary == {
         "driver_version": DEFAULT_DRIVER_VERSION, "kernel_release": UBUNTU_KERNEL,
-        # An L4 on R550: NVIDIA's default is proprietary before R560 (open from R560).
-        "kernel_module_type": "proprietary",
+        # An L4 on the R580 default: NVIDIA's default is open from R560.
+        "kernel_module_type": "open",
         "driver_url": run_url(env.tesla, DEFAULT_DRIVER_VERSION),
     }
     download = next(s for s in plan.steps if s.name == "download_driver")
@@ -151,9 +152,9 @@ def test_cache_hit_needs_version_kernel_and_flavour(env):
     assert "driver_url" not in plan.summary  # nothing to download
     assert Ubuntu().plan(env.ctx(force=True)).kind == "fresh"
     assert Ubuntu().plan(env.ctx(driver_version="535.183.01")).kind == "fresh"
-    assert Ubuntu().plan(env.ctx(kernel_module_type="open")).kind == "fresh"
+    assert Ubuntu().plan(env.ctx(kernel_module_type="proprietary")).kind == "fresh"
     other_kernel = CacheKey(DEFAULT_DRIVER_VERSION, kernel_release="5.15.0-1050-gke",
-                            flavor="compiled-proprietary")
+                            flavor="compiled-open")
     cache.write(ctx.install.cache_file, other_kernel, ctx.install.root, "test")
     assert Ubuntu().plan(env.ctx()).kind == "fresh"
 
