@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+import zstandard
 
 from installer import __version__, steps
 from installer.bundle import tree
@@ -40,7 +41,8 @@ from installer.runner import CommandError
 
 log = structlog.get_logger(__name__)
 
-COMPRESS_LEVEL = 6  # gzip: the fastest stdlib decompression on the node (see bench/)
+# zstd level: see bench/bundle_codec.py (size vs the node's decompression time).
+COMPRESS_LEVEL = 10
 SIGN_TIMEOUT_S = 120
 
 
@@ -171,9 +173,11 @@ def write(root: Path, manifest: Manifest, output_dir: Path) -> Written:
         return info
 
     data = manifest.to_json().encode()
+    # Every core compresses (one frame; threads only split the work).
+    zstd = zstandard.ZstdCompressor(level=COMPRESS_LEVEL, threads=-1, write_checksum=True)
     try:
-        with tarfile.open(part, "w:gz", compresslevel=COMPRESS_LEVEL,
-                          format=tarfile.PAX_FORMAT) as tar:
+        with (open(part, "wb") as raw, zstd.stream_writer(raw, closefd=False) as out,
+              tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar):
             info = normalize(tarfile.TarInfo(MANIFEST_NAME))
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))

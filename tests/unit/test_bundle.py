@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from installer import archive
 from installer.bundle import build, index, tree
 from installer.bundle.fetch import check_settings, unpack
 from installer.bundle.manifest import (
@@ -31,7 +32,7 @@ from tests.fixtures.kernel import fake_ko
 
 V, R, OTHER_R = "550.54.14", "5.15.0-1049-gke", "6.8.0-1015-gke"
 KEY = BundleKey(V, R, "proprietary")
-NAME = f"nvidia-driver-{V}-proprietary-{R}.tar.gz"
+NAME = f"nvidia-driver-{V}-proprietary-{R}.tar.zst"
 
 
 def layout(root: Path, release: str = R) -> Path:
@@ -83,7 +84,7 @@ def test_kernel_release_that_could_name_a_path_is_refused(release):
 
 
 @pytest.mark.parametrize("name", ["nvidia-driver-550.54.14-fancy-5.15.0.tar.gz",
-                                  "index.json", f"../{NAME}", NAME.replace(".tar.gz", ".tgz")])
+                                  "index.json", f"../{NAME}", NAME.replace(".tar.zst", ".tgz"), NAME.replace(".tar.zst", ".tar.xz")])
 def test_a_file_name_that_is_not_a_bundle_name_is_refused(name):
     with pytest.raises(BundleError):
         BundleKey.from_name(name)
@@ -163,10 +164,11 @@ def test_bundle_is_written_with_its_sha256_and_manifest_first(tmp_path):
     written = packed(tmp_path)
     assert written.path.name == NAME
     assert (tmp_path / "out" / f"{NAME}.sha256").read_text() == f"{written.sha256}  {NAME}\n"
-    with tarfile.open(written.path) as tar:
-        names = tar.getnames()
-        assert names[0] == "manifest.json"
-        assert {m.uid for m in tar.getmembers()} == {0}
+    assert written.path.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"  # zstd, whatever the name
+    with written.path.open("rb") as raw, archive.open_stream(raw) as tar:
+        members = list(tar)
+        assert members[0].name == "manifest.json"
+        assert {m.uid for m in members} == {0}
     assert index.read_manifest(written.path) == written.manifest
     assert not list((tmp_path / "out").glob(".*.part"))
 
@@ -229,7 +231,7 @@ def test_unpack_stages_the_layout_exactly(tmp_path):
     assert manifest == written.manifest
     assert tree.differences(stage.root, manifest.files, manifest.links) == []
     assert (stage.root / "bin/nvidia-smi").stat().st_mode & 0o111
-    assert not (stage.root / "bundle").exists() and not written.path.exists()
+    assert not (stage.root / "bundle").exists()
 
 
 def test_unpack_refuses_a_bundle_for_another_kernel(tmp_path):
@@ -247,10 +249,12 @@ def test_unpack_refuses_a_bundle_holding_another_key(tmp_path):
 
 
 def repack(src: Path, dest: Path, edit) -> Path:
-    """``src``'s members through ``edit(info, data) -> [(info, data), ...]`` into ``dest``."""
+    """``src``'s members through ``edit(info, data) -> [(info, data), ...]`` into ``dest``,
+    gzip-compressed (as bundles were before zstd) whatever its name says."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(src) as tin, tarfile.open(dest, "w:gz") as tout:
-        for info in tin.getmembers():
+    with (src.open("rb") as raw, archive.open_stream(raw) as tin,
+          tarfile.open(dest, "w:gz") as tout):
+        for info in tin:
             data = tin.extractfile(info).read() if info.isreg() else None
             for new_info, new_data in edit(info, data):
                 if new_data is not None:
