@@ -35,6 +35,8 @@ BENCHES = {
                  ["--size-mb", "1024", "--runs", "3"]),
     "parallel": ("parallel.py", ["--scale", "0.1", "--runs", "3"], ["--scale", "1", "--runs", "3"]),
     "build": ("build_concurrency.py", [], []),
+    # Quick: the fixture .run (its "compile" is a stand-in); full: NVIDIA's real source.
+    "bundle": ("bundle_install.py", ["--inputs", "fixture"], ["--inputs", "auto"]),
 }
 
 
