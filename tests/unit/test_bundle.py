@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -292,6 +293,45 @@ def test_unpack_refuses_path_traversal_and_extra_files(tmp_path):
     unlisted = repack(written.path, tmp_path / "c" / NAME, add("lib64/libextra.so"))
     with pytest.raises(IntegrityError, match="lib64/libextra.so is not in the manifest"):
         unpack(unlisted, staging(tmp_path), KEY, R)
+
+
+def test_a_gzip_bundle_built_before_zstd_is_still_read_and_indexed(tmp_path):
+    """Bundles already published are .tar.gz: read by their magic bytes, indexed."""
+    written = packed(tmp_path)
+    old = repack(written.path, tmp_path / "old" / KEY.name(".tar.gz"), lambda i, d: [(i, d)])
+    assert old.read_bytes()[:2] == b"\x1f\x8b"
+    manifest = unpack(old, staging(tmp_path), KEY, R)
+    assert manifest == written.manifest
+    shutil.copy(written.path, old.parent / written.path.name)
+    entries, refused = index.update(old.parent)
+    assert sorted(entries) == sorted(KEY.names()) and refused == []
+
+
+def _ctx(pinned=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(http=None, settings=SimpleNamespace(
+        prebuilt_sha256=pinned, allow_insecure_http=False))
+
+
+def test_a_directory_url_finds_the_bundle_in_the_index_under_either_name(tmp_path):
+    from installer.bundle.fetch import _candidates
+
+    packed(tmp_path)
+    out = tmp_path / "out"
+    gz = repack(out / NAME, out / KEY.name(".tar.gz"), lambda i, d: [(i, d)])
+    (out / NAME).unlink()
+    entries, _ = index.update(out)
+    template = out.as_uri() + "/"
+    assert _candidates(_ctx(), template, KEY) == [(gz.as_uri(), entries[gz.name].sha256)]
+    shutil.copy(gz, out / NAME)  # both published: zstd is preferred
+    entries, _ = index.update(out)
+    assert _candidates(_ctx(), template, KEY) == [((out / NAME).as_uri(), entries[NAME].sha256)]
+    # Pinned by hand, no index read: both names are tried, zstd first.
+    assert _candidates(_ctx("a" * 64), template, KEY) == [
+        ((out / n).as_uri(), "a" * 64) for n in KEY.names()]
+    (out / "index.json").unlink()
+    assert _candidates(_ctx(), template, KEY) == [((out / n).as_uri(), None) for n in KEY.names()]
 
 
 # -- signing with the kernel's scripts/sign-file -------------------------------------
