@@ -70,7 +70,7 @@ def check_settings(url: str | None, sha256: str | None, only: bool, *,
     except BundleError as exc:
         raise UsageError(str(exc), hint="e.g. https://bundles.example.com/nvidia/ or "
                          "file:///mnt/bundles/nvidia-driver-{driver_version}-{module_type}-"
-                         "{kernel_release}.tar.gz") from None
+                         "{kernel_release}.tar.zst") from None
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
     if sha256 is None:
         return None
