@@ -1,8 +1,9 @@
 """Safe extraction of tar archives we did not make (COS kernel headers, toolchain, modules).
 
 ``extract()`` unpacks a ``.tar``, ``.tgz``, ``.tar.xz``, ``.tar.bz2`` or
-``.tar.zst`` -- a file or a stream read once, front to back (tarfile's ``r|``
-mode; the compression told by its magic bytes, not by a name) -- into a fresh
+``.tar.zst`` -- a file, or a stream read once front to back (tarfile's ``r|``
+mode, e.g. a download as it arrives); the compression is told by its magic
+bytes, not by a name -- into a fresh
 directory next to the target and renames it into place only when every member
 was extracted, so the target is either absent, the previous tree, or the
 complete new one. Each regular file's sha256 is computed while it is written
@@ -438,6 +439,19 @@ def exclude_patterns(patterns: Iterable[str]) -> Callable[[str], bool]:
     return excluded
 
 
+def _open(archive: Path | BinaryIO, stack: contextlib.ExitStack) -> tarfile.TarFile:
+    """A file is opened as before zstd (random access: GzipFile checks gzip's CRC) unless
+    it is zstd (whose frame checksum the decompressor checks); a stream is read once, its
+    integrity the caller's digest (tarfile's stream mode skips gzip's CRC)."""
+    if not isinstance(archive, (str, Path)):
+        return stack.enter_context(open_stream(archive))
+    raw = stack.enter_context(open(archive, "rb"))  # noqa: SIM115
+    if raw.read(4) == _MAGICS[-1][0]:
+        raw.seek(0)
+        return stack.enter_context(open_stream(raw))
+    return stack.enter_context(tarfile.open(archive, mode="r:*", tarinfo=_BoundedTarInfo))
+
+
 def extract(
     archive: Path | BinaryIO,
     target: Path,
@@ -471,9 +485,7 @@ def extract(
     deadline = time.monotonic() + deadline_s
     try:
         with contextlib.ExitStack() as stack:
-            raw = (stack.enter_context(open(archive, "rb"))
-                   if isinstance(archive, (str, Path)) else archive)
-            tar = stack.enter_context(open_stream(raw))
+            tar = _open(archive, stack)
             ex = _Extractor(tar, work, keep_xattrs=keep_xattrs, exclude=exclude,
                             max_bytes=max_bytes, max_members=max_members)
             if head is not None:
