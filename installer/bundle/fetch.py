@@ -9,9 +9,10 @@ manifest (the first member) must be for this driver, kernel and module type
 before anything else is extracted; once the body has ended the digest is
 checked, then that the extracted tree is exactly what the manifest lists and
 that every module's vermagic names the running kernel -- only then is anything
-moved into the staging layout. The staged tree is then what a build would have left: the
-usual load / verify / promote / record-cache steps take over, and the build
-steps are skipped.
+moved into the staging layout. The staged tree is then what a build would have
+left: the usual load / verify / promote / record-cache steps take over (the
+``.cache`` record takes the manifest's verified hashes), and the build steps
+are skipped.
 
 Outcomes: a missing bundle (HTTP 404, no such file) falls back to the build
 steps, or with ``--prebuilt-only`` is exit 5 naming it; a bundle that is not
@@ -124,7 +125,6 @@ def _candidates(ctx: Context, template: str, key: BundleKey) -> list[tuple[str, 
     A directory (``.../``) holds the bundle as ``.tar.zst`` or ``.tar.gz``: the index
     says which (zst preferred); without an entry both names are tried."""
     pinned = ctx.settings.prebuilt_sha256
-    urls = {key.name(suffix): expand_url(template, key, suffix) for suffix in SUFFIXES}
     if not template.endswith("/"):
         url = expand_url(template, key)
         if pinned:
@@ -134,9 +134,10 @@ def _candidates(ctx: Context, template: str, key: BundleKey) -> list[tuple[str, 
         names = [base] if _is_bundle_name(base) else list(key.names())
         entries = _index_entries(ctx, url)
         return [(url, next((entries[n].sha256 for n in names if n in entries), None))]
+    urls = {key.name(suffix): expand_url(template, key, suffix) for suffix in SUFFIXES}
     if pinned:
         return [(url, pinned) for url in urls.values()]
-    entries = _index_entries(ctx, next(iter(urls.values())))
+    entries = _index_entries(ctx, template)
     found = [(url, entries[name].sha256) for name, url in urls.items() if name in entries]
     return found[:1] or [(url, None) for url in urls.values()]
 

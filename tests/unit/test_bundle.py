@@ -85,7 +85,8 @@ def test_kernel_release_that_could_name_a_path_is_refused(release):
 
 
 @pytest.mark.parametrize("name", ["nvidia-driver-550.54.14-fancy-5.15.0.tar.gz",
-                                  "index.json", f"../{NAME}", NAME.replace(".tar.zst", ".tgz"), NAME.replace(".tar.zst", ".tar.xz")])
+                                  "index.json", f"../{NAME}", NAME.replace(".tar.zst", ".tgz"),
+                                  NAME.replace(".tar.zst", ".tar.xz")])
 def test_a_file_name_that_is_not_a_bundle_name_is_refused(name):
     with pytest.raises(BundleError):
         BundleKey.from_name(name)
