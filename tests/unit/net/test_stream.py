@@ -130,3 +130,23 @@ def test_cancel_stops_and_discards(tmp_path):
     with pytest.raises(Cancelled):
         run(src.as_uri(), consumer, tmp_path, cancel=cancel)
     assert consumer.discards == 1
+
+
+def test_a_signal_mid_body_discards_and_leaves_no_consumer_running(server, session, tmp_path):
+    """SIGTERM as the kubelet sends it: the CLI's handler raises Interrupted in the main
+    thread (installer.signals), blocked in a socket read here."""
+    import os
+    import signal
+
+    from installer import signals
+    from tests.unit.net.test_transfer import trickle
+
+    server.expect_request("/slow").respond_with_handler(trickle)
+    consumer = Consumer()
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    with signals.handled(), pytest.raises(signals.Interrupted):
+        timer.start()
+        run(server.url_for("/slow"), consumer, tmp_path, session)
+    timer.join()
+    assert (consumer.runs, consumer.discards) == (1, 1)
+    assert "download-consumer" not in [t.name for t in threading.enumerate()]
