@@ -50,14 +50,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import fnmatch
+import gzip
 import hashlib
 import lzma
 import os
+import queue
 import stat
 import tarfile
+import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -76,6 +79,9 @@ STREAM_BUFSIZE = 1 << 20
 # zstd frames we write use windows <= 8 MiB (level <= 19); a hostile frame must not make
 # the decompressor allocate more than this.
 ZSTD_MAX_WINDOW = 1 << 25
+# A tar's end is padded to its record size (10 KB for GNU tar); nothing real has more.
+MAX_TRAILING_BYTES = 16 << 20
+CLOSE_TIMEOUT_S = 300.0
 _MAGICS = ((b"\x1f\x8b", "gz"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bz2"),
            (b"\x28\xb5\x2f\xfd", "zst"))
 _CORRUPT = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError)
@@ -185,9 +191,80 @@ class _Prefixed:
         return out
 
 
-def open_stream(fileobj: BinaryIO) -> tarfile.TarFile:
+class _ReadAhead:
+    """The decompressor run in its own thread, a few chunks ahead of tarfile: inflating
+    (zstd, zlib: both let go of the GIL) then overlaps hashing and writing the files."""
+
+    DEPTH = 4  # chunks of STREAM_BUFSIZE queued: bounded memory
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self.queue: queue.Queue[bytes | BaseException | None] = queue.Queue(self.DEPTH)
+        self.stop = threading.Event()
+        self.pending = memoryview(b"")
+        self.eof = False
+        self.thread = threading.Thread(target=self._produce, args=(inner,),
+                                       name="archive-inflate", daemon=True)
+        self.thread.start()
+
+    def _put(self, item: bytes | BaseException | None) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self, inner: BinaryIO) -> None:
+        try:
+            while chunk := inner.read(STREAM_BUFSIZE):  # bounded output: no bomb in memory
+                if not self._put(chunk):
+                    return
+            self._put(None)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the reader's thread
+            self._put(exc)
+
+    def read(self, size: int = -1) -> bytes:
+        while not self.pending:
+            if self.eof:
+                return b""
+            item = self.queue.get()
+            if item is None:
+                self.eof = True
+                return b""
+            if isinstance(item, BaseException):
+                self.eof = True
+                raise item
+            self.pending = memoryview(item)
+        n = len(self.pending) if size < 0 else size
+        out, self.pending = self.pending[:n].tobytes(), self.pending[n:]
+        return out
+
+    def drain(self, limit: int) -> None:
+        """Decompress to the end (so gzip's CRC and zstd's checksum are checked); refuse
+        more than ``limit`` bytes after the archive's end."""
+        left = limit
+        while chunk := self.read(STREAM_BUFSIZE):
+            left -= len(chunk)
+            if left < 0:
+                raise _Refused(f"more than {limit} bytes after the archive's end")
+
+    def close(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.queue.get_nowait()
+        # Bounded by the source: a pipe's writer has its own deadlines, then closes it.
+        self.thread.join(CLOSE_TIMEOUT_S)
+        if self.thread.is_alive():
+            log.warning("archive_inflate_thread_still_running", waited_s=CLOSE_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def open_stream(fileobj: BinaryIO) -> Iterator[tarfile.TarFile]:
     """A tarfile reading ``fileobj`` once, front to back; gzip, xz, bzip2 and zstd told
-    apart by their magic bytes (anything else is read as a plain tar)."""
+    apart by their magic bytes (anything else is read as a plain tar). gzip and zstd
+    (bundles) are inflated a few chunks ahead in a thread of their own."""
     head = b""
     while len(head) < 6:  # a pipe may hand out fewer bytes than asked
         more = fileobj.read(6 - len(head))
@@ -196,12 +273,21 @@ def open_stream(fileobj: BinaryIO) -> tarfile.TarFile:
         head += more
     kind = next((k for magic, k in _MAGICS if head.startswith(magic)), "")
     source: BinaryIO = _Prefixed(head, fileobj)  # type: ignore[assignment]
+    ahead = None
     if kind == "zst":
-        source = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).stream_reader(
-            source, read_size=STREAM_BUFSIZE, read_across_frames=True, closefd=False)
-        kind = ""
-    return tarfile.open(fileobj=source, mode=f"r|{kind}", tarinfo=_BoundedTarInfo,
-                        bufsize=STREAM_BUFSIZE)
+        ahead = _ReadAhead(zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
+                           .stream_reader(source, read_size=STREAM_BUFSIZE,
+                                          read_across_frames=True, closefd=False))
+    elif kind == "gz":
+        ahead = _ReadAhead(gzip.GzipFile(fileobj=source, mode="rb"))  # type: ignore[arg-type]
+    try:
+        with tarfile.open(fileobj=ahead or source, mode="r|" if ahead else f"r|{kind}",
+                          tarinfo=_BoundedTarInfo, bufsize=STREAM_BUFSIZE) as tar:
+            tar.read_ahead = ahead  # type: ignore[attr-defined]
+            yield tar
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 def _clean_name(name: str) -> PurePosixPath:
@@ -510,6 +596,8 @@ def extract(
                     raise _Refused("a path too long for the filesystem") from None
             member_name = None
             ex.finish()
+            if getattr(tar, "read_ahead", None) is not None:
+                tar.read_ahead.drain(MAX_TRAILING_BYTES)
         os.replace(work, target)
     except _Refused as exc:
         remove_tree(work, ignore_errors=True)
