@@ -200,7 +200,7 @@ class _ReadAhead:
     def __init__(self, inner: BinaryIO) -> None:
         self.queue: queue.Queue[bytes | BaseException | None] = queue.Queue(self.DEPTH)
         self.stop = threading.Event()
-        self.pending = memoryview(b"")
+        self.chunk, self.offset = b"", 0
         self.eof = False
         self.thread = threading.Thread(target=self._produce, args=(inner,),
                                        name="archive-inflate", daemon=True)
@@ -225,20 +225,21 @@ class _ReadAhead:
             self._put(exc)
 
     def read(self, size: int = -1) -> bytes:
-        while not self.pending:
+        while self.offset >= len(self.chunk):
             if self.eof:
                 return b""
             item = self.queue.get()
-            if item is None:
+            if item is None or isinstance(item, BaseException):
                 self.eof = True
-                return b""
-            if isinstance(item, BaseException):
-                self.eof = True
+                if item is None:
+                    return b""
                 raise item
-            self.pending = memoryview(item)
-        n = len(self.pending) if size < 0 else size
-        out, self.pending = self.pending[:n].tobytes(), self.pending[n:]
-        return out
+            self.chunk, self.offset = item, 0
+        begin = self.offset
+        self.offset = len(self.chunk) if size < 0 else min(len(self.chunk), begin + size)
+        if begin == 0 and self.offset == len(self.chunk):
+            return self.chunk  # a whole chunk, as tarfile asks for them: no copy
+        return self.chunk[begin:self.offset]
 
     def drain(self, limit: int) -> None:
         """Decompress to the end (so gzip's CRC and zstd's checksum are checked); refuse

@@ -423,3 +423,19 @@ def test_a_head_that_is_not_the_first_member_is_refused(area):
     with pytest.raises(IntegrityError, match="first member is not m.json"):
         archive.extract(tgz, area / "work/t", head=archive.Head("m.json", 10, lambda _d: None))
     assert not (area / "work/.t.extracting").exists()
+
+
+def test_a_stream_is_inflated_to_its_end_crc_and_trailing_bytes_checked(area):
+    import gzip
+
+    tar = make_tar(area / "work/a.tar", [("a", b"data" * 1000)], mode="w").read_bytes()
+    good = gzip.compress(tar)
+    bad_crc = good[:-8] + bytes(b ^ 0xFF for b in good[-8:-4]) + good[-4:]
+    with pytest.raises(IntegrityError, match="corrupt archive"):
+        archive.extract(io.BytesIO(bad_crc), area / "work/t")
+    padded = gzip.compress(tar + bytes(2 * archive.MAX_TRAILING_BYTES))
+    with pytest.raises(IntegrityError, match="bytes after the archive's end"):
+        archive.extract(io.BytesIO(padded), area / "work/t")
+    assert not (area / "work/t").exists() and not (area / "work/.t.extracting").exists()
+    archive.extract(io.BytesIO(good), area / "work/t")
+    assert (area / "work/t/a").read_bytes() == b"data" * 1000
