@@ -183,6 +183,7 @@ def measure(inputs: Inputs, work: Path) -> dict:
     codecs = compare(bundle_file, [1, 3, 6, 10, 15, 19])
     print_table(codecs)
     return {
+        "load_average": Path("/proc/loadavg").read_text().split()[:3],
         "inputs": inputs.kind, "driver_version": inputs.version, "kernel_release": inputs.release,
         "compile": {"wall_s": compile_["wall_s"], "cpu_s": compile_["cpu_s"],
                     "bytes_fetched": run_bytes},
