@@ -228,7 +228,10 @@ class _ReadAhead:
         while self.offset >= len(self.chunk):
             if self.eof:
                 return b""
-            item = self.queue.get()
+            try:  # the source has deadlines of its own (a download's); this is a backstop
+                item = self.queue.get(timeout=CLOSE_TIMEOUT_S)
+            except queue.Empty:
+                raise EOFError(f"no data for {CLOSE_TIMEOUT_S:.0f} s") from None
             if item is None or isinstance(item, BaseException):
                 self.eof = True
                 if item is None:
