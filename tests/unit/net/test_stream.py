@@ -47,16 +47,21 @@ def test_the_consumer_gets_the_body_in_a_worker_thread_digest_checked(server, se
     assert consumer.thread_names == ["download-consumer"] and consumer.discards == 0
 
 
-def test_a_resume_is_invisible_to_the_consumer(server, session, tmp_path):
-    state = {"dropped": False}
+def drop_once(at: int, then):
+    """The first request's body stops after ``at`` bytes; ``then`` answers the rest."""
+    dropped = []
 
     def handler(request):
-        if not state["dropped"]:
-            state["dropped"] = True
-            return dropping(PAYLOAD, 123_457)
-        return ranged(request)
+        if not dropped:
+            dropped.append(at)
+            return dropping(PAYLOAD, at)
+        return then(request)
 
-    server.expect_request("/f").respond_with_handler(handler)
+    return handler
+
+
+def test_a_resume_is_invisible_to_the_consumer(server, session, tmp_path):
+    server.expect_request("/f").respond_with_handler(drop_once(123_457, ranged))
     consumer = Consumer()
     got, body = run(server.url_for("/f"), consumer, tmp_path, session,
                     expected_sha256=PAYLOAD_SHA)
@@ -66,15 +71,8 @@ def test_a_resume_is_invisible_to_the_consumer(server, session, tmp_path):
 
 
 def test_a_restart_from_zero_discards_and_restarts_the_consumer(server, session, tmp_path):
-    state = {"dropped": False}
-
-    def handler(request):
-        if not state["dropped"]:
-            state["dropped"] = True
-            return dropping(PAYLOAD, 100_000)
-        return Response(PAYLOAD)  # 200, Range ignored
-
-    server.expect_request("/f").respond_with_handler(handler)
+    # The second answer is a 200 with the whole body: the server ignored the Range.
+    server.expect_request("/f").respond_with_handler(drop_once(100_000, lambda _r: Response(PAYLOAD)))
     consumer = Consumer()
     _got, body = run(server.url_for("/f"), consumer, tmp_path, session,
                      expected_sha256=PAYLOAD_SHA)
