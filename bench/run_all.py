@@ -36,6 +36,8 @@ BENCHES = {
     "parallel": ("parallel.py", ["--scale", "0.1", "--runs", "3"], ["--scale", "1", "--runs", "3"]),
     "build": ("build_concurrency.py", [], []),
     "staged_reboot": ("staged_reboot.py", ["--runs", "3"], ["--runs", "7"]),
+    # Quick: the fixture .run (its "compile" is a stand-in); full: NVIDIA's real source.
+    "bundle": ("bundle_install.py", ["--inputs", "fixture"], ["--inputs", "auto"]),
 }
 
 

@@ -1,9 +1,17 @@
 """Safe extraction of tar archives we did not make (COS kernel headers, toolchain, modules).
 
-``extract()`` unpacks a ``.tar``, ``.tgz`` or ``.tar.xz`` into a fresh
+``extract()`` unpacks a ``.tar``, ``.tgz``, ``.tar.xz``, ``.tar.bz2`` or
+``.tar.zst`` -- a file, or a stream read once front to back (tarfile's ``r|``
+mode, e.g. a download as it arrives); the compression is told by its magic
+bytes, not by a name -- into a fresh
 directory next to the target and renames it into place only when every member
 was extracted, so the target is either absent, the previous tree, or the
-complete new one. An archive member is refused (:class:`IntegrityError`,
+complete new one. Each regular file's sha256 is computed while it is written
+(``ExtractResult.hashes``), so a caller checking the tree need not read it back.
+``head`` names a first member to be handed to a check before anything else is
+extracted (a bundle's manifest: a bundle for another kernel costs one small read).
+
+An archive member is refused (:class:`IntegrityError`,
 exit 6) and nothing is left behind when it:
 
 - has an absolute name, or a ``..`` component, or a NUL byte;
@@ -39,20 +47,26 @@ member's parents again cost ~76 ms a member 800 deep (a 5 MB archive: hours).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
+import gzip
+import hashlib
 import lzma
 import os
-import shutil
+import queue
 import stat
 import tarfile
+import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 import structlog
+import zstandard
 
 from installer.errors import DiskSpaceError, IntegrityError
 from installer.fsutil import remove_tree
@@ -60,6 +74,17 @@ from installer.fsutil import remove_tree
 log = structlog.get_logger(__name__)
 
 COPY_CHUNK = 1 << 20
+# tarfile's stream reads: its default 10 KB record costs a Python round trip per 10 KB.
+STREAM_BUFSIZE = 1 << 20
+# zstd frames we write use windows <= 8 MiB (level <= 19); a hostile frame must not make
+# the decompressor allocate more than this.
+ZSTD_MAX_WINDOW = 1 << 25
+# A tar's end is padded to its record size (10 KB for GNU tar); nothing real has more.
+MAX_TRAILING_BYTES = 16 << 20
+CLOSE_TIMEOUT_S = 300.0
+_MAGICS = ((b"\x1f\x8b", "gz"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bz2"),
+           (b"\x28\xb5\x2f\xfd", "zst"))
+_CORRUPT = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError)
 # Tar bomb guards: no real headers/toolchain/modules archive comes near these.
 DEFAULT_MAX_BYTES = 32 << 30
 DEFAULT_MAX_MEMBERS = 500_000
@@ -88,6 +113,20 @@ class ExtractResult:
     links: int = 0
     bytes: int = 0
     skipped: list[str] = field(default_factory=list)
+    # The sha256 of every regular file in the tree, by its real path relative to the root
+    # (a file written through a linked directory is listed where it really is).
+    hashes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Head:
+    """A first member the caller checks before the rest is extracted: it must be the
+    regular file ``name`` of at most ``max_bytes``; ``check`` gets its content and raises
+    to stop. It is not written to the tree."""
+
+    name: str
+    max_bytes: int
+    check: Callable[[bytes], None]
 
 
 class _Refused(Exception):
@@ -113,23 +152,146 @@ class UnreadableArchive(Exception):
 
 
 def read_first_member(archive: Path, name: str, max_bytes: int) -> bytes:
-    """The content of a ``.tar.gz``'s first member, which must be the regular file ``name``
-    of at most ``max_bytes``; nothing after it is read. Extended headers are bounded as
-    extract() bounds them. Raises UnreadableArchive."""
+    """The content of a tar archive's first member (any compression extract() reads),
+    which must be the regular file ``name`` of at most ``max_bytes``; nothing after it is
+    read. Extended headers are bounded as extract() bounds them. Raises UnreadableArchive."""
     try:
-        with tarfile.open(archive, mode="r:gz", tarinfo=_BoundedTarInfo) as tar:
-            first = tar.next()
-            if first is None or first.name != name or not first.isreg():
-                raise UnreadableArchive(f"its first member is not {name}")
-            if first.size > max_bytes:
-                raise UnreadableArchive(f"its {name} is larger than {max_bytes} bytes")
-            stream = tar.extractfile(first)
-            assert stream is not None  # a regular member
-            return stream.read()
+        with open(archive, "rb") as raw, open_stream(raw) as tar:
+            return _first_member(tar, name, max_bytes)
     except _Refused as exc:
         raise UnreadableArchive(f"it has {exc}") from None
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
-        raise UnreadableArchive(f"it is not a readable .tar.gz: {exc}") from None
+    except (*_CORRUPT, OSError) as exc:
+        raise UnreadableArchive(f"it is not a readable tar archive: {exc}") from None
+
+
+def _first_member(tar: tarfile.TarFile, name: str, max_bytes: int) -> bytes:
+    first = tar.next()
+    if first is None or first.name != name or not first.isreg():
+        raise UnreadableArchive(f"its first member is not {name}")
+    if first.size > max_bytes:
+        raise UnreadableArchive(f"its {name} is larger than {max_bytes} bytes")
+    stream = tar.extractfile(first)
+    assert stream is not None  # a regular member
+    return stream.read()
+
+
+class _Prefixed:
+    """A stream with the bytes already read off its front put back (for the magic)."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self.head, self.rest = head, rest
+
+    def read(self, size: int = -1) -> bytes:
+        if not self.head:
+            return self.rest.read(size)
+        if size < 0:
+            out, self.head = self.head + self.rest.read(), b""
+            return out
+        out, self.head = self.head[:size], self.head[size:]
+        return out
+
+
+class _ReadAhead:
+    """The decompressor run in its own thread, a few chunks ahead of tarfile: inflating
+    (zstd, zlib: both let go of the GIL) then overlaps hashing and writing the files."""
+
+    DEPTH = 4  # chunks of STREAM_BUFSIZE queued: bounded memory
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self.queue: queue.Queue[bytes | BaseException | None] = queue.Queue(self.DEPTH)
+        self.stop = threading.Event()
+        self.chunk, self.offset = b"", 0
+        self.eof = False
+        self.thread = threading.Thread(target=self._produce, args=(inner,),
+                                       name="archive-inflate", daemon=True)
+        self.thread.start()
+
+    def _put(self, item: bytes | BaseException | None) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self, inner: BinaryIO) -> None:
+        try:
+            while chunk := inner.read(STREAM_BUFSIZE):  # bounded output: no bomb in memory
+                if not self._put(chunk):
+                    return
+            self._put(None)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the reader's thread
+            self._put(exc)
+
+    def read(self, size: int = -1) -> bytes:
+        while self.offset >= len(self.chunk):
+            if self.eof:
+                return b""
+            try:  # the source has deadlines of its own (a download's); this is a backstop
+                item = self.queue.get(timeout=CLOSE_TIMEOUT_S)
+            except queue.Empty:
+                raise EOFError(f"no data for {CLOSE_TIMEOUT_S:.0f} s") from None
+            if item is None or isinstance(item, BaseException):
+                self.eof = True
+                if item is None:
+                    return b""
+                raise item
+            self.chunk, self.offset = item, 0
+        begin = self.offset
+        self.offset = len(self.chunk) if size < 0 else min(len(self.chunk), begin + size)
+        if begin == 0 and self.offset == len(self.chunk):
+            return self.chunk  # a whole chunk, as tarfile asks for them: no copy
+        return self.chunk[begin:self.offset]
+
+    def drain(self, limit: int) -> None:
+        """Decompress to the end (so gzip's CRC and zstd's checksum are checked); refuse
+        more than ``limit`` bytes after the archive's end."""
+        left = limit
+        while chunk := self.read(STREAM_BUFSIZE):
+            left -= len(chunk)
+            if left < 0:
+                raise _Refused(f"more than {limit} bytes after the archive's end")
+
+    def close(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.queue.get_nowait()
+        # Bounded by the source: a pipe's writer has its own deadlines, then closes it.
+        self.thread.join(CLOSE_TIMEOUT_S)
+        if self.thread.is_alive():
+            log.warning("archive_inflate_thread_still_running", waited_s=CLOSE_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def open_stream(fileobj: BinaryIO) -> Iterator[tarfile.TarFile]:
+    """A tarfile reading ``fileobj`` once, front to back; gzip, xz, bzip2 and zstd told
+    apart by their magic bytes (anything else is read as a plain tar). gzip and zstd
+    (bundles) are inflated a few chunks ahead in a thread of their own."""
+    head = b""
+    while len(head) < 6:  # a pipe may hand out fewer bytes than asked
+        more = fileobj.read(6 - len(head))
+        if not more:
+            break
+        head += more
+    kind = next((k for magic, k in _MAGICS if head.startswith(magic)), "")
+    source: BinaryIO = _Prefixed(head, fileobj)  # type: ignore[assignment]
+    ahead = None
+    if kind == "zst":
+        ahead = _ReadAhead(zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
+                           .stream_reader(source, read_size=STREAM_BUFSIZE,
+                                          read_across_frames=True, closefd=False))
+    elif kind == "gz":
+        ahead = _ReadAhead(gzip.GzipFile(fileobj=source, mode="rb"))  # type: ignore[arg-type]
+    try:
+        with tarfile.open(fileobj=ahead or source, mode="r|" if ahead else f"r|{kind}",
+                          tarinfo=_BoundedTarInfo, bufsize=STREAM_BUFSIZE) as tar:
+            tar.read_ahead = ahead  # type: ignore[attr-defined]
+            yield tar
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 def _clean_name(name: str) -> PurePosixPath:
@@ -155,6 +317,15 @@ def _inside(root_real: str, path: str) -> bool:
 
 def _real(path: str) -> str:
     return os.path.realpath(path)
+
+
+def _copy_hashing(src: BinaryIO, out: BinaryIO) -> str:
+    """Copy ``src`` to ``out``; the sha256 of what was written (hash once, no re-read)."""
+    hasher = hashlib.sha256()
+    while chunk := src.read(COPY_CHUNK):
+        hasher.update(chunk)
+        out.write(chunk)
+    return hasher.hexdigest()
 
 
 class _Extractor:
@@ -205,8 +376,12 @@ class _Extractor:
             current = path
         return Path(current, dest.name)
 
+    def _rel(self, dest: Path | str) -> str:
+        return Path(dest).relative_to(self.root).as_posix()
+
     def _clear(self, dest: Path, *, for_dir: bool = False) -> None:
         """Remove what a member replaces (tar semantics); never a directory by a file."""
+        self.result.hashes.pop(self._rel(dest), None)
         if dest.is_symlink():
             dest.unlink()
         elif dest.is_dir():
@@ -292,6 +467,9 @@ class _Extractor:
         dest = self._make_parents(dest)
         self._clear(dest)
         os.link(src_real, dest, follow_symlinks=False)
+        digest = self.result.hashes.get(self._rel(src_real))
+        if digest is not None:
+            self.result.hashes[self._rel(dest)] = digest
         self.result.links += 1
 
     def _file(self, dest: Path, info: tarfile.TarInfo) -> None:
@@ -306,7 +484,7 @@ class _Extractor:
         # O_EXCL|O_NOFOLLOW: never write through a link created in between.
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out, src:
-            shutil.copyfileobj(src, out, COPY_CHUNK)
+            self.result.hashes[self._rel(dest)] = _copy_hashing(src, out)
         os.chmod(dest, info.mode & 0o777)
         os.utime(dest, (info.mtime, info.mtime), follow_symlinks=False)
         if self.keep_xattrs:
@@ -351,24 +529,41 @@ def exclude_patterns(patterns: Iterable[str]) -> Callable[[str], bool]:
     return excluded
 
 
+def _open(archive: Path | BinaryIO, stack: contextlib.ExitStack) -> tarfile.TarFile:
+    """A file is opened as before zstd (random access: GzipFile checks gzip's CRC) unless
+    it is zstd (whose frame checksum the decompressor checks); a stream is read once, its
+    integrity the caller's digest (tarfile's stream mode skips gzip's CRC)."""
+    if not isinstance(archive, (str, Path)):
+        return stack.enter_context(open_stream(archive))
+    raw = stack.enter_context(open(archive, "rb"))  # noqa: SIM115
+    if raw.read(4) == _MAGICS[-1][0]:
+        raw.seek(0)
+        return stack.enter_context(open_stream(raw))
+    return stack.enter_context(tarfile.open(archive, mode="r:*", tarinfo=_BoundedTarInfo))
+
+
 def extract(
-    archive: Path,
+    archive: Path | BinaryIO,
     target: Path,
     *,
     label: str | None = None,
+    head: Head | None = None,
     keep_xattrs: bool = False,
     exclude: Callable[[str], bool] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_members: int = DEFAULT_MAX_MEMBERS,
     deadline_s: float = DEFAULT_DEADLINE_S,
 ) -> ExtractResult:
-    """Unpack ``archive`` into ``target`` (which must not exist yet); see the module doc.
+    """Unpack ``archive`` (a path, or a binary stream read to the archive's end) into
+    ``target`` (which must not exist yet); see the module doc.
 
-    Raises IntegrityError (exit 6) for an unsafe member or a corrupt archive;
-    ``target`` and the temporary directory are then left absent.
+    Raises IntegrityError (exit 6) for an unsafe member or a corrupt archive, or
+    whatever ``head.check`` raises; ``target`` and the temporary directory are then
+    left absent.
     """
-    archive, target = Path(archive), Path(target)
-    label = label or archive.name
+    target = Path(target)
+    shown = str(archive) if isinstance(archive, (str, Path)) else (label or "stream")
+    label = label or Path(shown).name
     if target.exists() or target.is_symlink():
         raise FileExistsError(f"extraction target {target} already exists")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -379,9 +574,19 @@ def extract(
     member_name = None
     deadline = time.monotonic() + deadline_s
     try:
-        with tarfile.open(archive, mode="r:*", tarinfo=_BoundedTarInfo) as tar:
+        with contextlib.ExitStack() as stack:
+            tar = _open(archive, stack)
             ex = _Extractor(tar, work, keep_xattrs=keep_xattrs, exclude=exclude,
                             max_bytes=max_bytes, max_members=max_members)
+            if head is not None:
+                member_name = head.name
+                try:
+                    data = _first_member(tar, head.name, head.max_bytes)
+                except UnreadableArchive as exc:
+                    raise _Refused(str(exc).removeprefix("its ")) from None
+                ex.members += 1
+                member_name = None
+                head.check(data)
             while (info := tar.next()) is not None:
                 tar.members.clear()  # tarfile keeps every header otherwise: memory per member
                 if time.monotonic() > deadline:
@@ -395,6 +600,8 @@ def extract(
                     raise _Refused("a path too long for the filesystem") from None
             member_name = None
             ex.finish()
+            if getattr(tar, "read_ahead", None) is not None:
+                tar.read_ahead.drain(MAX_TRAILING_BYTES)
         os.replace(work, target)
     except _Refused as exc:
         remove_tree(work, ignore_errors=True)
@@ -402,7 +609,7 @@ def extract(
         raise IntegrityError(
             f"unsafe archive {label}:{where} has {exc}; nothing was extracted",
             hint="the artifact is corrupt or has been tampered with; check its source",
-            path=str(archive),
+            path=shown,
             member=member_name,
         ) from None
     except _Overdue as exc:
@@ -412,9 +619,9 @@ def extract(
             "members); stopped, nothing was extracted",
             hint="a real archive takes well under a minute: check its source (or, on a very "
             "slow disk, the disk)",
-            path=str(archive),
+            path=shown,
         ) from None
-    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
+    except (*_CORRUPT, OSError) as exc:
         remove_tree(work, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskSpaceError(
@@ -428,7 +635,7 @@ def extract(
         raise IntegrityError(
             f"corrupt archive {label}: {exc}",
             hint="the download is damaged or truncated: re-run to fetch it again",
-            path=str(archive),
+            path=shown,
         ) from exc
     except BaseException:
         remove_tree(work, ignore_errors=True)

@@ -12,6 +12,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -200,12 +201,22 @@ def check_files(record: CacheRecord, install_dir: Path) -> str | None:
     return None
 
 
-def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version: str) -> None:
+def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version: str,
+          known: Mapping[str, tuple[str, int]] | None = None) -> None:
+    """``known``: rel -> (sha256, size) already verified against these very files (a
+    bundle's manifest, which the extracted tree was checked to equal): used instead of
+    reading the file again when the size still agrees."""
     rels = hashed_files(install_dir)
     # Stat before hashing: a change while hashing then shows as a stat mismatch.
-    stats = " ".join(
-        f"{rel}:{':'.join(map(str, stat_signature(install_dir / rel)))}" for rel in rels)
-    hashes = " ".join(f"{rel}:{sha256_file(install_dir / rel)}" for rel in rels)
+    signatures = {rel: stat_signature(install_dir / rel) for rel in rels}
+    stats = " ".join(f"{rel}:{':'.join(map(str, sig))}" for rel, sig in signatures.items())
+    known = known or {}
+
+    def digest(rel: str) -> str:
+        sha, size = known.get(rel, ("", -1))
+        return sha if size == signatures[rel][0] else sha256_file(install_dir / rel)
+
+    hashes = " ".join(f"{rel}:{digest(rel)}" for rel in rels)
     flavor = key.flavor or "compiled-proprietary"
     # No comment line: cos-gpu-installer v2's reader rejects lines without '='.
     lines = [

@@ -353,7 +353,9 @@ def verify_install(version: str | None = None) -> Step:
 
 def record_cache(key: CacheKey) -> Step:
     def run(ctx: Context) -> None:
-        cache.write(ctx.install.cache_file, key, ctx.install.root, __version__)
+        bundle = ctx.work.bundle  # its files were verified against the tree: hash once
+        known = {rel: (e.sha256, e.size) for rel, e in bundle.files.items()} if bundle else None
+        cache.write(ctx.install.cache_file, key, ctx.install.root, __version__, known)
         ctx.install.commit()
         ctx.work.changes.promoted = False
         log.info("cache_recorded", path=str(ctx.install.cache_file), key=key.describe())

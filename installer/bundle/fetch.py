@@ -3,13 +3,16 @@
 One plan step, ``fetch_prebuilt_bundle``, put before the flow's build steps
 (:func:`prebuilt_step`). It expands the URL template for this node's driver,
 kernel and module type, takes the bundle's sha256 from ``--prebuilt-sha256``
-or the ``index.json`` beside the bundles, downloads it (the digest checked
-while streaming), extracts it with the bounded extractor, and checks that the
-extracted tree is exactly what the manifest lists, that the manifest is for
-this driver, kernel and module type, and that every module's vermagic names the
-running kernel. The staged tree is then what a build would have left: the
-usual load / verify / promote / record-cache steps take over, and the build
-steps are skipped.
+or the ``index.json`` beside the bundles, and extracts it with the bounded
+extractor while it downloads (no archive on disk; zstd or gzip). The
+manifest (the first member) must be for this driver, kernel and module type
+before anything else is extracted; once the body has ended the digest is
+checked, then that the extracted tree is exactly what the manifest lists and
+that every module's vermagic names the running kernel -- only then is anything
+moved into the staging layout. The staged tree is then what a build would have
+left: the usual load / verify / promote / record-cache steps take over (the
+``.cache`` record takes the manifest's verified hashes), and the build steps
+are skipped.
 
 Outcomes: a missing bundle (HTTP 404, no such file) falls back to the build
 steps, or with ``--prebuilt-only`` is exit 5 naming it; a bundle that is not
@@ -21,15 +24,20 @@ signatures is exit 10.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import unquote, urlsplit
 
 import structlog
 
 from installer import archive, signing
-from installer.bundle import tree
+from installer.bundle import index, tree
 from installer.bundle.manifest import (
     INDEX_NAME,
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    SUFFIXES,
     BundleError,
     BundleKey,
     Manifest,
@@ -63,7 +71,7 @@ def check_settings(url: str | None, sha256: str | None, only: bool, *,
     except BundleError as exc:
         raise UsageError(str(exc), hint="e.g. https://bundles.example.com/nvidia/ or "
                          "file:///mnt/bundles/nvidia-driver-{driver_version}-{module_type}-"
-                         "{kernel_release}.tar.gz") from None
+                         "{kernel_release}.tar.zst") from None
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
     if sha256 is None:
         return None
@@ -80,31 +88,30 @@ def prebuilt_step(ctx: Context, version: str, module_type: str) -> Step:
         key = BundleKey(version, ctx.host_info.kernel_release, module_type)
     except BundleError as exc:
         raise UsageError(f"no bundle can exist for this node: {exc}") from None
-    return fetch_prebuilt(key, expand_url(ctx.settings.prebuilt_url or "", key))
+    return fetch_prebuilt(key, ctx.settings.prebuilt_url or "")
 
 
-def fetch_prebuilt(key: BundleKey, url: str) -> Step:
+def fetch_prebuilt(key: BundleKey, template: str) -> Step:
+    url = expand_url(template, key)
+
     def run(ctx: Context) -> None:
         # As the build path does before its big download: an in-use other driver is exit 8.
         staging = ctx.work.staged()
-        digest = ctx.settings.prebuilt_sha256 or _digest_from_index(ctx, url, key)
-        path = _download(ctx, url, key, digest, staging)
-        if path is None:
+        manifest = None
+        for where, digest in _candidates(ctx, template, key):
+            manifest = _stream_bundle(ctx, where, key, digest, staging)
+            if manifest is not None:
+                break
+        if manifest is None:
+            _missing(ctx, key, url)
             return
-        if digest is None:
-            raise IntegrityError(
-                f"prebuilt bundle {key.name()} is not pinned: no entry in {INDEX_NAME} beside "
-                "it and no --prebuilt-sha256",
-                hint=f"run `nvidia-driver-installer bundle index` where the bundles are and "
-                f"publish {INDEX_NAME}, or pass --prebuilt-sha256", url=redact_url(url))
-        manifest = unpack(path, staging, key, ctx.kernel.release())
         if signing.policy(ctx.kernel).enforced and not manifest.signed:
             raise SecureBootError(
                 f"this kernel only loads signed modules and bundle {key.name()} is unsigned",
                 hint="build the bundles with --signing-key/--signing-cert of a key enrolled on "
                 "the nodes", kernel_release=key.kernel_release)
         ctx.work.bundle = manifest
-        log.info("prebuilt_bundle_staged", bundle=key.name(), url=redact_url(url),
+        log.info("prebuilt_bundle_staged", bundle=key.name(), url=redact_url(where),
                  vermagic=manifest.vermagic, compiler=manifest.compiler, signed=manifest.signed)
 
     return Step("fetch_prebuilt_bundle", run,
@@ -112,8 +119,38 @@ def fetch_prebuilt(key: BundleKey, url: str) -> Step:
                 "else build")
 
 
-def _digest_from_index(ctx: Context, url: str, key: BundleKey) -> str | None:
-    from installer.bundle import index
+def _candidates(ctx: Context, template: str, key: BundleKey) -> list[tuple[str, str | None]]:
+    """(URL, pinned sha256 or None) to try in turn, the first one found wins.
+
+    A directory (``.../``) holds the bundle as ``.tar.zst`` or ``.tar.gz``: the index
+    says which (zst preferred); without an entry both names are tried."""
+    pinned = ctx.settings.prebuilt_sha256
+    if not template.endswith("/"):
+        url = expand_url(template, key)
+        if pinned:
+            return [(url, pinned)]
+        # An index lists bundles by their standard names: the URL's own if it is one.
+        base = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+        names = [base] if _is_bundle_name(base) else list(key.names())
+        entries = _index_entries(ctx, url)
+        return [(url, next((entries[n].sha256 for n in names if n in entries), None))]
+    urls = {key.name(suffix): expand_url(template, key, suffix) for suffix in SUFFIXES}
+    if pinned:
+        return [(url, pinned) for url in urls.values()]
+    entries = _index_entries(ctx, template)
+    found = [(url, entries[name].sha256) for name, url in urls.items() if name in entries]
+    return found[:1] or [(url, None) for url in urls.values()]
+
+
+def _is_bundle_name(name: str) -> bool:
+    try:
+        BundleKey.from_name(name)
+    except BundleError:
+        return False
+    return True
+
+
+def _index_entries(ctx: Context, url: str) -> dict[str, index.IndexEntry]:
     from installer.net.fetch import fetch_text
 
     where = index_url(url)
@@ -121,29 +158,17 @@ def _digest_from_index(ctx: Context, url: str, key: BundleKey) -> str | None:
                       max_bytes=index.MAX_INDEX_BYTES)
     if text is None:
         log.info("prebuilt_index_missing", url=redact_url(where))
-        return None
+        return {}
     try:
-        entry = index.parse(text).get(key.name())
+        return index.parse(text)
     except BundleError as exc:
         raise IntegrityError(f"the bundle index {redact_url(where)} is unusable: {exc}",
                              hint="re-run `nvidia-driver-installer bundle index` and publish "
                              "it again", url=redact_url(where)) from None
-    return entry.sha256 if entry else None
 
 
-def _download(ctx: Context, url: str, key: BundleKey, digest: str | None,
-              staging: Tree) -> Path | None:
-    """The verified bundle file, or None when there is no such bundle (after the fallback
-    or --prebuilt-only decision)."""
-    from installer.net.transfer import download
-
-    try:
-        return download(ctx.http, url, staging.root / "downloads" / key.name(),
-                        expected_sha256=digest, label="prebuilt bundle",
-                        allow_insecure_http=ctx.settings.allow_insecure_http).path
-    except DownloadError as exc:
-        if exc.context.get("status") != 404:  # HTTP 404, or a missing file:// path
-            raise
+def _missing(ctx: Context, key: BundleKey, url: str) -> None:
+    """No such bundle: --prebuilt-only's exit 5, else the build steps run."""
     if ctx.settings.prebuilt_only:
         raise DownloadError(
             f"no prebuilt bundle {key.name()} at {redact_url(url)} (--prebuilt-only)",
@@ -152,36 +177,86 @@ def _download(ctx: Context, url: str, key: BundleKey, digest: str | None,
             url=redact_url(url))
     log.warning("prebuilt_bundle_missing", bundle=key.name(), url=redact_url(url),
                 fallback="compiling on this node")
-    return None
 
 
-def unpack(path: Path, staging: Tree, key: BundleKey, running_release: str) -> Manifest:
-    """Check the manifest (the archive's first member) against this node, extract, check
-    the tree against the manifest, then move the layout dirs into ``staging``.
+def _stream_bundle(ctx: Context, url: str, key: BundleKey, digest: str | None,
+                   staging: Tree) -> Manifest | None:
+    """The bundle at ``url`` extracted while it downloads, then checked and staged; None
+    when there is no such bundle (HTTP 404, no such file).
 
-    The manifest is read before anything is extracted, so a bundle for another
-    driver, kernel or module type costs one small read, not unpacking ~0.2 GB."""
-    from installer.bundle import index
+    Nothing reaches the staging layout before the whole body has matched ``digest``;
+    any failure (that digest, the extractor, a cancel or signal) removes the extracted
+    tree. An unpinned bundle is refused at its first bytes."""
+    from installer.net.transfer import stream
 
+    out = staging.root / "bundle"
+    refuse = _refuser(key, url, ctx.kernel.release())
+
+    def consume(body: BinaryIO) -> tuple[Manifest, archive.ExtractResult]:
+        if digest is None:
+            raise IntegrityError(
+                f"prebuilt bundle {key.name()} is not pinned: no entry in {INDEX_NAME} beside "
+                "it and no --prebuilt-sha256",
+                hint=f"run `nvidia-driver-installer bundle index` where the bundles are and "
+                f"publish {INDEX_NAME}, or pass --prebuilt-sha256", url=redact_url(url))
+        return extract(body, out, key, refuse)
+
+    try:
+        _got, (manifest, extracted) = stream(
+            ctx.http, url, consume, dest=out, discard=lambda: remove_tree(out, ignore_errors=True),
+            expected_sha256=digest, label="prebuilt bundle",
+            allow_insecure_http=ctx.settings.allow_insecure_http)
+    except DownloadError as exc:
+        if exc.context.get("status") != 404:  # HTTP 404, or a missing file:// path
+            raise
+        return None
+    try:
+        stage(out, staging, manifest, extracted, ctx.kernel.release(), refuse)
+    finally:
+        remove_tree(out, ignore_errors=True)
+    return manifest
+
+
+def _refuser(key: BundleKey, where: str, running_release: str) -> Callable[[str], IntegrityError]:
     def refuse(what: str) -> IntegrityError:
         return IntegrityError(f"prebuilt bundle {key.name()} {what}; nothing was installed",
                               hint="rebuild and re-index the bundle; do not edit bundles",
-                              path=str(path), kernel_release=running_release)
+                              path=redact_url(where), kernel_release=running_release)
 
-    try:
-        manifest = index.read_manifest(path)
-    except BundleError as exc:
-        raise refuse(f"has a bad manifest: {exc}") from None
-    if manifest.key != key:
-        raise refuse(f"holds {manifest.key.describe()}, not {key.describe()}")
-    out = staging.root / "bundle"
-    archive.extract(path, out, label=key.name(), max_bytes=MAX_BUNDLE_BYTES)
-    path.unlink()  # the tree is what is checked from here on; free its space now
-    extra = sorted({p.name for p in out.iterdir()} - {*LAYOUT_DIRS, MANIFEST_NAME})
+    return refuse
+
+
+def extract(source: Path | BinaryIO, out: Path, key: BundleKey,
+            refuse: Callable[[str], IntegrityError]) -> tuple[Manifest, archive.ExtractResult]:
+    """Extract a bundle (a file or a stream, zstd or gzip) into ``out``; its manifest (the
+    first member) is checked against ``key`` before anything else is extracted, so a
+    bundle for another driver, kernel or module type costs one small read."""
+    seen: list[Manifest] = []
+
+    def check(data: bytes) -> None:
+        try:
+            manifest = Manifest.from_json(data)
+        except BundleError as exc:
+            raise refuse(f"has a bad manifest: {exc}") from None
+        if manifest.key != key:
+            raise refuse(f"holds {manifest.key.describe()}, not {key.describe()}")
+        seen.append(manifest)
+
+    result = archive.extract(source, out, label=key.name(), max_bytes=MAX_BUNDLE_BYTES,
+                             head=archive.Head(MANIFEST_NAME, MAX_MANIFEST_BYTES, check))
+    return seen[0], result
+
+
+def stage(out: Path, staging: Tree, manifest: Manifest, extracted: archive.ExtractResult,
+          running_release: str, refuse: Callable[[str], IntegrityError]) -> None:
+    """Check the extracted tree against the manifest and the running kernel, then move
+    its layout dirs into ``staging``."""
+    extra = sorted({p.name for p in out.iterdir()} - set(LAYOUT_DIRS))
     if extra:
         raise refuse(f"holds {', '.join(extra)} beside the install layout")
-    # The digest pinned the archive and so the manifest; this pins the files to it.
-    differences = tree.differences(out, manifest.files, manifest.links)
+    # The digest pinned the archive and so the manifest; this pins the files to it (with
+    # the hashes the extractor computed as it wrote them: the tree is not read again).
+    differences = tree.differences(out, manifest.files, manifest.links, extracted.hashes)
     if differences:
         raise refuse(f"does not match its manifest: {'; '.join(differences[:3])}")
     for ko in sorted((out / "drivers").glob("*.ko")):
@@ -192,5 +267,15 @@ def unpack(path: Path, staging: Tree, key: BundleKey, running_release: str) -> M
     for top in LAYOUT_DIRS:
         if (out / top).is_dir():
             os.replace(out / top, staging.root / top)  # onto the empty dir new_staging made
-    remove_tree(out)
+
+
+def unpack(path: Path, staging: Tree, key: BundleKey, running_release: str) -> Manifest:
+    """A bundle file already verified (tests, a pre-staged copy): extract, check, stage."""
+    out = staging.root / "bundle"
+    refuse = _refuser(key, str(path), running_release)
+    try:
+        manifest, extracted = extract(path, out, key, refuse)
+        stage(out, staging, manifest, extracted, running_release, refuse)
+    finally:
+        remove_tree(out, ignore_errors=True)
     return manifest

@@ -8,7 +8,8 @@
 
 Nodes fetch it over https (or file://) from beside the bundles and take the
 bundle's sha256 from it, so a bundle swapped on the server fails its digest
-(exit 6). ``bundle index DIR`` writes it from the bundles in DIR, each one's
+(exit 6). Both ``.tar.zst`` and (older) ``.tar.gz`` bundles are indexed.
+``bundle index DIR`` writes it from the bundles in DIR, each one's
 manifest read from the archive and checked against its file name.
 """
 
@@ -28,7 +29,7 @@ from installer.bundle.manifest import (
     INDEX_NAME,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
-    SUFFIX,
+    SUFFIXES,
     BundleError,
     BundleKey,
     Manifest,
@@ -98,7 +99,7 @@ def read_manifest(archive: Path) -> Manifest:
 def entry_for(path: Path) -> IndexEntry:
     """The index entry of one bundle file; its manifest must be for the key its name says."""
     manifest = read_manifest(path)
-    if manifest.key.name() != path.name:
+    if path.name not in manifest.key.names():
         raise BundleError(f"its manifest is for {manifest.key.name()}")
     return IndexEntry(sha256_file(path), path.stat().st_size, manifest.summary())
 
@@ -127,7 +128,7 @@ def update(directory: Path, *, prune: bool = False) -> tuple[dict[str, IndexEntr
         if prune:
             entries = {n: e for n, e in entries.items() if (directory / n).is_file()}
         refused = []
-        for bundle in sorted(directory.glob(f"*{SUFFIX}")):
+        for bundle in sorted(p for suffix in SUFFIXES for p in directory.glob(f"*{suffix}")):
             try:
                 BundleKey.from_name(bundle.name)
                 entries[bundle.name] = entry_for(bundle)

@@ -1,7 +1,8 @@
 """A bundle's name, its manifest and the URL template that finds it. Pure.
 
-A bundle is ``nvidia-driver-<driver>-<module type>-<kernel release>.tar.gz``
-holding ``manifest.json`` (first member) and the install layout: ``drivers/``,
+A bundle is ``nvidia-driver-<driver>-<module type>-<kernel release>.tar.zst``
+(``.tar.gz`` for bundles built before zstd: still read, the compression told by
+the archive's magic bytes) holding ``manifest.json`` (first member) and the install layout: ``drivers/``,
 ``bin/``, ``lib64/``, ``firmware/``. The manifest names the keys (driver
 version, kernel release, module type), the modules' vermagic, the compiler,
 whether the modules are signed, and the sha256 and size of every file and the
@@ -28,7 +29,8 @@ from installer.installdir import check_layout_path
 FORMAT = 1
 MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.json"
-SUFFIX = ".tar.gz"
+SUFFIX = ".tar.zst"  # what bundle build writes
+SUFFIXES = (SUFFIX, ".tar.gz")  # what nodes and bundle index read, preferred first
 MODULE_TYPES = ("open", "proprietary")
 MAX_MANIFEST_BYTES = 4 << 20  # a real 535 bundle's manifest: ~15 KB
 MAX_FILES = 20_000
@@ -40,7 +42,7 @@ _VERSION = re.compile(r"^\d{2,4}\.\d{1,4}(\.\d{1,4})?$")
 # uname -r of Ubuntu, Debian, COS and vanilla kernels: no '/', no spaces, no '..'.
 _RELEASE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_NAME = re.compile(r"^nvidia-driver-(\d[\d.]*\d)-(open|proprietary)-(.+)\.tar\.gz$")
+_NAME = re.compile(r"^nvidia-driver-(\d[\d.]*\d)-(open|proprietary)-(.+)\.tar\.(?:zst|gz)$")
 
 
 class BundleError(ValueError):
@@ -75,9 +77,13 @@ class BundleKey:
         if self.module_type not in MODULE_TYPES:
             raise BundleError(f"module type {self.module_type!r} is not open or proprietary")
 
-    def name(self) -> str:
+    def name(self, suffix: str = SUFFIX) -> str:
         return (f"nvidia-driver-{self.driver_version}-{self.module_type}-"
-                f"{self.kernel_release}{SUFFIX}")
+                f"{self.kernel_release}{suffix}")
+
+    def names(self) -> tuple[str, ...]:
+        """Its name with each suffix a node reads, preferred first."""
+        return tuple(self.name(suffix) for suffix in SUFFIXES)
 
     def describe(self) -> str:
         return f"driver {self.driver_version} ({self.module_type}) for kernel {self.kernel_release}"
@@ -87,7 +93,7 @@ class BundleKey:
         match = _NAME.match(name)
         if not match:
             raise BundleError(f"{name!r} is not a bundle name "
-                              "(nvidia-driver-<driver>-<module type>-<kernel release>.tar.gz)")
+                              "(nvidia-driver-<driver>-<module type>-<kernel release>.tar.zst or .tar.gz)")
         version, module_type, release = match.groups()
         return cls(version, release, module_type)
 
@@ -187,14 +193,14 @@ class Manifest:
                    entries, dict(links))
 
 
-def expand_url(template: str, key: BundleKey) -> str:
+def expand_url(template: str, key: BundleKey, suffix: str = SUFFIX) -> str:
     """The bundle URL for ``key``: ``{driver_version}``, ``{kernel_release}`` and
     ``{module_type}`` filled in (URL-quoted); a template ending in ``/`` is a
-    directory and gets the bundle's standard name."""
+    directory and gets the bundle's standard name with ``suffix``."""
     if template.endswith("/"):
         template += "{name}"
     values = {"driver_version": key.driver_version, "kernel_release": key.kernel_release,
-              "module_type": key.module_type, "name": key.name()}
+              "module_type": key.module_type, "name": key.name(suffix)}
     check_template(template, allowed=(*PLACEHOLDERS, "name"))
     return template.format_map({k: quote(v, safe="") for k, v in values.items()})
 

@@ -21,6 +21,15 @@
 - ``file://`` URLs (air-gapped nodes, pre-staged artifacts) are copied and
   hashed in one pass, with the same temp + verify + rename.
 
+``stream()`` is the same transfer (retries, resume, limits, digest) without a
+file: the body goes through a pipe to a consumer running in a worker thread
+(e.g. an extractor), so receiving and unpacking overlap. The digest is
+compared when the body ends, before ``stream()`` returns the consumer's
+result; a mismatch, a failure of the consumer (its own exception, the transfer
+stops), a cancel or a signal calls ``discard`` so the consumer's output goes.
+A resume is invisible to the consumer (the bytes stay contiguous); a restart
+from 0 discards it and starts a fresh one.
+
 Disk: when the size is known, free space in ``dest``'s directory must cover
 what is still to come plus ``min_free_bytes`` (:class:`DiskSpaceError`,
 exit 11); ENOSPC while writing is a ``DiskSpaceError`` too. Any failure
@@ -44,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import re
@@ -51,9 +61,10 @@ import shutil
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import requests
 import structlog
@@ -83,6 +94,10 @@ MB = 1e6
 #: No artifact comes near this (a .run is ~400 MB, a COS toolchain < 2 GB): a larger
 #: size is a broken or hostile server, not a reason to report a full disk.
 MAX_DOWNLOAD_BYTES = 32 << 30
+#: stream()'s pipe (Linux caps an unprivileged F_SETPIPE_SZ at 1 MiB by default).
+PIPE_BYTES = 1 << 20
+#: After the body's end the consumer has at most a pipe's worth of input left.
+CONSUMER_JOIN_S = 300.0
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
@@ -147,16 +162,14 @@ def _open_part(path: Path) -> BinaryIO:
     return open(path, "wb", buffering=0)  # noqa: SIM115 - closed by _Transfer
 
 
-class _Transfer:
-    """The temp file and running hash of one download, kept across attempts."""
+class _Sink:
+    """The running hash and position of one transfer, kept across attempts; subclasses
+    put the bytes somewhere (``_put``) and start over (``_restart``)."""
 
-    def __init__(self, part: Path, dest: Path, shown: str,
-                 limits: TransferLimits | None = None) -> None:
-        self.part = part
-        self.dest = dest
+    def __init__(self, dest: Path, shown: str, limits: TransferLimits | None) -> None:
+        self.dest = dest  # free space is checked in dest.parent
         self.shown = shown
         self.pacer = Pacer(limits or TransferLimits(), shown)
-        self.fh = _open_part(part)
         self.hasher = hashlib.sha256()
         self.offset = 0
         self.total: int | None = None
@@ -164,8 +177,7 @@ class _Transfer:
         self.resumed_bytes = 0
 
     def reset(self) -> None:
-        self.fh.seek(0)
-        self.fh.truncate()
+        self._restart()
         self.hasher = hashlib.sha256()
         self.offset = 0
         self.total = None
@@ -173,7 +185,39 @@ class _Transfer:
 
     def write(self, chunk: bytes | memoryview) -> None:
         self.hasher.update(chunk)
-        view = memoryview(chunk)
+        self._put(memoryview(chunk))
+        self.offset += len(chunk)
+        if self.offset > MAX_DOWNLOAD_BYTES:
+            raise _too_big(self.offset, self.shown, "sent more than")
+
+    def finish(self) -> str:
+        """Everything was written: flush, and the sha256 of all of it."""
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        raise NotImplementedError
+
+    def _put(self, view: memoryview) -> None:
+        raise NotImplementedError
+
+    def _restart(self) -> None:
+        raise NotImplementedError
+
+
+class _Transfer(_Sink):
+    """Into the temp file ``part``, renamed onto ``dest`` once verified."""
+
+    def __init__(self, part: Path, dest: Path, shown: str,
+                 limits: TransferLimits | None = None) -> None:
+        super().__init__(dest, shown, limits)
+        self.part = part
+        self.fh = _open_part(part)
+
+    def _restart(self) -> None:
+        self.fh.seek(0)
+        self.fh.truncate()
+
+    def _put(self, view: memoryview) -> None:
         try:
             while view:
                 n = self.fh.write(view)
@@ -182,9 +226,6 @@ class _Transfer:
                 view = view[n:]
         except OSError as exc:
             raise self._write_error(exc) from exc
-        self.offset += len(chunk)
-        if self.offset > MAX_DOWNLOAD_BYTES:
-            raise _too_big(self.offset, self.shown, "sent more than")
 
     def _write_error(self, exc: OSError) -> Exception:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -218,6 +259,91 @@ class _Transfer:
             log.warning("download_part_not_removed", path=str(self.part), error=str(exc))
 
 
+class _ConsumerFailed(Exception):
+    """The stream's consumer raised: carried past the retryer (never retried), then
+    re-raised as itself by stream()."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Pipe(_Sink):
+    """Into a pipe whose other end ``consume`` reads in a worker thread (one thread per
+    restart from 0). The pipe is the bounded buffer between the network and the
+    consumer: a slow consumer slows the download down, memory stays flat."""
+
+    def __init__(self, consume: Callable[[BinaryIO], object], discard: Callable[[], None],
+                 dest: Path, shown: str, limits: TransferLimits | None) -> None:
+        super().__init__(dest, shown, limits)
+        self.consume, self.on_discard = consume, discard
+        self.thread: threading.Thread | None = None
+        self.wfd = -1
+        self._start()
+
+    def _start(self) -> None:
+        rfd, self.wfd = os.pipe()
+        with contextlib.suppress(OSError):  # a bigger pipe: fewer thread switches
+            fcntl.fcntl(self.wfd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self.result: object = None
+        self.error: BaseException | None = None
+        reader = os.fdopen(rfd, "rb", buffering=CHUNK_SIZE)
+        self.thread = threading.Thread(target=self._consume, args=(reader,),
+                                       name="download-consumer", daemon=True)
+        self.thread.start()
+
+    def _consume(self, reader: BinaryIO) -> None:
+        try:
+            self.result = self.consume(reader)
+            # What the consumer left (a tar's end padding) still has to pass the digest.
+            while reader.read(CHUNK_SIZE):
+                pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the writer's thread
+            self.error = exc
+        finally:
+            reader.close()  # a writer still writing gets EPIPE, never a hang
+
+    def _stop(self) -> None:
+        """End of input for the consumer; wait (bounded) until it has returned."""
+        if self.wfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.wfd)
+            self.wfd = -1
+        if self.thread is not None:
+            self.thread.join(CONSUMER_JOIN_S)
+            if self.thread.is_alive():
+                raise DownloadError(f"{self.shown}: its consumer did not finish within "
+                                    f"{CONSUMER_JOIN_S:.0f} s of the end of the body",
+                                    url=self.shown)
+            self.thread = None
+
+    def _put(self, view: memoryview) -> None:
+        try:
+            while view:
+                view = view[os.write(self.wfd, view):]
+        except BrokenPipeError:
+            self._stop()  # the consumer stopped reading: it failed (it drains otherwise)
+            raise _ConsumerFailed(self.error or DownloadError(
+                f"{self.shown}: its consumer stopped reading", url=self.shown)) from None
+
+    def _restart(self) -> None:
+        self._stop()  # the consumer fails on the cut-off input; that is expected here
+        self.on_discard()
+        self._start()
+
+    def finish(self) -> str:
+        self._stop()
+        if self.error is not None:
+            raise _ConsumerFailed(self.error)
+        return self.hasher.hexdigest()
+
+    def discard(self) -> None:
+        try:
+            self._stop()
+        finally:
+            self.on_discard()
+
+
 def _content_length(resp: requests.Response) -> int | None:
     raw = resp.headers.get("Content-Length")
     if raw is None or not raw.strip().isdigit():
@@ -234,7 +360,7 @@ def _validator(resp: requests.Response) -> str | None:
 
 def _stream_body(
     resp: requests.Response,
-    st: _Transfer,
+    st: _Sink,
     progress: Progress,
     cancel: threading.Event | None,
 ) -> None:
@@ -282,7 +408,7 @@ def _stream_body(
 def _attempt_http(
     session: requests.Session,
     url: str,
-    st: _Transfer,
+    st: _Sink,
     *,
     policy: RetryPolicy,
     progress: Progress,
@@ -361,7 +487,7 @@ def _attempt_http(
     )
 
 
-def _finish(st: _Transfer, expected: str | None, *, label: str, started: float) -> Downloaded:
+def _finish(st: _Sink, expected: str | None, *, label: str, started: float) -> Downloaded:
     actual = st.finish()
     if expected is not None and actual != expected:
         raise IntegrityError(
@@ -372,8 +498,9 @@ def _finish(st: _Transfer, expected: str | None, *, label: str, started: float) 
             expected_sha256=expected,
             actual_sha256=actual,
         )
-    os.replace(st.part, st.dest)
-    fsync_dir(st.dest.parent)
+    if isinstance(st, _Transfer):
+        os.replace(st.part, st.dest)
+        fsync_dir(st.dest.parent)
     elapsed = time.monotonic() - started
     result = Downloaded(
         path=st.dest,
@@ -399,7 +526,7 @@ def _finish(st: _Transfer, expected: str | None, *, label: str, started: float) 
 
 def _copy_local(
     src: Path,
-    st: _Transfer,
+    st: _Sink,
     progress: Progress,
     cancel: threading.Event | None,
     min_free_bytes: int,
@@ -445,57 +572,52 @@ def _copy_local(
             ) from exc
 
 
-def download(
-    session: requests.Session | None,
-    url: str,
-    dest: Path,
-    *,
-    expected_sha256: str | None = None,
-    allow_insecure_http: bool = False,
-    policy: RetryPolicy | None = None,
-    min_free_bytes: int = 0,
-    label: str | None = None,
-    cancel: threading.Event | None = None,
-) -> Downloaded:
-    """Fetch ``url`` to ``dest`` (see the module docstring). ``policy=None``: the
-    defaults with ``DOWNLOAD_RETRIES``/``DOWNLOAD_TIMEOUT`` applied, read now
-    (:func:`installer.net.retry.policy_from_env`). Setting ``cancel`` stops
-    the download (:class:`Cancelled`) at its next chunk or wait, its temp file removed;
-    ``session`` may be None for a ``file://`` URL."""
+def _begin(url: str, dest: Path, label: str | None, expected_sha256: str | None, *,
+           allow_insecure_http: bool) -> tuple[str | None, str, str]:
+    """(expected sha256, redacted URL, label); ``dest``'s directory made."""
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
     expected = normalize_sha256(expected_sha256)
-    dest = Path(dest)
     shown = redact_url(url)
     label = label or dest.name
-    if policy is None:
-        policy = retry.policy_from_env()
-    started = time.monotonic()
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DownloadError(
             f"cannot create {dest.parent}: {exc.strerror or exc}", path=str(dest.parent)
         ) from exc
-    part = dest.with_name(f".{dest.name}.part")
     log.info("download_started", url=shown, label=label, dest=str(dest), expected_sha256=expected)
-    try:
-        st = _Transfer(part, dest, shown, limits_of(session))
-    except OSError as exc:
-        raise DownloadError(
-            f"cannot create {part}: {exc.strerror or exc}", path=str(part), url=shown
-        ) from exc
-    progress = Progress(label=label, url=shown)
+    return expected, shown, label
+
+
+def _run(
+    session: requests.Session | None,
+    url: str,
+    st: _Sink,
+    *,
+    expected: str | None,
+    label: str,
+    started: float,
+    allow_insecure_http: bool,
+    policy: RetryPolicy | None,
+    min_free_bytes: int,
+    cancel: threading.Event | None,
+) -> Downloaded:
+    """The body into ``st`` (file:// or HTTP with retries), then verified; ``st``
+    discarded on any failure."""
+    if policy is None:
+        policy = retry.policy_from_env()
+    progress = Progress(label=label, url=st.shown)
     source = local_file(url)
     try:
         if source is not None:
             _copy_local(source, st, progress, cancel, min_free_bytes)
         else:
             if session is None:
-                raise UsageError("an HTTP session is needed for " + shown)
+                raise UsageError("an HTTP session is needed for " + st.shown)
             scrub = scrubber(url)
             retryer = retry.network_retryer(
                 policy,
-                url=shown,
+                url=st.shown,
                 redact=scrub,
                 sleep_fn=(lambda s: cancel.wait(s)) if cancel is not None else None,
                 deadline_at=st.pacer.deadline_at,
@@ -514,7 +636,7 @@ def download(
                 )
             except requests.RequestException as exc:
                 # Not transient (e.g. an untrusted certificate, too many redirects).
-                raise request_error(exc, shown, scrub) from exc
+                raise request_error(exc, st.shown, scrub) from exc
         progress.close()
         return _finish(st, expected, label=label, started=started)
     except BaseException:
@@ -522,3 +644,75 @@ def download(
         st.discard()
         raise
 
+
+def download(
+    session: requests.Session | None,
+    url: str,
+    dest: Path,
+    *,
+    expected_sha256: str | None = None,
+    allow_insecure_http: bool = False,
+    policy: RetryPolicy | None = None,
+    min_free_bytes: int = 0,
+    label: str | None = None,
+    cancel: threading.Event | None = None,
+) -> Downloaded:
+    """Fetch ``url`` to ``dest`` (see the module docstring). ``policy=None``: the
+    defaults with ``DOWNLOAD_RETRIES``/``DOWNLOAD_TIMEOUT`` applied, read now
+    (:func:`installer.net.retry.policy_from_env`). Setting ``cancel`` stops
+    the download (:class:`Cancelled`) at its next chunk or wait, its temp file removed;
+    ``session`` may be None for a ``file://`` URL."""
+    started = time.monotonic()
+    dest = Path(dest)
+    expected, shown, label = _begin(url, dest, label, expected_sha256,
+                                    allow_insecure_http=allow_insecure_http)
+    part = dest.with_name(f".{dest.name}.part")
+    try:
+        st = _Transfer(part, dest, shown, limits_of(session))
+    except OSError as exc:
+        raise DownloadError(
+            f"cannot create {part}: {exc.strerror or exc}", path=str(part), url=shown
+        ) from exc
+    return _run(session, url, st, expected=expected, label=label, started=started,
+                allow_insecure_http=allow_insecure_http, policy=policy,
+                min_free_bytes=min_free_bytes, cancel=cancel)
+
+
+T = TypeVar("T")
+
+
+def stream(
+    session: requests.Session | None,
+    url: str,
+    consume: Callable[[BinaryIO], T],
+    *,
+    dest: Path,
+    discard: Callable[[], None],
+    expected_sha256: str | None = None,
+    allow_insecure_http: bool = False,
+    policy: RetryPolicy | None = None,
+    min_free_bytes: int = 0,
+    label: str | None = None,
+    cancel: threading.Event | None = None,
+) -> tuple[Downloaded, T]:
+    """Fetch ``url`` into ``consume(stream)``, run in a worker thread (see the module
+    docstring): the verified download (``path`` is ``dest``, where the consumer
+    writes; its directory's free space is checked) and what ``consume`` returned.
+
+    ``consume`` must read its input to the end of what it needs and return, or raise;
+    it is called again on a fresh stream after a restart from 0. ``discard()`` removes
+    what it wrote: called on a restart and when the transfer fails for any reason
+    (a digest mismatch included) -- it must not fail when there is nothing to remove.
+    The consumer's own exception is re-raised as itself."""
+    started = time.monotonic()
+    dest = Path(dest)
+    expected, shown, label = _begin(url, dest, label, expected_sha256,
+                                    allow_insecure_http=allow_insecure_http)
+    st = _Pipe(consume, discard, dest, shown, limits_of(session))
+    try:
+        got = _run(session, url, st, expected=expected, label=label, started=started,
+                   allow_insecure_http=allow_insecure_http, policy=policy,
+                   min_free_bytes=min_free_bytes, cancel=cancel)
+    except _ConsumerFailed as exc:
+        raise exc.error from None
+    return got, st.result  # type: ignore[return-value]

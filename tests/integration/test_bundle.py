@@ -22,8 +22,8 @@ pytestmark = pytest.mark.chroot
 
 V = "550.54.14"
 RELEASE, OTHER = "5.15.0-1049-gke", "6.8.0-1015-gke"
-NAME = f"nvidia-driver-{V}-proprietary-{RELEASE}.tar.gz"
-OTHER_NAME = f"nvidia-driver-{V}-proprietary-{OTHER}.tar.gz"
+NAME = f"nvidia-driver-{V}-proprietary-{RELEASE}.tar.zst"
+OTHER_NAME = f"nvidia-driver-{V}-proprietary-{OTHER}.tar.zst"
 OUT = "/srv/bundles"  # under the build node's root: what the pod writes there stays
 
 
@@ -159,9 +159,13 @@ def test_tampered_bundle_is_exit_6_without_fallback(node, pod, kernel, bundles):
     proc = pod.run("install", "--force", env={"NVIDIA_PREBUILT_URL": url})
     assert proc.returncode == 6, proc.stderr[-2000:]
     final = last_event(proc)
-    assert final["error_class"] == "integrity" and "sha256 mismatch" in final["error"]
+    # Extracted while downloading: the zstd stream's end is refused as corrupt before the
+    # body's digest is compared (a change inside a file is its digest; either is exit 6).
+    assert final["error_class"] == "integrity", final
+    assert "sha256 mismatch" in final["error"] or "corrupt archive" in final["error"], final
     assert not compiled(proc)
     assert (node.install_dir / ".cache").read_text() == before  # last good install kept
+    assert not list((node.install_dir / ".staging").glob("**/bundle"))
 
 
 def test_bundle_for_another_kernel_is_exit_6(node, pod, kernel, bundles):
@@ -181,6 +185,23 @@ def test_pinned_sha256_without_index(node, pod, kernel, bundles):
     sha = (bundles["dir"] / f"{NAME}.sha256").read_text().split()[0]
     proc = ok(pod.run("install", env={"NVIDIA_PREBUILT_URL": url, "NVIDIA_PREBUILT_SHA256": sha}))
     assert not compiled(proc)
+
+
+def test_a_gzip_bundle_published_before_zstd_installs(node, pod, kernel, bundles):
+    """A directory holding only the .tar.gz of the bundle (as `bundle build` wrote them
+    before zstd), indexed under that name: found through the index, read by its magic."""
+    from tests.unit.test_bundle import repack
+
+    dest = node.root / OUT.lstrip("/")
+    dest.mkdir(parents=True)
+    gz = repack(bundles["dir"] / NAME, dest / NAME.replace(".tar.zst", ".tar.gz"),
+                lambda info, data: [(info, data)])
+    ok(pod.run("bundle", "index", f"/root{OUT}"))
+    assert list(json.loads((dest / "index.json").read_text())["bundles"]) == [gz.name]
+    proc = ok(pod.run("install", env={"NVIDIA_PREBUILT_URL": f"file:///root{OUT}/"}))
+    assert not compiled(proc) and "nvidia" in kernel.loaded()
+    staged = [e for e in events(proc.stderr) if e.get("event") == "prebuilt_bundle_staged"]
+    assert staged and staged[0]["url"].endswith(gz.name)
 
 
 def test_dry_run_shows_the_bundle_before_the_build_steps(node, pod, kernel, bundles):

@@ -276,7 +276,7 @@ def test_read_first_member_reads_only_the_named_bounded_first_file(area):
     with pytest.raises(archive.UnreadableArchive, match="first member is not rest"):
         archive.read_first_member(tgz, "rest", 1 << 20)
     (area / "work/bad.tgz").write_bytes(b"not gzip")
-    with pytest.raises(archive.UnreadableArchive, match="not a readable .tar.gz"):
+    with pytest.raises(archive.UnreadableArchive, match="not a readable tar archive"):
         archive.read_first_member(area / "work/bad.tgz", "m.json", 2)
 
 
@@ -296,7 +296,7 @@ def test_disk_full_while_extracting_is_exit_11(area, monkeypatch):
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(archive.shutil, "copyfileobj", full)
+    monkeypatch.setattr(archive, "_copy_hashing", full)
     with pytest.raises(DiskSpaceError) as err:
         archive.extract(tgz, area / "work/t")
     assert err.value.exit_code == ExitCode.DISK_SPACE
@@ -346,3 +346,96 @@ def test_an_extraction_past_its_deadline_is_stopped(area):
         archive.extract(tgz, area / "work/out", deadline_s=1e-9)
     assert err.value.exit_code == ExitCode.INTEGRITY
     assert not (area / "work/out").exists() and not (area / "work/.out.extracting").exists()
+
+
+# --------------------------------------------------------------------------- streams, hashes
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_hashes_are_computed_while_writing_links_copy_them_and_a_replaced_path_drops(area):
+    tgz = make_tar(area / "work/a.tgz", [
+        ("d/a", b"first"),
+        _info("d/hard", tarfile.LNKTYPE, linkname="d/a"),
+        ("d/b", b"old"),
+        _info("d/b", tarfile.SYMTYPE, linkname="a"),  # the file d/b is replaced by a link
+        ("real/x", b"x"),
+        _info("via", tarfile.SYMTYPE, linkname="real"),
+        ("via/y", b"through a linked dir"),
+    ])
+    result = archive.extract(tgz, area / "work/t")
+    assert result.hashes == {"d/a": _sha(b"first"), "d/hard": _sha(b"first"),
+                             "real/x": _sha(b"x"), "real/y": _sha(b"through a linked dir")}
+    for rel, digest in result.hashes.items():  # what is on disk, read back
+        assert _sha((area / "work/t" / rel).read_bytes()) == digest
+
+
+@pytest.mark.parametrize("compress", ["gz", "xz", "zst", ""])
+def test_a_stream_is_read_once_whatever_its_compression(area, compress):
+    import zstandard
+
+    members = [("m.json", b"{}"), ("a/b", b"data" * 1000)]
+    plain = make_tar(area / "work/a.tar", members, mode="w")
+    data = plain.read_bytes()
+    if compress == "zst":
+        data = zstandard.ZstdCompressor().compress(data)
+    elif compress:
+        data = make_tar(area / f"work/a.{compress}", members, mode=f"w:{compress}").read_bytes()
+    seen: list[bytes] = []
+    head = archive.Head("m.json", 10, seen.append)
+    result = archive.extract(io.BytesIO(data), area / "work/t", head=head, label="s")
+    assert seen == [b"{}"] and not (area / "work/t/m.json").exists()
+    assert (area / "work/t/a/b").read_bytes() == b"data" * 1000 and result.files == 1
+
+
+class _Counting(io.BytesIO):
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.taken = 0
+
+    def read(self, size=-1):
+        out = super().read(size)
+        self.taken += len(out)
+        return out
+
+
+def test_a_refused_head_stops_before_the_rest_is_read(area):
+    big = os.urandom(16 << 20)  # incompressible: the stream is ~16 MB
+    data = make_tar(area / "work/a.tgz", [("m.json", b"{}"), ("big", big)]).read_bytes()
+
+    def refuse(_data: bytes) -> None:
+        raise IntegrityError("for another kernel")
+
+    source = _Counting(data)
+    with pytest.raises(IntegrityError, match="another kernel"):
+        archive.extract(source, area / "work/t", head=archive.Head("m.json", 10, refuse))
+    # What the inflate thread had read ahead (its queue, a chunk in hand, one in the making).
+    assert source.taken <= (archive._ReadAhead.DEPTH + 3) * archive.STREAM_BUFSIZE < len(data)
+    assert not (area / "work/t").exists() and not (area / "work/.t.extracting").exists()
+
+
+def test_a_head_that_is_not_the_first_member_is_refused(area):
+    tgz = make_tar(area / "work/a.tgz", [("other", b"x"), ("m.json", b"{}")])
+    with pytest.raises(IntegrityError, match="first member is not m.json"):
+        archive.extract(tgz, area / "work/t", head=archive.Head("m.json", 10, lambda _d: None))
+    assert not (area / "work/.t.extracting").exists()
+
+
+def test_a_stream_is_inflated_to_its_end_crc_and_trailing_bytes_checked(area):
+    import gzip
+
+    tar = make_tar(area / "work/a.tar", [("a", b"data" * 1000)], mode="w").read_bytes()
+    good = gzip.compress(tar)
+    bad_crc = good[:-8] + bytes(b ^ 0xFF for b in good[-8:-4]) + good[-4:]
+    with pytest.raises(IntegrityError, match="corrupt archive"):
+        archive.extract(io.BytesIO(bad_crc), area / "work/t")
+    padded = gzip.compress(tar + bytes(2 * archive.MAX_TRAILING_BYTES))
+    with pytest.raises(IntegrityError, match="bytes after the archive's end"):
+        archive.extract(io.BytesIO(padded), area / "work/t")
+    assert not (area / "work/t").exists() and not (area / "work/.t.extracting").exists()
+    archive.extract(io.BytesIO(good), area / "work/t")
+    assert (area / "work/t/a").read_bytes() == b"data" * 1000

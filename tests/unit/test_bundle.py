@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from installer import archive
 from installer.bundle import build, index, tree
 from installer.bundle.fetch import check_settings, unpack
 from installer.bundle.manifest import (
@@ -31,7 +33,7 @@ from tests.fixtures.kernel import fake_ko
 
 V, R, OTHER_R = "550.54.14", "5.15.0-1049-gke", "6.8.0-1015-gke"
 KEY = BundleKey(V, R, "proprietary")
-NAME = f"nvidia-driver-{V}-proprietary-{R}.tar.gz"
+NAME = f"nvidia-driver-{V}-proprietary-{R}.tar.zst"
 
 
 def layout(root: Path, release: str = R) -> Path:
@@ -83,7 +85,8 @@ def test_kernel_release_that_could_name_a_path_is_refused(release):
 
 
 @pytest.mark.parametrize("name", ["nvidia-driver-550.54.14-fancy-5.15.0.tar.gz",
-                                  "index.json", f"../{NAME}", NAME.replace(".tar.gz", ".tgz")])
+                                  "index.json", f"../{NAME}", NAME.replace(".tar.zst", ".tgz"),
+                                  NAME.replace(".tar.zst", ".tar.xz")])
 def test_a_file_name_that_is_not_a_bundle_name_is_refused(name):
     with pytest.raises(BundleError):
         BundleKey.from_name(name)
@@ -163,10 +166,11 @@ def test_bundle_is_written_with_its_sha256_and_manifest_first(tmp_path):
     written = packed(tmp_path)
     assert written.path.name == NAME
     assert (tmp_path / "out" / f"{NAME}.sha256").read_text() == f"{written.sha256}  {NAME}\n"
-    with tarfile.open(written.path) as tar:
-        names = tar.getnames()
-        assert names[0] == "manifest.json"
-        assert {m.uid for m in tar.getmembers()} == {0}
+    assert written.path.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"  # zstd, whatever the name
+    with written.path.open("rb") as raw, archive.open_stream(raw) as tar:
+        members = list(tar)
+        assert members[0].name == "manifest.json"
+        assert {m.uid for m in members} == {0}
     assert index.read_manifest(written.path) == written.manifest
     assert not list((tmp_path / "out").glob(".*.part"))
 
@@ -229,7 +233,7 @@ def test_unpack_stages_the_layout_exactly(tmp_path):
     assert manifest == written.manifest
     assert tree.differences(stage.root, manifest.files, manifest.links) == []
     assert (stage.root / "bin/nvidia-smi").stat().st_mode & 0o111
-    assert not (stage.root / "bundle").exists() and not written.path.exists()
+    assert not (stage.root / "bundle").exists()
 
 
 def test_unpack_refuses_a_bundle_for_another_kernel(tmp_path):
@@ -247,10 +251,12 @@ def test_unpack_refuses_a_bundle_holding_another_key(tmp_path):
 
 
 def repack(src: Path, dest: Path, edit) -> Path:
-    """``src``'s members through ``edit(info, data) -> [(info, data), ...]`` into ``dest``."""
+    """``src``'s members through ``edit(info, data) -> [(info, data), ...]`` into ``dest``,
+    gzip-compressed (as bundles were before zstd) whatever its name says."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(src) as tin, tarfile.open(dest, "w:gz") as tout:
-        for info in tin.getmembers():
+    with (src.open("rb") as raw, archive.open_stream(raw) as tin,
+          tarfile.open(dest, "w:gz") as tout):
+        for info in tin:
             data = tin.extractfile(info).read() if info.isreg() else None
             for new_info, new_data in edit(info, data):
                 if new_data is not None:
@@ -288,6 +294,45 @@ def test_unpack_refuses_path_traversal_and_extra_files(tmp_path):
     unlisted = repack(written.path, tmp_path / "c" / NAME, add("lib64/libextra.so"))
     with pytest.raises(IntegrityError, match="lib64/libextra.so is not in the manifest"):
         unpack(unlisted, staging(tmp_path), KEY, R)
+
+
+def test_a_gzip_bundle_built_before_zstd_is_still_read_and_indexed(tmp_path):
+    """Bundles already published are .tar.gz: read by their magic bytes, indexed."""
+    written = packed(tmp_path)
+    old = repack(written.path, tmp_path / "old" / KEY.name(".tar.gz"), lambda i, d: [(i, d)])
+    assert old.read_bytes()[:2] == b"\x1f\x8b"
+    manifest = unpack(old, staging(tmp_path), KEY, R)
+    assert manifest == written.manifest
+    shutil.copy(written.path, old.parent / written.path.name)
+    entries, refused = index.update(old.parent)
+    assert sorted(entries) == sorted(KEY.names()) and refused == []
+
+
+def _ctx(pinned=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(http=None, settings=SimpleNamespace(
+        prebuilt_sha256=pinned, allow_insecure_http=False))
+
+
+def test_a_directory_url_finds_the_bundle_in_the_index_under_either_name(tmp_path):
+    from installer.bundle.fetch import _candidates
+
+    packed(tmp_path)
+    out = tmp_path / "out"
+    gz = repack(out / NAME, out / KEY.name(".tar.gz"), lambda i, d: [(i, d)])
+    (out / NAME).unlink()
+    entries, _ = index.update(out)
+    template = out.as_uri() + "/"
+    assert _candidates(_ctx(), template, KEY) == [(gz.as_uri(), entries[gz.name].sha256)]
+    shutil.copy(gz, out / NAME)  # both published: zstd is preferred
+    entries, _ = index.update(out)
+    assert _candidates(_ctx(), template, KEY) == [((out / NAME).as_uri(), entries[NAME].sha256)]
+    # Pinned by hand, no index read: both names are tried, zstd first.
+    assert _candidates(_ctx("a" * 64), template, KEY) == [
+        ((out / n).as_uri(), "a" * 64) for n in KEY.names()]
+    (out / "index.json").unlink()
+    assert _candidates(_ctx(), template, KEY) == [((out / n).as_uri(), None) for n in KEY.names()]
 
 
 # -- signing with the kernel's scripts/sign-file -------------------------------------

@@ -116,3 +116,21 @@ def test_racily_clean_files_are_hashed(tmp_path, monkeypatch):
     assert old.file_stats == {}
     assert cache.check_files(old, root) is None
     assert len(hashed) == len(old.file_hashes)
+
+
+def test_known_hashes_are_used_when_the_size_agrees(tmp_path, monkeypatch):
+    """A bundle install hands over the hashes it verified: nothing is read again; a
+    size that disagrees (not the file that was verified) is hashed."""
+    import hashlib
+
+    root = _install(tmp_path)
+    real = {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest()
+            for rel in cache.hashed_files(root)}
+    known = {rel: (sha, (root / rel).stat().st_size) for rel, sha in real.items()}
+    known["bin/nvidia-smi"] = ("f" * 64, 999)  # wrong size: must be hashed, not trusted
+    read = []
+    monkeypatch.setattr(cache, "sha256_file", lambda p: read.append(p.name) or real[
+        p.relative_to(root).as_posix()])
+    cache.write(root / ".cache", KEY, root, "test", known)
+    assert read == ["nvidia-smi"]
+    assert cache.read(root / ".cache").file_hashes == real

@@ -33,7 +33,8 @@ class Bundles:
 def _write(root: Path, key: BundleKey, out: Path) -> build.Written:
     manifest = build.make_manifest(root, key, compiler="gcc (the real-parts tier's build)",
                                    signed=False, driver_sha256=None)
-    return build.write(root, manifest, out)
+    # A fast level: the tier's time budget is not for compressing (same format at any level).
+    return build.write(root, manifest, out, level=3)
 
 
 def make(install_dir: Path, key: BundleKey, data: Path, scratch: Path) -> Bundles:

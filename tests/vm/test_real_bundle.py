@@ -43,16 +43,19 @@ def test_bundle_modules_loaded_by_the_real_kernel(boot_bundle: BootResult):
 
 
 @pytest.mark.parametrize(("name", "exit_code", "says"), [
-    ("bundle-missing", 5, "no prebuilt bundle"),
-    ("bundle-tampered", 6, "sha256"),
-    ("bundle-other-kernel", 6, "holds"),
+    ("bundle-missing", 5, ("no prebuilt bundle",)),
+    # Extracted while it downloads: zstd's own checks refuse the changed bytes before the
+    # end of the body, where its sha256 is compared. Either is exit 6, nothing loaded.
+    ("bundle-tampered", 6, ("sha256 mismatch", "corrupt archive")),
+    ("bundle-other-kernel", 6, ("holds",)),
 ])
 def test_bad_bundles_end_in_their_exit_code_before_any_load(boot_bundle: BootResult, name,
                                                              exit_code, says):
     step = boot_bundle.step(name)
     assert step.rc == exit_code, step.describe()
     final = final_event(step)
-    assert final["exit_code"] == exit_code and says in final["error"], step.describe()
+    assert final["exit_code"] == exit_code, step.describe()
+    assert any(text in final["error"] for text in says), step.describe()
     # The kernel was never asked: no nvidia module, no NVRM line, nothing installed.
     assert not any("NVRM" in ln or "nvidia" in ln for ln in step.dmesg), step.describe()
     after = boot_bundle.step(f"after-{name}")
