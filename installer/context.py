@@ -13,7 +13,8 @@ from installer.installdir import InstallDir
 from installer.kernel import KernelState
 from installer.osinfo import HostInfo, host_info_from_text
 from installer.runner import Runner
-from installer.settings import DEFAULT_HOST_ROOT, Settings, is_kernel_release
+from installer.settings import DEFAULT_HOST_ROOT, Settings
+from installer.values import is_kernel_release
 from installer.workstate import WorkState
 
 if TYPE_CHECKING:

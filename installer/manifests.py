@@ -24,7 +24,7 @@ import click
 
 from installer import __version__
 from installer.distros import DISTROS
-from installer.versions import is_driver_version
+from installer.values import is_driver_version
 
 
 def _installer_env_vars() -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from installer.nvidia_options import LOG_FILE, check_loads_nothing
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
 from installer.settings import Settings
-from installer.versions import is_driver_version
+from installer.values import is_driver_version
 
 log = structlog.get_logger(__name__)
 

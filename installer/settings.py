@@ -8,20 +8,13 @@ from pathlib import Path, PurePosixPath
 
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
+from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
 
 DEFAULT_HOST_ROOT = Path("/root")
 DEFAULT_INSTALL_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
 DEFAULT_INSTALL_DIR_CONTAINER = Path("/usr/local/nvidia")
 DEFAULT_DRIVER_BASE_URL = "https://us.download.nvidia.com/tesla"
 DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
-# `uname -r` shapes: 5.15.0-1049-gke, 6.1.0-56-cloud-amd64, 6.6.68+, 4.19.0~rc1. The release
-# names paths (/lib/modules/<r>, the cache key), so no '/' and no '..'.
-_KERNEL_RELEASE = re.compile(r"[A-Za-z0-9._+~-]{1,64}")
-
-
-def is_kernel_release(text: str) -> bool:
-    return bool(_KERNEL_RELEASE.fullmatch(text)) and ".." not in text
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -73,7 +66,7 @@ class Settings:
             raise UsageError(
                 f"--kernel-release {release!r} is not a kernel release",
                 hint="give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and "
-                ". - _ + ~, at most 64 characters)",
+                f". - _ + ~, at most {KERNEL_RELEASE_MAX} characters)",
             )
         install_dir = self.install_dir
         if install_dir is None and DEFAULT_INSTALL_DIR_CONTAINER.is_dir():

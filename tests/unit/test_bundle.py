@@ -106,7 +106,7 @@ def test_manifest_round_trips_and_lists_every_file_and_link(tmp_path):
     ({"files": {"../../etc/shadow": {"sha256": "b" * 64, "size": 1}}}, "clean relative path"),
     ({"files": {"/etc/shadow": {"sha256": "b" * 64, "size": 1}}}, "clean relative path"),
     ({"files": {"etc/cron.d/x": {"sha256": "b" * 64, "size": 1}}}, "not inside"),
-    ({"files": {"drivers/nvidia.ko": {"sha256": "B" * 64, "size": 1}}}, "sha256"),
+    ({"files": {"drivers/nvidia.ko": {"sha256": "g" * 64, "size": 1}}}, "sha256"),
     ({"files": {"drivers/nvidia.ko": {"sha256": "b" * 64, "size": -1}}}, "size"),
     ({"files": {"drivers/nvidia.ko": {"sha256": "b" * 64, "size": True}}}, "size"),
     ({"files": {}}, "no drivers/nvidia.ko"),

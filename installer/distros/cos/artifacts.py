@@ -27,7 +27,7 @@ from installer.errors import DownloadError, IntegrityError, UnsupportedHostError
 from installer.net.policy import check_url_scheme, from_metadata
 from installer.osinfo import parse_env_file
 from installer.pins import Manifest
-from installer.versions import is_driver_version
+from installer.values import is_driver_version
 
 log = structlog.get_logger(__name__)
 
