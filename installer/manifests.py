@@ -24,7 +24,6 @@ import click
 
 from installer import __version__
 from installer.distros import DISTROS
-from installer.values import is_driver_version
 
 
 def _installer_env_vars() -> tuple[str, ...]:
@@ -55,6 +54,7 @@ PASSTHROUGH_ENV_VARS: tuple[str, ...] = (
 # One DaemonSet flavour per distro class, with what the class declares about itself.
 FLAVORS: tuple[str, ...] = tuple(d.name for d in DISTROS)
 FLAVOR_TITLES = {d.name: d.title for d in DISTROS}
+DISTROS_BY_FLAVOR = {d.name: d for d in DISTROS}
 
 # The pod contract (DESIGN.md section 2). Fixed: the mounts and these env
 # values must agree, so ``--env`` cannot change them.
@@ -136,7 +136,6 @@ _IMAGE_REF = re.compile(
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
     r"(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
 )
-_COS_DRIVER_ALIAS = re.compile(r"^(default|latest|R[0-9]+)$")
 
 
 def _check_len(value: str, limit: int, what: str) -> None:
@@ -193,19 +192,7 @@ def validate_digest(value: str) -> str:
 
 
 def validate_driver_version(flavor: str, value: str) -> str:
-    if is_driver_version(value):
-        return value
-    if flavor == "cos" and _COS_DRIVER_ALIAS.match(value):
-        return value
-    if flavor == "cos":
-        raise ValueError(
-            f"driver version {value!r} for cos is neither a version (e.g. 550.127.05) "
-            "nor an alias (default, latest, R535)"
-        )
-    raise ValueError(
-        f"driver version {value!r} for {flavor} must be an explicit version (e.g. 550.127.05); "
-        "aliases exist only on COS"
-    )
+    return DISTROS_BY_FLAVOR[flavor].check_version_request(value)
 
 
 def parse_env(items: Iterable[str]) -> dict[str, str]:

@@ -5,6 +5,7 @@ the plan skeleton all of them share."""
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -15,6 +16,7 @@ from installer.cache import CacheKey
 from installer.context import Context
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
+from installer.values import is_driver_version
 
 log = structlog.get_logger(__name__)
 
@@ -26,6 +28,10 @@ class Distro(abc.ABC):
     # os-release ID (or one of ID_LIKE) values this distro handles.
     os_ids: ClassVar[tuple[str, ...]]
     default_version: ClassVar[str]  # what NVIDIA_DRIVER_VERSION defaults to in the manifests
+    # Names the node resolves to a driver version (COS: default, latest, R535) and how
+    # messages list them; None: explicit versions only.
+    version_alias: ClassVar[re.Pattern[str] | None] = None
+    version_alias_help: ClassVar[str] = ""
     # GKE's cloud.google.com/gke-os-distribution values (the *_containerd names are the
     # image-type spellings GKE has also used).
     gke_os_distributions: ClassVar[tuple[str, ...]]
@@ -56,6 +62,18 @@ class Distro(abc.ABC):
             return f"supported: {info.os_id.capitalize()} via the {cls.title} flow"
         return (f"not tested: {info.os_id} follows the {cls.title} flow because its os-release "
                 f"ID_LIKE names {'/'.join(cls.os_ids)}")
+
+    @classmethod
+    def check_version_request(cls, value: str) -> str:
+        """``value`` when this distro installs it (a version or one of its aliases), else
+        ValueError saying what it accepts."""
+        if is_driver_version(value) or (cls.version_alias and cls.version_alias.fullmatch(value)):
+            return value
+        if cls.version_alias:
+            raise ValueError(f"driver version {value!r} for {cls.name} is neither a version "
+                             f"(e.g. 550.127.05) nor an alias ({cls.version_alias_help})")
+        raise ValueError(f"driver version {value!r} for {cls.name} must be an explicit version "
+                         "(e.g. 550.127.05); it has no aliases")
 
     @classmethod
     def create(cls) -> Distro:

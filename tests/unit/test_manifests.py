@@ -491,3 +491,26 @@ def test_an_image_pinned_by_tag_only_is_said_loudly():
     assert pinned.exit_code == 0
     assert "pinned by tag only" not in pinned.stderr and "NOT PINNED" not in pinned.stdout
     assert "@" + DIGEST.partition("=")[2] in pinned.stdout or DIGEST in pinned.stdout
+
+
+@pytest.mark.parametrize("value", ["r535", "R535", "535", "Latest", "DEFAULT", "550.127.05"])
+def test_cos_manifests_accept_every_version_the_cos_install_accepts(value):
+    """One alias rule: render once refused r535 (and took R5) that install reads otherwise."""
+    from installer.distros.cos.artifacts import parse_requested
+
+    parse_requested(value)  # install accepts it...
+    result = render_cli("--flavor", "cos", "--driver-version", value)
+    assert result.exit_code == 0, result.output  # ...and so does render
+    assert _env(_one(result.stdout))["NVIDIA_DRIVER_VERSION"] == value
+
+
+@pytest.mark.parametrize("value", ["R5", "r53", "latest-1", "R535 ", "R٥٣٥"])
+def test_cos_manifests_refuse_every_version_the_cos_install_refuses(value):
+    from installer.distros.cos.artifacts import parse_requested
+    from installer.errors import UsageError
+
+    if value.strip() == value:  # install strips the env value; render takes it as given
+        with pytest.raises(UsageError):
+            parse_requested(value)
+    result = render_cli("--flavor", "cos", "--driver-version", value)
+    assert result.exit_code == 2 and "neither a version" in result.output

@@ -28,9 +28,16 @@ parallel, only after the signature policy allowed it.
 
 from __future__ import annotations
 
+import re
+
 from installer.distros.base import Distro
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo, parse_env_file
+
+# The build's driver version aliases (its gpu_<alias>_version files): default, latest and a
+# branch, R535 (r535 and 535 name it too). ``manifests render`` and ``install`` both read
+# this one rule (artifacts.parse_requested turns a match into the alias file's name).
+VERSION_ALIAS = re.compile(r"(?i:(?P<name>default|latest)|r?(?P<branch>[0-9]{3,}))")
 
 
 class Cos(Distro):
@@ -41,6 +48,8 @@ class Cos(Distro):
     title = "Container-Optimized OS"
     os_ids = ("cos",)
     default_version = "default"  # the build's gpu_default_version (artifacts.DEFAULT_ALIAS)
+    version_alias = VERSION_ALIAS
+    version_alias_help = "default, latest, R535"
     gke_os_distributions = ("cos", "cos_containerd")
     signed_modules = (
         "COS installs use NVIDIA's signed prebuilt modules",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from installer.distros.cos import VERSION_ALIAS
 from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
 from installer.net.policy import check_url_scheme, from_metadata
 from installer.osinfo import parse_env_file
@@ -40,8 +41,6 @@ DEFAULT_TOOLCHAIN_ENV = {"CC": "x86_64-cros-linux-gnu-gcc", "CXX": "x86_64-cros-
 
 DEFAULT_ALIAS = "default"
 LATEST_ALIAS = "latest"
-_BRANCH_RE = re.compile(r"^[Rr](\d{3,})$")
-_MAJOR_RE = re.compile(r"^(\d{3,})$")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 
 
@@ -115,14 +114,11 @@ class Requested:
 def parse_requested(raw: str | None) -> Requested:
     """``None``/empty -> ``default``; ``R535``/``r535``/``535`` -> ``R535``; versions as given."""
     value = (raw or "").strip() or DEFAULT_ALIAS
-    low = value.lower()
-    if low in (DEFAULT_ALIAS, LATEST_ALIAS):
-        return Requested(value, alias=low)
     if is_driver_version(value):
         return Requested(value, version=value)
-    m = _BRANCH_RE.match(value) or _MAJOR_RE.match(value)
+    m = VERSION_ALIAS.fullmatch(value)
     if m:
-        return Requested(value, alias=f"R{m.group(1)}")
+        return Requested(value, alias=m["name"].lower() if m["name"] else f"R{m['branch']}")
     raise UsageError(
         f"--driver-version {value!r} is neither a driver version nor a COS alias",
         hint="use a version such as 535.183.01, or default, latest, or a branch such as R535",
