@@ -14,6 +14,7 @@ import structlog
 from installer import cache, steps
 from installer.cache import CacheKey
 from installer.context import Context
+from installer.distros.daemonset import DaemonSetNeeds
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
 from installer.values import is_driver_version
@@ -35,6 +36,10 @@ class Distro(abc.ABC):
     # GKE's cloud.google.com/gke-os-distribution values (the *_containerd names are the
     # image-type spellings GKE has also used).
     gke_os_distributions: ClassVar[tuple[str, ...]]
+    # Its DaemonSet's own mounts, env and network; its image is
+    # nvidia-driver-installer-<image_flavor> (None: its own name).
+    daemonset: ClassVar[DaemonSetNeeds] = DaemonSetNeeds()
+    image_flavor: ClassVar[str | None] = None
     # Where this distro gets modules a signature-enforcing kernel accepts, and what to do
     # about it (None: it only builds unsigned modules).
     signed_modules: ClassVar[tuple[str, str] | None] = None
@@ -62,6 +67,11 @@ class Distro(abc.ABC):
             return f"supported: {info.os_id.capitalize()} via the {cls.title} flow"
         return (f"not tested: {info.os_id} follows the {cls.title} flow because its os-release "
                 f"ID_LIKE names {'/'.join(cls.os_ids)}")
+
+    @classmethod
+    def image(cls) -> str:
+        """The suffix of its image's name (``{flavor}`` in ``manifests render --image``)."""
+        return cls.image_flavor or cls.name
 
     @classmethod
     def check_version_request(cls, value: str) -> str:

@@ -10,6 +10,7 @@ from installer import gpus, headers, steps
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros.base import Distro, cached_plan, fresh_plan
+from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UsageError
 from installer.nvidia_run import check_version, driver_url, version_from_url
 from installer.plan import Plan, Step
@@ -32,6 +33,11 @@ def find_kernel_headers() -> Step:
                 "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get")
 
 
+# As GKE's Ubuntu DaemonSet: /boot (the running kernel's config-<release> and System.map).
+BOOT = HostMount("boot", "/boot", "/boot", "Directory",
+                 "As GKE's Ubuntu DaemonSet: the kernel's config and System.map.")
+
+
 class Ubuntu(Distro):
     name = "ubuntu"
     title = "Ubuntu"
@@ -42,6 +48,7 @@ class Ubuntu(Distro):
     # A version tested with this installer; NVIDIA_DRIVER_VERSION picks another.
     default_version = "550.127.05"
     gke_os_distributions = ("ubuntu", "ubuntu_containerd")
+    daemonset = DaemonSetNeeds(mounts=(BOOT,))
 
     def driver_version(self, ctx: Context) -> str:
         explicit = ctx.settings.driver_version

@@ -126,3 +126,43 @@ def test_flavor_named_label_keys_exclude_each_other_without_nfd():
                      {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"}]
     assert selects(cos, {"example.com/os-cos": "1"})
     assert not selects(cos, {"example.com/os-cos": "1", "example.com/os-ubuntu": "1"})
+
+
+def _gpu_node(**labels: str) -> dict[str, str]:
+    return {"nvidia.com/gpu.present": "true", "cloud.google.com/gke-accelerator": "nvidia-l4",
+            **labels}
+
+
+@pytest.mark.parametrize("args", [MODES["label-default"], MODES["label-readme"]],
+                         ids=["default-labels", "readme-labels"])
+def test_label_affinity_selects_every_os_its_flow_serves(args):
+    """The flow that serves Debian once required ID=ubuntu: Debian nodes never matched."""
+    daemonsets = _render(*args)
+    for distro in m.DISTROS:
+        for os_id in distro.os_ids:
+            node = _gpu_node(**{m.OS_ID_LABEL: os_id})
+            chosen = [f for f, d in daemonsets.items() if selects(d, node)]
+            assert chosen == [distro.name], (os_id, chosen)
+
+
+def _expressions(daemonset: dict) -> list[dict]:
+    return [e for t in _terms(daemonset) for e in t["matchExpressions"]]
+
+
+def test_a_distro_gke_has_no_image_of_renders_no_empty_in(monkeypatch):
+    """``In []`` is invalid (k8s.io/api core/v1 NodeSelectorRequirement.Values: "If the
+    operator is In or NotIn, the values array must be non-empty") and leaving the OS out
+    would put the DaemonSet on every GKE GPU node: no GKE OS label and the node's
+    os-release ID stand in for it."""
+    monkeypatch.setitem(m.GKE_OS_DISTRIBUTIONS, "ubuntu", ())
+    daemonsets = _render()
+    for daemonset in daemonsets.values():
+        assert all(e.get("values") for e in _expressions(daemonset) if e["operator"] == "In")
+    ubuntu = daemonsets["ubuntu"]
+    assert {"key": m.OS_ID_LABEL, "operator": "In", "values": ["ubuntu", "debian"]} in \
+        _expressions(ubuntu)
+    assert selects(ubuntu, _gpu_node(**{m.OS_ID_LABEL: "debian"}))
+    assert not selects(ubuntu, _gpu_node(**{m.OS_ID_LABEL: "cos",
+                                            "cloud.google.com/gke-os-distribution": "cos"}))
+    both = [n for n in _nodes() if all(selects(d, n) for d in daemonsets.values())]
+    assert both == []

@@ -233,10 +233,10 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
         # hostPath mounts: exactly the contract, mounted where the env says.
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {vm["mountPath"]: vm["name"] for vm in init["volumeMounts"]}
-        expected = dict(m.CONTRACT_MOUNTS)
-        expected.update(m.COS_MOUNTS if flavor == "cos" else m.UBUNTU_MOUNTS)
-        if flavor == "cos":  # named in env as GKE's COS DaemonSets do
-            assert m.COS_ENV.items() <= env.items(), label
+        needs = m.DISTROS_BY_FLAVOR[flavor].daemonset
+        expected = {mt.host_path: (mt.mount_path, mt.type)
+                    for mt in (*m.CONTRACT_MOUNTS, *needs.mounts)}
+        assert dict(needs.env).items() <= env.items(), label  # e.g. COS's, as GKE's
         got = {
             volumes[name]["hostPath"]["path"]: (path, volumes[name]["hostPath"]["type"])
             for path, name in mounts.items()

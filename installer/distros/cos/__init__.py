@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 
 from installer.distros.base import Distro
+from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo, parse_env_file
 
@@ -38,6 +39,24 @@ from installer.osinfo import HostInfo, parse_env_file
 # branch, R535 (r535 and 535 name it too). ``manifests render`` and ``install`` both read
 # this one rule (artifacts.parse_requested turns a match into the alias file's name).
 VERSION_ALIAS = re.compile(r"(?i:(?P<name>default|latest)|r?(?P<branch>[0-9]{3,}))")
+
+
+# As GKE's COS DaemonSets: the toolchain cache and the Vulkan ICD dir, named in env too.
+TOOLS_DIR = HostMount("cos-tools", "/var/lib/cos-tools", "/build/cos-tools", "DirectoryOrCreate",
+                      "COS toolchain cache: kept across pod restarts and reinstalls.")
+VULKAN_ICD_DIR = HostMount(
+    "vulkan-icd-mount", "/home/kubernetes/bin/nvidia/vulkan/icd.d", "/etc/vulkan/icd.d",
+    "DirectoryOrCreate", "NVIDIA's Vulkan ICD file (nvidia_icd.json), as GKE's COS DaemonSet.")
+DAEMONSET = DaemonSetNeeds(
+    mounts=(TOOLS_DIR, VULKAN_ICD_DIR),
+    env=(("COS_TOOLS_DIR_HOST", TOOLS_DIR.host_path),
+         ("COS_TOOLS_DIR_CONTAINER", TOOLS_DIR.mount_path),
+         ("VULKAN_ICD_DIR_HOST", VULKAN_ICD_DIR.host_path),
+         ("VULKAN_ICD_DIR_CONTAINER", VULKAN_ICD_DIR.mount_path)),
+    own_env=("COS_DOWNLOAD_GCS",),
+    host_network=("hostNetwork, as GKE's COS DaemonSet: downloads start at node bring-up,",
+                  "before the CNI may be ready, and use no pod IP."),
+)
 
 
 class Cos(Distro):
@@ -48,6 +67,7 @@ class Cos(Distro):
     title = "Container-Optimized OS"
     os_ids = ("cos",)
     default_version = "default"  # the build's gpu_default_version (artifacts.DEFAULT_ALIAS)
+    daemonset = DAEMONSET
     version_alias = VERSION_ALIAS
     version_alias_help = "default, latest, R535"
     gke_os_distributions = ("cos", "cos_containerd")
