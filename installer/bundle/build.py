@@ -28,8 +28,9 @@ from installer.bundle.manifest import (
     check_link,
 )
 from installer.context import Context
-from installer.distros.ubuntu import Ubuntu, compile_steps, find_kernel_headers
-from installer.errors import BuildError
+from installer.distros import for_host
+from installer.distros.headers_build import HeadersBuild, compile_steps
+from installer.errors import BuildError, UnsupportedHostError
 from installer.fsutil import sha256_file, write_atomic
 from installer.installdir import LAYOUT_DIRS
 from installer.modinfo import read_modinfo, vermagic_release
@@ -58,12 +59,16 @@ class Written:
 
 
 def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
-    ubuntu = Ubuntu()  # the Ubuntu flow's version, module type and kernel headers
-    version = ubuntu.driver_version(ctx)
-    key = BundleKey(version, ctx.host_info.kernel_release, ubuntu.module_type(ctx, version))
+    distro = for_host(ctx.host_info)  # its version, module type and kernel headers
+    if not isinstance(distro, HeadersBuild):
+        raise UnsupportedHostError(
+            f"bundle build compiles against kernel headers; {distro.title} installs otherwise",
+            hint="run it where the headers-built distros run (e.g. the bundle-job's image)")
+    version = distro.driver_version(ctx)
+    key = BundleKey(version, ctx.host_info.kernel_release, distro.module_type(ctx, version))
     url = driver_url(ctx.settings, version)
     return Plan("bundle", (
-        find_kernel_headers(),
+        distro.headers_step(),
         steps.prepare_staging(),
         *compile_steps(ctx, url, version, key.module_type),
         *((sign_modules(signing),) if signing else ()),

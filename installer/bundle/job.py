@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from installer.bundle.manifest import BundleError, BundleKey
+from installer.distros import BUNDLE_BUILDER
 
 JOB_TEMPLATE = "bundle-job.yaml.j2"
 JOB_NAME = "nvidia-driver-bundles"
@@ -102,7 +103,7 @@ def render_command(job: Mapping[str, object], *, image: str | None, namespace: s
     try:
         opts = JobOptions(
             targets=tuple(job["targets"]),  # type: ignore[arg-type]
-            image=image or m.default_image("ubuntu"), namespace=namespace,
+            image=image or m.default_image(BUNDLE_BUILDER.image()), namespace=namespace,
             module_type=str(job["kernel_module_type"]),
             parallelism=int(job["parallelism"]),  # type: ignore[call-overload]
             volume_claim=job.get("volume_claim"),  # type: ignore[arg-type]

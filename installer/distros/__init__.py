@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from installer.distros.base import Distro
 from installer.distros.cos import Cos
+from installer.distros.debian import Debian
 from installer.distros.ubuntu import Ubuntu
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo
 
-DISTROS: tuple[type[Distro], ...] = (Cos, Ubuntu)
+# Every distro, in the order they are tried (and rendered: one DaemonSet each).
+DISTROS: tuple[type[Distro], ...] = (Cos, Ubuntu, Debian)
+# The bundle-job's image: GKE's Ubuntu kernels, whose headers its apt installs.
+BUNDLE_BUILDER: type[Distro] = Ubuntu
 
 
 def by_name(name: str) -> type[Distro] | None:

@@ -18,7 +18,7 @@ def _recognise(text, lsb=None):
 @pytest.mark.parametrize(("os_release", "family", "os_id"), [
     (COS, "cos", "cos"),
     ("ID=ubuntu\nVERSION_ID=22.04\n", "ubuntu", "ubuntu"),
-    ("ID=debian\n", "ubuntu", "debian"),
+    ("ID=debian\n", "debian", "debian"),
     # a derivative names its parent in ID_LIKE (os-release(5))
     ("ID=pop\nID_LIKE=\"ubuntu debian\"\n", "ubuntu", "pop"),
     ("ID=Ubuntu\n", "ubuntu", "ubuntu"),
@@ -43,13 +43,14 @@ def test_unsupported_host_names_every_distro():
     with pytest.raises(UnsupportedHostError) as err:
         _recognise('ID=fedora\nPRETTY_NAME="Fedora Linux 40"\n')
     assert err.value.hint == ("supported: Container-Optimized OS (ID=cos), "
-                              "Ubuntu (ID=ubuntu/debian)")
+                              "Ubuntu (ID=ubuntu), Debian (ID=debian)")
 
 
 def test_manifest_flavours_come_from_the_distro_classes():
-    assert manifests.FLAVORS == tuple(d.name for d in DISTROS) == ("cos", "ubuntu")
+    assert manifests.FLAVORS == tuple(d.name for d in DISTROS) == ("cos", "ubuntu", "debian")
     assert manifests.FLAVOR_TITLES["cos"] == Cos.title
-    assert {"cos": "default", "ubuntu": Ubuntu.default_version} == manifests.DEFAULT_DRIVER_VERSION
+    assert {"cos": "default", "ubuntu": Ubuntu.default_version,
+            "debian": Ubuntu.default_version} == manifests.DEFAULT_DRIVER_VERSION
     assert manifests.GKE_OS_DISTRIBUTIONS["ubuntu"] == ("ubuntu", "ubuntu_containerd")
 
 

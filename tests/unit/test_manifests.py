@@ -183,10 +183,10 @@ def test_kubectl_kustomize_offline():
     proc = _run(kubectl, "kustomize", str(MANIFESTS))
     assert proc.returncode == 0, proc.stderr
     names = sorted(d["metadata"]["name"] for d in _docs(proc.stdout))
-    assert names == ["nvidia-driver-installer-cos", "nvidia-driver-installer-ubuntu"]
+    assert names == sorted(f"nvidia-driver-installer-{f}" for f in m.FLAVORS)
 
 
-@pytest.mark.parametrize("flavor", m.FLAVORS)
+@pytest.mark.parametrize("flavor", sorted({d.image() for d in m.DISTROS}))
 def test_hadolint_clean(flavor):
     hadolint = VENV_BIN / "hadolint"
     if not hadolint.exists():
@@ -334,14 +334,17 @@ def test_variant_details(variant_texts):
     assert term["matchExpressions"] == [
         {"key": "example.com/gpu", "operator": "In", "values": ["yes"]},
         {"key": "example.com/os-cos", "operator": "Exists"},
-        # Never both DaemonSets on one node (issue 14): the other flavour's label is absent.
+        # Never two DaemonSets on one node (issue 14): the other flavours' labels are absent.
         {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"},
+        {"key": "example.com/os-debian", "operator": "DoesNotExist"},
     ]
     (ubuntu,) = _docs(variant_texts["no-affinity-ubuntu"])
     assert "affinity" not in _pod(ubuntu)
     assert _env(ubuntu)["NVIDIA_DRIVER_VERSION"] == "535.183.01"
     images = [_init(d)["image"] for d in _docs(variant_texts["label-defaults"])]
-    assert images == ["example.com/ndi-cos:dev", "example.com/ndi-ubuntu:dev"]
+    # Debian nodes run the Ubuntu image ({flavor} is the distro's image flavour).
+    assert images == ["example.com/ndi-cos:dev", "example.com/ndi-ubuntu:dev",
+                      "example.com/ndi-ubuntu:dev"]
 
 
 @pytest.mark.parametrize(
@@ -445,8 +448,9 @@ def test_stdout_is_a_multi_document_stream():
     result = render_cli()
     assert result.exit_code == 0
     names = [d["metadata"]["name"] for d in _docs(result.stdout)]
-    assert names == ["nvidia-driver-installer-cos", "nvidia-driver-installer-ubuntu"]
-    assert result.stdout == m.render("cos") + m.render("ubuntu")
+    assert names == [f"nvidia-driver-installer-{f}" for f in m.FLAVORS]
+    assert m.FLAVORS[:2] == ("cos", "ubuntu")
+    assert result.stdout == "".join(m.render(f) for f in m.FLAVORS)
 
 
 def test_one_flavor_to_a_directory(tmp_path):

@@ -12,7 +12,8 @@ from installer import cache
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros import for_host
-from installer.distros.ubuntu import Ubuntu, find_kernel_headers
+from installer.distros.headers_build import find_kernel_headers
+from installer.distros.ubuntu import Ubuntu
 from installer.errors import ExitCode, InstallerError, UsageError
 from installer.settings import Settings
 from tests.fixtures.kernel import FakeKernel
