@@ -12,9 +12,8 @@ from installer.bundle import build
 from installer.distros import Debian, for_host
 from installer.distros.headers_build import HeadersBuild
 from installer.errors import UnsupportedHostError
+from tests.fixtures.node import COS_113, DEBIAN_12
 from tests.unit.test_ubuntu_plan import FRESH_STEPS, Env, names
-
-DEBIAN_12 = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
 
 
 @pytest.fixture
@@ -41,9 +40,7 @@ def test_bundle_build_uses_the_hosts_headers_build(env, tmp_path):
     assert names(plan)[0] == "find_kernel_headers" and names(plan)[-1] == "write_bundle"
 
 
-def test_bundle_build_refuses_a_distro_it_cannot_compile_for(env, tmp_path, monkeypatch):
-    from tests.fixtures.node import COS_113
-
+def test_bundle_build_refuses_a_distro_it_cannot_compile_for(env, tmp_path):
     (env.node.root / "etc/os-release").write_text(COS_113)
     with pytest.raises(UnsupportedHostError, match="compiles against kernel headers"):
         build.plan(env.ctx(), tmp_path / "out", None)
