@@ -7,6 +7,7 @@ from __future__ import annotations
 import abc
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import ClassVar
 
 import structlog
@@ -68,6 +69,22 @@ class Distro(abc.ABC):
         return (f"not tested: {info.os_id} follows the {cls.title} flow because its os-release "
                 f"ID_LIKE names {'/'.join(cls.os_ids)}")
 
+    # When a cached install is stale on this distro's nodes: the likely cause, and what
+    # install then does (doctor's advice).
+    stale_cache: ClassVar[tuple[str, str]] = ("kernel updated?",
+                                              "rebuilds for the running kernel")
+
+    @classmethod
+    def node_key(cls, info: HostInfo, driver_version: str) -> CacheKey:
+        """What an install of ``driver_version`` on this node is keyed by (here: the
+        kernel it was built for)."""
+        return CacheKey(driver_version, kernel_release=info.kernel_release)
+
+    @classmethod
+    def read_cache(cls, cache_file: Path) -> cache.CacheRecord | None:
+        """The node's ``.cache`` record, as this distro reads it."""
+        return cache.read(cache_file)
+
     @classmethod
     def image(cls) -> str:
         """The suffix of its image's name (``{flavor}`` in ``manifests render --image``)."""
@@ -105,7 +122,7 @@ class Distro(abc.ABC):
         if ctx.settings.force:
             log.info("cache_skipped", reason="--force")
             return False
-        record = cache.read(ctx.install.cache_file)
+        record = self.read_cache(ctx.install.cache_file)
         if record is None:
             log.info("cache_miss", reason="no .cache record", path=str(ctx.install.cache_file))
             return False

@@ -6,6 +6,7 @@ A subclass declares who it is (names, OS ids, GKE labels, image) and may overrid
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from typing import ClassVar
 
 import structlog
@@ -79,7 +80,7 @@ class HeadersBuild(Distro):
 
     def cache_key(self, ctx: Context, version: str) -> CacheKey:
         flavor = f"compiled-{self.module_type(ctx, version)}"
-        return CacheKey(version, kernel_release=ctx.host_info.kernel_release, flavor=flavor)
+        return replace(self.node_key(ctx.host_info, version), flavor=flavor)
 
     def plan(self, ctx: Context) -> Plan:
         if ctx.settings.preload:

@@ -9,9 +9,9 @@ import pytest
 
 from installer import values
 from installer.bundle.manifest import BundleError, BundleKey, check_sha256
+from installer.distros.cos.pins import Manifest as PinManifest
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
-from installer.pins import Manifest as PinManifest
 from installer.settings import Settings
 
 HEX = hashlib.sha256(b"driver").hexdigest()

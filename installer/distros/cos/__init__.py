@@ -29,8 +29,13 @@ parallel, only after the signature policy allowed it.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from pathlib import Path
 
+from installer import cache
+from installer.cache import CacheKey
 from installer.distros.base import Distro
+from installer.distros.cos.v2_cache import v2_flavor
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo, parse_env_file
@@ -77,6 +82,20 @@ class Cos(Distro):
         "for the driver version, pick one that has them (default/latest)",
     )
     artifact_pin = ("cos_artifacts_sha256", "the COS artifacts (--cos-artifacts-sha256)")
+    stale_cache = ("node image upgraded?", "reinstalls for this build")
+
+    @classmethod
+    def node_key(cls, info: HostInfo, driver_version: str) -> CacheKey:
+        """COS installs are keyed by the OS build (its kernel and signing keys come with it)."""
+        return CacheKey(driver_version, build_id=info.build_id)
+
+    @classmethod
+    def read_cache(cls, cache_file: Path) -> cache.CacheRecord | None:
+        """Ours, or cos-gpu-installer v2's (no CACHE_FLAVOR: its keys tell the flavour)."""
+        record = cache.read(cache_file)
+        if record is not None and record.flavor is None:
+            record = replace(record, flavor=v2_flavor(record.fields))
+        return record
 
     @classmethod
     def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,

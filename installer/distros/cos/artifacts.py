@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import structlog
 
 from installer.distros.cos import VERSION_ALIAS
+from installer.distros.cos.pins import Manifest
 from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
 from installer.net.policy import check_url_scheme, from_metadata
 from installer.osinfo import parse_env_file
-from installer.pins import Manifest
 from installer.values import is_driver_version
 
 log = structlog.get_logger(__name__)

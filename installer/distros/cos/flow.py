@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, headers, pins, signing, steps
+from installer import headers, signing, steps
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros.base import cached_plan, fresh_plan
-from installer.distros.cos import Cos, toolchain, versions
+from installer.distros.cos import Cos, pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
     TOOLCHAIN_ENV_FILE,
@@ -109,7 +109,8 @@ class CosFlow(Cos):
         return self.resolve(ctx).version
 
     def cache_key(self, ctx: Context, version: str, flavor: str | None = None) -> CacheKey:
-        return CacheKey(version, build_id=ctx.host_info.build_id, flavor=flavor)
+        key = dataclasses.replace(self.node_key(ctx.host_info, version), flavor=flavor)
+        return v2_cache.with_v2_lines(key)
 
     # -- plans
 
@@ -129,7 +130,7 @@ class CosFlow(Cos):
         # Any intact install of this build and version is a hit, whatever its
         # flavour: no network needed to restart a node.
         if self.cache_hit(ctx, self.cache_key(ctx, version)):
-            record = cache.read(ctx.install.cache_file)
+            record = self.read_cache(ctx.install.cache_file)
             summary["flavor"] = record.flavor if record else None
             cached_type = flavor_module_type(summary["flavor"])
             summary["kernel_module_type"] = cached_type
@@ -208,8 +209,6 @@ class CosFlow(Cos):
                                  arts.pin(prebuilt_url, "prebuilt modules")))
             work = [unpack_prebuilt(version), steps.extract_driver()]
         else:
-            from installer.gke import v2_tools
-
             tc_env, tc_url = self._toolchain_source(ctx, arts)
             tools = v2_tools.adopt(self._tools(ctx), ctx.host_info.kernel_release, tc_env["CC"],
                                    pinned=arts.manifest is not None)
