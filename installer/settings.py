@@ -72,7 +72,7 @@ class Settings:
         if install_dir is None and DEFAULT_INSTALL_DIR_CONTAINER.is_dir():
             install_dir = DEFAULT_INSTALL_DIR_CONTAINER
         elif install_dir is None:
-            from installer.hostroot import HostRoot
+            from installer.hostroot import HostRoot  # CLI start-up time: secrets, hmac
 
             # Resolved on the host (kubectl debug: a symlinked /home must not send us into
             # this container's own /home).
@@ -118,12 +118,31 @@ class Settings:
         if self.install_only and (self.preload or self.persistence_mode):
             raise UsageError("--install-only loads nothing: it cannot be combined with "
                              f"{'--preload' if self.preload else '--persistence-mode'}")
-        prebuilt_sha = self.prebuilt_sha256
-        if self.prebuilt_url or prebuilt_sha or self.prebuilt_only:
-            from installer.bundle.fetch import check_settings
-
-            prebuilt_sha = check_settings(self.prebuilt_url, prebuilt_sha, self.prebuilt_only,
-                                          allow_insecure_http=self.allow_insecure_http)
+        prebuilt_sha = check_prebuilt(self.prebuilt_url, self.prebuilt_sha256,
+                                      self.prebuilt_only,
+                                      allow_insecure_http=self.allow_insecure_http)
         return replace(self, install_dir=install_dir, driver_sha256=sha,
                        prebuilt_sha256=prebuilt_sha)
 
+
+def check_prebuilt(url: str | None, sha256: str | None, only: bool, *,
+                   allow_insecure_http: bool) -> str | None:
+    """The --prebuilt-* options (issue 15), checked together; the sha256 normalised."""
+    if url is None:
+        if sha256 or only:
+            raise UsageError("--prebuilt-sha256 and --prebuilt-only need --prebuilt-url "
+                             "(NVIDIA_PREBUILT_URL)")
+        return None
+    # CLI start-up time: these pull in structlog and urllib.request (~100 ms), needed only
+    # with --prebuilt-url.
+    from installer.bundle.manifest import BundleError, check_template
+    from installer.net.policy import check_url_scheme
+
+    try:
+        check_template(url)
+    except BundleError as exc:
+        raise UsageError(str(exc), hint="e.g. https://bundles.example.com/nvidia/ or "
+                         "file:///mnt/bundles/nvidia-driver-{driver_version}-{module_type}-"
+                         "{kernel_release}.tar.gz") from None
+    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    return normalize_sha256(sha256 or None, "--prebuilt-sha256")

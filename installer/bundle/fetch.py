@@ -33,7 +33,6 @@ from installer.bundle.manifest import (
     BundleError,
     BundleKey,
     Manifest,
-    check_template,
     expand_url,
     index_url,
 )
@@ -42,36 +41,12 @@ from installer.errors import DownloadError, IntegrityError, SecureBootError, Usa
 from installer.fsutil import remove_tree
 from installer.installdir import LAYOUT_DIRS, Tree
 from installer.modinfo import read_modinfo, vermagic_release
-from installer.net.policy import check_url_scheme, redact_url
+from installer.net.policy import redact_url
 from installer.plan import Step
 
 log = structlog.get_logger(__name__)
 
 MAX_BUNDLE_BYTES = 16 << 30  # unpacked; a 535 bundle is ~0.4 GB
-
-
-def check_settings(url: str | None, sha256: str | None, only: bool, *,
-                   allow_insecure_http: bool) -> str | None:
-    """The --prebuilt-* options, checked together; the sha256 lower-cased."""
-    if url is None:
-        if sha256 or only:
-            raise UsageError("--prebuilt-sha256 and --prebuilt-only need --prebuilt-url "
-                             "(NVIDIA_PREBUILT_URL)")
-        return None
-    try:
-        check_template(url)
-    except BundleError as exc:
-        raise UsageError(str(exc), hint="e.g. https://bundles.example.com/nvidia/ or "
-                         "file:///mnt/bundles/nvidia-driver-{driver_version}-{module_type}-"
-                         "{kernel_release}.tar.gz") from None
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
-    if sha256 is None:
-        return None
-    sha = sha256.strip().lower()
-    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-        raise UsageError("--prebuilt-sha256 must be 64 hex digits",
-                         hint="the sha256 of the bundle file (its .sha256 file, first column)")
-    return sha
 
 
 def prebuilt_step(ctx: Context, version: str, module_type: str) -> Step:

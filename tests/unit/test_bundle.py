@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from installer.bundle import build, index, tree
-from installer.bundle.fetch import check_settings, unpack
+from installer.bundle.fetch import unpack
 from installer.bundle.manifest import (
     BundleError,
     BundleKey,
@@ -27,6 +27,7 @@ from installer.bundle.manifest import (
 )
 from installer.errors import ExitCode, IntegrityError, UsageError
 from installer.installdir import InstallDir
+from installer.settings import check_prebuilt
 from tests.fixtures.kernel import fake_ko
 
 V, R, OTHER_R = "550.54.14", "5.15.0-1049-gke", "6.8.0-1015-gke"
@@ -153,7 +154,7 @@ def test_template_placeholders_are_filled_and_quoted():
 ])
 def test_bad_prebuilt_options_are_usage_errors(url, sha, only, error):
     with pytest.raises(UsageError, match=error):
-        check_settings(url, sha, only, allow_insecure_http=False)
+        check_prebuilt(url, sha, only, allow_insecure_http=False)
 
 
 # -- packing and the index ---------------------------------------------------------
