@@ -265,8 +265,9 @@ def status(output: str, **opts: Any) -> int:
 def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
     from installer import verify as verify_mod
+    from installer.context import Context
 
-    gpus = verify_mod.run(_settings(**opts))
+    gpus = verify_mod.check_installed(Context.from_settings(_settings(**opts)))
     click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 

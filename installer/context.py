@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from installer.distros import host_info_from_text
 from installer.errors import UnsupportedHostError, clip
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
-from installer.osinfo import HostInfo, host_info_from_text
+from installer.osinfo import HostInfo
 from installer.runner import Runner
 from installer.settings import DEFAULT_HOST_ROOT, Settings
 from installer.values import is_kernel_release

@@ -25,6 +25,7 @@ from installer.fsutil import UnreadableFile
 from installer.osinfo import HostInfo
 from installer.runner import CommandError
 from installer.settings import Settings
+from installer.verify import check_driver_version, nvidia_smi
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
@@ -346,8 +347,6 @@ def check_dev_char(n: Node) -> Finding:
 
 
 def check_nvidia_smi(n: Node) -> Finding:
-    from installer.verify import check_driver_version, nvidia_smi
-
     if not (n.install.bin / "nvidia-smi").is_file():
         return Finding("nvidia_smi", FAIL, "not run: no bin/nvidia-smi in the install dir",
                        "fix install_dir first")

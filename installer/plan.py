@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
-from installer.context import Context
 from installer.errors import InstallerError
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

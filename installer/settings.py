@@ -13,7 +13,9 @@ from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
 DEFAULT_HOST_ROOT = Path("/root")
 DEFAULT_INSTALL_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
 DEFAULT_INSTALL_DIR_CONTAINER = Path("/usr/local/nvidia")
-DEFAULT_DRIVER_BASE_URL = "https://us.download.nvidia.com/tesla"
+# NVIDIA's download host; --driver-branch picks the path under it.
+NVIDIA_BASE_URL = "https://us.download.nvidia.com/{branch}"
+DEFAULT_DRIVER_BASE_URL = NVIDIA_BASE_URL.format(branch="tesla")
 DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from installer import __version__, cache, safejson
+from installer.context import Context
 from installer.errors import IntegrityError, NotInstalledError
 from installer.fsutil import UnreadableFile, read_limited, write_record
 from installer.net.policy import scrub
@@ -49,8 +50,6 @@ def read(path: Path) -> dict[str, Any] | None:
 
 def report(settings: Settings) -> dict[str, Any]:
     """The ``status`` command's document: the last run and the ``.cache`` record."""
-    from installer.context import Context
-
     install = Context.from_settings(settings, strict=False).install  # any host OS will do
     try:
         last = read(install.status_file)

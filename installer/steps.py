@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -24,7 +25,6 @@ from installer import (
     verify,
 )
 from installer.cache import CacheKey
-from installer.context import Context
 from installer.errors import (
     ModuleLoadError,
     SecureBootError,
@@ -38,6 +38,9 @@ from installer.net.policy import file_name
 from installer.plan import Step
 from installer.runner import CommandError
 from installer.workstate import Artifact
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

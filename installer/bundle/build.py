@@ -15,6 +15,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -27,7 +28,6 @@ from installer.bundle.manifest import (
     Manifest,
     check_link,
 )
-from installer.context import Context
 from installer.distros import for_host
 from installer.distros.headers_build import HeadersBuild, compile_steps
 from installer.errors import BuildError, UnsupportedHostError
@@ -38,6 +38,9 @@ from installer.modsign import MAGIC
 from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.runner import CommandError
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

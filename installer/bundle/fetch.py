@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -36,13 +37,15 @@ from installer.bundle.manifest import (
     expand_url,
     index_url,
 )
-from installer.context import Context
 from installer.errors import DownloadError, IntegrityError, SecureBootError, UsageError
 from installer.fsutil import remove_tree
 from installer.installdir import LAYOUT_DIRS, Tree
 from installer.modinfo import read_modinfo, vermagic_release
 from installer.net.policy import redact_url
 from installer.plan import Step
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

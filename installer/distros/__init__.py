@@ -8,7 +8,7 @@ from installer.distros.cos import Cos
 from installer.distros.debian import Debian
 from installer.distros.ubuntu import Ubuntu
 from installer.errors import UnsupportedHostError
-from installer.osinfo import HostInfo
+from installer.osinfo import HostInfo, os_release_fields
 
 # Every distro, in the order they are tried (and rendered: one DaemonSet each).
 DISTROS: tuple[type[Distro], ...] = (Cos, Ubuntu, Debian)
@@ -33,6 +33,13 @@ def recognise(fields: dict[str, str], lsb_release: str | None, kernel_release: s
             f"{d.title} (ID={'/'.join(d.os_ids)})" for d in DISTROS),
         path=os_release_path,
     )
+
+
+def host_info_from_text(os_release: str | None, lsb_release: str | None, kernel_release: str,
+                        *, os_release_path: str = "/etc/os-release") -> HostInfo:
+    """The host facts from its os-release and lsb-release texts (UnsupportedHostError)."""
+    fields = os_release_fields(os_release, os_release_path)
+    return recognise(fields, lsb_release, kernel_release, os_release_path)
 
 
 def support(info: HostInfo) -> str:

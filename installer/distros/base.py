@@ -8,17 +8,19 @@ import abc
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import structlog
 
 from installer import cache, steps
 from installer.cache import CacheKey
-from installer.context import Context
 from installer.distros.daemonset import DaemonSetNeeds
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
 from installer.values import is_driver_version
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import structlog
 
 from installer import gpus, headers, steps
 from installer.cache import CacheKey
-from installer.context import Context
 from installer.distros.base import Distro, cached_plan, fresh_plan
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UsageError
 from installer.nvidia_run import check_version, driver_url, version_from_url
 from installer.plan import Plan, Step
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

@@ -1,7 +1,8 @@
 import pytest
 
+from installer.distros import host_info_from_text
 from installer.errors import UnsupportedHostError
-from installer.osinfo import host_info_from_text, parse_env_file
+from installer.osinfo import parse_env_file
 from tests.fixtures.kernel import UBUNTU_KERNEL
 from tests.fixtures.node import COS_113, COS_113_LSB_RELEASE, UBUNTU_2204
 

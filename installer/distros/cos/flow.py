@@ -9,7 +9,6 @@ import structlog
 
 from installer import headers, signing, steps
 from installer.cache import CacheKey
-from installer.context import Context
 from installer.distros.base import cached_plan, fresh_plan
 from installer.distros.cos import Cos, pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
@@ -49,6 +48,7 @@ from installer.plan import Plan, Step
 from installer.steps import Fetch
 
 if TYPE_CHECKING:
+    from installer.context import Context
     from installer.net.retry import RetryPolicy
 
 log = structlog.get_logger(__name__)

@@ -6,17 +6,20 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from installer import archive, modsign, steps
-from installer.context import Context
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import custom_run_name, signatures_name
 from installer.distros.cos.toolchain import BuildTools
 from installer.errors import BuildError, IntegrityError, ModuleLoadError, SecureBootError
 from installer.modinfo import read_modinfo
 from installer.plan import Step
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

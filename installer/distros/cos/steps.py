@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from installer import archive, headers, signing, steps
-from installer.context import Context
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import KERNEL_HEADERS, prebuilt_modules_name
 from installer.distros.cos.toolchain import BuildTools
@@ -18,6 +18,9 @@ from installer.fsutil import remove_tree
 from installer.modinfo import read_modinfo
 from installer.plan import Step
 from installer.workstate import BuildToolchain
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import structlog
 
 from installer import cache
-from installer.context import Context
 from installer.distros.cos import Cos
 from installer.distros.cos.artifacts import (
     DEFAULT_ALIAS,
@@ -23,6 +22,7 @@ from installer.distros.cos.artifacts import (
 from installer.errors import DownloadError
 
 if TYPE_CHECKING:
+    from installer.context import Context
     from installer.net.retry import RetryPolicy
 
 log = structlog.get_logger(__name__)
