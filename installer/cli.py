@@ -6,6 +6,7 @@ stay inside the commands so ``--help`` and cache hits start fast.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -22,6 +23,7 @@ from installer.settings import (
     DEFAULT_HOST_ROOT,
     DEFAULT_INSTALL_DIR_HOST,
     Settings,
+    retry_env,
 )
 
 LOG_FORMATS = click.Choice(["auto", "json", "console"])
@@ -78,13 +80,12 @@ def _settings(**opts: Any) -> Settings:
     if opts.get("metrics_file"):
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
     _register_secrets(opts)
+    opts.update(retry_env(os.environ))
     return Settings(**{k: v for k, v in opts.items() if v is not None}).resolved()
 
 
 def _register_secrets(opts: dict[str, Any]) -> None:
     """Credentials in the URLs we were given (and in proxy settings) never reach output."""
-    import os
-
     from installer.net.policy import register_url
 
     for key in ("driver_url", "driver_base_url", "cos_artifacts_url", "cos_artifacts_sha256",

@@ -77,12 +77,14 @@ class Context:
     @property
     def http(self) -> requests.Session:
         if self._session is None:
-            from installer.net.retry import TransferLimits
+            from installer.net.retry import NETWORK_DEFAULTS, TransferLimits, with_settings
             from installer.net.session import make_session  # requests is slow to import
 
             s = self.settings
-            self._session = make_session(limits=TransferLimits(
-                s.download_deadline_s, s.download_min_rate, s.download_min_rate_time_s))
+            self._session = make_session(
+                limits=TransferLimits(s.download_deadline_s, s.download_min_rate,
+                                      s.download_min_rate_time_s),
+                policy=with_settings(NETWORK_DEFAULTS, s.download_retries, s.download_timeout_s))
         return self._session
 
 

@@ -25,6 +25,7 @@ import click
 from installer import __version__
 from installer.distros import DISTROS
 from installer.distros.daemonset import HostMount
+from installer.settings import ENV_RETRIES, ENV_TIMEOUT  # env only: no CLI option names them
 
 
 def _installer_env_vars() -> tuple[str, ...]:
@@ -32,7 +33,6 @@ def _installer_env_vars() -> tuple[str, ...]:
     the CLI's options so the two cannot drift; the manifests may only set these (plus the
     proxy and CA variables below)."""
     from installer.cli import env_vars
-    from installer.net.retry import ENV_RETRIES, ENV_TIMEOUT  # read by the retry policy itself
 
     return (*env_vars(), ENV_RETRIES, ENV_TIMEOUT)
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
@@ -16,7 +18,12 @@ DEFAULT_INSTALL_DIR_CONTAINER = Path("/usr/local/nvidia")
 # NVIDIA's download host; --driver-branch picks the path under it.
 NVIDIA_BASE_URL = "https://us.download.nvidia.com/{branch}"
 DEFAULT_DRIVER_BASE_URL = NVIDIA_BASE_URL.format(branch="tesla")
+# Read from the environment only (DESIGN.md section 3, no option): every download's
+# retry policy (net/retry.py), which reaches net/ through the Context's session.
+ENV_RETRIES = "DOWNLOAD_RETRIES"
+ENV_TIMEOUT = "DOWNLOAD_TIMEOUT"
 DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -51,6 +58,8 @@ class Settings:
     download_deadline_s: float = 3600.0  # one download, all attempts (retry.TransferLimits)
     download_min_rate: float = 10240.0  # bytes/s over each rate window; 0: no floor
     download_min_rate_time_s: float = 60.0
+    download_retries: int | None = None  # attempts per operation; None: the default (retry.py)
+    download_timeout_s: float | None = None  # no new attempt after this; None: the default
     # Issue 15: install a prebuilt bundle (URL template) before compiling.
     prebuilt_url: str | None = None
     prebuilt_sha256: str | None = None
@@ -148,3 +157,34 @@ def check_prebuilt(url: str | None, sha256: str | None, only: bool, *,
                          "{kernel_release}.tar.gz") from None
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
     return normalize_sha256(sha256 or None, "--prebuilt-sha256")
+
+
+def retry_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Settings fields from ``DOWNLOAD_RETRIES`` / ``DOWNLOAD_TIMEOUT`` (UsageError naming
+    the variable when a value is not valid)."""
+    fields: dict[str, Any] = {}
+    raw = environ.get(ENV_RETRIES, "").strip()
+    if raw:
+        try:
+            attempts = int(raw)
+        except ValueError:
+            attempts = 0
+        if attempts < 1:
+            raise UsageError(
+                f"{ENV_RETRIES}={raw!r} is not a valid number of attempts",
+                hint="set it to an integer >= 1 (1 means no retry)",
+            )
+        fields["download_retries"] = attempts
+    raw = environ.get(ENV_TIMEOUT, "").strip()
+    if raw:
+        try:
+            total = float(raw)
+        except ValueError:
+            total = -1.0
+        if not total > 0 or total == float("inf"):
+            raise UsageError(
+                f"{ENV_TIMEOUT}={raw!r} is not a valid total timeout",
+                hint="set it to a number of seconds > 0",
+            )
+        fields["download_timeout_s"] = total
+    return fields

@@ -69,7 +69,7 @@ from installer.net.retry import (
     RetryPolicy,
     TransferLimits,
 )
-from installer.net.session import classify, limits_of, refuse_encoding, request_error
+from installer.net.session import classify, limits_of, policy_of, refuse_encoding, request_error
 from installer.progress import Progress
 
 log = structlog.get_logger(__name__)
@@ -458,8 +458,7 @@ def download(
     cancel: threading.Event | None = None,
 ) -> Downloaded:
     """Fetch ``url`` to ``dest`` (see the module docstring). ``policy=None``: the
-    defaults with ``DOWNLOAD_RETRIES``/``DOWNLOAD_TIMEOUT`` applied, read now
-    (:func:`installer.net.retry.policy_from_env`). Setting ``cancel`` stops
+    session's (Settings' DOWNLOAD_RETRIES/DOWNLOAD_TIMEOUT, set by the Context). Setting ``cancel`` stops
     the download (:class:`Cancelled`) at its next chunk or wait, its temp file removed;
     ``session`` may be None for a ``file://`` URL."""
     check_url_scheme(url, allow_insecure_http=allow_insecure_http)
@@ -467,8 +466,7 @@ def download(
     dest = Path(dest)
     shown = redact_url(url)
     label = label or dest.name
-    if policy is None:
-        policy = retry.policy_from_env()
+    policy = policy or policy_of(session)
     started = time.monotonic()
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)

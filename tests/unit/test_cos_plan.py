@@ -240,7 +240,7 @@ def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
 
     ctx = env.ctx()
     object.__setattr__(ctx.settings, "cos_artifacts_url", "https://127.0.0.1:9/{build_id}")
-    monkeypatch.setenv("DOWNLOAD_RETRIES", "1")
+    object.__setattr__(ctx.settings, "download_retries", 1)
     monkeypatch.setattr(cos_mod, "quick_policy", lambda: RetryPolicy(1, 0, 0, 5, 2, 2))
     with pytest.raises(DownloadError) as err:
         CosFlow().plan(ctx)
