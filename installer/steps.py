@@ -27,7 +27,6 @@ from installer import (
 from installer.cache import CacheKey
 from installer.errors import (
     ModuleLoadError,
-    SecureBootError,
     UsageError,
 )
 from installer.fsutil import remove_tree
@@ -64,12 +63,10 @@ def check_module_signing(need_signed: str) -> Step:
     def run(ctx: Context) -> None:
         policy = signing.policy(ctx.kernel)
         if policy.enforced:
-            raise SecureBootError(
-                f"this kernel only loads signed modules ({policy.why()}) and {need_signed}",
-                hint="disable Secure Boot / module.sig_enforce on this node pool, or use a "
-                "driver version with signed prebuilt modules",
-                kernel_release=ctx.host_info.kernel_release,
-            )
+            raise signing.refusal(
+                policy, need_signed,
+                "install from bundles signed with a key enrolled on the nodes (bundle build "
+                "--signing-key, --prebuilt-url)", kernel_release=ctx.host_info.kernel_release)
 
     return Step("check_module_signing", run, "refuse early if unsigned modules cannot load",
                 check=True)

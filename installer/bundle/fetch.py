@@ -37,7 +37,7 @@ from installer.bundle.manifest import (
     expand_url,
     index_url,
 )
-from installer.errors import DownloadError, IntegrityError, SecureBootError, UsageError
+from installer.errors import DownloadError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
 from installer.installdir import LAYOUT_DIRS, Tree
 from installer.modinfo import read_modinfo, vermagic_release
@@ -76,11 +76,12 @@ def fetch_prebuilt(key: BundleKey, url: str) -> Step:
                 hint=f"run `nvidia-driver-installer bundle index` where the bundles are and "
                 f"publish {INDEX_NAME}, or pass --prebuilt-sha256", url=redact_url(url))
         manifest = unpack(path, staging, key, ctx.kernel.release())
-        if signing.policy(ctx.kernel).enforced and not manifest.signed:
-            raise SecureBootError(
-                f"this kernel only loads signed modules and bundle {key.name()} is unsigned",
-                hint="build the bundles with --signing-key/--signing-cert of a key enrolled on "
-                "the nodes", kernel_release=key.kernel_release)
+        policy = signing.policy(ctx.kernel)
+        if policy.enforced and not manifest.signed:
+            raise signing.refusal(
+                policy, f"bundle {key.name()} is unsigned",
+                "build the bundles with --signing-key/--signing-cert of a key enrolled on the "
+                "nodes", kernel_release=key.kernel_release)
         ctx.work.bundle = manifest
         log.info("prebuilt_bundle_staged", bundle=key.name(), url=redact_url(url),
                  vermagic=manifest.vermagic, compiler=manifest.compiler, signed=manifest.signed)

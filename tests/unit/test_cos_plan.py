@@ -263,6 +263,7 @@ def test_enforced_signatures_without_prebuilt_stop_first_with_exit_10(env):
     exc = err.value
     assert exc.exit_code == ExitCode.SECURE_BOOT == 10
     assert COS_BUILD_ID in exc.message and DEFAULT_V in exc.message
+    assert exc.message.startswith("this node only loads signed kernel modules (module.sig_enforce")
     assert exc.context["url"].endswith(f"nvidia-drivers-{DEFAULT_V}.tgz")
     assert "never edits boot config" in exc.hint
 

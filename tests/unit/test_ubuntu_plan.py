@@ -14,7 +14,7 @@ from installer.context import Context
 from installer.distros import for_host
 from installer.distros.headers_build import find_kernel_headers
 from installer.distros.ubuntu import Ubuntu
-from installer.errors import ExitCode, InstallerError, UsageError
+from installer.errors import ExitCode, InstallerError, SecureBootError, UsageError
 from installer.settings import Settings
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import UBUNTU_KERNEL, build_ubuntu_node
@@ -120,6 +120,20 @@ def test_default_falls_back_to_a_branch_the_gpu_supports(tmp_path, monkeypatch):
 def test_bad_version_is_a_usage_error(env, version):
     with pytest.raises(UsageError, match="not a driver version"):
         Ubuntu().plan(env.ctx(driver_version=version))
+
+
+def test_enforced_signatures_are_the_one_exit_10_refusal(env):
+    env.kernel.set_cmdline("module.sig_enforce=1")
+    ctx = env.ctx()
+    step = next(s for s in Ubuntu().plan(ctx).steps if s.name == "check_module_signing")
+    with pytest.raises(SecureBootError) as err:
+        step.run(ctx)
+    assert err.value.exit_code == ExitCode.SECURE_BOOT == 10
+    assert err.value.message == ("this node only loads signed kernel modules (module.sig_enforce=1 "
+                                 "is on the kernel command line) and this flow builds unsigned "
+                                 "modules")
+    assert "--signing-key" in err.value.hint
+    assert err.value.hint.endswith("this installer never edits boot config or reboots")
 
 
 def test_preload_is_refused_on_ubuntu(env):

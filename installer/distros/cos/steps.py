@@ -63,17 +63,11 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
             if signatures_url:
                 why += (f", nor a signed precompiled driver for these GPUs "
                         f"({signatures_url} and its -custom.run)")
-            raise SecureBootError(
-                f"this node only loads signed kernel modules ({policy.why()}) "
-                f"and {why}; compiled modules would be rejected",
-                hint="choose a driver version this build ships prebuilt modules for "
-                "(--driver-version=default or latest usually do), or run on a node pool "
-                "without module signature enforcement; this installer never edits boot "
-                "config or reboots",
-                url=prebuilt_url,
-                kernel_release=ctx.host_info.kernel_release,
-                build_id=build_id,
-            )
+            raise signing.refusal(
+                policy, f"{why}; compiled modules would be rejected",
+                "choose a driver version this build ships prebuilt modules for "
+                "(--driver-version=default or latest usually do)",
+                url=prebuilt_url, kernel_release=ctx.host_info.kernel_release, build_id=build_id)
         if policy.enforced:
             log.info("module_signing_enforced", reasons=list(policy.reasons),
                      using=signed_what)
