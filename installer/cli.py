@@ -254,8 +254,10 @@ def status(output: str, **opts: Any) -> int:
     """Print the last run's status.json and the .cache record; exit with its exit code
     (12 when the installer has not run on this node)."""
     from installer import status as status_mod
+    from installer.context import Context
 
-    doc = status_mod.report(_settings(**opts))
+    # Any host OS will do: only the install dir is read.
+    doc = status_mod.report(Context.from_settings(_settings(**opts), strict=False).install)
     click.echo(render(doc, output), nl=False)
     return status_mod.exit_code(doc)
 
