@@ -76,8 +76,9 @@ def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
         *compile_steps(ctx, url, version, key.module_type),
         *((sign_modules(signing),) if signing else ()),
         write_bundle(key, output_dir, signed=signing is not None),
-    ), {"driver_version": version, "kernel_release": key.kernel_release,
-        "kernel_module_type": key.module_type, "bundle": key.name(), "driver_url": url})
+    ), driver_version=version, kernel_module_type=key.module_type, driver_url=url,
+        driver_sha256=ctx.settings.driver_sha256,
+        display={"kernel_release": key.kernel_release, "bundle": key.name()})
 
 
 def sign_modules(signing: Signing) -> Step:

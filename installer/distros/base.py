@@ -136,13 +136,15 @@ class Distro(abc.ABC):
         return True
 
 
-def cached_plan(ctx: Context, version: str, check_gpus: Step,
-                summary: dict[str, object]) -> Plan:
+def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: str | None,
+                display: dict[str, object]) -> Plan:
     """A cache hit in any distro: check the GPUs, then load and verify what is installed."""
-    return Plan("cached", (check_gpus, *steps.load_cached(ctx, version)), summary)
+    return Plan("cached", (check_gpus, *steps.load_cached(ctx, version)), driver_version=version,
+                kernel_module_type=module_type, display=display)
 
 
-def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, object], *,
+def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, driver_url: str,
+               driver_sha256: str | None = None, display: dict[str, object],
                check_gpus: Step, check_signing: Step, before_staging: Sequence[Step] = (),
                build: Sequence[Step], prebuilt: Step | None = None) -> Plan:
     """A fresh install in any distro: every check before any download, then the distro's
@@ -151,6 +153,8 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, obj
     ``prebuilt`` (a fleet's bundle, ``--prebuilt-url``) tries to fill the staging dir
     first; the distro's signing check, headers and build then run only if it did not
     (a signed bundle loads where our own unsigned build would be refused)."""
+    facts = {"driver_version": version, "kernel_module_type": module_type,
+             "driver_url": driver_url, "driver_sha256": driver_sha256, "display": display}
     if prebuilt is None:
         return Plan("fresh", (
             check_gpus,
@@ -160,7 +164,7 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, obj
             steps.prepare_staging(),
             *build,
             *steps.activate_staged(ctx, version, key),
-        ), summary)
+        ), **facts)  # type: ignore[arg-type]
     return Plan("fresh", (
         check_gpus,
         steps.check_loaded_driver(version),
@@ -168,7 +172,7 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, obj
         prebuilt,
         *(_unless_bundled(s) for s in (check_signing, *before_staging, *build)),
         *steps.activate_staged(ctx, version, key),
-    ), summary)
+    ), **facts)  # type: ignore[arg-type]
 
 
 def _unless_bundled(step: Step) -> Step:

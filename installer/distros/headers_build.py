@@ -94,11 +94,11 @@ class HeadersBuild(Distro):
         version = self.driver_version(ctx)
         key = self.cache_key(ctx, version)
         module_type = key.flavor.removeprefix("compiled-") if key.flavor else "proprietary"
-        summary = {"driver_version": version, "kernel_release": ctx.host_info.kernel_release,
-                   "kernel_module_type": module_type}
+        display: dict[str, object] = {"kernel_release": ctx.host_info.kernel_release}
         check_gpus = steps.check_gpus(version, ctx.settings.kernel_module_type)
         if self.cache_hit(ctx, key):
-            return cached_plan(ctx, version, check_gpus, summary)
+            return cached_plan(ctx, version, check_gpus, module_type=module_type,
+                               display=display)
         url = driver_url(ctx.settings, version)
         prebuilt = None
         if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
@@ -107,7 +107,8 @@ class HeadersBuild(Distro):
 
             prebuilt = prebuilt_step(ctx, version, module_type)
         return fresh_plan(
-            ctx, version, key, {**summary, "driver_url": url}, check_gpus=check_gpus,
+            ctx, version, key, module_type=module_type, driver_url=url,
+            driver_sha256=ctx.settings.driver_sha256, display=display, check_gpus=check_gpus,
             check_signing=steps.check_module_signing("this flow builds unsigned modules"),
             before_staging=(self.headers_step(),),
             build=compile_steps(ctx, url, version, module_type),

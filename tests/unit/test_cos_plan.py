@@ -325,7 +325,7 @@ def test_preload_plan_and_run(env):
     assert plan.kind == "preload"
     assert names(plan) == ["fetch_artifacts", "prepare_kernel_headers", "prepare_toolchain",
                            "preload_finished"]
-    assert plan.summary["already_cached"] is False and plan.summary["driver_version"] is None
+    assert plan.summary["already_cached"] is False and plan.driver_version is None
     for s in plan.steps:
         s.run(ctx)
     tools = env.tools_dir / COS_BUILD_ID

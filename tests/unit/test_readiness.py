@@ -87,8 +87,8 @@ class FakeDistro:
         self.steps, self.kind = steps, kind
 
     def plan(self, ctx):
-        return Plan(self.kind, tuple(self.steps), {"driver_version": "550.54.14",
-                                                   "kernel_module_type": "proprietary"})
+        return Plan(self.kind, tuple(self.steps), driver_version="550.54.14",
+                    kernel_module_type="proprietary")
 
 
 def run_with(monkeypatch, host, steps, kind="fresh", **kw):

@@ -80,7 +80,9 @@ def test_fresh_plan_builds_against_the_host_kernel(env):
         "driver_url": run_url(env.tesla, DEFAULT_DRIVER_VERSION),
     }
     download = next(s for s in plan.steps if s.name == "download_driver")
-    assert download.detail == plan.summary["driver_url"]
+    assert download.detail == plan.driver_url == plan.summary["driver_url"]
+    assert (plan.driver_version, plan.kernel_module_type) == (DEFAULT_DRIVER_VERSION,
+                                                              "proprietary")
     # Planning wrote nothing (dry-run safety), and what --dry-run prints is JSON.
     assert not (env.node.install_dir / ".staging").exists()
     assert json.loads(json.dumps(plan.describe()))
@@ -156,7 +158,7 @@ def test_cache_hit_needs_version_kernel_and_flavour(env):
                 ctx.install.root, "test")
     plan = Ubuntu().plan(ctx)
     assert plan.kind == "cached" and names(plan) == CACHED_STEPS
-    assert "driver_url" not in plan.summary  # nothing to download
+    assert plan.driver_url is None and "driver_url" not in plan.summary  # nothing to download
     assert Ubuntu().plan(env.ctx(force=True)).kind == "fresh"
     assert Ubuntu().plan(env.ctx(driver_version="535.183.01")).kind == "fresh"
     assert Ubuntu().plan(env.ctx(kernel_module_type="open")).kind == "fresh"
