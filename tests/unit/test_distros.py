@@ -73,3 +73,21 @@ def test_artifact_pins_name_a_settings_field_and_its_option():
     assert set(pins) == {"cos"}  # Ubuntu downloads nothing but the .run
     for field, shown in pins.values():
         assert field in names and f"--{field.replace('_', '-')}" in shown
+
+
+def test_the_readme_recipe_names_files_that_exist():
+    """README "Add a distro": every file it names (but the new one's) is where it says."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "README.md").read_text()
+    section = text.split("## Add a distro", 1)[1].split("\n## ", 1)[0]
+    named = {m for m in re.findall(r"`((?:installer|tests)/[\w/.]+\.py)`", section)}
+    named |= {f"installer/{m}" for m in re.findall(r"`(distros/[\w/.]+\.py)`", section)}
+    assert "installer/distros/headers_build.py" in named and len(named) >= 5
+    assert all((repo / path).is_file() for path in named), named
+    for distro in DISTROS:  # and the recipe's attribute names are the classes' own
+        for attr in ("name", "title", "os_ids", "gke_os_distributions", "image_flavor",
+                     "daemonset", "version_alias"):
+            assert hasattr(distro, attr) and f"`{attr}`" in section
