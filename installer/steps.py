@@ -92,7 +92,7 @@ def check_loaded_driver(version: str) -> Step:
 
 def download_driver(url: str, sha256: str | None) -> Step:
     def run(ctx: Context) -> None:
-        from installer.net.transfer import download
+        from installer.net.transfer import download  # requests: not on a cache hit
 
         staging = ctx.work.staged()
         dest = staging.root / "downloads" / file_name(url, "driver.run")
@@ -121,7 +121,7 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
     cancels the rest)."""
 
     def run(ctx: Context) -> None:
-        from installer.net.parallel import DownloadJob, download_all
+        from installer.net.parallel import DownloadJob, download_all  # requests, as above
 
         for into in sorted({f.into for f in fetches if f.into is not None}):
             # Archives a killed run left (what is extracted from them is kept only when

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from installer import archive, signing
-from installer.bundle import tree
+from installer.bundle import index, tree
 from installer.bundle.manifest import (
     INDEX_NAME,
     MANIFEST_NAME,
@@ -41,7 +41,9 @@ from installer.errors import DownloadError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
 from installer.installdir import LAYOUT_DIRS, Tree
 from installer.modinfo import read_modinfo, vermagic_release
+from installer.net.fetch import fetch_text
 from installer.net.policy import redact_url
+from installer.net.transfer import download
 from installer.plan import Step
 
 if TYPE_CHECKING:
@@ -92,9 +94,6 @@ def fetch_prebuilt(key: BundleKey, url: str) -> Step:
 
 
 def _digest_from_index(ctx: Context, url: str, key: BundleKey) -> str | None:
-    from installer.bundle import index
-    from installer.net.fetch import fetch_text
-
     where = index_url(url)
     text = fetch_text(ctx.http, where, allow_insecure_http=ctx.settings.allow_insecure_http,
                       max_bytes=index.MAX_INDEX_BYTES)
@@ -114,8 +113,6 @@ def _download(ctx: Context, url: str, key: BundleKey, digest: str | None,
               staging: Tree) -> Path | None:
     """The verified bundle file, or None when there is no such bundle (after the fallback
     or --prebuilt-only decision)."""
-    from installer.net.transfer import download
-
     try:
         return download(ctx.http, url, staging.root / "downloads" / key.name(),
                         expected_sha256=digest, label="prebuilt bundle",
@@ -140,8 +137,6 @@ def unpack(path: Path, staging: Tree, key: BundleKey, running_release: str) -> M
 
     The manifest is read before anything is extracted, so a bundle for another
     driver, kernel or module type costs one small read, not unpacking ~0.2 GB."""
-    from installer.bundle import index
-
     def refuse(what: str) -> IntegrityError:
         return IntegrityError(f"prebuilt bundle {key.name()} {what}; nothing was installed",
                               hint="rebuild and re-index the bundle; do not edit bundles",

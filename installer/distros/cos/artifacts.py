@@ -25,7 +25,9 @@ import structlog
 
 from installer.distros.cos import VERSION_ALIAS
 from installer.distros.cos.pins import Manifest
+from installer.distros.cos.toolchain import check_toolchain_env
 from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
+from installer.net.fetch import fetch_text, url_exists
 from installer.net.policy import check_url_scheme, from_metadata
 from installer.osinfo import parse_env_file
 from installer.values import is_driver_version
@@ -197,8 +199,6 @@ def parse_toolchain_env(text: str | None, source: str = TOOLCHAIN_ENV_FILE) -> d
     Only the toolchain's own tools may be named (:func:`toolchain.check_toolchain_env`):
     anything else is exit 6 here, before a value reaches a build.
     """
-    from installer.distros.cos.toolchain import check_toolchain_env
-
     if text is None:
         return dict(DEFAULT_TOOLCHAIN_ENV)
     env = parse_env_file(text)
@@ -250,8 +250,6 @@ class Artifacts:
         is probed, not read: absent is fine (most builds have no ``toolchain_url``),
         present is exit 6, since its content would steer the install unvetted.
         """
-        from installer.net.fetch import fetch_text
-
         if self.manifest is not None and self.manifest.lookup(name) is None:
             if self.exists(name):
                 raise self.manifest.not_listed(self.url(name), name)
@@ -268,8 +266,6 @@ class Artifacts:
         return self.manifest.require(url, label) if self.manifest is not None else None
 
     def exists(self, name: str) -> bool:
-        from installer.net.fetch import url_exists
-
         return url_exists(self.session, self.url(name),
                           allow_insecure_http=self.allow_insecure_http, policy=self.policy)
 

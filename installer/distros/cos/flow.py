@@ -43,6 +43,8 @@ from installer.distros.cos.steps import (
     unpack_prebuilt,
 )
 from installer.distros.cos.toolchain import BuildTools
+from installer.gke import mirror
+from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root, check_url_scheme
 from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
@@ -80,8 +82,6 @@ class CosFlow(Cos):
         if not location:
             return None
         if self._pins is None:
-            from installer.net.fetch import fetch_text
-
             if "://" in location:
                 check_url_scheme(location, allow_insecure_http=ctx.settings.allow_insecure_http)
             self._pins = pins.load(location, lambda url: fetch_text(
@@ -99,8 +99,6 @@ class CosFlow(Cos):
         only when no driver URL or base URL was given."""
         if ctx.settings.driver_url or ctx.settings.driver_base_url:
             return None
-        from installer.gke import mirror
-
         return mirror.mirror_base_url(mirror.gce_zone())
 
     def resolve(self, ctx: Context) -> Resolved:

@@ -17,6 +17,7 @@ from installer.distros.cos.toolchain import BuildTools
 from installer.errors import BuildError, IntegrityError, ModuleLoadError, SecureBootError
 from installer.modinfo import read_modinfo
 from installer.plan import Step
+from installer.runner import CommandError
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -66,8 +67,6 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
     <staging>/precompiled/drivers (placed into drivers/ after the user-space install)."""
 
     def run(ctx: Context) -> None:
-        from installer.runner import CommandError
-
         staging = ctx.work.staged()
         extract: Path = ctx.work.extract_dir
         kernel_dir = extract / "kernel"
@@ -115,8 +114,6 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
 
 def _link(ctx: Context, linker: list) -> None:
     """``linker -o kernel/<module> <interface> <core>`` for each of LINKED."""
-    from installer.runner import CommandError
-
     extract: Path = ctx.work.extract_dir
     kernel_dir = extract / "kernel"
     for module, interface, core in LINKED:

@@ -17,6 +17,7 @@ from installer.errors import BuildError, IntegrityError, SecureBootError
 from installer.fsutil import remove_tree
 from installer.modinfo import read_modinfo
 from installer.plan import Step
+from installer.sandbox import SANDBOX_PATH
 from installer.workstate import BuildToolchain
 
 if TYPE_CHECKING:
@@ -97,8 +98,6 @@ def prepare_kernel_headers(tools: BuildTools, release: str,
 
 def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
     def run(ctx: Context) -> None:
-        from installer.sandbox import SANDBOX_PATH
-
         got = ctx.work.downloads.get("toolchain")
         if got is not None:
             toolchain.install_archive(got.path, tools.toolchain, source_url=got.url,
