@@ -1,8 +1,8 @@
 """DaemonSet manifests: rendered from jinja2 templates shipped in the package.
 
-``nvidia-driver-installer manifests render`` writes one DaemonSet per OS flavour
-(``daemonset-cos.yaml``, ``daemonset-ubuntu.yaml``) following the pod contract
-of DESIGN.md section 2. The defaults are committed under ``manifests/`` and a
+``nvidia-driver-installer manifests render`` writes one DaemonSet per distro
+(``daemonset-<flavor>.yaml``, from what each class in ``distros/`` declares) following
+the pod contract of DESIGN.md section 2. The defaults are committed under ``manifests/`` and a
 test fails when they drift from a fresh render (``make manifests`` fixes it).
 
 Everything a user can pass is validated here, before any template is touched,
@@ -56,6 +56,8 @@ PASSTHROUGH_ENV_VARS: tuple[str, ...] = (
 FLAVORS: tuple[str, ...] = tuple(d.name for d in DISTROS)
 FLAVOR_TITLES = {d.name: d.title for d in DISTROS}
 DISTROS_BY_FLAVOR = {d.name: d for d in DISTROS}
+# The images those DaemonSets run (images/<flavor>/Dockerfile): Debian's runs Ubuntu's.
+IMAGE_FLAVORS: tuple[str, ...] = tuple(dict.fromkeys(d.image() for d in DISTROS))
 
 # The pod contract (DESIGN.md section 2). Fixed: the mounts and these env
 # values must agree, so ``--env`` cannot change them. Each distro adds its own
@@ -508,7 +510,8 @@ def manifests() -> None:
 @click.option(
     "--image",
     metavar="REF",
-    help="Installer image with a tag; '{flavor}' is replaced by the flavour. "
+    help="Installer image with a tag; '{flavor}' is replaced by the flavour's image "
+    "(debian: ubuntu). "
     f"Default: {DEFAULT_IMAGE_REPO}:<package version>.",
 )
 @click.option(

@@ -186,7 +186,7 @@ def test_kubectl_kustomize_offline():
     assert names == sorted(f"nvidia-driver-installer-{f}" for f in m.FLAVORS)
 
 
-@pytest.mark.parametrize("flavor", sorted({d.image() for d in m.DISTROS}))
+@pytest.mark.parametrize("flavor", m.IMAGE_FLAVORS)
 def test_hadolint_clean(flavor):
     hadolint = VENV_BIN / "hadolint"
     if not hadolint.exists():
