@@ -96,8 +96,8 @@ AFFINITY_MODES: tuple[str, ...] = ("gke", "label", "none")
 # nodes of most non-GKE clusters.
 DEFAULT_NODE_LABELS: tuple[str, ...] = ("nvidia.com/gpu.present=true",)
 # Node Feature Discovery's "system" source: the node's os-release ID. Where the labels do
-# not tell the flavours apart, each DaemonSet requires its distro's OS ids here, so no two
-# land on one node (the Ubuntu flow's are ubuntu and debian: Debian nodes match too).
+# not tell the flavours apart, each DaemonSet requires its distro's os_ids here (every OS
+# its flow serves, not the flavour's name), so no two land on one node.
 OS_ID_LABEL = "feature.node.kubernetes.io/system-os_release.ID"
 GKE_OS_LABEL = "cloud.google.com/gke-os-distribution"
 # Values of GKE's cloud.google.com/gke-os-distribution label per flavour.

@@ -43,7 +43,7 @@ def host_info_from_text(os_release: str | None, lsb_release: str | None, kernel_
 
 
 def support(info: HostInfo) -> str:
-    """How the host is served: "supported", "supported: Debian via the Ubuntu flow", …"""
+    """How the host is served: "supported", "not tested: pop follows the Ubuntu flow …"."""
     distro = by_name(info.family)
     return distro.support(info) if distro else "unsupported"
 

@@ -26,7 +26,8 @@ log = structlog.get_logger(__name__)
 
 
 class Distro(abc.ABC):
-    # The family name: HostInfo.family, the manifest flavour, the image's suffix.
+    # The family name: HostInfo.family, the manifest flavour (and, unless image_flavor
+    # says otherwise, the image's suffix).
     name: ClassVar[str]
     title: ClassVar[str]  # e.g. "Ubuntu", in manifests and messages
     # os-release ID (or one of ID_LIKE) values this distro handles.
@@ -49,6 +50,10 @@ class Distro(abc.ABC):
     # The Settings field pinning this distro's own downloads besides the .run, and how
     # the unpinned-artifacts warning names it (None: it downloads nothing else).
     artifact_pin: ClassVar[tuple[str, str] | None] = None
+    # When a cached install is stale on this distro's nodes: the likely cause, and what
+    # install then does (doctor's advice).
+    stale_cache: ClassVar[tuple[str, str]] = ("kernel updated?",
+                                              "rebuilds for the running kernel")
 
     @classmethod
     def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,
@@ -70,11 +75,6 @@ class Distro(abc.ABC):
             return f"supported: {info.os_id.capitalize()} via the {cls.title} flow"
         return (f"not tested: {info.os_id} follows the {cls.title} flow because its os-release "
                 f"ID_LIKE names {'/'.join(cls.os_ids)}")
-
-    # When a cached install is stale on this distro's nodes: the likely cause, and what
-    # install then does (doctor's advice).
-    stale_cache: ClassVar[tuple[str, str]] = ("kernel updated?",
-                                              "rebuilds for the running kernel")
 
     @classmethod
     def node_key(cls, info: HostInfo, driver_version: str) -> CacheKey:
@@ -153,26 +153,26 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
     ``prebuilt`` (a fleet's bundle, ``--prebuilt-url``) tries to fill the staging dir
     first; the distro's signing check, headers and build then run only if it did not
     (a signed bundle loads where our own unsigned build would be refused)."""
-    facts = {"driver_version": version, "kernel_module_type": module_type,
-             "driver_url": driver_url, "driver_sha256": driver_sha256, "display": display}
     if prebuilt is None:
-        return Plan("fresh", (
+        plan_steps: tuple[Step, ...] = (
             check_gpus,
             check_signing,
             steps.check_loaded_driver(version),
             *before_staging,
             steps.prepare_staging(),
             *build,
-            *steps.activate_staged(ctx, version, key),
-        ), **facts)  # type: ignore[arg-type]
-    return Plan("fresh", (
-        check_gpus,
-        steps.check_loaded_driver(version),
-        steps.prepare_staging(),
-        prebuilt,
-        *(_unless_bundled(s) for s in (check_signing, *before_staging, *build)),
-        *steps.activate_staged(ctx, version, key),
-    ), **facts)  # type: ignore[arg-type]
+        )
+    else:
+        plan_steps = (
+            check_gpus,
+            steps.check_loaded_driver(version),
+            steps.prepare_staging(),
+            prebuilt,
+            *(_unless_bundled(s) for s in (check_signing, *before_staging, *build)),
+        )
+    return Plan("fresh", (*plan_steps, *steps.activate_staged(ctx, version, key)),
+                driver_version=version, kernel_module_type=module_type, driver_url=driver_url,
+                driver_sha256=driver_sha256, display=display)
 
 
 def _unless_bundled(step: Step) -> Step:

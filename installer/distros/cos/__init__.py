@@ -39,6 +39,7 @@ from installer.distros.cos.v2_cache import v2_flavor
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo, parse_env_file
+from installer.settings import DEFAULT_INSTALL_DIR_HOST
 
 # The build's driver version aliases (its gpu_<alias>_version files): default, latest and a
 # branch, R535 (r535 and 535 name it too). ``manifests render`` and ``install`` both read
@@ -50,7 +51,7 @@ VERSION_ALIAS = re.compile(r"(?i:(?P<name>default|latest)|r?(?P<branch>[0-9]{3,}
 TOOLS_DIR = HostMount("cos-tools", "/var/lib/cos-tools", "/build/cos-tools", "DirectoryOrCreate",
                       "COS toolchain cache: kept across pod restarts and reinstalls.")
 VULKAN_ICD_DIR = HostMount(
-    "vulkan-icd-mount", "/home/kubernetes/bin/nvidia/vulkan/icd.d", "/etc/vulkan/icd.d",
+    "vulkan-icd-mount", f"{DEFAULT_INSTALL_DIR_HOST}/vulkan/icd.d", "/etc/vulkan/icd.d",
     "DirectoryOrCreate", "NVIDIA's Vulkan ICD file (nvidia_icd.json), as GKE's COS DaemonSet.")
 DAEMONSET = DaemonSetNeeds(
     mounts=(TOOLS_DIR, VULKAN_ICD_DIR),
