@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+
+from installer import manifests as m
 from installer.bundle.manifest import BundleError, BundleKey
 from installer.distros import BUNDLE_BUILDER
 
@@ -56,8 +59,6 @@ def check_targets(targets: Sequence[str], module_type: str) -> list[str]:
 
 
 def context(opts: JobOptions) -> dict[str, object]:
-    from installer import manifests as m
-
     targets = check_targets(opts.targets, opts.module_type)
     m.parse_image(opts.image)
     m.validate_namespace(opts.namespace)
@@ -88,18 +89,12 @@ def context(opts: JobOptions) -> dict[str, object]:
 
 
 def render(opts: JobOptions) -> str:
-    from installer import manifests as m
-
     return m._environment().get_template(JOB_TEMPLATE).render(**context(opts))
 
 
 def render_command(job: Mapping[str, object], *, image: str | None, namespace: str,
                    extra_env: Sequence[str], output_dir: Path | None) -> None:
     """The ``manifests render --kind bundle-job`` part of the CLI (bad values: exit 2)."""
-    import click
-
-    from installer import manifests as m
-
     try:
         opts = JobOptions(
             targets=tuple(job["targets"]),  # type: ignore[arg-type]
