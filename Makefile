@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install deps test test-vm demo lint manifests lock images test-images test-pod bench clean
+.PHONY: help install deps test test-vm demo lint manifests lock images push test-images test-pod bench clean
 
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,11 +40,20 @@ manifests: install  ## render the committed manifests from the templates
 lock:  ## regenerate images/requirements.lock (hashed Python dependencies of the images)
 	bash scripts/lock-image-deps.sh
 
-images: install  ## build both images with buildah from a local debootstrap base (slow tier)
+images: install  ## build both images with buildah FROM the bases their Dockerfiles name (NDI_LOCAL_BASE=1: a local debootstrap substitute, for tests)
 	bash images/build.sh
 
-test-images: install  ## build both images and install from them on fixture nodes (slow tier, root, ~5 min fresh)
-	NDI_IMAGE_TESTS=1 $(PY) -m pytest tests/test_images.py $(PYTEST_ARGS)
+REGISTRY ?=
+TAG ?=
+push:  ## push the built images to REGISTRY/nvidia-driver-installer-<flavor>:TAG and print the digests to pin (make push REGISTRY=... [TAG=...])
+	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=registry.example.com/team [TAG=0.1.0]" >&2; exit 2; }
+	bash images/push.sh "$(REGISTRY)" $(TAG)
+
+# docker-registry: Debian's reference registry (distribution), for the push/pull test.
+IMAGE_DEPS := buildah debootstrap docker-registry
+test-images: install  ## build both images (local substitute base), install from them on fixture nodes, push and pull them by digest (slow tier, root, ~5 min fresh)
+	bash scripts/install-deps.sh $(IMAGE_DEPS)
+	NDI_IMAGE_TESTS=1 $(PY) -m pytest tests/test_images.py tests/test_push.py $(PYTEST_ARGS)
 
 # podman runs the pods, runc is its runtime (crun refuses hybrid cgroups), catatonit
 # makes the pause image, buildah and debootstrap build our images.

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# Build both installer images without a Docker engine or a registry:
+# Build both installer images with buildah, without a Docker engine:
 #
-#   1. a local Debian bookworm base made with `debootstrap --variant=minbase`,
-#      cached under $NDI_IMAGE_CACHE keyed by date and arguments;
-#   2. that base tagged, in a private buildah storage, under the real base names
-#      the Dockerfiles use (docker.io/library/debian:12-slim and
-#      docker.io/library/ubuntu:22.04), so the Dockerfiles stay the real ones;
-#   3. `buildah bud --isolation chroot --pull-never` for images/cos and
+#   1. the bases: by default the real ones each Dockerfile names in its FROM
+#      lines (docker.io/library/debian:12-slim for cos, docker.io/library/
+#      ubuntu:22.04 for ubuntu), pulled once into a private buildah storage;
+#      the build stops, naming the base, when its registry is unreachable.
+#      With NDI_LOCAL_BASE=1 (the test tiers, and machines without that
+#      registry) a local Debian bookworm base made with `debootstrap
+#      --variant=minbase` is tagged under those names instead: a LOCAL
+#      SUBSTITUTE, so the Ubuntu image then has a Debian userland (a check of
+#      the Dockerfile and the package, not an Ubuntu image to ship);
+#   2. `buildah bud --isolation chroot --pull-never` for images/cos and
 #      images/ubuntu.
-#
-# Both flavours are therefore built FROM the bookworm base here: the Ubuntu
-# image is a check of the Dockerfile and of the package inside it, not an
-# Ubuntu userland. A real build (registry reachable) uses the real bases.
 #
 # Usage: images/build.sh [FLAVOR...]          (default: cos ubuntu; needs root)
 # Environment:
+#   NDI_LOCAL_BASE      1: the local debootstrap substitute for every base (0)
 #   NDI_IMAGE_CACHE     base cache dir               (/var/cache/ndi-images)
-#   NDI_BUILDAH_ROOT    buildah storage root         ($NDI_IMAGE_CACHE/storage)
+#   NDI_BUILDAH_ROOT    buildah storage root         ($NDI_IMAGE_CACHE/storage-real;
+#                                                     with NDI_LOCAL_BASE=1 .../storage)
 #   NDI_BUILDAH_RUNROOT buildah run root             (/run/ndi-images)
 #   NDI_DEBIAN_MIRROR   Debian mirror for debootstrap (default: from apt sources)
 #   NDI_BASE_DATE       cache key date               (today, UTC)
@@ -27,29 +29,29 @@
 #   buildah --root "$NDI_BUILDAH_ROOT" --runroot "$NDI_BUILDAH_RUNROOT" images
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE=${NDI_IMAGE_CACHE:-/var/cache/ndi-images}
-STORAGE_ROOT=${NDI_BUILDAH_ROOT:-$CACHE/storage}
-RUNROOT=${NDI_BUILDAH_RUNROOT:-/run/ndi-images}
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 SUITE=bookworm
 VARIANT=minbase
-BASE_NAMES=(docker.io/library/debian:12-slim docker.io/library/ubuntu:22.04)
 FLAVORS=("$@")
 ((${#FLAVORS[@]})) || FLAVORS=(cos ubuntu)
+SUBSTITUTE="local debootstrap"  # how a substitute base's description starts
 
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] error: %s\n' "$*" >&2; exit 1; }
-bah() { buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" "$@"; }
 
 for f in "${FLAVORS[@]}"; do
   [[ -f $REPO/images/$f/Dockerfile ]] || die "no images/$f/Dockerfile (flavors: cos ubuntu)"
 done
 ((EUID == 0)) || die "run as root (debootstrap and buildah's chroot isolation need it)"
+# The bases, as the Dockerfiles name them (FROM <ref> [AS stage]).
+mapfile -t BASE_NAMES < <(for f in "${FLAVORS[@]}"; do
+  sed -n 's/^FROM[[:space:]]\{1,\}\([^[:space:]]*\).*/\1/p' "$REPO/images/$f/Dockerfile"; done | sort -u)
 
 # --- tools ---------------------------------------------------------------------
 need=()
 command -v buildah >/dev/null || need+=(buildah)
-command -v debootstrap >/dev/null || need+=(debootstrap)
+[[ $LOCAL_BASE != 1 ]] || command -v debootstrap >/dev/null || need+=(debootstrap)
 if ((${#need[@]})); then
   log "installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -57,6 +59,26 @@ if ((${#need[@]})); then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+mkdir -p "$CACHE" "$STORAGE_ROOT" "$RUNROOT"
+T0=$SECONDS
+
+# --- the real bases ------------------------------------------------------------------
+real_bases() {
+  local name description
+  for name in "${BASE_NAMES[@]}"; do
+    description=$(bah inspect --type image --format \
+      '{{index .OCIv1.Config.Labels "org.opencontainers.image.description"}}' "$name" 2>/dev/null) || description=
+    [[ $description != "$SUBSTITUTE"* ]] ||
+      die "$name in $STORAGE_ROOT is the local substitute of an NDI_LOCAL_BASE=1 build: give real builds a storage of their own (NDI_BUILDAH_ROOT)"
+    bah inspect --type image "$name" >/dev/null 2>&1 && continue
+    log "pulling the base $name ..."
+    bah pull -q "$name" >/dev/null ||
+      die "cannot pull the base image $name (a FROM of images/{${FLAVORS[*]// /,}}/Dockerfile): its registry is unreachable from here. Build where it is reachable, or set NDI_LOCAL_BASE=1 for a local check build (a Debian bookworm substitute for every base: not an image to ship)"
+  done
+  log "bases: ${BASE_NAMES[*]} (the real ones)"
+}
+
+local_base() {
 # --- the Debian mirror, from this machine's apt sources ---------------------------
 # The first source serving the plain "$SUITE" suite (not -updates/-security),
 # from deb822 *.sources files or one-line *.list files.
@@ -107,8 +129,6 @@ DATE=${NDI_BASE_DATE:-$(date -u +%Y-%m-%d)}
 KEY=$(printf '%s\n' "$SUITE" "$VARIANT" "$INCLUDE" "$MIRROR" "$DATE" "$RECIPE" | sha256sum | cut -c1-12)
 BASE_TAR=$CACHE/$SUITE-$VARIANT-$DATE-$KEY.tar
 BASE_IMAGE=localhost/ndi-base:$SUITE-$KEY
-mkdir -p "$CACHE" "$STORAGE_ROOT" "$RUNROOT"
-T0=$SECONDS
 
 if [[ ! -s $BASE_TAR ]]; then
   # The rootfs must sit on a real filesystem (not tmpfs) big enough for ~200 MB.
@@ -166,7 +186,7 @@ if ! bah inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
   ctr=$(bah from --pull-never scratch)
   bah add "$ctr" "$BASE_TAR" / >/dev/null
   bah config --cmd /bin/bash --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    --label org.opencontainers.image.description="local debootstrap $SUITE $VARIANT base ($DATE)" \
+    --label org.opencontainers.image.description="$SUBSTITUTE $SUITE $VARIANT base ($DATE)" \
     "$ctr"
   bah commit --rm -q "$ctr" "$BASE_IMAGE" >/dev/null
   log "base image $BASE_IMAGE committed"
@@ -178,7 +198,11 @@ for name in "${BASE_NAMES[@]}"; do
   bah tag "$BASE_IMAGE" "$name"
 done
 log "mapped ${BASE_NAMES[*]} -> $BASE_IMAGE (debootstrap $SUITE):" \
-    "BOTH flavours are built FROM the bookworm base here"
+    "BOTH flavours are built FROM the bookworm base here (NDI_LOCAL_BASE=1: a local substitute," \
+    "not the real bases)"
+}
+
+if [[ $LOCAL_BASE == 1 ]]; then local_base; else real_bases; fi
 
 # --- build context: only what the Dockerfiles COPY ------------------------------------
 ctx=$(mktemp -d "$CACHE/context.XXXXXX")
@@ -193,9 +217,8 @@ else
 fi
 tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' -cf - installer | tar -C "$ctx" -xf -
 
-VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$REPO/installer/__init__.py")
 [[ -n $VERSION ]] || die "cannot read __version__ from installer/__init__.py"
-TAG=${NDI_IMAGE_TAG:-$(printf '%s' "$VERSION" | tr -c 'A-Za-z0-9_.-' '-')}
+TAG=$BUILT_TAG
 REVISION=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)
 # The commit's time, not now: an unchanged tree rebuilds to the same image.
 CREATED=$(TZ=UTC git -C "$REPO" log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null ||

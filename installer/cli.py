@@ -6,9 +6,10 @@ stay inside the commands so ``--help`` and cache hits start fast.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -26,7 +27,35 @@ from installer.settings import (
     retry_env,
 )
 
-LOG_FORMATS = click.Choice(["auto", "json", "console"])
+LOG_FORMATS = click.Choice(["auto", "json", "console"], case_sensitive=False)
+
+
+class Seconds(click.ParamType):
+    """A duration: seconds (``600``, ``0.5``) or with a unit (``90s``, ``10m``, ``1h``), at
+    least ``minimum`` (above it when ``open_min``)."""
+
+    name = "seconds"
+    _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+    def __init__(self, minimum: float = 0.0, *, open_min: bool = False) -> None:
+        self.minimum, self.open_min = minimum, open_min
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            seconds = float(value)
+        else:
+            text = str(value).strip().lower()
+            number, unit = text.rstrip("smh"), text[len(text.rstrip("smh")):]
+            try:
+                seconds = float(number) * self._UNITS[unit]
+            except (ValueError, KeyError):
+                self.fail(f"{value!r} is not a duration: give seconds (600) or 90s, 10m, 1h",
+                          param, ctx)
+        too_small = seconds <= self.minimum if self.open_min else seconds < self.minimum
+        if too_small or seconds != seconds or seconds == float("inf"):
+            self.fail(f"{value!r} must be {'>' if self.open_min else '>='} {self.minimum:g} "
+                      "seconds", param, ctx)
+        return seconds
 
 
 def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -158,9 +187,10 @@ def _exit_codes_epilog() -> str:
               help="Kernel headers to build against [default: found on the host, else apt].")
 @click.option("--force", is_flag=True, envvar="FORCE_REINSTALL", show_envvar=True,
               help="Reinstall even on a cache hit.")
-@click.option("--lock-timeout", "lock_timeout_s", type=click.FloatRange(min=0),
+@click.option("--lock-timeout", "lock_timeout_s", type=Seconds(),
               envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,
-              help="Seconds to wait for another installer's lock (0: fail at once, exit 4).")
+              help="How long to wait for another installer's lock: seconds, or 90s, 10m, 1h "
+              "(0: fail at once, exit 4).")
 @click.option("--allow-insecure-http", is_flag=True, envvar="ALLOW_INSECURE_HTTP",
               show_envvar=True, help="Allow plain http:// URLs.")
 @click.option("--module-arg", "module_args", multiple=True, envvar="NVIDIA_MODULE_ARGS",
@@ -200,8 +230,8 @@ def _exit_codes_epilog() -> str:
               "install reads (version aliases, toolchain_env, toolchain_url, toolchain, kernel "
               "headers, the .run, prebuilt modules, custom .run, signatures); each must match, "
               "and one it does not list is refused before any download (exit 6).")
-@click.option("--download-deadline", "download_deadline_s", type=click.FloatRange(min=0,
-              min_open=True), envvar="DOWNLOAD_DEADLINE", default=3600, show_default=True,
+@click.option("--download-deadline", "download_deadline_s", type=Seconds(open_min=True),
+              envvar="DOWNLOAD_DEADLINE", default=3600, show_default=True,
               show_envvar=True, help="Seconds one download may take in all, retries included "
               "(exit 5 after).")
 @click.option("--download-min-rate", type=click.FloatRange(min=0), envvar="DOWNLOAD_MIN_RATE",
@@ -209,7 +239,7 @@ def _exit_codes_epilog() -> str:
               help="Bytes/s a download must average over each --download-min-rate-time "
               "window, else the attempt is cut off and retried (0: no floor).")
 @click.option("--download-min-rate-time", "download_min_rate_time_s",
-              type=click.FloatRange(min=0, min_open=True), envvar="DOWNLOAD_MIN_RATE_TIME",
+              type=Seconds(open_min=True), envvar="DOWNLOAD_MIN_RATE_TIME",
               default=60, show_default=True, show_envvar=True,
               help="The window (seconds) --download-min-rate is measured over.")
 @click.option("--prebuilt-url", envvar="NVIDIA_PREBUILT_URL", show_envvar=True,
@@ -298,9 +328,10 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
 
 @cli.command(short_help="Unload the modules and remove the install; keep logs and status.")
 @_host_options
-@click.option("--lock-timeout", "lock_timeout_s", type=click.FloatRange(min=0),
+@click.option("--lock-timeout", "lock_timeout_s", type=Seconds(),
               envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,
-              help="Seconds to wait for another installer's lock (0: fail at once, exit 4).")
+              help="How long to wait for another installer's lock: seconds, or 90s, 10m, 1h "
+              "(0: fail at once, exit 4).")
 @_output_option
 def uninstall(output: str, **opts: Any) -> None:
     """Unload the NVIDIA modules and remove the install (logs and status.json stay).
@@ -374,14 +405,21 @@ def main(argv: list[str] | None = None) -> None:
     from installer import signals
 
     command = _command_name(argv)
-    with signals.handled():
+    with signals.handled(), _guarded_output():
         try:
             rv = cli.main(args=argv, prog_name="nvidia-driver-installer", standalone_mode=False)
         except click.exceptions.Abort:
             click.echo("aborted", err=True)
             sys.exit(int(ExitCode.INTERNAL))
         except click.ClickException as exc:
-            exc.show()
+            if isinstance(exc, click.UsageError) and _json_requested(argv):
+                from installer.errors import UsageError
+                from installer.log import configure
+
+                configure("json")  # tools reading JSON lines get this one too (issue 26)
+                _report_failure(UsageError(exc.format_message()), command)
+            else:
+                exc.show()
             sys.exit(exc.exit_code)
         except InstallerError as exc:
             _report_failure(exc, command)
@@ -399,6 +437,44 @@ def main(argv: list[str] | None = None) -> None:
             _report_bug(exc, command)
             sys.exit(int(ExitCode.INTERNAL))
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _json_requested(argv: list[str] | None) -> bool:
+    """--log-format json or LOG_FORMAT=json, read before click could parse the options."""
+    import os
+
+    args = sys.argv[1:] if argv is None else argv
+    for i, arg in enumerate(args):
+        if arg.startswith("--log-format="):
+            return arg.partition("=")[2].lower() == "json"
+        if arg == "--log-format" and i + 1 < len(args):
+            return args[i + 1].lower() == "json"
+    return os.environ.get("LOG_FORMAT", "").strip().lower() == "json"
+
+
+@contextlib.contextmanager
+def _guarded_output() -> Iterator[None]:
+    """stdout and stderr that never raise (issue 26): the node's outcome is the same whether
+    anyone reads the output or not. A lost stdout is said on stderr, once."""
+    from installer.output import GuardedStream
+
+    def stdout_lost(exc: OSError | ValueError) -> None:
+        import structlog
+
+        if structlog.is_configured():
+            structlog.get_logger("installer").warning(
+                "stdout_unwritable", error=str(exc) or type(exc).__name__,
+                message="stdout is closed or unwritable: its output is dropped; the command "
+                "goes on (see status.json for the outcome)")
+
+    saved = sys.stdout, sys.stderr
+    sys.stdout = GuardedStream(saved[0], stdout_lost)
+    sys.stderr = GuardedStream(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout, sys.stderr = saved
 
 
 def _report_bug(exc: Exception, command: str) -> None:

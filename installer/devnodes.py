@@ -135,8 +135,8 @@ def create(modprobe: Path, kernel: KernelState, runner: Runner,
             try:
                 runner.run([modprobe, *argv], timeout=TIMEOUT_S, env=kernel.seam_env())
             except CommandError as exc:
-                raise VerifyError(
-                    f"nvidia-modprobe {' '.join(argv)} failed (exit {exc.returncode})"
+                raise VerifyError(  # exc.reason: "exited with N" or "timed out after Ns"
+                    f"nvidia-modprobe {' '.join(argv)} {exc.reason}"
                     f"{': ' + exc.stderr_tail(2) if exc.stderr_tail(2) else ''}",
                     hint="check that nvidia, nvidia-modeset and nvidia-uvm are loaded "
                     "(/proc/devices lists nvidia-uvm) and /dev is the host's",

@@ -48,9 +48,9 @@ def kernel_log_tail(runner: Runner) -> list[str]:
     if result.returncode != 0:
         why = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
         return [f"(kernel log not readable: {why})"]
-    lines = result.stdout.rstrip().splitlines()
-    relevant = [ln for ln in lines if KERNEL_LOG_PATTERN.search(ln)]
-    return relevant[-TAIL_LINES:] if relevant else lines[-10:]
+    relevant = [ln for ln in result.stdout.splitlines() if KERNEL_LOG_PATTERN.search(ln)]
+    # Never other lines instead: a NIC or USB message beside a build error misleads.
+    return relevant[-TAIL_LINES:] or ["(no NVIDIA or kernel module lines in the kernel log)"]
 
 
 def failure_details(ctx: Context, error_class: str, since_wall: float) -> dict[str, list[str]]:

@@ -13,7 +13,7 @@ import shutil
 import stat
 import textwrap
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from installer import cache, devchar, devnodes, distros, firmware, gpus, ldcache, modules, readiness, signing
@@ -33,6 +33,13 @@ DEVICE_PLUGIN_DIR = PurePosixPath("/var/lib/kubelet/device-plugins")
 # A fresh install downloads the .run (~400 MB), extracts it (~1 GB) and builds.
 FREE_FOR_INSTALL = 2 << 30
 FREE_MINIMUM = 256 << 20
+# What to do on a node install has never run on (no status, no record, no driver files).
+INSTALL_FIRST = ("install the driver: apply the installer DaemonSet (README, \"Get the images\" "
+                 "and \"One DaemonSet per pool\"), or on the node itself: sudo "
+                 "nvidia-driver-installer install --host-root /")
+SWITCH_FROM_GKE = ("keep one installer: delete GKE's DaemonSet (kubectl -n kube-system delete "
+                   "daemonset nvidia-driver-installer), and create GPU node pools with "
+                   "gpu-driver-version=disabled (README, \"Switching from GKE's installer\")")
 DRAIN = ("drain GPU workloads from the node (kubectl drain <node> --ignore-daemonsets "
          "--delete-emptydir-data), then re-run install")
 
@@ -72,6 +79,13 @@ class Node:
     @property
     def loaded_version(self) -> str | None:
         return modules.loaded_driver_version(self.kernel)
+
+    @property
+    def never_installed(self) -> bool:
+        """No status.json, no .cache record and no driver file: install has never run here
+        (so "re-run" and "--force" advice would mislead)."""
+        return (self.status is None and self.record is None and self.loaded_version is None
+                and not any(_count(self.install.root / d) for d in ("bin", "lib64", "drivers")))
 
 
 def _load(settings: Settings) -> Node:
@@ -149,10 +163,14 @@ def check_module_signing(n: Node) -> Finding:
 
 def check_installer_status(n: Node) -> Finding:
     s = n.status
-    where = n.install.status_file
+    where = n.install.host_view(n.install.status_file)  # the node's path: what people look at
+    if s is None and n.never_installed:
+        return Finding("installer_status", WARN, "install has never run on this node: no "
+                       f"status.json, .cache or driver files in {n.install.host_path}",
+                       INSTALL_FIRST)
     if s is None:
-        return Finding("installer_status", WARN, f"no status.json in {n.install.root}: the "
-                       "installer has not run with this install dir",
+        return Finding("installer_status", WARN, f"no status.json in {n.install.host_path}: "
+                       "the installer has not run with this install dir",
                        "run install, or check --install-dir / NVIDIA_INSTALL_DIR_CONTAINER "
                        "points at the host's install dir")
     if s.get("outcome") == "unreadable":
@@ -175,13 +193,21 @@ def check_installer_status(n: Node) -> Finding:
                        f"{upgrade.fix} (details: {where})")
     return Finding("installer_status", FAIL,
                    f"last run FAILED at {when}{step}: {s.get('error_class')} (exit "
-                   f"{s.get('exit_code')}) installing driver {s.get('driver_version')}: "
+                   f"{s.get('exit_code')}){_installing(s.get('driver_version'))}: "
                    f"{s.get('message')}",
                    (s.get("hint") or "see the installer's log") + f" (details: {where})")
 
 
+def _installing(version: str | None) -> str:
+    """" installing driver V", or nothing when the run failed before it chose a version."""
+    return f" installing driver {version}" if version and version != "unknown" else ""
+
+
 def check_cache(n: Node) -> Finding:
     r = n.record
+    if r is None and n.never_installed:
+        return Finding("cache", FAIL, "no .cache record: install has never run on this node",
+                       INSTALL_FIRST)
     if r is None:
         return Finding("cache", FAIL, f"no .cache record in {n.install.root}: no complete, "
                        "verified install here",
@@ -218,6 +244,9 @@ def check_install_dir(n: Node) -> Finding:
         if not (root / "lib64" / lib).exists():  # follows the SONAME link
             missing.append(f"lib64/{lib}")
     counts = ", ".join(f"{d}/ {_count(root / d)} files" for d in ("bin", "lib64", "drivers"))
+    if missing and n.never_installed:
+        return Finding("install_dir", FAIL, f"{n.install.host_path} is empty: install has never "
+                       "run on this node", INSTALL_FIRST)
     if missing:
         return Finding("install_dir", FAIL, f"missing or broken: {', '.join(missing)} "
                        f"({counts})", "re-run install with --force (FORCE_REINSTALL=1)")
@@ -435,6 +464,23 @@ def check_device_plugin(n: Node) -> Finding:
     return Finding("device_plugin", WARN, f"no nvidia*.sock in {DEVICE_PLUGIN_DIR}", fix)
 
 
+def check_gke_installer(n: Node) -> Finding:
+    """GKE's own installer on this node: its DaemonSet's pod, or a .cache it wrote."""
+    from installer.gke import coexistence
+
+    pods = coexistence.gke_pods(n.host.resolve(coexistence.POD_LOGS_DIR))
+    theirs = [p.host_dir for p in pods if p.runs_ours is not True]
+    if theirs:
+        return Finding("gke_installer", WARN, "GKE's nvidia-driver-installer DaemonSet has a "
+                       f"pod on this node ({', '.join(theirs)}): two installers take turns on "
+                       "one driver, kept apart only by the host lock", SWITCH_FROM_GKE)
+    if n.record is not None and coexistence.cache_written_by_gke(n.record.fields):
+        return Finding("gke_installer", OK, "the install dir's .cache was written by GKE's "
+                       "installer; this one takes it over as it is (no GKE installer pod here)")
+    return Finding("gke_installer", OK, f"no pod of GKE's installer DaemonSet in "
+                   f"{coexistence.POD_LOGS_DIR}")
+
+
 def check_disk(n: Node) -> Finding:
     path = n.install.root
     while not path.exists() and path != path.parent:
@@ -466,6 +512,7 @@ CHECKS: tuple[tuple[str, Callable[[Node], Finding]], ...] = (
     ("host_ld_cache", check_host_ld_cache),
     ("readiness", check_readiness),
     ("device_plugin", check_device_plugin),
+    ("gke_installer", check_gke_installer),
     ("disk_space", check_disk),
 )
 
@@ -519,6 +566,9 @@ def run(settings: Settings) -> Report:
             findings.append(Finding(name, FAIL, f"the check itself failed: "
                                     f"{type(exc).__name__}: {exc}",
                                     "report this as an installer bug; check by hand meanwhile"))
+    if node.never_installed:  # nothing to re-run yet
+        findings = [replace(f, fix=f.fix.replace("re-run install", "run install"))
+                    for f in findings]
     info = node.host_info
     return Report(
         node={

@@ -105,6 +105,30 @@ def _copy_to_host(host: HostRoot, tree: Tree, wanted: list[str], why: str) -> Pl
     return Placement("copied", HOST_UPDATES_DIR)
 
 
+def remove_copies(host: HostRoot, install: InstallDir) -> list[str]:
+    """``uninstall``: remove the copies ``_copy_to_host`` made of the live install's firmware
+    (host paths removed). Only ours: a regular file byte-identical to the install's; a
+    replaced or foreign file stays. Dirs left empty (``nvidia/<V>``) go too."""
+    removed = []
+    for name in names(install):
+        host_path = PurePosixPath(HOST_UPDATES_DIR) / name
+        copy = host.resolve(host_path.parent) / host_path.name  # the file itself: no link
+        try:
+            if not copy.is_symlink() and copy.is_file() and \
+                    copy.read_bytes() == (install.firmware / name).read_bytes():
+                host.unlink(host_path)
+                removed.append(str(host_path))
+        except OSError as exc:
+            log.warning("firmware_copy_not_removed", path=str(host_path), error=str(exc))
+    for version_dir in {PurePosixPath(r).parent for r in removed}:
+        for emptied in (version_dir, version_dir.parent):  # nvidia/<V>, then nvidia/
+            try:
+                host.resolve(emptied).rmdir()
+            except OSError:
+                break  # not empty (someone else's files), or gone: leave it
+    return removed
+
+
 def findable(kernel: KernelState, host: HostRoot, install: InstallDir) -> tuple[bool, str]:
     """For doctor: can the loader find every firmware file of the live install?"""
     wanted = names(install)

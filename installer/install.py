@@ -54,6 +54,8 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)
+    distro.check_settings(ctx)
+    ctx.install.check_writable()  # before the lock and readiness: nothing changed yet
     # os and kernel_release are bound to every event above; family is what "flow" says.
     info = ctx.host_info
     log.info("host_detected", flow=info.family, support=distros.support(info),

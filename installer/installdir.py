@@ -95,6 +95,25 @@ class InstallDir(Tree):
         """The host's name for ``path`` under this install dir (staging included)."""
         return self.host_path / Path(path).relative_to(self.root).as_posix()
 
+    def check_writable(self) -> None:
+        """Exit 3 naming this dir and its mount when it (or, not made yet, the dir it will be
+        made in) is on a read-only mount: checked before the lock, so nothing has changed
+        yet. (Missing privileges are the lock's to name: exit 2.)"""
+        from installer.errors import UnsupportedHostError
+
+        existing = next(p for p in (self.root, *self.root.parents) if p.exists())
+        try:
+            if os.access(existing, os.W_OK) or not os.statvfs(existing).f_flag & os.ST_RDONLY:
+                return
+        except OSError:
+            return
+        raise UnsupportedHostError(
+            f"the install dir {self.root} (host {self.host_path}) is not writable: a read-only "
+            "file system",
+            hint=f"mount the host's {self.host_path} read-write at {self.root} (the DaemonSet's "
+            "nvidia-install-dir-host volume must not be readOnly)",
+            path=str(self.root))
+
     def clear_leftovers(self) -> None:
         """Remove what a killed run may have left: never part of a good install."""
         for leftover in (self.staging_dir, self.previous_dir):

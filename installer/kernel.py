@@ -1,8 +1,10 @@
 """What the running kernel says: loaded modules, command line (signing: ``signing``).
 
-All reads go through ``KernelState`` so that tests (and the chroot fixture) can
-point it at a fake procfs/sysfs with NVIDIA_INSTALLER_PROC_DIR / _SYS_DIR /
-_DEV_DIR. Parsers are pure functions over text.
+All reads go through ``KernelState``, which reads ``/proc``, ``/sys`` and ``/dev``. No
+option or env var of the installed CLI points it anywhere else: the CLI runs privileged,
+and a kernel state it could be told to read elsewhere is one it could be lied to about.
+Tests reach their fake kernel through ``use_roots``, called in-process by the test
+harness's start-up hook (tests/fixtures/kernelhook). Parsers are pure functions over text.
 """
 
 from __future__ import annotations
@@ -44,6 +46,22 @@ def module_name(file_or_name: str) -> str:
     return base.replace("-", "_")
 
 
+@dataclass(frozen=True)
+class KernelRoots:
+    proc: Path = Path("/proc")
+    sys: Path = Path("/sys")
+    dev: Path = Path("/dev")
+
+
+_roots = KernelRoots()
+
+
+def use_roots(roots: KernelRoots) -> None:
+    """Point every ``KernelState`` made from now on at ``roots``: for test harnesses only."""
+    global _roots
+    _roots = roots
+
+
 class KernelState:
     def __init__(
         self,
@@ -51,13 +69,13 @@ class KernelState:
         sys_dir: Path | None = None,
         dev_dir: Path | None = None,
     ) -> None:
-        env = os.environ
-        self.proc_dir = Path(proc_dir or env.get("NVIDIA_INSTALLER_PROC_DIR") or "/proc")
-        self.sys_dir = Path(sys_dir or env.get("NVIDIA_INSTALLER_SYS_DIR") or "/sys")
-        self.dev_dir = Path(dev_dir or env.get("NVIDIA_INSTALLER_DEV_DIR") or "/dev")
+        self.proc_dir = Path(proc_dir or _roots.proc)
+        self.sys_dir = Path(sys_dir or _roots.sys)
+        self.dev_dir = Path(dev_dir or _roots.dev)
 
     def seam_env(self) -> dict[str, str]:
-        """Env for child processes so fakes and real tools see the same kernel."""
+        """Env for child processes so a test's stand-ins see the same fake kernel (empty
+        on a real node: the names are the test fixture's, tests/fixtures/kernel.py)."""
         env = {}
         for key, value, default in (
             ("NVIDIA_INSTALLER_PROC_DIR", self.proc_dir, "/proc"),

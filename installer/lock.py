@@ -32,7 +32,9 @@ _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def holder_pid(fd: int, proc_dir: Path = Path("/proc")) -> int | None:
-    """PID holding a flock on the open lock file, from /proc/locks, else the PID we record."""
+    """PID holding a flock on the open lock file, from /proc/locks; None when it does not
+    show one (0: a holder outside our PID namespace). Never the PID written in the file: a
+    killed run's, or pid 1 of another pod's namespace, names a process that is not there."""
     try:
         ino = os.fstat(fd).st_ino
         for line in (proc_dir / "locks").read_text().splitlines():
@@ -41,11 +43,10 @@ def holder_pid(fd: int, proc_dir: Path = Path("/proc")) -> int | None:
             if len(fields) >= 6 and fields[1] == "FLOCK":
                 major_minor_inode = fields[5].split(":")
                 if len(major_minor_inode) == 3 and int(major_minor_inode[2]) == ino:
-                    return int(fields[4])
+                    return int(fields[4]) or None
     except (OSError, ValueError):
         pass
-    text = _content(fd).strip()
-    return int(text) if text.isdigit() else None
+    return None
 
 
 def _holds_only_a_pid(fd: int) -> bool:
@@ -135,7 +136,7 @@ class HostLock:
                 if time.monotonic() >= deadline:
                     pid = holder_pid(fd)
                     os.close(fd)
-                    who = f" (pid {pid})" if pid else ""
+                    who = f" (pid {pid})" if pid else " (its PID is not visible from here)"
                     raise LockHeldError(
                         f"another installer holds the host lock {self.path}{who}",
                         hint="wait for it to finish, or pass --lock-timeout SECONDS to wait",

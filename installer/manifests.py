@@ -109,8 +109,14 @@ DAEMONSET_TEMPLATE = "daemonset.yaml.j2"
 KUSTOMIZATION_TEMPLATE = "kustomization.yaml.j2"
 
 
-def daemonset_filename(flavor: str) -> str:
-    return f"daemonset-{flavor}.yaml"
+def daemonset_name(flavor: str, instance: str | None = None) -> str:
+    """``nvidia-driver-installer-<flavor>``, or ``…-<flavor>-<instance>`` for one DaemonSet
+    per node pool (``--name``): its own metadata.name, instance label and selector."""
+    return f"nvidia-driver-installer-{flavor}" + (f"-{instance}" if instance else "")
+
+
+def daemonset_filename(flavor: str, instance: str | None = None) -> str:
+    return f"daemonset-{flavor}" + (f"-{instance}" if instance else "") + ".yaml"
 
 
 # --- validation (pure; raises ValueError with a one-line reason) -------------
@@ -141,6 +147,16 @@ def validate_namespace(value: str) -> str:
     _check_len(value, 63, "namespace")
     if not _DNS_LABEL.match(value):
         raise ValueError(f"namespace {value!r} is not a DNS-1123 label (lower case, digits, '-')")
+    return value
+
+
+def validate_instance(flavor: str, value: str) -> str:
+    """``--name``: a DNS-1123 label short enough that the DaemonSet's name, which is also its
+    ``app.kubernetes.io/instance`` label value, stays within 63 characters."""
+    if not _DNS_LABEL.match(value):
+        raise ValueError(f"{value!r} is not a DNS-1123 label (lower case, digits, '-'), e.g. "
+                         "the node pool's name")
+    _check_len(daemonset_name(flavor, value), 63, "the DaemonSet name")
     return value
 
 
@@ -186,6 +202,10 @@ def validate_digest(value: str) -> str:
 
 
 def validate_driver_version(flavor: str, value: str) -> str:
+    from installer.nvidia_options import too_old
+
+    if (why := too_old(value)) is not None:  # the rule install applies
+        raise ValueError(why)
     return DISTROS_BY_FLAVOR[flavor].check_version_request(value)
 
 
@@ -279,6 +299,8 @@ class RenderOptions:
     affinity: str = "gke"
     node_labels: Sequence[str] = DEFAULT_NODE_LABELS
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    instance: str | None = None  # --name: one DaemonSet per node pool
+    partition_gpus: bool = False  # GKE's MIG partitioner after the install (COS, as GKE)
 
 
 def _match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -314,18 +336,33 @@ def _gke_os_expressions(flavor: str) -> list[dict[str, Any]]:
     return [{"key": GKE_OS_LABEL, "operator": "In", "values": list(values)}]
 
 
+# GKE's MIG partitioner (partition_gpu/partition_gpu.go: a no-op without
+# /etc/nvidia/gpu_config.json), in the DaemonSets of the distros GKE runs it for
+# (DaemonSetNeeds.partition_gpus: COS).
+PARTITION_GPUS_IMAGE = ("gcr.io/gke-release/nvidia-partition-gpu@sha256:"
+                        "c54fd003948fac687c2a93a55ea6e4d47ffbd641278a9191e75e822fe72471c2")
+PARTITION_GPUS_FLAVORS = tuple(d.name for d in DISTROS if d.daemonset.partition_gpus)
+# Nodes never ours, whatever selects them: nodes whose driver GKE installs itself
+# (gpu-driver-version set at node-pool creation) are left to GKE, as GKE's own manifests
+# do; confidential GPU nodes (TDX, SEV) need GKE's own confidential DaemonSet.
+GKE_GUARDS: tuple[dict[str, Any], ...] = (
+    {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
+    {"key": "cloud.google.com/gke-confidential-nodes-instance-type", "operator": "DoesNotExist"},
+)
+
+
+def _partition_gpus_image(flavor: str, opts: RenderOptions) -> str:
+    """GKE's partition-gpus image where GKE runs it (its COS DaemonSets), else ""."""
+    return PARTITION_GPUS_IMAGE if opts.partition_gpus and flavor in PARTITION_GPUS_FLAVORS else ""
+
+
 def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
     if opts.affinity == "none":
         return []
     if opts.affinity == "gke":
         return [
             {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
-            # Nodes whose driver GKE installs itself (gpu-driver-version set at
-            # node-pool creation) are left to GKE, as GKE's own manifests do.
-            {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
-            # Confidential GPU nodes (TDX, SEV) need GKE's own confidential DaemonSet.
-            {"key": "cloud.google.com/gke-confidential-nodes-instance-type",
-             "operator": "DoesNotExist"},
+            *map(dict, GKE_GUARDS),
             *_gke_os_expressions(flavor),
         ]
     if opts.affinity == "label":
@@ -336,7 +373,7 @@ def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]
                 exprs.append({"key": key, "operator": "Exists"})
             else:
                 exprs.append({"key": key, "operator": "In", "values": [value]})
-        return exprs
+        return [*exprs, *map(dict, GKE_GUARDS)]  # harmless where GKE's labels never appear
     raise ValueError(f"unknown affinity mode {opts.affinity!r}")
 
 
@@ -366,7 +403,7 @@ def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
     env["LOCK_TIMEOUT"] = DEFAULT_LOCK_TIMEOUT
     for key, value in opts.extra_env.items():
         if key in OWN_ENV and key not in needs.own_env:
-            continue  # another distro's setting (COS artifacts mean nothing elsewhere)
+            continue  # another distro's setting (COS artifacts mean nothing elsewhere; its pin is refused)
         env[key] = value
     return list(env.items())
 
@@ -384,7 +421,7 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         raise ValueError(f"unknown flavor {flavor!r}")
     validate_namespace(opts.namespace)
     parse_image(opts.pause_image, what="pause image", require_tag=False)
-    name = f"nvidia-driver-installer-{flavor}"
+    name = daemonset_name(flavor, opts.instance and validate_instance(flavor, opts.instance))
     selector = {
         "app.kubernetes.io/name": "nvidia-driver-installer",
         "app.kubernetes.io/instance": name,
@@ -406,10 +443,12 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "labels": labels,
         "image": _image(flavor, opts),
         "pause_image": opts.pause_image,
+        "partition_gpus_image": _partition_gpus_image(flavor, opts),
         "env": _env(flavor, opts),
         "affinity": opts.affinity,
         "match_expressions": _match_expressions(flavor, opts),
         "mounts": (*CONTRACT_MOUNTS, *needs.mounts),
+        "install_dir_container": INSTALL_DIR_CONTAINER,  # the partition-gpus container's
         "host_network": needs.host_network,
         "version": __version__,
     }
@@ -451,7 +490,8 @@ def render_kustomization(files: Sequence[str]) -> str:
 def render_files(flavors: Sequence[str], opts: RenderOptions | None = None) -> dict[str, str]:
     """``{filename: text}`` for an output directory: one DaemonSet per flavour
     plus a kustomization.yaml listing them."""
-    files = {daemonset_filename(f): render(f, opts) for f in flavors}
+    instance = opts.instance if opts else None
+    files = {daemonset_filename(f, instance): render(f, opts) for f in flavors}
     files["kustomization.yaml"] = render_kustomization(list(files))
     return files
 
@@ -535,6 +575,15 @@ def manifests() -> None:
     + ", ".join(f"{d.default_version} on {d.title}" for d in DISTROS) + ".",
 )
 @click.option("--namespace", metavar="NAME", default=DEFAULT_NAMESPACE, show_default=True)
+@click.option("--partition-gpus", is_flag=True,
+              help="Run GKE's partition-gpus init container after the install, as GKE's COS "
+              "DaemonSets do (COS only): MIG node pools (gpu-partition-size) get their "
+              "partitions; a no-op elsewhere.")
+@click.option("--name", "instance", metavar="NAME",
+              help="Instance name, for one DaemonSet per node pool: nvidia-driver-installer-"
+              "<flavor>-NAME, its own instance label and selector, daemonset-<flavor>-NAME.yaml "
+              "(e.g. the pool's name, with --affinity label --node-label "
+              "cloud.google.com/gke-nodepool=NAME).")
 @click.option(
     "--affinity",
     type=click.Choice(AFFINITY_MODES),
@@ -593,9 +642,14 @@ def render_command(
     extra_env: tuple[str, ...],
     output_dir: Path | None,
     kind: str,
+    instance: str | None,
+    partition_gpus: bool,
     **job: Any,
 ) -> None:
     """Render the installer DaemonSet(s), or the bundle build Job, as YAML."""
+    if kind == "bundle-job" and (instance or partition_gpus):
+        raise click.UsageError(f"{'--name' if instance else '--partition-gpus'} is for "
+                               "DaemonSets: it does not apply to --kind bundle-job")
     if kind == "bundle-job":  # issue 15
         from installer.bundle.job import render_command as render_job
 
@@ -605,6 +659,9 @@ def render_command(
     if all_flavors and flavors:
         raise click.UsageError("give --flavor or --all, not both")
     selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS
+    if partition_gpus and not set(selected) & set(PARTITION_GPUS_FLAVORS):
+        raise click.UsageError("--partition-gpus: GKE runs partition-gpus only in its "
+                               f"{'/'.join(PARTITION_GPUS_FLAVORS)} DaemonSets; render that flavor")
     if node_labels and affinity != "label":
         raise click.UsageError("--node-label only applies with --affinity label")
     if affinity == "none" and len(selected) > 1:
@@ -628,6 +685,8 @@ def render_command(
         affinity=affinity,
         node_labels=node_labels or DEFAULT_NODE_LABELS,
         extra_env=env,
+        instance=instance,
+        partition_gpus=partition_gpus,
     )
     # Validate each option on its own first, so the error names the flag.
     checks: list[tuple[str, Any]] = [
@@ -636,6 +695,8 @@ def render_command(
     ]
     for f in selected:
         checks.append(("--image", lambda f=f: _image(f, opts)))
+        if instance is not None:
+            checks.append(("--name", lambda f=f: validate_instance(f, instance)))
         if driver_version:
             checks.append(
                 ("--driver-version", lambda f=f: validate_driver_version(f, driver_version))
@@ -659,10 +720,14 @@ def render_command(
         files = render_files(selected, opts)
     except ValueError as exc:  # pragma: no cover - every option was checked above
         raise click.UsageError(str(exc)) from None
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        path = output_dir / name
-        tmp = path.with_name(f".{name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-        click.echo(f"wrote {path}", err=True)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = output_dir / name
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+            click.echo(f"wrote {path}", err=True)
+    except OSError as exc:  # a path of this machine's, not the node's: say which and why
+        raise click.BadParameter(f"cannot write the manifests to {output_dir}: "
+                                 f"{exc.strerror or exc}", param_hint="--output-dir") from None

@@ -28,6 +28,18 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
+def too_old(version: str) -> str | None:
+    """Why an explicit driver ``version`` is refused: older than the oldest nvidia-installer
+    we drive. One rule for ``install`` and ``manifests render`` (issue 26); None for a
+    version we take and for what is no version at all (an alias: checked elsewhere)."""
+    parts = version.split(".")
+    if len(parts) < 2 or not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    if version_key(version) >= version_key(OLDEST_SUPPORTED):
+        return None
+    return f"driver {version} is older than this installer supports ({OLDEST_SUPPORTED})"
+
+
 def accepts(version: str, option: str) -> bool:
     """Whether nvidia-installer ``version`` knows ``option`` (``--name``, no value)."""
     first = FIRST_RELEASE.get(option)
@@ -58,12 +70,8 @@ def installer_args(*, version: str) -> list[str]:
     ``get_installable_file_type_list`` gates only KERNEL_MODULE_SRC, DKMS_CONF and
     NVIDIA_MODPROBE, the last on --no-nvidia-modprobe).
     """
-    if version_key(version) < version_key(OLDEST_SUPPORTED):
-        raise UsageError(
-            f"driver {version} is older than this installer supports ({OLDEST_SUPPORTED})",
-            hint="use R470 or newer",
-            driver_version=version,
-        )
+    if (why := too_old(version)) is not None:
+        raise UsageError(why, hint="use R470 or newer", driver_version=version)
     args = [
         "./nvidia-installer",
         "--silent",

@@ -22,7 +22,7 @@ from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageEr
 from installer.fsutil import remove_tree
 from installer.headers import KernelTree
 from installer.installdir import BUILD_LOG, Tree
-from installer.nvidia_options import LOG_FILE, check_loads_nothing
+from installer.nvidia_options import LOG_FILE, check_loads_nothing, too_old
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
 from installer.settings import NVIDIA_BASE_URL, Settings
@@ -60,7 +60,32 @@ def check_version(version: str) -> str:
             f"not a driver version: {version!r}",
             hint="use a version such as 550.127.05 (COS also takes default, latest, R535)",
         )
+    if (why := too_old(version)) is not None:  # before anything is downloaded
+        raise UsageError(why, hint="use R470 or newer", driver_version=version)
     return version
+
+
+def named_version(url: str) -> str | None:
+    """The driver version a .run URL's file name names, if it does."""
+    match = _RUN_NAME.search(url.split("?", 1)[0])
+    return match.group(1) if match else None
+
+
+def check_extracted_version(extract_dir: Path, wanted: str, url: str | None) -> None:
+    """Exit 6 when the extracted .run is another driver than ``wanted``: its ``.manifest``
+    names it on line 2 (nvidia-installer install-from-cwd.c: description, then version).
+    Checked before anything is built, loaded or unloaded: the driver on the node stays."""
+    try:
+        lines = (extract_dir / ".manifest").read_text(errors="replace").splitlines()[:2]
+    except OSError:
+        return  # no manifest to tell: nvidia-installer itself refuses such a tree
+    found = lines[1].strip() if len(lines) == 2 else ""
+    if found and found != wanted:
+        raise IntegrityError(
+            f"the .run{' at ' + url if url else ''} is driver {found}, not {wanted}",
+            hint="point --driver-url (NVIDIA_DRIVER_DOWNLOAD_URL) at the "
+            f"{run_file_name(wanted)} .run, or set --driver-version {found}",
+            driver_version=wanted, url=url)
 
 
 def version_from_url(url: str) -> str:
@@ -270,7 +295,7 @@ def build_modules(
     built = module_build.built_modules(extract_dir / tree_dir)
     if not any(ko.name == module_build.REQUIRED for ko in built):
         raise BuildError(f"make succeeded but produced no {module_build.REQUIRED} in {tree_dir}/",
-                         hint=f"see {staging.root / KBUILD_LOG}", kernel_release=kernel_release)
+                         kernel_release=kernel_release)
     staging.drivers.mkdir(parents=True, exist_ok=True)
     for ko in built:
         shutil.move(str(ko), str(staging.drivers / ko.name))
@@ -332,7 +357,6 @@ def _raise_for(rc: int, staging: Tree, what: str, kernel_release: str) -> None:
         raise _out_of_space(staging.root, installer_error(staging))
     raise BuildError(
         f"{what}exit {rc}): {installer_error(staging)}",
-        hint=f"see {staging.root.parent / FAILED_LOG} for the full log",
         kernel_release=kernel_release,
     )
 
@@ -367,10 +391,12 @@ def installer_error(staging: Tree) -> str:
     return tail(texts[-1], 3) if texts else "(no output)"
 
 
-def keep_failure_log(staging: Tree, install_log: Path) -> None:
+def keep_failure_log(staging: Tree, install_log: Path) -> Path | None:
     """Keep the log of a failed build next to (not inside) the install: nvidia-installer's,
-    else make's (the build stopped before nvidia-installer ran)."""
+    else make's (the build stopped before nvidia-installer ran). Returns where, if kept."""
     for src in (staging.root / "nvidia-installer.log", staging.root / KBUILD_LOG):
         if src.is_file():
-            os.replace(src, install_log.with_name(FAILED_LOG))
-            return
+            kept = install_log.with_name(FAILED_LOG)
+            os.replace(src, kept)
+            return kept
+    return None

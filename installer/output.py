@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 FORMATS = ("text", "json")
 
@@ -57,3 +59,69 @@ def plan_text(doc: dict[str, Any]) -> str:
         line = f"  {i:2}. {s['name']}: {s['detail']}" if s.get("detail") else f"  {i:2}. {s['name']}"
         steps.append(line + (" [checked: passed]" if s.get("check") else ""))
     return "\n".join([head, *summary, "steps:", *steps]) + "\n"
+
+
+class GuardedStream(io.TextIOBase):
+    """stdout or stderr whose writes never raise: a closed pipe (``install 2>&1 | head``),
+    a full disk under a redirect or a vanished terminal must not change what the installer
+    does to the node (issue 26). The first failure points the fd at /dev/null (so the
+    interpreter's last flush is quiet too), calls ``on_failure`` once, and later output is
+    dropped."""
+
+    def __init__(self, stream: IO[str], on_failure: Callable[[OSError | ValueError], None]
+                 | None = None) -> None:
+        super().__init__()
+        self.stream = stream
+        self.on_failure = on_failure
+        self.failed = False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return getattr(self.stream, "errors", None)
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        try:
+            return not self.failed and self.stream.isatty()
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def write(self, text: str) -> int:
+        if not self.failed:
+            self._guarded(self.stream.write, text)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.failed:
+            self._guarded(self.stream.flush)
+
+    def _guarded(self, call: Callable[..., Any], *args: Any) -> None:
+        try:
+            call(*args)
+        except (OSError, ValueError) as exc:  # EPIPE, EIO, ENOSPC; ValueError: closed file
+            self.failed = True
+            _silence(self.stream)
+            if self.on_failure is not None:
+                self.on_failure(exc)
+
+
+def _silence(stream: IO[str]) -> None:
+    """Point the stream's fd at /dev/null: what is still buffered in it goes nowhere, quietly."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -60,8 +61,13 @@ JAIL_TMPFS = ("/tmp", "/root", "/run")
 BWRAP_ISOLATION = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                    "--unshare-cgroup-try", "--die-with-parent", "--cap-drop", "ALL")
 # Not --new-session: the Runner already starts each command in a session of its own with
-# no controlling terminal (no TIOCSTI), and a SIGTERM to that process group must reach
-# the jail's processes (bwrap forwards no signal).
+# no controlling terminal (no TIOCSTI), and its SIGTERM to that process group must reach
+# the jail's processes (bwrap forwards no signal). bwrap would die of that TERM and
+# --die-with-parent would SIGKILL the jail at once, so bwrap and this process ignore it
+# and the jailed command gets it with its default action back (coreutils ``env
+# --default-signal``): NVIDIA's code is asked first, and the Runner's SIGKILL after its
+# grace still takes bwrap and, through --die-with-parent, everything in the jail.
+RESTORE_TERM = ("env", "--default-signal=TERM", "--")
 
 
 @dataclass
@@ -130,7 +136,7 @@ def bwrap_argv(merged: Path, spec: SandboxSpec) -> list[str]:
         argv += ["--ro-bind", src, dst]
     for src, dst in spec.rw_binds:
         argv += ["--bind", src, dst]
-    return [*argv, "--chdir", spec.cwd, "--", *spec.argv]
+    return [*argv, "--chdir", spec.cwd, "--", *RESTORE_TERM, *spec.argv]
 
 
 def _is_whiteout(path: Path) -> bool:
@@ -195,9 +201,14 @@ def main(spec_path: str) -> int:
     merged = Path(spec.workdir) / "merged"
     # bwrap passes its environment on: only this, nothing of ours (secrets, proxies).
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C", **spec.env}
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     with open(spec.output_file, "wb") as output:
         proc = subprocess.run(bwrap_argv(merged, spec), env=env, stdout=output,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+    if stopping:  # the Runner is stopping the install: its staging tree is being discarded
+        return 128 + signal.SIGTERM
     if spec.harvest_to and proc.returncode == 0:
         spec.harvested = harvest(upper, spec)
     elif spec.harvest_to:

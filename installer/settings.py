@@ -96,13 +96,15 @@ class Settings:
         sha = normalize_sha256(self.driver_sha256 or None, "--driver-sha256")
         if self.lock_timeout_s < 0:
             raise UsageError("--lock-timeout must be >= 0 seconds")
-        for arg in self.module_args:
-            mod, dot, kv = arg.partition(".")
-            if not (dot and mod and "=" in kv and kv.index("=") > 0):
-                raise UsageError(
-                    f"bad --module-arg {arg!r}",
-                    hint="use MODULE.PARAM=VALUE, e.g. nvidia.NVreg_EnableGpuFirmware=0",
-                )
+        self._check_driver_url_version()
+        if self.driver_url and self.driver_base_url:
+            raise UsageError("--driver-url and --driver-base-url both name where the .run comes "
+                             "from: give one (NVIDIA_DRIVER_DOWNLOAD_URL or NVIDIA_DRIVER_BASE_URL)")
+        self._check_module_args()
+        from installer.nvidia_options import too_old
+
+        if self.driver_version and (why := too_old(self.driver_version)):
+            raise UsageError(f"--driver-version: {why}", hint="use R470 or newer")
         if self.kernel_module_type not in ("auto", "open", "proprietary"):
             raise UsageError(
                 f"bad --kernel-module-type {self.kernel_module_type!r}",
@@ -134,6 +136,35 @@ class Settings:
                                       allow_insecure_http=self.allow_insecure_http)
         return replace(self, install_dir=install_dir, driver_sha256=sha,
                        prebuilt_sha256=prebuilt_sha)
+
+    def _check_driver_url_version(self) -> None:
+        """--driver-url's file name and --driver-version naming two drivers: refused now
+        (the .run's own version is checked once extracted, before anything is unloaded)."""
+        from installer.nvidia_run import named_version
+
+        named = named_version(self.driver_url) if self.driver_url else None
+        wanted = self.driver_version
+        if named and wanted and wanted[:1].isdigit() and named != wanted:
+            raise UsageError(f"--driver-url names driver {named} "
+                             f"(NVIDIA-Linux-x86_64-{named}.run), --driver-version {wanted}",
+                             hint="give the URL of the version you want, or drop "
+                             "--driver-version (it is read from the URL's file name)")
+
+    def _check_module_args(self) -> None:
+        from installer.kernel import module_name
+        from installer.modules import LOAD_ORDER
+
+        loaded = [module_name(m) for m in LOAD_ORDER]
+        for arg in self.module_args:
+            mod, dot, kv = arg.partition(".")
+            if not (dot and mod and "=" in kv and kv.index("=") > 0):
+                raise UsageError(
+                    f"bad --module-arg {arg!r}",
+                    hint="use MODULE.PARAM=VALUE, e.g. nvidia.NVreg_EnableGpuFirmware=0",
+                )
+            if module_name(mod) not in loaded:
+                raise UsageError(f"--module-arg {arg!r} is for module {mod!r}, which the "
+                                 f"installer never loads: use one of {', '.join(loaded)}")
 
 
 def check_prebuilt(url: str | None, sha256: str | None, only: bool, *,

@@ -26,6 +26,7 @@ from installer import (
 )
 from installer.cache import CacheKey
 from installer.errors import (
+    BuildError,
     ModuleLoadError,
     UsageError,
 )
@@ -148,7 +149,7 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
 EXTRACT_DIR = "extract"  # under the staging dir
 
 
-def extract_driver() -> Step:
+def extract_driver(version: str) -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
         # The test seams (empty in production), as for the build: build_driver says why.
@@ -156,6 +157,9 @@ def extract_driver() -> Step:
         ctx.work.extract_dir = nvidia_run.extract(
             ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams
         )
+        # A --driver-url naming another driver: refused before anything is unloaded.
+        nvidia_run.check_extracted_version(ctx.work.extract_dir, version,
+                                           ctx.settings.driver_url)
 
     argv = nvidia_run.extract_argv("<driver>.run", EXTRACT_DIR)
     return Step("extract_driver", run, f"{' '.join(argv)} (in a sandbox; the staging dir's "
@@ -200,8 +204,10 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
                 nvidia_run.build_modules(ctx.runner, argv=make_argv(ctx.work.kernel_tree),
                                          tree_dir=tree_dir, **sandboxed)
             nvidia_run.install_userspace(ctx.runner, argv=installer_argv, **sandboxed)
-        except Exception:
-            nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
+        except Exception as exc:
+            kept = nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
+            if kept is not None and isinstance(exc, BuildError):  # the node's name for it
+                exc.hint = f"see {ctx.install.host_view(kept)} on the node for the full log"
             raise
 
     # What --dry-run shows: both commands, with the headers a later step finds.

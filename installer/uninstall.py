@@ -12,7 +12,7 @@ import time
 
 import structlog
 
-from installer import devchar, ldcache, modules, readiness, status
+from installer import devchar, firmware, ldcache, modules, readiness, status
 from installer.context import Context
 from installer.errors import UsageError
 from installer.installdir import LAYOUT_DIRS, InstallDir
@@ -48,6 +48,8 @@ def run(settings: Settings) -> dict[str, object]:
     ctx = Context.from_settings(settings, strict=False)  # the OS does not matter here
     host, kernel, runner, install = ctx.host, ctx.kernel, ctx.runner, ctx.install
     done: dict[str, object] = {}
+    if install.root.is_dir():
+        install.check_writable()  # all or nothing: never unload, then fail to remove
     with HostLock(host, settings.lock_timeout_s):
         ours = _is_ours(install)
         loaded = modules.loaded_driver_version(kernel)
@@ -57,6 +59,8 @@ def run(settings: Settings) -> dict[str, object]:
         done["modules_unloaded"] = modules.unload(kernel, runner) if loaded else []
         done["dev_char_links_removed"] = devchar.remove(kernel.dev_dir)
         done["device_nodes_removed"] = devchar.remove_nodes(kernel.dev_dir)
+        # Before the install goes: its firmware tells our copies from anyone else's.
+        done["firmware_copies_removed"] = firmware.remove_copies(host, install) if ours else []
         present = [d for d in LAYOUT_DIRS if (install.root / d).exists()]
         had_cache = install.cache_file.exists()
         if install.root.is_dir():

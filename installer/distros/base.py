@@ -109,6 +109,10 @@ class Distro(abc.ABC):
         """The instance that plans installs (a subclass may live in a heavier module)."""
         return cls()
 
+    def check_settings(self, ctx: Context) -> None:
+        """Refuse options that mean nothing on this OS (UsageError), before the lock."""
+        return
+
     @abc.abstractmethod
     def driver_version(self, ctx: Context) -> str:
         """The concrete driver version to install (aliases resolved)."""

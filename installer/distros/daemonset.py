@@ -25,3 +25,5 @@ class DaemonSetNeeds:
     own_env: tuple[str, ...] = ()
     # Why the pod uses the node's network (comment lines); empty: the pod network.
     host_network: tuple[str, ...] = ()
+    # GKE runs its MIG partitioner after the install here (manifests render --partition-gpus).
+    partition_gpus: bool = False

@@ -51,7 +51,7 @@ def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tup
     """The NVIDIA .run downloaded, extracted and built in the sandbox: install's build and
     ``bundle build``'s are this one sequence."""
     return (steps.download_driver(url, ctx.settings.driver_sha256),
-            steps.extract_driver(),
+            steps.extract_driver(version),
             steps.build_driver(ctx, version, module_type))
 
 
@@ -84,13 +84,21 @@ class HeadersBuild(Distro):
         flavor = f"compiled-{self.module_type(ctx, version)}"
         return replace(self.node_key(ctx.host_info, version), flavor=flavor)
 
-    def plan(self, ctx: Context) -> Plan:
-        if ctx.settings.preload:
+    def check_settings(self, ctx: Context) -> None:
+        settings = ctx.settings
+        if settings.preload:
             raise UsageError(
                 "--preload is for Container-Optimized OS (it warms the COS toolchain cache)",
                 hint=f"on {self.title}, run a normal install; kernel headers come from the node "
                 "or apt",
             )
+        if settings.cos_artifacts_sha256:
+            raise UsageError(f"--cos-artifacts-sha256 pins COS artifacts; this node runs "
+                             f"{self.title}",
+                             hint="pin the .run with --driver-sha256 (NVIDIA_DRIVER_SHA256) "
+                             "and drop COS_ARTIFACTS_SHA256")
+
+    def plan(self, ctx: Context) -> Plan:
         version = self.driver_version(ctx)
         key = self.cache_key(ctx, version)
         module_type = key.flavor.removeprefix("compiled-") if key.flavor else "proprietary"

@@ -150,9 +150,19 @@ def _artifacts_url(bucket: str, prefix: str) -> str:
     return f"{ARTIFACTS_BASE}/{bucket}/{prefix or '{build_id}'}"
 
 
+_HELP = {"-h", "--help", "-help", "--h"}
+
+
+def _wants_help(args: list[str]) -> bool:
+    """``help [install]``, or -h/-help/--help anywhere before ``--`` (Go's flag package
+    answers flag.ErrHelp with the usage, v2's subcommands ``help install`` likewise)."""
+    flags = args[:args.index("--")] if "--" in args else args
+    return (bool(args) and args[0] == "help") or any(a in _HELP for a in flags)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if args in ([], ["help"], ["-h"], ["--help"], ["-help"]):
+    if not args or _wants_help(args):
         (sys.stdout if args else sys.stderr).write(USAGE)
         sys.exit(0 if args else int(ExitCode.USAGE))
     import os

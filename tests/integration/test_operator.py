@@ -183,7 +183,7 @@ def test_doctor_after_a_failed_upgrade_says_the_old_driver_works(node, pod, kern
     assert status["verdict"] == "fail"
     assert status["detail"].endswith(f"in step download_driver: {failed_how}. Driver {V1} is "
                                      "still loaded, installed intact and working")
-    assert status["fix"] == f"{fix} (details: /usr/local/nvidia/status.json)"
+    assert status["fix"] == f"{fix} (details: {INSTALL_HOST}/status.json)"  # the node's path
     km = found["kernel_modules"]
     assert (km["verdict"], km["fix"]) == ("warn", fix)
     assert km["detail"] == (f"driver {V1} loaded (nvidia_uvm, nvidia_drm, nvidia_modeset, "

@@ -52,7 +52,7 @@ def built(podman) -> dict[str, str]:
         proc = subprocess.run(
             ["bash", str(REPO / "images/build.sh")], capture_output=True, text=True, timeout=840,
             env={**podman.env(), "NDI_IMAGE_TAG": tag, "NDI_BUILDAH_ROOT": GRAPHROOT,
-                 "NDI_BUILDAH_RUNROOT": RUNROOT})
+                 "NDI_BUILDAH_RUNROOT": RUNROOT, "NDI_LOCAL_BASE": "1"})  # substitute base
         assert proc.returncode == 0, proc.stderr[-4000:]
     local = {flavor: f"localhost/nvidia-driver-installer-{flavor}:{tag}"
              for flavor in m.IMAGE_FLAVORS}

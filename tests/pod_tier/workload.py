@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from installer import manifests as m
-from tests.fixtures.kernel import FakeKernel
+from tests.fixtures.kernel import HOOK_DIR, FakeKernel
 from tests.fixtures.node import COS_KERNEL, UBUNTU_KERNEL, Node, build_cos_node, build_ubuntu_node
 from tests.fixtures.server import ArtifactServer
 from tests.pod import FAKE_APT_GET
@@ -81,6 +81,7 @@ class FixtureNode:
         return Seams(
             env={**self.kernel.env(), "REQUESTS_CA_BUNDLE": self.server.ca_bundle_path, **self.env},
             mounts=((self.kernel.root, str(self.kernel.root)), (ca_dir, str(ca_dir)),
+                    (HOOK_DIR, str(HOOK_DIR)),
                     (self.sbin, "/usr/local/sbin")))
 
 

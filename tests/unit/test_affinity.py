@@ -107,7 +107,7 @@ def test_label_mode_adds_the_os_only_when_the_labels_do_not_name_the_flavor():
     assert exprs[-1] == {"key": m.OS_ID_LABEL, "operator": "In", "values": ["cos"]}
     own = _render(*MODES["label-flavor-value"])["cos"]
     keys = [e["key"] for e in _terms(own)[0]["matchExpressions"]]
-    assert keys == ["pool.example/gpu"]
+    assert keys == ["pool.example/gpu", *(g["key"] for g in m.GKE_GUARDS)]
 
 
 def test_affinity_none_for_both_flavors_is_refused():
@@ -124,7 +124,7 @@ def test_affinity_none_for_both_flavors_is_refused():
 def test_flavor_named_label_keys_exclude_each_other_without_nfd():
     cos = _render("--affinity", "label", "--node-label", "example.com/os-{flavor}")["cos"]
     exprs = _terms(cos)[0]["matchExpressions"]
-    assert exprs == [{"key": "example.com/os-cos", "operator": "Exists"},
+    assert exprs == [{"key": "example.com/os-cos", "operator": "Exists"}, *m.GKE_GUARDS,
                      {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"},
                      {"key": "example.com/os-debian", "operator": "DoesNotExist"}]
     assert selects(cos, {"example.com/os-cos": "1"})

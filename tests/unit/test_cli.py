@@ -34,6 +34,18 @@ def run_main(capsys, args, monkeypatch=None, env=None):
         pytest.param(["--download-deadline", "0"], "download-deadline", id="zero-deadline"),
         pytest.param(["--download-min-rate", "-1"], "download-min-rate", id="negative-rate"),
         pytest.param(["--install-dir-host", "/../../etc"], "without '..'", id="dotdot-dir"),
+        # issue 26: conflicting options, refused before anything happens
+        pytest.param(["--driver-url", "https://h/NVIDIA-Linux-x86_64-550.54.14.run",
+                      "--driver-base-url", "https://h/tesla"], "give one", id="url-and-base-url"),
+        pytest.param(["--module-arg", "foo.bar=1"], "never loads", id="module-never-loaded"),
+        pytest.param(["--module-arg", "nvidia-uvm.uvm_perf_prefetch_enable=0",
+                      "--module-arg", "nvidia_peermem.x=1"], "'nvidia_peermem'",
+                     id="module-not-ours"),
+        pytest.param(["--driver-version", "390.157"], "older than this installer supports",
+                     id="too-old-driver"),
+        pytest.param(["--driver-url", "https://h/NVIDIA-Linux-x86_64-550.127.05.run",
+                      "--driver-version", "550.54.14"], "names driver 550.127.05",
+                     id="url-names-another-version"),
     ],
 )
 def test_usage_errors_exit_2(capsys, tmp_path, args, needle):
@@ -337,3 +349,30 @@ def test_readme_exit_codes_table_lists_every_exit_code():
     table = readme[readme.index("### Exit codes"):readme.index("## Security")]
     rows = {int(n) for row in re.findall(r"^\| (\d+)(?: / (\d+))? \|", table, re.M) for n in row if n}
     assert rows == {int(c) for c in ExitCode} == {int(c) for c in EXIT_CODE_MEANINGS}
+
+
+def test_durations_and_log_format_spellings_are_accepted(capsys, monkeypatch, tmp_path):
+    """Issue 26: LOCK_TIMEOUT=10m and LOG_FORMAT=JSON were refused."""
+    from installer import install as install_mod
+
+    seen = {}
+    monkeypatch.setattr(install_mod, "run", lambda settings: seen.setdefault("s", settings) and {})
+    code, _, err = run_main(capsys, ["install", "--host-root", str(tmp_path)], monkeypatch,
+                            env={"LOCK_TIMEOUT": "10m", "LOG_FORMAT": "JSON",
+                                 "DOWNLOAD_DEADLINE": "1h", "DOWNLOAD_MIN_RATE_TIME": "90s"})
+    assert code == 0, err
+    s = seen["s"]
+    assert (s.lock_timeout_s, s.download_deadline_s, s.download_min_rate_time_s) == (600, 3600, 90)
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"LOCK_TIMEOUT": "soon"}, "'soon' is not a duration"),
+    ({"DOWNLOAD_DEADLINE": "0m"}, "must be > 0 seconds"),
+])
+def test_a_bad_setting_with_json_logs_is_a_json_event(capsys, monkeypatch, tmp_path, env, needle):
+    code, out, err = run_main(capsys, ["install", "--host-root", str(tmp_path)], monkeypatch,
+                              env={"LOG_FORMAT": "json", **env})
+    assert code == 2
+    last = json.loads(err.strip().splitlines()[-1])
+    assert (last["event"], last["error_class"], last["exit_code"]) == ("install_failed", "usage", 2)
+    assert needle in last["error"] and "Traceback" not in err

@@ -55,8 +55,9 @@ class Env:
             host_root=self.node.root,
             install_dir=self.node.install_dir,
             cos_artifacts_url=self.bucket.file_url(),
-            driver_base_url=f"file://{self.tesla}",
             toolchain_dir=self.tools_dir,
+            # the two are refused together
+            **({} if "driver_url" in settings else {"driver_base_url": f"file://{self.tesla}"}),
             **settings,
         ).resolved()
         kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)
@@ -385,7 +386,7 @@ def test_malicious_headers_refused_during_preload(env, tmp_path):
 
 
 @pytest.mark.parametrize("output", ["json", "text"])
-def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys, output):
+def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys, monkeypatch, output):
     """`install --dry-run` end to end in-process: nothing written, plan on stdout (-o json:
     the document for tools; text: the steps as a numbered list)."""
     from installer.cli import main
@@ -395,19 +396,10 @@ def test_dry_run_on_the_cli_prints_versions_urls_and_plan(env, capsys, output):
             "--install-dir", str(env.node.install_dir), "--toolchain-dir", str(env.tools_dir),
             "--cos-artifacts-url", env.bucket.file_url(),
             "--driver-base-url", f"file://{env.tesla}", "--log-format", "json"]
-    old = {k: os.environ.get(k) for k in env.kernel.env()}
-    os.environ.update(env.kernel.env())
-    os.environ["KERNEL_RELEASE"] = COS_KERNEL
-    try:
-        with pytest.raises(SystemExit) as exit_:
-            main(argv)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        os.environ.pop("KERNEL_RELEASE", None)
+    env.kernel.activate(monkeypatch)
+    monkeypatch.setenv("KERNEL_RELEASE", COS_KERNEL)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert not env.tools_dir.exists()

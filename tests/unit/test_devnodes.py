@@ -42,3 +42,22 @@ def test_gpu_minors_from_the_driver_else_the_pci_scan(tmp_path):
         info.parent.mkdir(parents=True)
         info.write_text(f"Bus Location: \t {addr}\nDevice Minor: \t {minor}\n")
     assert devnodes.gpu_minors(k) == [0, 1]
+
+
+def test_a_hung_nvidia_modprobe_is_said_to_have_timed_out(tmp_path, monkeypatch):
+    """Issue 26: a hang read "failed:" with an empty cause; it names the timeout."""
+    import pytest
+
+    from installer.errors import VerifyError
+    from installer.kernel import KernelState
+    from installer.runner import Runner
+
+    k = KernelState(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev")
+    k.dev_dir.mkdir()
+    modprobe = tmp_path / "nvidia-modprobe"
+    modprobe.write_text("#!/bin/sh\nexec sleep 30\n")  # silent, never returns
+    modprobe.chmod(0o755)
+    monkeypatch.setattr(devnodes, "TIMEOUT_S", 1)
+    with pytest.raises(VerifyError) as err:
+        devnodes.create(modprobe, k, Runner(), ())
+    assert err.value.message == "nvidia-modprobe -c255 -c0 -m timed out after 1s"

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import cache, cli, doctor, signing
+from installer import cache, cli, doctor, kernel, signing
 from installer.cache import CacheKey
 from tests.fixtures import node as fixture_node
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
@@ -137,8 +137,7 @@ class FakeNode:
 @pytest.fixture
 def node(tmp_path, libs, monkeypatch):
     n = FakeNode(tmp_path, libs).build()
-    for name, path in (("PROC", n.proc), ("SYS", n.sys), ("DEV", n.dev)):
-        monkeypatch.setenv(f"NVIDIA_INSTALLER_{name}_DIR", str(path))
+    monkeypatch.setattr(kernel, "_roots", kernel.KernelRoots(n.proc, n.sys, n.dev))
     monkeypatch.setattr(doctor.shutil, "disk_usage",
                         lambda p: shutil._ntuple_diskusage(100 << 30, 50 << 30, 50 << 30))
     yield n
@@ -345,6 +344,14 @@ def test_failed_last_run_is_reported_with_its_hint(node, capsys):
     assert "the upgrade to 535.183.01 failed (module_load, exit 8)" in km["detail"]
 
 
+def test_a_run_that_failed_before_choosing_a_version_names_none(node, capsys):
+    node.set_status(outcome="error", exit_code=3, error_class="host", driver_version=None,
+                    message="no /etc/os-release on the host")
+    f = node.findings(capsys)[1]["installer_status"]
+    assert "None" not in f["detail"] and "installing driver" not in f["detail"]
+    assert f["detail"].endswith("(exit 3): no /etc/os-release on the host")
+
+
 def test_failed_last_run_with_a_damaged_old_install_is_a_mismatch(node, capsys):
     """Only an intact old install counts as working: otherwise the libraries may not match."""
     node.set_status(outcome="error", exit_code=5, error_class="download",
@@ -464,7 +471,7 @@ def test_corrupt_status_file_is_reported_as_corrupt(node, capsys):
     assert code == 9
     f = found["installer_status"]
     assert f["detail"] == "corrupt status file: status.json holds a JSON list, not an object"
-    assert f["fix"] == f"remove {node.install}/status.json; the next install writes a new one"
+    assert f["fix"] == "remove /home/kubernetes/bin/nvidia/status.json; the next install writes a new one"
 
 
 @pytest.mark.parametrize("build", ["17800.1.1", fixture_node.COS_BUILD_ID])
@@ -482,3 +489,58 @@ def test_a_cos_record_is_judged_by_the_cos_build(node, capsys, build):
         assert f["detail"] == (f"stale: cached for build {build}, the node runs build "
                                f"{fixture_node.COS_BUILD_ID} (node image upgraded?)")
         assert "reinstalls for this build" in f["fix"]
+
+
+# -- GKE's own installer on the node (issue 26) --------------------------------------
+
+UID = "0f3c2a4e-1b2c-4d5e-8f90-123456789abc"
+# What the kubelet keeps of an init container's output: CRI log lines (<time> <stream> <P|F>
+# <text>). GKE's cos-gpu-installer logs glog lines; ours, JSON events.
+GKE_LOG = ("2026-01-01T00:00:00.1Z stderr F I0101 00:00:00.100000  1 install.go:226] "
+           "Installing GPU driver version 535.183.01\n")
+OUR_LOG = ('2026-01-01T00:00:00.1Z stderr F {"event": "install_finished", "level": "info", '
+           '"timestamp": "2026-01-01T00:00:00Z"}\n')
+
+
+def _pod_log(node, pod: str, text: str) -> str:
+    pod_dir = f"kube-system_{pod}_{UID}"
+    node.write(node.root / "var/log/pods" / pod_dir / "nvidia-driver-installer/0.log", text)
+    return f"/var/log/pods/{pod_dir}"
+
+
+def test_gkes_installer_pod_on_the_node_is_a_warning(node, capsys):
+    where = _pod_log(node, "nvidia-driver-installer-x2b4z", GKE_LOG)
+    code, found = node.findings(capsys)
+    f = found["gke_installer"]
+    assert code == 0 and f["verdict"] == "warn"
+    assert where in f["detail"] and "host lock" in f["detail"]
+    assert "kubectl -n kube-system delete daemonset nvidia-driver-installer" in f["fix"]
+    assert "gpu-driver-version=disabled" in f["fix"]
+
+
+@pytest.mark.parametrize("pod, log", [
+    ("nvidia-driver-installer-ubuntu-x2b4z", GKE_LOG),  # our DaemonSet's pod
+    ("nvidia-driver-installer-ubuntu-pool-a-x2b4z", GKE_LOG),  # ours, --name pool-a
+    ("nvidia-driver-installer-x2b4z", OUR_LOG),  # our image in GKE's DaemonSet (drop-in)
+    ("nvidia-gpu-device-plugin-x2b4z", GKE_LOG),
+])
+def test_our_own_pods_are_not_gkes_installer(node, capsys, pod, log):
+    _pod_log(node, pod, log)
+    f = node.findings(capsys)[1]["gke_installer"]
+    assert f["verdict"] == "ok" and f["detail"].startswith("no pod of GKE's installer")
+
+
+def test_a_fifo_for_a_log_never_hangs_doctor(node, capsys):
+    log_dir = node.root / f"var/log/pods/kube-system_nvidia-driver-installer-x2b4z_{UID}"
+    (log_dir / "nvidia-driver-installer").mkdir(parents=True)
+    os.mkfifo(log_dir / "nvidia-driver-installer/0.log")
+    f = node.findings(capsys)[1]["gke_installer"]
+    assert f["verdict"] == "warn"  # its pod is there; what it runs is unknown
+
+
+def test_a_cache_gkes_installer_wrote_is_said(node, capsys):
+    # cos-gpu-installer entrypoint.sh L184-187 / GKE's Ubuntu entrypoint: these lines only
+    node.write(node.install / ".cache", f"CACHE_KERNEL_VERSION={RELEASE}\n"
+               f"CACHE_NVIDIA_DRIVER_VERSION={V}\n")
+    f = node.findings(capsys)[1]["gke_installer"]
+    assert f["verdict"] == "ok" and "written by GKE's installer" in f["detail"]

@@ -51,6 +51,21 @@ def test_second_installer_fails_at_once_naming_holder(host, holder):
         os.close(fd)
 
 
+@pytest.mark.parametrize("proc_locks", ["", "1: FLOCK  ADVISORY  WRITE 0 08:01:{ino} 0 EOF\n"],
+                         ids=["not-listed", "other-pid-namespace"])
+def test_a_pid_written_in_a_stale_lock_file_is_never_named(host, holder, tmp_path, proc_locks):
+    lock, _ = holder
+    lock.write_text("1\n")  # a killed run's PID, in its own pod's namespace
+    proc_dir = tmp_path / "proc"
+    proc_dir.mkdir()
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        (proc_dir / "locks").write_text(proc_locks.format(ino=os.fstat(fd).st_ino))
+        assert holder_pid(fd, proc_dir) is None
+    finally:
+        os.close(fd)
+
+
 def test_waits_with_timeout_then_gets_lock(host, holder):
     lock, proc = holder
     with HostLock(host, timeout_s=10) as held:

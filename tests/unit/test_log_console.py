@@ -114,8 +114,7 @@ def test_a_kernel_release_with_a_path_in_it_is_a_usage_error(capsys, tmp_path):
                                      "4.19.0~rc1", "5.4.0_custom"])
 def test_real_kernel_releases_pass(capsys, monkeypatch, tmp_path, fake_kernel, release):
     fake_kernel.add_gpu()  # the dry run refuses a node without one, as the real run's load does
-    for key, value in fake_kernel.env().items():
-        monkeypatch.setenv(key, value)
+    fake_kernel.activate(monkeypatch)
     code, lines = _run(capsys, tmp_path, "--kernel-release", release)
     assert code == 0, lines[-3:]
 

@@ -334,6 +334,7 @@ def test_variant_details(variant_texts):
     assert term["matchExpressions"] == [
         {"key": "example.com/gpu", "operator": "In", "values": ["yes"]},
         {"key": "example.com/os-cos", "operator": "Exists"},
+        *m.GKE_GUARDS,  # issue 26: GKE's guards hold with labels too
         # Never two DaemonSets on one node (issue 14): the other flavours' labels are absent.
         {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"},
         {"key": "example.com/os-debian", "operator": "DoesNotExist"},
@@ -426,6 +427,9 @@ def test_committed_manifests_set_only_env_vars_the_installer_reads():
         (("--flavor", "ubuntu", "--driver-version", "latest"), "--driver-version"),
         (("--all", "--driver-version", "R535"), "--driver-version"),
         (("--flavor", "cos", "--driver-version", "5.x"), "--driver-version"),
+        # issue 26: the version rule `install` applies (versions.unsupported_reason)
+        (("--flavor", "ubuntu", "--driver-version", "390.157"), "older than this installer"),
+        (("--flavor", "cos", "--driver-version", "390.157"), "older than this installer"),
         (("--node-label", "a=b"), "--affinity label"),
         (("--affinity", "label", "--node-label", "bad key=x"), "--node-label"),
         (("--affinity", "label", "--node-label", "k=" + "v" * 64), "--node-label"),

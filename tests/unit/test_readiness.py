@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import diagnostics, install, metrics, readiness
+from installer import diagnostics, install, kernel, metrics, readiness
 from installer.errors import BuildError
 from installer.hostroot import HostRoot
 from installer.plan import Plan, Step
@@ -25,7 +25,8 @@ def host(tmp_path, monkeypatch):
     (root / INSTALL_HOST.relative_to("/")).mkdir(parents=True)
     for name in ("proc", "sys", "dev"):
         (tmp_path / name).mkdir()
-        monkeypatch.setenv(f"NVIDIA_INSTALLER_{name.upper()}_DIR", str(tmp_path / name))
+    monkeypatch.setattr(kernel, "_roots",
+                        kernel.KernelRoots(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev"))
     (tmp_path / "proc/modules").write_text("")
     return HostRoot(root)
 
@@ -85,6 +86,9 @@ class FakeDistro:
 
     def __init__(self, steps, kind="fresh"):
         self.steps, self.kind = steps, kind
+
+    def check_settings(self, ctx):
+        pass
 
     def plan(self, ctx):
         return Plan(self.kind, tuple(self.steps), driver_version="550.54.14",
@@ -186,20 +190,31 @@ def test_kernel_log_tail_when_dmesg_is_unreadable(monkeypatch, tmp_path):
         "(kernel log not readable: dmesg: read kernel buffer failed: Operation not permitted)"]
 
 
-def test_kernel_log_tail_keeps_relevant_lines(monkeypatch, tmp_path):
+def _kernel_log_tail(monkeypatch, tmp_path, *lines: str) -> list[str]:
+    """diagnostics.kernel_log_tail with a dmesg printing ``lines``."""
     from installer.runner import Runner
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "dmesg").write_text(
-        "#!/bin/sh\necho '[Mon] eth0: link up'\n"
-        "echo '[Mon] NVRM: API mismatch: the client has the version 550.54.14'\n"
-        "echo '[Mon] Loading of unsigned module is rejected'\necho '[Mon] usb 1-1: new device'\n")
+    (bin_dir / "dmesg").write_text("#!/bin/sh\n" + "".join(f"echo '{ln}'\n" for ln in lines))
     (bin_dir / "dmesg").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    assert diagnostics.kernel_log_tail(Runner()) == [
+    return diagnostics.kernel_log_tail(Runner())
+
+
+def test_kernel_log_tail_keeps_relevant_lines(monkeypatch, tmp_path):
+    assert _kernel_log_tail(
+        monkeypatch, tmp_path, "[Mon] eth0: link up",
+        "[Mon] NVRM: API mismatch: the client has the version 550.54.14",
+        "[Mon] Loading of unsigned module is rejected", "[Mon] usb 1-1: new device") == [
         "[Mon] NVRM: API mismatch: the client has the version 550.54.14",
         "[Mon] Loading of unsigned module is rejected"]
+
+
+def test_kernel_log_tail_never_shows_unrelated_lines(monkeypatch, tmp_path):
+    assert _kernel_log_tail(monkeypatch, tmp_path, "[Mon] eth0: link up",
+                            "[Mon] usb 1-1: new device") == [
+        "(no NVIDIA or kernel module lines in the kernel log)"]
 
 
 def test_unwritable_readiness_is_a_verify_failure(host, monkeypatch):

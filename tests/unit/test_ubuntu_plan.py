@@ -38,16 +38,16 @@ class Env:
         self.node = build_ubuntu_node(tmp_path / "node", headers=headers)
         self.kernel = FakeKernel(tmp_path / "kernel", UBUNTU_KERNEL)
         self.tesla = tmp_path / "tesla"
-        for name, value in self.kernel.env().items():
-            monkeypatch.setenv(name, value)
+        self.kernel.activate(monkeypatch)
 
     def add_gpu(self, device: str = "0x27b8") -> None:  # an L4 unless told
         self.kernel.add_gpu(device=device)
 
     def ctx(self, **settings) -> Context:
         """The context the install command builds (the release read from the fake kernel)."""
+        if "driver_url" not in settings:  # the two are refused together
+            settings["driver_base_url"] = f"file://{self.tesla}"
         return Context.from_settings(Settings(host_root=self.node.root, install_dir=self.node.install_dir,
-                                     driver_base_url=f"file://{self.tesla}",
                                      **settings).resolved())
 
 
@@ -140,8 +140,15 @@ def test_enforced_signatures_are_the_one_exit_10_refusal(env):
 
 def test_preload_is_refused_on_ubuntu(env):
     with pytest.raises(UsageError) as err:
-        Ubuntu().plan(env.ctx(preload=True))
+        Ubuntu().check_settings(env.ctx(preload=True))
     assert err.value.exit_code == ExitCode.USAGE and "Container-Optimized OS" in err.value.message
+
+
+def test_a_cos_artifacts_pin_is_refused_on_ubuntu(env):
+    with pytest.raises(UsageError) as err:
+        Ubuntu().check_settings(env.ctx(cos_artifacts_sha256="/pins.sha256"))
+    assert "--cos-artifacts-sha256" in err.value.message and "Ubuntu" in err.value.message
+    assert "--driver-sha256" in err.value.hint
 
 
 def _install_files(root: Path, version: str) -> None:

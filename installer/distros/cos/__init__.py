@@ -59,9 +59,12 @@ DAEMONSET = DaemonSetNeeds(
          ("COS_TOOLS_DIR_CONTAINER", TOOLS_DIR.mount_path),
          ("VULKAN_ICD_DIR_HOST", VULKAN_ICD_DIR.host_path),
          ("VULKAN_ICD_DIR_CONTAINER", VULKAN_ICD_DIR.mount_path)),
-    own_env=("COS_DOWNLOAD_GCS",),
+    own_env=("COS_DOWNLOAD_GCS", "COS_ARTIFACTS_SHA256"),
     host_network=("hostNetwork, as GKE's COS DaemonSet: downloads start at node bring-up,",
                   "before the CNI may be ready, and use no pod IP."),
+    # As GKE's COS DaemonSets (container-engine-accelerators nvidia-driver-installer/cos/
+    # daemonset-preloaded*.yaml @068b15a, L111-127; its ubuntu/*.yaml have none).
+    partition_gpus=True,
 )
 
 

@@ -199,7 +199,7 @@ class CosFlow(Cos):
         if chosen.way == "prebuilt":
             fetches = [run_fetch, Fetch("prebuilt", prebuilt_url, "prebuilt modules",
                                         arts.pin(prebuilt_url, "prebuilt modules"))]
-            work = [unpack_prebuilt(version), steps.extract_driver()]
+            work = [unpack_prebuilt(version), steps.extract_driver(version)]
         else:
             if precompiled:  # the custom .run replaces NVIDIA's (--driver-sha256 names that)
                 run_fetch = Fetch("driver", custom_url, "precompiled driver",
@@ -250,7 +250,7 @@ class CosFlow(Cos):
             *([unpack_signatures(version)] if precompiled else []),
             prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
             prepare_toolchain(tools, tc_env),
-            steps.extract_driver(),
+            steps.extract_driver(version),
             *([link_precompiled(tools, tc_env, version)] if precompiled else [])]
         return fetches, work
 

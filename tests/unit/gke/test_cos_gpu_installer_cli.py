@@ -86,3 +86,14 @@ def test_entry_refuses_with_exit_2_and_one_line():
          "install", "-test"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "-test" in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["install", "--help"], ["install", "-h"],
+                                  ["install", "--version=latest", "-help"], ["help", "install"],
+                                  ["--help"]])
+def test_help_anywhere_prints_the_usage(argv):
+    proc = subprocess.run(
+        [sys.executable, "-c", "from installer.gke.cos_gpu_installer_cli import main; main()",
+         *argv], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: /cos-gpu-installer install") and proc.stderr == ""

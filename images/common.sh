@@ -1,0 +1,12 @@
+# Sourced by images/build.sh and images/push.sh: where the images live, and their tag.
+# shellcheck shell=bash disable=SC2034  # the variables are for the scripts sourcing this
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${NDI_IMAGE_CACHE:-/var/cache/ndi-images}
+LOCAL_BASE=${NDI_LOCAL_BASE:-0}
+# Real and substitute bases carry the same names: never in one storage.
+STORAGE_ROOT=${NDI_BUILDAH_ROOT:-$CACHE/$([[ $LOCAL_BASE == 1 ]] && echo storage || echo storage-real)}
+RUNROOT=${NDI_BUILDAH_RUNROOT:-/run/ndi-images}
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$REPO/installer/__init__.py")
+# The tag images/build.sh gives what it builds: the package version unless NDI_IMAGE_TAG.
+BUILT_TAG=${NDI_IMAGE_TAG:-$(printf '%s' "$VERSION" | tr -c 'A-Za-z0-9_.-' '-')}
+bah() { buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" "$@"; }

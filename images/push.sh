@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Push the images images/build.sh built (`make images`) to a registry, and print the
+# digests to pin them by (`manifests render --image-digest`).
+#
+# Usage: images/push.sh REGISTRY [TAG] [FLAVOR...]
+#   REGISTRY  where the images go: REGISTRY/nvidia-driver-installer-<flavor>:TAG
+#             (e.g. europe-docker.pkg.dev/PROJECT/REPO, ghcr.io/ORG)
+#   TAG       the tag pushed (default: the built one, the package version)
+# Environment: as images/build.sh (NDI_LOCAL_BASE, NDI_IMAGE_CACHE, NDI_BUILDAH_ROOT,
+# NDI_BUILDAH_RUNROOT, NDI_IMAGE_TAG), and
+#   NDI_PUSH_TLS_VERIFY  false for a plain-http registry on this machine (true)
+#   NDI_PUSH_AUTHFILE    registry credentials (buildah login's auth.json; default: buildah's)
+#
+# stdout: one line per image, "<flavor> <reference>@<digest>", then the render command
+# pinning them. Credentials never appear: buildah reads them from the auth file.
+set -euo pipefail
+
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+log() { printf '[push] %s\n' "$*" >&2; }
+die() { printf '[push] error: %s\n' "$*" >&2; exit 2; }
+
+[[ $# -ge 1 && -n ${1:-} ]] || die "usage: images/push.sh REGISTRY [TAG] [FLAVOR...] (make push REGISTRY=... [TAG=...])"
+REGISTRY=${1%/}
+TAG=${2:-$BUILT_TAG}
+shift $(($# >= 2 ? 2 : 1))
+FLAVORS=("$@")
+((${#FLAVORS[@]})) || FLAVORS=(cos ubuntu)
+# A registry path as image references allow it (host[:port]/path, lower case), and a tag.
+[[ $REGISTRY =~ ^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$ ]] ||
+  die "REGISTRY '$REGISTRY' is not a registry path like registry.example.com/team (lower case, no scheme)"
+[[ $TAG =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] || die "TAG '$TAG' is not an image tag"
+command -v buildah >/dev/null || die "buildah is not installed (apt-get install buildah)"
+
+args=(--tls-verify="${NDI_PUSH_TLS_VERIFY:-true}")
+[[ -z ${NDI_PUSH_AUTHFILE:-} ]] || args+=(--authfile "$NDI_PUSH_AUTHFILE")
+if [[ $LOCAL_BASE == 1 ]]; then
+  log "WARNING: these images were built FROM the local debootstrap substitute base" \
+      "(NDI_LOCAL_BASE=1), not the real bases: for tests, not for nodes"
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+pins=()
+for flavor in "${FLAVORS[@]}"; do
+  src=localhost/nvidia-driver-installer-$flavor:$BUILT_TAG
+  dest=$REGISTRY/nvidia-driver-installer-$flavor:$TAG
+  bah inspect --type image "$src" >/dev/null 2>&1 ||
+    die "no image $src in $STORAGE_ROOT: run make images first"
+  log "pushing $src to $dest ..."
+  bah push -q "${args[@]}" --digestfile "$work/$flavor" "$src" "docker://$dest" >/dev/null
+  digest=$(<"$work/$flavor")
+  [[ $digest =~ ^sha256:[a-f0-9]{64}$ ]] || die "buildah push wrote no digest for $dest"
+  printf '%s %s@%s\n' "$flavor" "$dest" "$digest"
+  pins+=(--image-digest "$flavor=$digest")
+done
+flavor_args=()
+for flavor in "${FLAVORS[@]}"; do flavor_args+=(--flavor "$flavor"); done
+# REGISTRY and TAG were checked above: nothing in them needs more than single quotes.
+printf "nvidia-driver-installer manifests render %s --image '%s' %s\n" "${flavor_args[*]}" \
+  "$REGISTRY/nvidia-driver-installer-{flavor}:$TAG" "${pins[*]}"
