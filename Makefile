@@ -69,4 +69,4 @@ bench: install  ## performance figures vs baselines measured in the same run
 	$(PY) bench/run_all.py
 
 clean:  ## remove the venv and build leftovers
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .import_linter_cache build *.egg-info
