@@ -28,8 +28,9 @@ test: install  ## the default test run (unit + chroot fixture tests), well under
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
 	$(PY) -m tests.demo
 
-lint: install  ## ruff, yamllint and hadolint
+lint: install  ## ruff, yamllint, hadolint and the import-layering contracts (pyproject.toml)
 	$(VENV)/bin/ruff check installer tests bench
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/yamllint -s manifests
 	$(VENV)/bin/hadolint --config images/.hadolint.yaml images/cos/Dockerfile images/ubuntu/Dockerfile
 
@@ -68,4 +69,4 @@ bench: install  ## performance figures vs baselines measured in the same run
 	$(PY) bench/run_all.py
 
 clean:  ## remove the venv and build leftovers
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .import_linter_cache build *.egg-info

@@ -3,7 +3,9 @@
 Shell-style lines, as GKE's installers write them, so a node cached by them is
 recognised (``CACHE_BUILD_ID=`` / ``CACHE_KERNEL_VERSION=`` and
 ``CACHE_NVIDIA_DRIVER_VERSION=``; cos_gpu_installer v2's ``BUILD_ID=`` and
-``DRIVER_VERSION=`` too) and a GKE installer sourcing ours still parses it.
+``DRIVER_VERSION=`` too, its flavour told by distros/cos/v2_cache) and a GKE
+installer sourcing ours still parses it. Which fields key an install on a node
+is the distro's to say (Distro.node_key).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from installer.fsutil import (
     sha256_stream,
     write_record,
 )
-from installer.gke import v2_cache
 from installer.installdir import check_layout_path
 from installer.osinfo import parse_env_file
 
@@ -60,6 +61,8 @@ class CacheKey:
     kernel_release: str | None = None  # Ubuntu
     build_id: str | None = None  # COS
     flavor: str | None = None  # e.g. "compiled-proprietary", "prebuilt-open"
+    # Lines another installer reads (COS: cos-gpu-installer v2's keys), from the distro.
+    compat_lines: tuple[str, ...] = field(default=(), compare=False)
 
     def describe(self) -> str:
         target = f"build {self.build_id}" if self.build_id else f"kernel {self.kernel_release}"
@@ -96,7 +99,7 @@ class CacheRecord:
             driver_version=f.get("CACHE_NVIDIA_DRIVER_VERSION") or f.get("DRIVER_VERSION"),
             kernel_release=f.get("CACHE_KERNEL_VERSION"),
             build_id=f.get("CACHE_BUILD_ID") or f.get("BUILD_ID"),
-            flavor=f.get("CACHE_FLAVOR") or v2_cache.v2_flavor(f),
+            flavor=f.get("CACHE_FLAVOR"),
             file_hashes=hashes,
             fields=f,
             file_stats=stats,
@@ -233,6 +236,6 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
         f"CACHE_INSTALLED_AT={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
         f"CACHE_FILE_SHA256='{hashes}'",
         f"CACHE_FILE_STAT='{stats}'",
-        *v2_cache.v2_lines(key.build_id, key.driver_version, flavor.rsplit("-", 1)[-1]),
+        *key.compat_lines,
     ]
     write_record(cache_file, "\n".join(lines) + "\n")

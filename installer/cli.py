@@ -7,6 +7,7 @@ stay inside the commands so ``--help`` and cache hits start fast.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
@@ -23,6 +24,7 @@ from installer.settings import (
     DEFAULT_HOST_ROOT,
     DEFAULT_INSTALL_DIR_HOST,
     Settings,
+    retry_env,
 )
 
 LOG_FORMATS = click.Choice(["auto", "json", "console"], case_sensitive=False)
@@ -107,13 +109,12 @@ def _settings(**opts: Any) -> Settings:
     if opts.get("metrics_file"):
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
     _register_secrets(opts)
+    opts.update(retry_env(os.environ))
     return Settings(**{k: v for k, v in opts.items() if v is not None}).resolved()
 
 
 def _register_secrets(opts: dict[str, Any]) -> None:
     """Credentials in the URLs we were given (and in proxy settings) never reach output."""
-    import os
-
     from installer.net.policy import register_url
 
     for key in ("driver_url", "driver_base_url", "cos_artifacts_url", "cos_artifacts_sha256",
@@ -290,8 +291,10 @@ def status(output: str, **opts: Any) -> int:
     """Print the last run's status.json and the .cache record; exit with its exit code
     (12 when the installer has not run on this node)."""
     from installer import status as status_mod
+    from installer.context import Context
 
-    doc = status_mod.report(_settings(**opts))
+    # Any host OS will do: only the install dir is read.
+    doc = status_mod.report(Context.from_settings(_settings(**opts), strict=False).install)
     click.echo(render(doc, output), nl=False)
     return status_mod.exit_code(doc)
 
@@ -302,8 +305,9 @@ def status(output: str, **opts: Any) -> int:
 def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
     from installer import verify as verify_mod
+    from installer.context import Context
 
-    gpus = verify_mod.run(_settings(**opts))
+    gpus = verify_mod.check_installed(Context.from_settings(_settings(**opts)))
     click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 

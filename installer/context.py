@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from installer.distros import host_info_from_text
 from installer.errors import UnsupportedHostError, clip
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
-from installer.osinfo import HostInfo, host_info_from_text
+from installer.osinfo import HostInfo
 from installer.runner import Runner
-from installer.settings import DEFAULT_HOST_ROOT, Settings, is_kernel_release
+from installer.settings import DEFAULT_HOST_ROOT, Settings
+from installer.values import is_kernel_release
 from installer.workstate import WorkState
 
 if TYPE_CHECKING:
@@ -75,12 +77,14 @@ class Context:
     @property
     def http(self) -> requests.Session:
         if self._session is None:
-            from installer.net.retry import TransferLimits
+            from installer.net.retry import NETWORK_DEFAULTS, TransferLimits, with_settings
             from installer.net.session import make_session  # requests is slow to import
 
             s = self.settings
-            self._session = make_session(limits=TransferLimits(
-                s.download_deadline_s, s.download_min_rate, s.download_min_rate_time_s))
+            self._session = make_session(
+                limits=TransferLimits(s.download_deadline_s, s.download_min_rate,
+                                      s.download_min_rate_time_s),
+                policy=with_settings(NETWORK_DEFAULTS, s.download_retries, s.download_timeout_s))
         return self._session
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from installer.context import Context
 from installer.runner import CommandError, Runner
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 # Failure classes where the kernel's own log usually says why.
 KERNEL_LOG_CLASSES = {"module_load", "verify", "secure_boot", "build", "internal"}

@@ -31,13 +31,14 @@ from installer import (
     signing,
 )
 from installer import status as status_file
-from installer.cache import CacheKey
 from installer.context import UNKNOWN_FAMILY, Context, detect
+from installer.distros.base import Distro
 from installer.errors import ExitCode, InstallerError
 from installer.fsutil import UnreadableFile
 from installer.osinfo import HostInfo
 from installer.runner import CommandError
 from installer.settings import Settings
+from installer.verify import check_driver_version, nvidia_smi
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
@@ -81,6 +82,10 @@ class Node:
         return None if self.ctx.host_info.family == UNKNOWN_FAMILY else self.ctx.host_info
 
     @property
+    def distro(self) -> type[Distro] | None:
+        return distros.by_name(self.host_info.family) if self.host_info is not None else None
+
+    @property
     def kernel_release(self) -> str:
         return self.ctx.host_info.kernel_release
 
@@ -102,7 +107,8 @@ def _load(settings: Settings) -> Node:
         node.status = status_file.read(node.install.status_file)
     except UnreadableFile as exc:  # reported by check_installer_status, never a hang
         node.status = {"outcome": "unreadable", "message": f"status.json {exc.reason}"}
-    node.record = cache.read(node.install.cache_file)
+    distro = node.distro
+    node.record = (distro.read_cache if distro else cache.read)(node.install.cache_file)
     node.pci = gpus.scan(node.kernel.sys_dir)
     return node
 
@@ -157,7 +163,7 @@ def check_module_signing(n: Node) -> Finding:
     if n.loaded_version is not None:
         return Finding("module_signing", OK, f"{why}; the loaded NVIDIA modules were accepted "
                        "(they are signed)")
-    distro = distros.by_name(n.host_info.family) if n.host_info is not None else None
+    distro = n.distro
     if distro is not None and distro.signed_modules is not None:
         offer, fix = distro.signed_modules
         return Finding("module_signing", WARN, f"{why}: only signed modules load; {offer}", fix)
@@ -235,14 +241,13 @@ def check_cache(n: Node) -> Finding:
                        "run install (a killed or failed run leaves no record on purpose)")
     target = (f"build {r.build_id}" if r.build_id else f"kernel {r.kernel_release}")
     what = f"driver {r.driver_version} for {target} ({r.flavor or 'flavour not recorded'})"
-    info = n.host_info
-    # The record's own key, against what this node runs (build on COS, else kernel).
-    key = CacheKey(r.driver_version or "", build_id=info.build_id if info and r.build_id
-                   else None, kernel_release=None if r.build_id else n.kernel_release)
-    stale = r.mismatch(key)
-    if stale:
-        why, does = (("node image upgraded?", "reinstalls for this build") if r.build_id
-                     else ("kernel updated?", "rebuilds for the running kernel"))
+    # The record's driver, keyed as this node's distro keys installs (COS: its build,
+    # else the kernel); an unknown host's is not judged (check_host says why).
+    distro, info = n.distro, n.host_info
+    stale = (r.mismatch(distro.node_key(info, r.driver_version or ""))
+             if distro and info else None)
+    if distro and stale:
+        why, does = distro.stale_cache
         return Finding("cache", FAIL, f"stale: {stale} ({why})",
                        f"re-run install (restart the installer pod): it {does}")
     broken = cache.check_files(r, n.install.root)
@@ -425,8 +430,6 @@ def check_dev_char(n: Node) -> Finding:
 
 
 def check_nvidia_smi(n: Node) -> Finding:
-    from installer.verify import check_driver_version, nvidia_smi
-
     if not (n.install.bin / "nvidia-smi").is_file():
         return Finding("nvidia_smi", FAIL, "not run: no bin/nvidia-smi in the install dir",
                        "fix install_dir first")

@@ -142,20 +142,20 @@ def _warn_unpinned(ctx: Context, plan, distro: distros.Distro) -> None:
     if plan.kind != "fresh":
         return
     unpinned = []
-    if not (ctx.settings.driver_sha256 or plan.summary.get("driver_sha256")):
+    if not (ctx.settings.driver_sha256 or plan.driver_sha256):
         unpinned.append("the NVIDIA .run (--driver-sha256)")
     if distro.artifact_pin and not getattr(ctx.settings, distro.artifact_pin[0]):
         unpinned.append(distro.artifact_pin[1])
     if unpinned:
         log.warning("artifacts_unpinned", unpinned=unpinned,
-                    driver_url=plan.summary.get("driver_url"),
+                    driver_url=plan.driver_url,
                     message=f"not pinned: {' and '.join(unpinned)}; whatever the server "
                     "sends is installed (the .run runs as root): pin it for production")
 
 
 def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
     """driver-ready, written last: everything above verified the driver."""
-    module_type = ctx.work.kernel_module_type or plan.summary.get("kernel_module_type")
+    module_type = ctx.work.kernel_module_type or plan.kernel_module_type
     try:
         _write_ready_file(ctx, plan, gpu_count, module_type)
     except OSError as exc:
@@ -175,8 +175,8 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
         record = cache.read(ctx.install.cache_file)
         module_type = record.flavor.rpartition("-")[2] if record and record.flavor else None
     readiness.write(ctx.host, readiness.ready_fields(
-        driver_version=staged.running_version if staged else plan.summary.get("driver_version"),
-        pending_driver_version=plan.summary.get("driver_version") if staged else None,
+        driver_version=staged.running_version if staged else plan.driver_version,
+        pending_driver_version=plan.driver_version if staged else None,
         install_dir_host=ctx.install.host_path,
         kernel_release=ctx.host_info.kernel_release,
         plan=plan.kind,
@@ -191,7 +191,7 @@ def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fie
     doc = {
         **fields,
         "plan": plan.kind if plan else None,
-        "driver_version": plan.summary.get("driver_version") if plan else None,
+        "driver_version": plan.driver_version if plan else None,
         "host": ctx.host_info.to_dict(),
         "install_dir_host": str(ctx.install.host_path),
         "steps": [asdict(t) for t in timings],

@@ -1,8 +1,8 @@
 """DaemonSet manifests: rendered from jinja2 templates shipped in the package.
 
-``nvidia-driver-installer manifests render`` writes one DaemonSet per OS flavour
-(``daemonset-cos.yaml``, ``daemonset-ubuntu.yaml``) following the pod contract
-of DESIGN.md section 2. The defaults are committed under ``manifests/`` and a
+``nvidia-driver-installer manifests render`` writes one DaemonSet per distro
+(``daemonset-<flavor>.yaml``, from what each class in ``distros/`` declares) following
+the pod contract of DESIGN.md section 2. The defaults are committed under ``manifests/`` and a
 test fails when they drift from a fresh render (``make manifests`` fixes it).
 
 Everything a user can pass is validated here, before any template is touched,
@@ -24,7 +24,8 @@ import click
 
 from installer import __version__
 from installer.distros import DISTROS
-from installer.versions import is_driver_version
+from installer.distros.daemonset import HostMount
+from installer.settings import ENV_RETRIES, ENV_TIMEOUT  # env only: no CLI option names them
 
 
 def _installer_env_vars() -> tuple[str, ...]:
@@ -32,7 +33,6 @@ def _installer_env_vars() -> tuple[str, ...]:
     the CLI's options so the two cannot drift; the manifests may only set these (plus the
     proxy and CA variables below)."""
     from installer.cli import env_vars
-    from installer.net.retry import ENV_RETRIES, ENV_TIMEOUT  # read by the retry policy itself
 
     return (*env_vars(), ENV_RETRIES, ENV_TIMEOUT)
 
@@ -55,41 +55,33 @@ PASSTHROUGH_ENV_VARS: tuple[str, ...] = (
 # One DaemonSet flavour per distro class, with what the class declares about itself.
 FLAVORS: tuple[str, ...] = tuple(d.name for d in DISTROS)
 FLAVOR_TITLES = {d.name: d.title for d in DISTROS}
+DISTROS_BY_FLAVOR = {d.name: d for d in DISTROS}
+# The images those DaemonSets run (images/<flavor>/Dockerfile): Debian's runs Ubuntu's.
+IMAGE_FLAVORS: tuple[str, ...] = tuple(dict.fromkeys(d.image() for d in DISTROS))
 
 # The pod contract (DESIGN.md section 2). Fixed: the mounts and these env
-# values must agree, so ``--env`` cannot change them.
+# values must agree, so ``--env`` cannot change them. Each distro adds its own
+# (Distro.daemonset).
 HOST_ROOT_CONTAINER = "/root"
 INSTALL_DIR_HOST = "/home/kubernetes/bin/nvidia"
 INSTALL_DIR_CONTAINER = "/usr/local/nvidia"
-COS_TOOLS_DIR_HOST = "/var/lib/cos-tools"
-COS_TOOLS_DIR_CONTAINER = "/build/cos-tools"
 CONTRACT_ENV: dict[str, str] = {
     "ROOT_MOUNT_DIR": HOST_ROOT_CONTAINER,
     "NVIDIA_INSTALL_DIR_HOST": INSTALL_DIR_HOST,
     "NVIDIA_INSTALL_DIR_CONTAINER": INSTALL_DIR_CONTAINER,
 }
-# hostPath -> (mountPath, hostPath type) for every flavour, plus COS's cache.
-CONTRACT_MOUNTS: dict[str, tuple[str, str]] = {
-    "/": (HOST_ROOT_CONTAINER, "Directory"),
-    "/dev": ("/dev", "Directory"),
-    INSTALL_DIR_HOST: (INSTALL_DIR_CONTAINER, "DirectoryOrCreate"),
-}
-VULKAN_ICD_DIR_HOST = f"{INSTALL_DIR_HOST}/vulkan/icd.d"
-VULKAN_ICD_DIR_CONTAINER = "/etc/vulkan/icd.d"
-# COS, as GKE's COS DaemonSets: the tools cache and the Vulkan ICD dir, named in env too.
-COS_ENV: dict[str, str] = {
-    "COS_TOOLS_DIR_HOST": COS_TOOLS_DIR_HOST,
-    "COS_TOOLS_DIR_CONTAINER": COS_TOOLS_DIR_CONTAINER,
-    "VULKAN_ICD_DIR_HOST": VULKAN_ICD_DIR_HOST,
-    "VULKAN_ICD_DIR_CONTAINER": VULKAN_ICD_DIR_CONTAINER,
-}
-COS_MOUNTS: dict[str, tuple[str, str]] = {
-    COS_TOOLS_DIR_HOST: (COS_TOOLS_DIR_CONTAINER, "DirectoryOrCreate"),
-    VULKAN_ICD_DIR_HOST: (VULKAN_ICD_DIR_CONTAINER, "DirectoryOrCreate"),
-}
-# Ubuntu, as GKE's Ubuntu DaemonSet: /boot (the running kernel's config-<release> and
-# System.map), so either image sees the same host under either manifest.
-UBUNTU_MOUNTS: dict[str, tuple[str, str]] = {"/boot": ("/boot", "Directory")}
+CONTRACT_MOUNTS: tuple[HostMount, ...] = (
+    HostMount("root-mount", "/", HOST_ROOT_CONTAINER, "Directory",
+              "The whole host root: os-release, kernel headers, ld.so.conf, lock."),
+    HostMount("dev", "/dev", "/dev", "Directory"),
+    HostMount("nvidia-install-dir-host", INSTALL_DIR_HOST, INSTALL_DIR_CONTAINER,
+              "DirectoryOrCreate", f"Workloads mount {INSTALL_DIR_HOST}/{{bin,lib64}} later."),
+)
+# Env a distro's DaemonSet fixes (its mounts' paths): no --env may set them.
+FIXED_ENV: frozenset[str] = frozenset(CONTRACT_ENV).union(
+    *({k for k, _ in d.daemonset.env} for d in DISTROS))
+# Env only some distros read: set on their DaemonSets only.
+OWN_ENV: frozenset[str] = frozenset().union(*(d.daemonset.own_env for d in DISTROS))
 
 DEFAULT_DRIVER_VERSION = {d.name: d.default_version for d in DISTROS}
 DEFAULT_IMAGE_REPO = "ghcr.io/nvidia-driver-installer/nvidia-driver-installer-{flavor}"
@@ -103,12 +95,14 @@ DEFAULT_LOCK_TIMEOUT = "600"
 # instead of exit 8 and a crash-looping init container (the CLI's default is fail).
 DEFAULT_WHEN_IN_USE = "stage"
 AFFINITY_MODES: tuple[str, ...] = ("gke", "label", "none")
-# Set by NVIDIA's GPU feature discovery / the GPU operator's NFD rule, and by
-# Node Feature Discovery's "system" source: present on GPU nodes of most
-# non-GKE clusters. ``{flavor}`` is replaced per DaemonSet so the COS and the
-# Ubuntu DaemonSet never land on the same node.
+# Set by NVIDIA's GPU feature discovery / the GPU operator's NFD rule: present on GPU
+# nodes of most non-GKE clusters.
+DEFAULT_NODE_LABELS: tuple[str, ...] = ("nvidia.com/gpu.present=true",)
+# Node Feature Discovery's "system" source: the node's os-release ID. Where the labels do
+# not tell the flavours apart, each DaemonSet requires its distro's os_ids here (every OS
+# its flow serves, not the flavour's name), so no two land on one node.
 OS_ID_LABEL = "feature.node.kubernetes.io/system-os_release.ID"
-DEFAULT_NODE_LABELS: tuple[str, ...] = ("nvidia.com/gpu.present=true", OS_ID_LABEL + "={flavor}")
+GKE_OS_LABEL = "cloud.google.com/gke-os-distribution"
 # Values of GKE's cloud.google.com/gke-os-distribution label per flavour.
 GKE_OS_DISTRIBUTIONS = {d.name: d.gke_os_distributions for d in DISTROS}
 
@@ -145,7 +139,6 @@ _IMAGE_REF = re.compile(
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
     r"(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
 )
-_COS_DRIVER_ALIAS = re.compile(r"^(default|latest|R[0-9]+)$")
 
 
 def _check_len(value: str, limit: int, what: str) -> None:
@@ -216,19 +209,7 @@ def validate_driver_version(flavor: str, value: str) -> str:
 
     if (why := too_old(value)) is not None:  # the rule install applies
         raise ValueError(why)
-    if is_driver_version(value):
-        return value
-    if flavor == "cos" and _COS_DRIVER_ALIAS.match(value):
-        return value
-    if flavor == "cos":
-        raise ValueError(
-            f"driver version {value!r} for cos is neither a version (e.g. 550.127.05) "
-            "nor an alias (default, latest, R535)"
-        )
-    raise ValueError(
-        f"driver version {value!r} for {flavor} must be an explicit version (e.g. 550.127.05); "
-        "aliases exist only on COS"
-    )
+    return DISTROS_BY_FLAVOR[flavor].check_version_request(value)
 
 
 def parse_env(items: Iterable[str]) -> dict[str, str]:
@@ -240,7 +221,7 @@ def parse_env(items: Iterable[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"{item!r} is not KEY=VALUE")
-        if key in CONTRACT_ENV or key in COS_ENV:
+        if key in FIXED_ENV:
             raise ValueError(
                 f"{key} is fixed by the pod contract (it must match the volume mounts)"
             )
@@ -337,18 +318,33 @@ def _match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]
             continue
         ours = {e["key"] for e in exprs}
         only_theirs = [e["key"] for e in theirs if e["key"] not in ours]
-        exprs += ([{"key": k, "operator": "DoesNotExist"} for k in only_theirs] or
-                  [{"key": OS_ID_LABEL, "operator": "In", "values": [flavor]}])
+        if only_theirs:
+            exprs += [{"key": k, "operator": "DoesNotExist"} for k in only_theirs]
+        elif OS_ID_LABEL not in ours:
+            exprs.append(_os_id_expression(flavor))
     return exprs
 
 
-# GKE's MIG partitioner and where GKE runs it: its COS DaemonSets only (container-engine-
-# accelerators nvidia-driver-installer/cos/daemonset-preloaded*.yaml @068b15a, L111-127;
-# its ubuntu/*.yaml have none). Source: partition_gpu/partition_gpu.go (a no-op without
-# /etc/nvidia/gpu_config.json).
+def _os_id_expression(flavor: str) -> dict[str, Any]:
+    return {"key": OS_ID_LABEL, "operator": "In", "values": list(DISTROS_BY_FLAVOR[flavor].os_ids)}
+
+
+def _gke_os_expressions(flavor: str) -> list[dict[str, Any]]:
+    """GKE's OS label. A distro GKE has no node image of (``In []`` is invalid, and leaving
+    the OS out would land on every GKE GPU node): no GKE OS label, and the node's
+    os-release ID."""
+    values = GKE_OS_DISTRIBUTIONS[flavor]
+    if not values:
+        return [{"key": GKE_OS_LABEL, "operator": "DoesNotExist"}, _os_id_expression(flavor)]
+    return [{"key": GKE_OS_LABEL, "operator": "In", "values": list(values)}]
+
+
+# GKE's MIG partitioner (partition_gpu/partition_gpu.go: a no-op without
+# /etc/nvidia/gpu_config.json), in the DaemonSets of the distros GKE runs it for
+# (DaemonSetNeeds.partition_gpus: COS).
 PARTITION_GPUS_IMAGE = ("gcr.io/gke-release/nvidia-partition-gpu@sha256:"
                         "c54fd003948fac687c2a93a55ea6e4d47ffbd641278a9191e75e822fe72471c2")
-PARTITION_GPUS_FLAVORS = ("cos",)
+PARTITION_GPUS_FLAVORS = tuple(d.name for d in DISTROS if d.daemonset.partition_gpus)
 # Nodes never ours, whatever selects them: nodes whose driver GKE installs itself
 # (gpu-driver-version set at node-pool creation) are left to GKE, as GKE's own manifests
 # do; confidential GPU nodes (TDX, SEV) need GKE's own confidential DaemonSet.
@@ -370,11 +366,7 @@ def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]
         return [
             {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
             *map(dict, GKE_GUARDS),
-            {
-                "key": "cloud.google.com/gke-os-distribution",
-                "operator": "In",
-                "values": list(GKE_OS_DISTRIBUTIONS[flavor]),
-            },
+            *_gke_os_expressions(flavor),
         ]
     if opts.affinity == "label":
         exprs = []
@@ -407,22 +399,22 @@ def _disjoint(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) ->
 def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
     driver_version = opts.driver_version or DEFAULT_DRIVER_VERSION[flavor]
     validate_driver_version(flavor, driver_version)
-    env: dict[str, str] = dict(CONTRACT_ENV)
-    if flavor == "cos":
-        env.update(COS_ENV)
+    needs = DISTROS_BY_FLAVOR[flavor].daemonset
+    env: dict[str, str] = {**CONTRACT_ENV, **dict(needs.env)}
     env["NVIDIA_DRIVER_VERSION"] = driver_version
     env["LOG_FORMAT"] = DEFAULT_LOG_FORMAT
     env["LOCK_TIMEOUT"] = DEFAULT_LOCK_TIMEOUT
     env["WHEN_IN_USE"] = DEFAULT_WHEN_IN_USE
     for key, value in opts.extra_env.items():
-        if key in ("COS_DOWNLOAD_GCS", "COS_ARTIFACTS_SHA256") and flavor != "cos":
-            continue  # COS artifacts mean nothing to the Ubuntu flow (which refuses the pin)
+        if key in OWN_ENV and key not in needs.own_env:
+            continue  # another distro's setting (COS artifacts mean nothing elsewhere; its pin is refused)
         env[key] = value
     return list(env.items())
 
 
 def _image(flavor: str, opts: RenderOptions) -> str:
-    ref = opts.image.replace("{flavor}", flavor) if opts.image else default_image(flavor)
+    image = DISTROS_BY_FLAVOR[flavor].image()
+    ref = opts.image.replace("{flavor}", image) if opts.image else default_image(image)
     parse_image(ref)
     digest = opts.image_digests.get(flavor)
     return f"{ref}@{validate_digest(digest)}" if digest else ref
@@ -445,8 +437,7 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "app.kubernetes.io/version": label_version(),
         "app.kubernetes.io/managed-by": "nvidia-driver-installer",
     }
-    mounts = dict(CONTRACT_MOUNTS)
-    mounts.update(COS_MOUNTS if flavor == "cos" else UBUNTU_MOUNTS)
+    needs = DISTROS_BY_FLAVOR[flavor].daemonset
     return {
         "flavor": flavor,
         "flavor_title": FLAVOR_TITLES[flavor],
@@ -460,13 +451,9 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "env": _env(flavor, opts),
         "affinity": opts.affinity,
         "match_expressions": _match_expressions(flavor, opts),
-        "host_root": HOST_ROOT_CONTAINER,
-        "install_dir_host": INSTALL_DIR_HOST,
-        "install_dir_container": INSTALL_DIR_CONTAINER,
-        "cos_tools_dir_host": COS_TOOLS_DIR_HOST,
-        "cos_tools_dir_container": COS_TOOLS_DIR_CONTAINER,
-        "vulkan_icd_dir_host": VULKAN_ICD_DIR_HOST,
-        "vulkan_icd_dir_container": VULKAN_ICD_DIR_CONTAINER,
+        "mounts": (*CONTRACT_MOUNTS, *needs.mounts),
+        "install_dir_container": INSTALL_DIR_CONTAINER,  # the partition-gpus container's
+        "host_network": needs.host_network,
         "version": __version__,
     }
 
@@ -562,11 +549,13 @@ def manifests() -> None:
     multiple=True,
     help="OS flavour to render (repeatable). Default: all, as with --all.",
 )
-@click.option("--all", "all_flavors", is_flag=True, help="Render every flavour (cos, ubuntu).")
+@click.option("--all", "all_flavors", is_flag=True,
+              help=f"Render every flavour ({', '.join(FLAVORS)}).")
 @click.option(
     "--image",
     metavar="REF",
-    help="Installer image with a tag; '{flavor}' is replaced by the flavour. "
+    help="Installer image with a tag; '{flavor}' is replaced by the flavour's image "
+    "(debian: ubuntu). "
     f"Default: {DEFAULT_IMAGE_REPO}:<package version>.",
 )
 @click.option(
@@ -586,8 +575,8 @@ def manifests() -> None:
 @click.option(
     "--driver-version",
     metavar="V",
-    help="NVIDIA_DRIVER_VERSION. Default: 'default' on COS, "
-    f"{DEFAULT_DRIVER_VERSION['ubuntu']} on Ubuntu.",
+    help="NVIDIA_DRIVER_VERSION. Default: "
+    + ", ".join(f"{d.default_version} on {d.title}" for d in DISTROS) + ".",
 )
 @click.option("--namespace", metavar="NAME", default=DEFAULT_NAMESPACE, show_default=True)
 @click.option("--partition-gpus", is_flag=True,

@@ -9,6 +9,7 @@ from pathlib import Path
 import structlog
 
 from installer import signing
+from installer.diagnostics import kernel_log_tail
 from installer.errors import ModuleLoadError, SecureBootError
 from installer.kernel import KernelState, module_name
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
@@ -148,8 +149,6 @@ def _no_gpu_error(runner: Runner, release: str) -> ModuleLoadError:
     """nvidia.ko's init returns ENODEV when it finds no GPU it drives (nv.c,
     ``nvidia_init_module``: ``NVRM: No NVIDIA GPU found.``): everything up to the
     hardware worked, which is worth saying exactly."""
-    from installer.diagnostics import kernel_log_tail
-
     nvrm = [ln for ln in kernel_log_tail(runner) if "NVRM" in ln]
     said = next((ln.split("NVRM:", 1)[1].strip() for ln in reversed(nvrm) if "NVRM:" in ln),
                 "No NVIDIA GPU found.")

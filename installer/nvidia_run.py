@@ -25,8 +25,8 @@ from installer.installdir import BUILD_LOG, Tree
 from installer.nvidia_options import LOG_FILE, check_loads_nothing, too_old
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
-from installer.settings import Settings
-from installer.versions import is_driver_version
+from installer.settings import NVIDIA_BASE_URL, Settings
+from installer.values import is_driver_version
 
 log = structlog.get_logger(__name__)
 
@@ -49,9 +49,8 @@ def driver_url(settings: Settings, version: str, default_base: str | None = None
     --driver-base-url, else the distro's ``default_base``, else NVIDIA's for the branch."""
     if settings.driver_url:
         return settings.driver_url
-    from installer.gke.mirror import nvidia_base_url
-
-    base = settings.driver_base_url or default_base or nvidia_base_url(settings.driver_branch)
+    base = (settings.driver_base_url or default_base
+            or NVIDIA_BASE_URL.format(branch=settings.driver_branch))
     return f"{base.rstrip('/')}/{version}/{run_file_name(version)}"
 
 

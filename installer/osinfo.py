@@ -82,13 +82,8 @@ class HostInfo:
         return asdict(self)
 
 
-def host_info_from_text(
-    os_release: str | None,
-    lsb_release: str | None,
-    kernel_release: str,
-    *,
-    os_release_path: str = "/etc/os-release",
-) -> HostInfo:
+def os_release_fields(os_release: str | None, os_release_path: str) -> dict[str, str]:
+    """The os-release fields of a host, which must name its OS (ID=)."""
     if os_release is None:
         raise UnsupportedHostError(
             f"cannot read {os_release_path} on the host",
@@ -104,6 +99,4 @@ def host_info_from_text(
             "/etc/os-release names the OS in an ID= line (e.g. ID=cos or ID=ubuntu)",
             path=os_release_path,
         )
-    from installer.distros import recognise  # the distros import this module
-
-    return recognise(fields, lsb_release, kernel_release, os_release_path)
+    return fields

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
-from installer.context import Context
 from installer.errors import InstallerError
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 
@@ -26,9 +29,25 @@ class Step:
 
 @dataclass(frozen=True)
 class Plan:
-    kind: str  # "fresh", "cached", "preload"
+    """What a run does. The typed fields are what the run itself reads back (readiness,
+    status, the unpinned warning); ``display`` is for people only (the plan_ready event,
+    --dry-run): nothing may read a decision out of it."""
+
+    kind: str  # "fresh", "cached", "preload", "bundle"
     steps: tuple[Step, ...]
-    summary: dict[str, object] = field(default_factory=dict)
+    driver_version: str | None = None
+    kernel_module_type: str | None = None  # "open" | "proprietary"
+    driver_url: str | None = None  # the .run a fresh install downloads
+    driver_sha256: str | None = None  # its pin, when one is known (flag or COS manifest)
+    display: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def summary(self) -> dict[str, object]:
+        """The typed fields that are set and the display dict, for logs and --dry-run."""
+        typed = {"driver_version": self.driver_version,
+                 "kernel_module_type": self.kernel_module_type,
+                 "driver_url": self.driver_url, "driver_sha256": self.driver_sha256}
+        return {**{k: v for k, v in typed.items() if v is not None}, **self.display}
 
     def describe(self) -> dict[str, object]:
         return {

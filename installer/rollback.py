@@ -16,13 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from installer import cache, devnodes, firmware, ldcache, modules
-from installer.context import Context
 from installer.errors import InstallerError
 from installer.workstate import NodeChanges, device_files
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

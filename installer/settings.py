@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
+from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
 
 DEFAULT_HOST_ROOT = Path("/root")
 DEFAULT_INSTALL_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
 DEFAULT_INSTALL_DIR_CONTAINER = Path("/usr/local/nvidia")
-DEFAULT_DRIVER_BASE_URL = "https://us.download.nvidia.com/tesla"
+# NVIDIA's download host; --driver-branch picks the path under it.
+NVIDIA_BASE_URL = "https://us.download.nvidia.com/{branch}"
+DEFAULT_DRIVER_BASE_URL = NVIDIA_BASE_URL.format(branch="tesla")
+# Read from the environment only (DESIGN.md section 3, no option): every download's
+# retry policy (net/retry.py), which reaches net/ through the Context's session.
+ENV_RETRIES = "DOWNLOAD_RETRIES"
+ENV_TIMEOUT = "DOWNLOAD_TIMEOUT"
 DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
-# `uname -r` shapes: 5.15.0-1049-gke, 6.1.0-56-cloud-amd64, 6.6.68+, 4.19.0~rc1. The release
-# names paths (/lib/modules/<r>, the cache key), so no '/' and no '..'.
-_KERNEL_RELEASE = re.compile(r"[A-Za-z0-9._+~-]{1,64}")
-
-
-def is_kernel_release(text: str) -> bool:
-    return bool(_KERNEL_RELEASE.fullmatch(text)) and ".." not in text
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Settings:
     download_deadline_s: float = 3600.0  # one download, all attempts (retry.TransferLimits)
     download_min_rate: float = 10240.0  # bytes/s over each rate window; 0: no floor
     download_min_rate_time_s: float = 60.0
+    download_retries: int | None = None  # attempts per operation; None: the default (retry.py)
+    download_timeout_s: float | None = None  # no new attempt after this; None: the default
     # Issue 15: install a prebuilt bundle (URL template) before compiling.
     prebuilt_url: str | None = None
     prebuilt_sha256: str | None = None
@@ -76,13 +80,13 @@ class Settings:
             raise UsageError(
                 f"--kernel-release {release!r} is not a kernel release",
                 hint="give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and "
-                ". - _ + ~, at most 64 characters)",
+                f". - _ + ~, at most {KERNEL_RELEASE_MAX} characters)",
             )
         install_dir = self.install_dir
         if install_dir is None and DEFAULT_INSTALL_DIR_CONTAINER.is_dir():
             install_dir = DEFAULT_INSTALL_DIR_CONTAINER
         elif install_dir is None:
-            from installer.hostroot import HostRoot
+            from installer.hostroot import HostRoot  # CLI start-up time: secrets, hmac
 
             # Resolved on the host (kubectl debug: a symlinked /home must not send us into
             # this container's own /home).
@@ -130,12 +134,9 @@ class Settings:
         if self.install_only and (self.preload or self.persistence_mode):
             raise UsageError("--install-only loads nothing: it cannot be combined with "
                              f"{'--preload' if self.preload else '--persistence-mode'}")
-        prebuilt_sha = self.prebuilt_sha256
-        if self.prebuilt_url or prebuilt_sha or self.prebuilt_only:
-            from installer.bundle.fetch import check_settings
-
-            prebuilt_sha = check_settings(self.prebuilt_url, prebuilt_sha, self.prebuilt_only,
-                                          allow_insecure_http=self.allow_insecure_http)
+        prebuilt_sha = check_prebuilt(self.prebuilt_url, self.prebuilt_sha256,
+                                      self.prebuilt_only,
+                                      allow_insecure_http=self.allow_insecure_http)
         return replace(self, install_dir=install_dir, driver_sha256=sha,
                        prebuilt_sha256=prebuilt_sha)
 
@@ -168,3 +169,56 @@ class Settings:
                 raise UsageError(f"--module-arg {arg!r} is for module {mod!r}, which the "
                                  f"installer never loads: use one of {', '.join(loaded)}")
 
+
+def check_prebuilt(url: str | None, sha256: str | None, only: bool, *,
+                   allow_insecure_http: bool) -> str | None:
+    """The --prebuilt-* options (issue 15), checked together; the sha256 normalised."""
+    if url is None:
+        if sha256 or only:
+            raise UsageError("--prebuilt-sha256 and --prebuilt-only need --prebuilt-url "
+                             "(NVIDIA_PREBUILT_URL)")
+        return None
+    # CLI start-up time: these pull in structlog and urllib.request (~100 ms), needed only
+    # with --prebuilt-url.
+    from installer.bundle.manifest import BundleError, check_template
+    from installer.net.policy import check_url_scheme
+
+    try:
+        check_template(url)
+    except BundleError as exc:
+        raise UsageError(str(exc), hint="e.g. https://bundles.example.com/nvidia/ or "
+                         "file:///mnt/bundles/nvidia-driver-{driver_version}-{module_type}-"
+                         "{kernel_release}.tar.zst") from None
+    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    return normalize_sha256(sha256 or None, "--prebuilt-sha256")
+
+
+def retry_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Settings fields from ``DOWNLOAD_RETRIES`` / ``DOWNLOAD_TIMEOUT`` (UsageError naming
+    the variable when a value is not valid)."""
+    fields: dict[str, Any] = {}
+    raw = environ.get(ENV_RETRIES, "").strip()
+    if raw:
+        try:
+            attempts = int(raw)
+        except ValueError:
+            attempts = 0
+        if attempts < 1:
+            raise UsageError(
+                f"{ENV_RETRIES}={raw!r} is not a valid number of attempts",
+                hint="set it to an integer >= 1 (1 means no retry)",
+            )
+        fields["download_retries"] = attempts
+    raw = environ.get(ENV_TIMEOUT, "").strip()
+    if raw:
+        try:
+            total = float(raw)
+        except ValueError:
+            total = -1.0
+        if not total > 0 or total == float("inf"):
+            raise UsageError(
+                f"{ENV_TIMEOUT}={raw!r} is not a valid total timeout",
+                hint="set it to a number of seconds > 0",
+            )
+        fields["download_timeout_s"] = total
+    return fields

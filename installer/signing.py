@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from installer.errors import SecureBootError
 from installer.kernel import KernelState
 
 SIG_ENFORCE_PARAM = "module/module/parameters/sig_enforce"
@@ -98,3 +99,15 @@ def read(kernel: KernelState) -> KernelSigning:
 
 def policy(kernel: KernelState) -> SigningPolicy:
     return decide(read(kernel))
+
+
+def refusal(policy: SigningPolicy, unsigned: str, instead: str, **fields: str | None
+            ) -> SecureBootError:
+    """The exit-10 refusal, before any big download: the kernel only loads signed modules
+    and ``unsigned`` (what this run would load); ``instead``: the way out this flow has.
+    One message for every flow (headers builds, bundles, COS)."""
+    return SecureBootError(
+        f"this node only loads signed kernel modules ({policy.why()}) and {unsigned}",
+        hint=f"{instead}, or use a node pool without module signature enforcement "
+        "(Secure Boot, module.sig_enforce); this installer never edits boot config or reboots",
+        **fields)

@@ -10,8 +10,8 @@ from typing import Any
 from installer import __version__, cache, safejson
 from installer.errors import IntegrityError, NotInstalledError
 from installer.fsutil import UnreadableFile, read_limited, write_record
+from installer.installdir import InstallDir
 from installer.net.policy import scrub
-from installer.settings import Settings
 
 MAX_BYTES = 1 << 20
 
@@ -47,11 +47,8 @@ def read(path: Path) -> dict[str, Any] | None:
     return doc
 
 
-def report(settings: Settings) -> dict[str, Any]:
+def report(install: InstallDir) -> dict[str, Any]:
     """The ``status`` command's document: the last run and the ``.cache`` record."""
-    from installer.context import Context
-
-    install = Context.from_settings(settings, strict=False).install  # any host OS will do
     try:
         last = read(install.status_file)
     except UnreadableFile as exc:

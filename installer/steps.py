@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -26,11 +27,9 @@ from installer import (
     verify,
 )
 from installer.cache import CacheKey
-from installer.context import Context
 from installer.errors import (
     BuildError,
     ModuleLoadError,
-    SecureBootError,
     UsageError,
 )
 from installer.fsutil import remove_tree
@@ -41,6 +40,9 @@ from installer.net.policy import file_name
 from installer.plan import Step
 from installer.runner import CommandError
 from installer.workstate import Artifact, InUse
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 
@@ -64,12 +66,10 @@ def check_module_signing(need_signed: str) -> Step:
     def run(ctx: Context) -> None:
         policy = signing.policy(ctx.kernel)
         if policy.enforced:
-            raise SecureBootError(
-                f"this kernel only loads signed modules ({policy.why()}) and {need_signed}",
-                hint="disable Secure Boot / module.sig_enforce on this node pool, or use a "
-                "driver version with signed prebuilt modules",
-                kernel_release=ctx.host_info.kernel_release,
-            )
+            raise signing.refusal(
+                policy, need_signed,
+                "install from bundles signed with a key enrolled on the nodes (bundle build "
+                "--signing-key, --prebuilt-url)", kernel_release=ctx.host_info.kernel_release)
 
     return Step("check_module_signing", run, "refuse early if unsigned modules cannot load",
                 check=True)
@@ -130,7 +130,7 @@ def drop_next_boot(version: str) -> Step:
 
 def download_driver(url: str, sha256: str | None) -> Step:
     def run(ctx: Context) -> None:
-        from installer.net.transfer import download
+        from installer.net.transfer import download  # requests: not on a cache hit
 
         staging = ctx.work.staged()
         dest = staging.root / "downloads" / file_name(url, "driver.run")
@@ -159,7 +159,7 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
     cancels the rest)."""
 
     def run(ctx: Context) -> None:
-        from installer.net.parallel import DownloadJob, download_all
+        from installer.net.parallel import DownloadJob, download_all  # requests, as above
 
         for into in sorted({f.into for f in fetches if f.into is not None}):
             # Archives a killed run left (what is extracted from them is kept only when

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -11,7 +12,9 @@ from installer.errors import VerifyError
 from installer.installdir import Tree
 from installer.kernel import KernelState
 from installer.runner import CommandError, Runner
-from installer.settings import Settings
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 
@@ -44,11 +47,8 @@ def require_device_nodes(kernel: KernelState, when: str, *, hint: str) -> None:
                           f"{', '.join('/dev/' + m for m in missing)}", hint=hint)
 
 
-def run(settings: Settings) -> list[Gpu]:
+def check_installed(ctx: Context) -> list[Gpu]:
     """The ``verify`` command: the installed driver's device nodes and nvidia-smi."""
-    from installer.context import Context
-
-    ctx = Context.from_settings(settings)
     require_device_nodes(ctx.kernel, "on this node",
                          hint="re-run install to load the driver and create them")
     return nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)

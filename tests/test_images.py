@@ -82,7 +82,7 @@ def built() -> dict[str, str]:
                               text=True, timeout=840, env={**os.environ, "NDI_LOCAL_BASE": "1"})
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert "BOTH flavours are built FROM the bookworm base" in proc.stderr
-    return {f: image_name(f) for f in m.FLAVORS}
+    return {f: image_name(f) for f in m.IMAGE_FLAVORS}
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Image:
         return os.path.lexists(self.rootfs / path.lstrip("/"))
 
 
-@pytest.fixture(scope="module", params=m.FLAVORS)
+@pytest.fixture(scope="module", params=m.IMAGE_FLAVORS)
 def image(request, built) -> Image:
     flavor = request.param
     name = built[flavor]

@@ -15,6 +15,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import zstandard
@@ -28,9 +29,9 @@ from installer.bundle.manifest import (
     Manifest,
     check_link,
 )
-from installer.context import Context
-from installer.distros.ubuntu import Ubuntu, compile_steps, find_kernel_headers
-from installer.errors import BuildError
+from installer.distros import for_host
+from installer.distros.headers_build import HeadersBuild, compile_steps
+from installer.errors import BuildError, UnsupportedHostError
 from installer.fsutil import sha256_file, write_atomic
 from installer.installdir import LAYOUT_DIRS
 from installer.modinfo import read_modinfo, vermagic_release
@@ -38,6 +39,9 @@ from installer.modsign import MAGIC
 from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.runner import CommandError
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 
@@ -62,18 +66,23 @@ class Written:
 
 
 def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
-    ubuntu = Ubuntu()  # the Ubuntu flow's version, module type and kernel headers
-    version = ubuntu.driver_version(ctx)
-    key = BundleKey(version, ctx.host_info.kernel_release, ubuntu.module_type(ctx, version))
+    distro = for_host(ctx.host_info)  # its version, module type and kernel headers
+    if not isinstance(distro, HeadersBuild):
+        raise UnsupportedHostError(
+            f"bundle build compiles against kernel headers; {distro.title} installs otherwise",
+            hint="run it where the headers-built distros run (e.g. the bundle-job's image)")
+    version = distro.driver_version(ctx)
+    key = BundleKey(version, ctx.host_info.kernel_release, distro.module_type(ctx, version))
     url = driver_url(ctx.settings, version)
     return Plan("bundle", (
-        find_kernel_headers(),
+        distro.headers_step(),
         steps.prepare_staging(),
         *compile_steps(ctx, url, version, key.module_type),
         *((sign_modules(signing),) if signing else ()),
         write_bundle(key, output_dir, signed=signing is not None),
-    ), {"driver_version": version, "kernel_release": key.kernel_release,
-        "kernel_module_type": key.module_type, "bundle": key.name(), "driver_url": url})
+    ), driver_version=version, kernel_module_type=key.module_type, driver_url=url,
+        driver_sha256=ctx.settings.driver_sha256,
+        display={"kernel_release": key.kernel_release, "bundle": key.name()})
 
 
 def sign_modules(signing: Signing) -> Step:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
     from installer.fsutil import remove_tree
     from installer.log import configure
     from installer.plan import execute
-    from installer.settings import Settings
+    from installer.settings import Settings, retry_env
 
     configure(log_format, "debug" if verbose else "info")
     if (signing_key is None) != (signing_cert is None):
@@ -96,8 +97,8 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
     output_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".bundle-build-", dir=output_dir))
     try:
-        settings = Settings(install_dir=work, **{k: v for k, v in opts.items()
-                                                 if v is not None}).resolved()
+        settings = Settings(install_dir=work, **retry_env(os.environ),
+                            **{k: v for k, v in opts.items() if v is not None}).resolved()
         ctx = Context.from_settings(settings)
         signing = build.Signing(signing_key, signing_cert) if signing_key and signing_cert else None
         plan = build.plan(ctx, output_dir.resolve(), signing)

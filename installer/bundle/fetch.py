@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 import structlog
@@ -41,45 +41,24 @@ from installer.bundle.manifest import (
     BundleError,
     BundleKey,
     Manifest,
-    check_template,
     expand_url,
     index_url,
 )
-from installer.context import Context
-from installer.errors import DownloadError, IntegrityError, SecureBootError, UsageError
+from installer.errors import DownloadError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
 from installer.installdir import LAYOUT_DIRS, Tree
 from installer.modinfo import read_modinfo, vermagic_release
-from installer.net.policy import check_url_scheme, redact_url
+from installer.net.fetch import fetch_text
+from installer.net.policy import redact_url
+from installer.net.transfer import stream
 from installer.plan import Step
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 
 MAX_BUNDLE_BYTES = 16 << 30  # unpacked; a 535 bundle is ~0.4 GB
-
-
-def check_settings(url: str | None, sha256: str | None, only: bool, *,
-                   allow_insecure_http: bool) -> str | None:
-    """The --prebuilt-* options, checked together; the sha256 lower-cased."""
-    if url is None:
-        if sha256 or only:
-            raise UsageError("--prebuilt-sha256 and --prebuilt-only need --prebuilt-url "
-                             "(NVIDIA_PREBUILT_URL)")
-        return None
-    try:
-        check_template(url)
-    except BundleError as exc:
-        raise UsageError(str(exc), hint="e.g. https://bundles.example.com/nvidia/ or "
-                         "file:///mnt/bundles/nvidia-driver-{driver_version}-{module_type}-"
-                         "{kernel_release}.tar.zst") from None
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
-    if sha256 is None:
-        return None
-    sha = sha256.strip().lower()
-    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-        raise UsageError("--prebuilt-sha256 must be 64 hex digits",
-                         hint="the sha256 of the bundle file (its .sha256 file, first column)")
-    return sha
 
 
 def prebuilt_step(ctx: Context, version: str, module_type: str) -> Step:
@@ -105,11 +84,12 @@ def fetch_prebuilt(key: BundleKey, template: str) -> Step:
         if manifest is None:
             _missing(ctx, key, url)
             return
-        if signing.policy(ctx.kernel).enforced and not manifest.signed:
-            raise SecureBootError(
-                f"this kernel only loads signed modules and bundle {key.name()} is unsigned",
-                hint="build the bundles with --signing-key/--signing-cert of a key enrolled on "
-                "the nodes", kernel_release=key.kernel_release)
+        policy = signing.policy(ctx.kernel)
+        if policy.enforced and not manifest.signed:
+            raise signing.refusal(
+                policy, f"bundle {key.name()} is unsigned",
+                "build the bundles with --signing-key/--signing-cert of a key enrolled on the "
+                "nodes", kernel_release=key.kernel_release)
         ctx.work.bundle = manifest
         log.info("prebuilt_bundle_staged", bundle=key.name(), url=redact_url(where),
                  vermagic=manifest.vermagic, compiler=manifest.compiler, signed=manifest.signed)
@@ -151,8 +131,6 @@ def _is_bundle_name(name: str) -> bool:
 
 
 def _index_entries(ctx: Context, url: str) -> dict[str, index.IndexEntry]:
-    from installer.net.fetch import fetch_text
-
     where = index_url(url)
     text = fetch_text(ctx.http, where, allow_insecure_http=ctx.settings.allow_insecure_http,
                       max_bytes=index.MAX_INDEX_BYTES)
@@ -187,8 +165,6 @@ def _stream_bundle(ctx: Context, url: str, key: BundleKey, digest: str | None,
     Nothing reaches the staging layout before the whole body has matched ``digest``;
     any failure (that digest, the extractor, a cancel or signal) removes the extracted
     tree. An unpinned bundle is refused at its first bytes."""
-    from installer.net.transfer import stream
-
     out = staging.root / "bundle"
     refuse = _refuser(key, url, ctx.kernel.release())
 

@@ -16,7 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+
+from installer import manifests as m
 from installer.bundle.manifest import BundleError, BundleKey
+from installer.distros import BUNDLE_BUILDER
 
 JOB_TEMPLATE = "bundle-job.yaml.j2"
 JOB_NAME = "nvidia-driver-bundles"
@@ -55,8 +59,6 @@ def check_targets(targets: Sequence[str], module_type: str) -> list[str]:
 
 
 def context(opts: JobOptions) -> dict[str, object]:
-    from installer import manifests as m
-
     targets = check_targets(opts.targets, opts.module_type)
     m.parse_image(opts.image)
     m.validate_namespace(opts.namespace)
@@ -87,22 +89,16 @@ def context(opts: JobOptions) -> dict[str, object]:
 
 
 def render(opts: JobOptions) -> str:
-    from installer import manifests as m
-
     return m._environment().get_template(JOB_TEMPLATE).render(**context(opts))
 
 
 def render_command(job: Mapping[str, object], *, image: str | None, namespace: str,
                    extra_env: Sequence[str], output_dir: Path | None) -> None:
     """The ``manifests render --kind bundle-job`` part of the CLI (bad values: exit 2)."""
-    import click
-
-    from installer import manifests as m
-
     try:
         opts = JobOptions(
             targets=tuple(job["targets"]),  # type: ignore[arg-type]
-            image=image or m.default_image("ubuntu"), namespace=namespace,
+            image=image or m.default_image(BUNDLE_BUILDER.image()), namespace=namespace,
             module_type=str(job["kernel_module_type"]),
             parallelism=int(job["parallelism"]),  # type: ignore[call-overload]
             volume_claim=job.get("volume_claim"),  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from installer import safejson
 from installer.installdir import check_layout_path
+from installer.values import is_driver_version, is_kernel_release, sha256_digest
 
 FORMAT = 1
 MANIFEST_NAME = "manifest.json"
@@ -38,10 +39,6 @@ MAX_FILE_BYTES = 4 << 30
 MAX_TEXT = 512
 PLACEHOLDERS = ("driver_version", "kernel_release", "module_type")
 
-_VERSION = re.compile(r"^\d{2,4}\.\d{1,4}(\.\d{1,4})?$")
-# uname -r of Ubuntu, Debian, COS and vanilla kernels: no '/', no spaces, no '..'.
-_RELEASE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^nvidia-driver-(\d[\d.]*\d)-(open|proprietary)-(.+)\.tar\.(?:zst|gz)$")
 
 
@@ -50,9 +47,10 @@ class BundleError(ValueError):
 
 
 def check_sha256(value: object, what: str) -> str:
-    if not isinstance(value, str) or not _SHA256.match(value):
-        raise BundleError(f"{what} is not 64 lower-case hex digits")
-    return value
+    digest = sha256_digest(value) if isinstance(value, str) else None
+    if digest is None:
+        raise BundleError(f"{what} is not 64 hex digits (optionally prefixed 'sha256:')")
+    return digest
 
 
 def _text(value: object, what: str, limit: int = MAX_TEXT) -> str:
@@ -70,9 +68,9 @@ class BundleKey:
     module_type: str
 
     def __post_init__(self) -> None:
-        if not _VERSION.match(self.driver_version):
+        if not is_driver_version(self.driver_version):
             raise BundleError(f"driver version {self.driver_version!r} is not like 550.127.05")
-        if ".." in self.kernel_release or not _RELEASE.match(self.kernel_release):
+        if not is_kernel_release(self.kernel_release):
             raise BundleError(f"kernel release {self.kernel_release!r} is not a uname -r value")
         if self.module_type not in MODULE_TYPES:
             raise BundleError(f"module type {self.module_type!r} is not open or proprietary")

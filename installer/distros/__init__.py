@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from installer.distros.base import Distro
 from installer.distros.cos import Cos
+from installer.distros.debian import Debian
 from installer.distros.ubuntu import Ubuntu
 from installer.errors import UnsupportedHostError
-from installer.osinfo import HostInfo
+from installer.osinfo import HostInfo, os_release_fields
 
-DISTROS: tuple[type[Distro], ...] = (Cos, Ubuntu)
+# Every distro, in the order they are tried (and rendered: one DaemonSet each).
+DISTROS: tuple[type[Distro], ...] = (Cos, Ubuntu, Debian)
+# The bundle-job's image: GKE's Ubuntu kernels, whose headers its apt installs.
+BUNDLE_BUILDER: type[Distro] = Ubuntu
 
 
 def by_name(name: str) -> type[Distro] | None:
@@ -31,8 +35,15 @@ def recognise(fields: dict[str, str], lsb_release: str | None, kernel_release: s
     )
 
 
+def host_info_from_text(os_release: str | None, lsb_release: str | None, kernel_release: str,
+                        *, os_release_path: str = "/etc/os-release") -> HostInfo:
+    """The host facts from its os-release and lsb-release texts (UnsupportedHostError)."""
+    fields = os_release_fields(os_release, os_release_path)
+    return recognise(fields, lsb_release, kernel_release, os_release_path)
+
+
 def support(info: HostInfo) -> str:
-    """How the host is served: "supported", "supported: Debian via the Ubuntu flow", …"""
+    """How the host is served: "supported", "not tested: pop follows the Ubuntu flow …"."""
     distro = by_name(info.family)
     return distro.support(info) if distro else "unsupported"
 

@@ -5,37 +5,56 @@ the plan skeleton all of them share."""
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Sequence
-from typing import ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import structlog
 
 from installer import cache, modules, steps
 from installer.cache import CacheKey
-from installer.context import Context
+from installer.distros.daemonset import DaemonSetNeeds
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
+from installer.values import is_driver_version
 from installer.workstate import InUse
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 
 
 class Distro(abc.ABC):
-    # The family name: HostInfo.family, the manifest flavour, the image's suffix.
+    # The family name: HostInfo.family, the manifest flavour (and, unless image_flavor
+    # says otherwise, the image's suffix).
     name: ClassVar[str]
     title: ClassVar[str]  # e.g. "Ubuntu", in manifests and messages
     # os-release ID (or one of ID_LIKE) values this distro handles.
     os_ids: ClassVar[tuple[str, ...]]
     default_version: ClassVar[str]  # what NVIDIA_DRIVER_VERSION defaults to in the manifests
+    # Names the node resolves to a driver version (COS: default, latest, R535) and how
+    # messages list them; None: explicit versions only.
+    version_alias: ClassVar[re.Pattern[str] | None] = None
+    version_alias_help: ClassVar[str] = ""
     # GKE's cloud.google.com/gke-os-distribution values (the *_containerd names are the
     # image-type spellings GKE has also used).
     gke_os_distributions: ClassVar[tuple[str, ...]]
+    # Its DaemonSet's own mounts, env and network; its image is
+    # nvidia-driver-installer-<image_flavor> (None: its own name).
+    daemonset: ClassVar[DaemonSetNeeds] = DaemonSetNeeds()
+    image_flavor: ClassVar[str | None] = None
     # Where this distro gets modules a signature-enforcing kernel accepts, and what to do
     # about it (None: it only builds unsigned modules).
     signed_modules: ClassVar[tuple[str, str] | None] = None
     # The Settings field pinning this distro's own downloads besides the .run, and how
     # the unpinned-artifacts warning names it (None: it downloads nothing else).
     artifact_pin: ClassVar[tuple[str, str] | None] = None
+    # When a cached install is stale on this distro's nodes: the likely cause, and what
+    # install then does (doctor's advice).
+    stale_cache: ClassVar[tuple[str, str]] = ("kernel updated?",
+                                              "rebuilds for the running kernel")
 
     @classmethod
     def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,
@@ -57,6 +76,34 @@ class Distro(abc.ABC):
             return f"supported: {info.os_id.capitalize()} via the {cls.title} flow"
         return (f"not tested: {info.os_id} follows the {cls.title} flow because its os-release "
                 f"ID_LIKE names {'/'.join(cls.os_ids)}")
+
+    @classmethod
+    def node_key(cls, info: HostInfo, driver_version: str) -> CacheKey:
+        """What an install of ``driver_version`` on this node is keyed by (here: the
+        kernel it was built for)."""
+        return CacheKey(driver_version, kernel_release=info.kernel_release)
+
+    @classmethod
+    def read_cache(cls, cache_file: Path) -> cache.CacheRecord | None:
+        """The node's ``.cache`` record, as this distro reads it."""
+        return cache.read(cache_file)
+
+    @classmethod
+    def image(cls) -> str:
+        """The suffix of its image's name (``{flavor}`` in ``manifests render --image``)."""
+        return cls.image_flavor or cls.name
+
+    @classmethod
+    def check_version_request(cls, value: str) -> str:
+        """``value`` when this distro installs it (a version or one of its aliases), else
+        ValueError saying what it accepts."""
+        if is_driver_version(value) or (cls.version_alias and cls.version_alias.fullmatch(value)):
+            return value
+        if cls.version_alias:
+            raise ValueError(f"driver version {value!r} for {cls.name} is neither a version "
+                             f"(e.g. 550.127.05) nor an alias ({cls.version_alias_help})")
+        raise ValueError(f"driver version {value!r} for {cls.name} must be an explicit version "
+                         "(e.g. 550.127.05); it has no aliases")
 
     @classmethod
     def create(cls) -> Distro:
@@ -82,7 +129,7 @@ class Distro(abc.ABC):
         if ctx.settings.force:
             log.info("cache_skipped", reason="--force")
             return False
-        record = cache.read(ctx.install.cache_file)
+        record = self.read_cache(ctx.install.cache_file)
         if record is None:
             log.info("cache_miss", reason="no .cache record", path=str(ctx.install.cache_file))
             return False
@@ -94,15 +141,17 @@ class Distro(abc.ABC):
         return True
 
 
-def cached_plan(ctx: Context, version: str, check_gpus: Step,
-                summary: dict[str, object]) -> Plan:
+def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: str | None,
+                display: dict[str, object]) -> Plan:
     """A cache hit in any distro: check the GPUs, then load and verify what is installed
     (and drop a tree staged for the next boot: this version is the one wanted now)."""
     return Plan("cached", (check_gpus, steps.drop_next_boot(version),
-                           *steps.load_cached(ctx, version)), summary)
+                           *steps.load_cached(ctx, version)),
+                driver_version=version, kernel_module_type=module_type, display=display)
 
 
-def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, object], *,
+def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, driver_url: str,
+               driver_sha256: str | None = None, display: dict[str, object],
                check_gpus: Step, check_signing: Step, before_staging: Sequence[Step] = (),
                build: Sequence[Step], prebuilt: Step | None = None) -> Plan:
     """A fresh install in any distro: every check before any download, then the distro's
@@ -128,14 +177,16 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, summary: dict[str, obj
         *((_unless_filled(prebuilt), _unless_filled(check_signing, note)) if prebuilt else ()),
         *(_unless_filled(s, note) for s in (*before_staging, *build)),
     )
+    typed = {"driver_version": version, "kernel_module_type": module_type,
+             "driver_url": driver_url, "driver_sha256": driver_sha256}
     if in_use is not None:
         return Plan("staged", (
             check_gpus, *early, *fill, *steps.stage_for_next_boot(key, in_use),
-        ), {**summary, "running_driver_version": in_use.running_version})
+        ), **typed, display={**display, "running_driver_version": in_use.running_version})
     return Plan("fresh", (
         check_gpus, *early, steps.check_loaded_driver(version), *fill,
         *steps.activate_staged(ctx, version, key),
-    ), summary)
+    ), **typed, display=display)
 
 
 def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:

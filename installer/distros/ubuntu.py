@@ -1,107 +1,13 @@
-"""Ubuntu (and Debian): build the NVIDIA driver against the host kernel's headers."""
+"""Ubuntu: the driver built against the host kernel's headers (HeadersBuild)."""
 
 from __future__ import annotations
 
-import shutil
-
-import structlog
-
-from installer import branches, gpus, headers, steps
-from installer.cache import CacheKey
-from installer.context import Context
-from installer.distros.base import Distro, cached_plan, fresh_plan
-from installer.errors import UsageError
-from installer.nvidia_run import check_version, driver_url, version_from_url
-from installer.plan import Plan, Step
-
-log = structlog.get_logger(__name__)
+from installer.distros.headers_build import HeadersBuild
 
 
-def find_kernel_headers() -> Step:
-    def run(ctx: Context) -> None:
-        release = ctx.host_info.kernel_release
-        tree, tried = headers.find_on_host(ctx.host, release, ctx.settings.kernel_source_path)
-        if tree is None and ctx.settings.kernel_source_path is None and shutil.which("apt-get"):
-            tree = headers.apt_install(ctx.runner, ctx.host, release, tried)
-        if tree is None:
-            raise headers.not_found(release, tried)
-        log.info("kernel_headers_found", source=str(tree.source), output=str(tree.output))
-        ctx.work.kernel_tree = tree
-
-    return Step("find_kernel_headers", run,
-                "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get")
-
-
-class Ubuntu(Distro):
+class Ubuntu(HeadersBuild):
     name = "ubuntu"
     title = "Ubuntu"
-    # Debian follows this flow (same packaging, same split kernel headers): the VM and
-    # realparts tiers run it on Debian 12 kernels. Other derivatives match through ID_LIKE
-    # and are reported as not tested (Distro.support).
-    os_ids = ("ubuntu", "debian")
-    # A release of NVIDIA's current long-term branch (branches.py); NVIDIA_DRIVER_VERSION
-    # picks another.
-    default_version = branches.RECOMMENDED_VERSION
+    # Derivatives (ID_LIKE=ubuntu) follow this flow and are reported as not tested.
+    os_ids = ("ubuntu",)
     gke_os_distributions = ("ubuntu", "ubuntu_containerd")
-
-    def driver_version(self, ctx: Context) -> str:
-        explicit = ctx.settings.driver_version
-        if explicit and explicit != "default":
-            return check_version(explicit)
-        if ctx.settings.driver_url:
-            return version_from_url(ctx.settings.driver_url)
-        # The default, or the newest tested branch the GPUs here support (K80: R470).
-        version, why = gpus.pick_default(gpus.scan(ctx.kernel.sys_dir), self.default_version)
-        if why:
-            log.info("driver_version_fallback", driver_version=version, reason=why)
-        return version
-
-    def module_type(self, ctx: Context, version: str) -> str:
-        found = gpus.scan(ctx.kernel.sys_dir)
-        return gpus.choose_module_type(found, version, ctx.settings.kernel_module_type).module_type
-
-    def cache_key(self, ctx: Context, version: str) -> CacheKey:
-        flavor = f"compiled-{self.module_type(ctx, version)}"
-        return CacheKey(version, kernel_release=ctx.host_info.kernel_release, flavor=flavor)
-
-    def check_settings(self, ctx: Context) -> None:
-        settings = ctx.settings
-        if settings.preload:
-            raise UsageError(
-                "--preload is for Container-Optimized OS (it warms the COS toolchain cache)",
-                hint="on Ubuntu, run a normal install; kernel headers come from the node or apt",
-            )
-        if settings.cos_artifacts_sha256:
-            raise UsageError("--cos-artifacts-sha256 pins COS artifacts; this node runs Ubuntu",
-                             hint="pin the .run with --driver-sha256 (NVIDIA_DRIVER_SHA256) "
-                             "and drop COS_ARTIFACTS_SHA256")
-
-    def plan(self, ctx: Context) -> Plan:
-        version = self.driver_version(ctx)
-        key = self.cache_key(ctx, version)
-        module_type = key.flavor.removeprefix("compiled-") if key.flavor else "proprietary"
-        summary = {"driver_version": version, "kernel_release": ctx.host_info.kernel_release,
-                   "kernel_module_type": module_type}
-        check_gpus = steps.check_gpus(version, ctx.settings.kernel_module_type)
-        if self.cache_hit(ctx, key):
-            return cached_plan(ctx, version, check_gpus, summary)
-        url = driver_url(ctx.settings, version)
-        prebuilt = None
-        if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
-            from installer.bundle.fetch import prebuilt_step
-
-            prebuilt = prebuilt_step(ctx, version, module_type)
-        return fresh_plan(
-            ctx, version, key, {**summary, "driver_url": url}, check_gpus=check_gpus,
-            check_signing=steps.check_module_signing("this flow builds unsigned modules"),
-            before_staging=(find_kernel_headers(),),
-            build=compile_steps(ctx, url, version, module_type),
-            prebuilt=prebuilt)
-
-
-def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tuple[Step, ...]:
-    """The NVIDIA .run downloaded, extracted and built in the sandbox: install's build and
-    ``bundle build``'s are this one sequence."""
-    return (steps.download_driver(url, ctx.settings.driver_sha256),
-            steps.extract_driver(version),
-            steps.build_driver(ctx, version, module_type))

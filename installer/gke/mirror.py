@@ -20,7 +20,6 @@ import structlog
 log = structlog.get_logger(__name__)
 
 MIRROR_BASE = "https://storage.googleapis.com/nvidia-drivers-{location}-public/tesla"
-NVIDIA_BASE = "https://us.download.nvidia.com/{branch}"
 # The first field of a GCE zone ("europe-west4-a") -> the mirror bucket's location.
 _LOCATIONS = {"us": "us", "asia": "asia", "europe": "eu"}
 # The metadata server's fixed address (no DNS lookup, which a timeout would not bound);
@@ -37,10 +36,6 @@ def location_for_zone(zone: str | None) -> str:
 
 def mirror_base_url(zone: str | None) -> str:
     return MIRROR_BASE.format(location=location_for_zone(zone))
-
-
-def nvidia_base_url(branch: str) -> str:
-    return NVIDIA_BASE.format(branch=branch)
 
 
 def gce_zone(timeout: float = METADATA_TIMEOUT_S) -> str | None:

@@ -12,13 +12,16 @@ through ``LD_LIBRARY_PATH=/usr/local/nvidia/lib64`` in workloads).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from installer import safejson
-from installer.context import Context
 from installer.fsutil import write_atomic
 from installer.plan import Step
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 

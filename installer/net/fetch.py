@@ -13,7 +13,7 @@ from installer.net import retry
 from installer.net.pace import Pacer
 from installer.net.policy import check_url_scheme, local_file, redact_url, scrubber
 from installer.net.retry import RetryPolicy
-from installer.net.session import classify, limits_of, refuse_encoding, request_error
+from installer.net.session import classify, limits_of, policy_of, refuse_encoding, request_error
 
 log = structlog.get_logger(__name__)
 
@@ -49,8 +49,7 @@ def fetch_text(
             ) from exc
         return _decode_text(data, max_bytes, shown)
 
-    if policy is None:
-        policy = retry.policy_from_env()
+    policy = policy or policy_of(session)
     scrub = scrubber(url)
     # The same bounds as a download: a trickled metadata file must not stall the plan.
     pace = Pacer(limits_of(session), shown)
@@ -103,7 +102,7 @@ def url_exists(session: requests.Session, url: str, *, allow_insecure_http: bool
     if path is not None:
         return path.is_file()
     shown = redact_url(url)
-    policy = policy or retry.policy_from_env()
+    policy = policy or policy_of(session)
     scrub = scrubber(url)
 
     def attempt() -> bool:

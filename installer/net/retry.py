@@ -22,25 +22,21 @@ saying which limit ran out (attempts or total time) and the last cause.
 and no wait is slept, past it); an attempt that is streaming data is not cut
 off by it -- a stalled one is cut off by ``read_timeout``.
 
-Environment knobs (read when a default policy is asked for, i.e. each call to
-:func:`policy_from_env`; ``download(policy=None)`` does that):
-
-``DOWNLOAD_RETRIES``
-    number of attempts (an integer >= 1) instead of ``NETWORK_DEFAULTS.attempts``.
-``DOWNLOAD_TIMEOUT``
-    total seconds (a number > 0) instead of ``NETWORK_DEFAULTS.total_timeout``.
-
-Invalid values raise :class:`~installer.errors.UsageError` (exit 2).
+The operator's knobs, ``DOWNLOAD_RETRIES`` (attempts, instead of
+``NETWORK_DEFAULTS.attempts``) and ``DOWNLOAD_TIMEOUT`` (seconds, instead of
+``NETWORK_DEFAULTS.total_timeout``), are read by the CLI into Settings
+(settings.retry_env: exit 2 on a bad value) and reach every download through the
+Context's session (:func:`with_settings`, ``session.policy_of``); nothing here reads
+the environment.
 """
 
 from __future__ import annotations
 
 import email.utils
-import os
 import random
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -50,7 +46,8 @@ import structlog
 import tenacity
 import urllib3.exceptions
 
-from installer.errors import DownloadError, InstallerError, UsageError
+from installer.errors import DownloadError, InstallerError
+from installer.settings import ENV_RETRIES, ENV_TIMEOUT
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +62,7 @@ __all__ = [
     "is_transient",
     "network_retryer",
     "parse_retry_after",
-    "policy_from_env",
+    "with_settings",
 ]
 
 
@@ -136,43 +133,14 @@ NETWORK_DEFAULTS = RetryPolicy(
     read_timeout=60.0,
 )
 
-ENV_RETRIES = "DOWNLOAD_RETRIES"
-ENV_TIMEOUT = "DOWNLOAD_TIMEOUT"
-
-
-def policy_from_env(
-    base: RetryPolicy = NETWORK_DEFAULTS, environ: Mapping[str, str] | None = None
-) -> RetryPolicy:
-    """``base`` with ``DOWNLOAD_RETRIES`` / ``DOWNLOAD_TIMEOUT`` applied.
-
-    Raises UsageError naming the variable when a value is not valid.
-    """
-    env = os.environ if environ is None else environ
+def with_settings(base: RetryPolicy, attempts: int | None,
+                  total_timeout: float | None) -> RetryPolicy:
+    """``base`` with the operator's DOWNLOAD_RETRIES / DOWNLOAD_TIMEOUT (Settings) applied."""
     changes: dict[str, Any] = {}
-    raw = env.get(ENV_RETRIES, "").strip()
-    if raw:
-        try:
-            attempts = int(raw)
-        except ValueError:
-            attempts = 0
-        if attempts < 1:
-            raise UsageError(
-                f"{ENV_RETRIES}={raw!r} is not a valid number of attempts",
-                hint="set it to an integer >= 1 (1 means no retry)",
-            )
+    if attempts is not None:
         changes["attempts"] = attempts
-    raw = env.get(ENV_TIMEOUT, "").strip()
-    if raw:
-        try:
-            total = float(raw)
-        except ValueError:
-            total = -1.0
-        if not total > 0 or total == float("inf"):
-            raise UsageError(
-                f"{ENV_TIMEOUT}={raw!r} is not a valid total timeout",
-                hint="set it to a number of seconds > 0",
-            )
-        changes["total_timeout"] = total
+    if total_timeout is not None:
+        changes["total_timeout"] = total_timeout
     return replace(base, **changes) if changes else base
 
 

@@ -20,7 +20,14 @@ import requests.auth
 from installer import __version__
 from installer.errors import DownloadError
 from installer.net.policy import redact_url
-from installer.net.retry import TransferLimits, TransientHTTPError, describe_cause, parse_retry_after
+from installer.net.retry import (
+    NETWORK_DEFAULTS,
+    RetryPolicy,
+    TransferLimits,
+    TransientHTTPError,
+    describe_cause,
+    parse_retry_after,
+)
 
 
 class _URLAuthOnly(requests.auth.AuthBase):
@@ -61,8 +68,8 @@ class ArtifactSession(requests.Session):
             del prepared_request.headers["Authorization"]
 
 
-def make_session(*, user_agent: str | None = None,
-                 limits: TransferLimits | None = None) -> requests.Session:
+def make_session(*, user_agent: str | None = None, limits: TransferLimits | None = None,
+                 policy: RetryPolicy | None = None) -> requests.Session:
     """A ``requests.Session`` for artifact downloads (an :class:`ArtifactSession`).
 
     Honours ``HTTPS_PROXY``/``NO_PROXY`` and ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
@@ -71,10 +78,12 @@ def make_session(*, user_agent: str | None = None,
     ``SSL_CERT_FILE`` (or ``SSL_CERT_DIR``) is used as the trust store.
     No adapter-level retries: :mod:`installer.net.retry` decides. ``limits`` (the
     deadline and minimum rate of every download through this session)
-    default to :class:`~installer.net.retry.TransferLimits`.
+    default to :class:`~installer.net.retry.TransferLimits`; ``policy`` (how each operation
+    is retried, from Settings through the Context) to ``NETWORK_DEFAULTS``.
     """
     session = ArtifactSession()
     session.transfer_limits = limits or TransferLimits()  # type: ignore[attr-defined]
+    session.retry_policy = policy or NETWORK_DEFAULTS  # type: ignore[attr-defined]
     session.headers["User-Agent"] = (
         user_agent or f"nvidia-driver-installer/{__version__} {requests.utils.default_user_agent()}"
     )
@@ -93,6 +102,11 @@ def make_session(*, user_agent: str | None = None,
 def limits_of(session: requests.Session | None) -> TransferLimits:
     """The session's transfer limits (defaults for a session not made here)."""
     return getattr(session, "transfer_limits", None) or TransferLimits()
+
+
+def policy_of(session: requests.Session | None) -> RetryPolicy:
+    """The session's retry policy (the defaults for none, or one not made here)."""
+    return getattr(session, "retry_policy", None) or NETWORK_DEFAULTS
 
 
 def classify(resp: requests.Response, shown: str, *, allow_insecure_http: bool,

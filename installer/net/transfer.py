@@ -80,7 +80,7 @@ from installer.net.retry import (
     RetryPolicy,
     TransferLimits,
 )
-from installer.net.session import classify, limits_of, refuse_encoding, request_error
+from installer.net.session import classify, limits_of, policy_of, refuse_encoding, request_error
 from installer.progress import Progress
 
 log = structlog.get_logger(__name__)
@@ -604,8 +604,7 @@ def _run(
 ) -> Downloaded:
     """The body into ``st`` (file:// or HTTP with retries), then verified; ``st``
     discarded on any failure."""
-    if policy is None:
-        policy = retry.policy_from_env()
+    policy = policy or policy_of(session)
     progress = Progress(label=label, url=st.shown)
     source = local_file(url)
     try:
@@ -658,8 +657,8 @@ def download(
     cancel: threading.Event | None = None,
 ) -> Downloaded:
     """Fetch ``url`` to ``dest`` (see the module docstring). ``policy=None``: the
-    defaults with ``DOWNLOAD_RETRIES``/``DOWNLOAD_TIMEOUT`` applied, read now
-    (:func:`installer.net.retry.policy_from_env`). Setting ``cancel`` stops
+    session's (Settings' DOWNLOAD_RETRIES/DOWNLOAD_TIMEOUT, set by the Context). Setting
+    ``cancel`` stops
     the download (:class:`Cancelled`) at its next chunk or wait, its temp file removed;
     ``session`` may be None for a ``file://`` URL."""
     started = time.monotonic()

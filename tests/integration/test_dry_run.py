@@ -25,7 +25,7 @@ K80_TOO_NEW = (
     "on this node support R340 to R470: set --driver-version (NVIDIA_DRIVER_VERSION) to such a "
     "driver, e.g. 470.256.02, or leave it unset to get a supported default.")
 ARCH = ("FAILED (unsupported_host, exit 3): unsupported host OS 'arch' (Arch Linux). What to do: "
-        "supported: Container-Optimized OS (ID=cos), Ubuntu (ID=ubuntu/debian).")
+        "supported: Container-Optimized OS (ID=cos), Ubuntu (ID=ubuntu), Debian (ID=debian).")
 BAD_FLAG = (
     "FAILED (usage, exit 2): --kernel-release '5.15/../../etc' is not a kernel release. What to "
     "do: give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and . - _ + ~, at "

@@ -54,7 +54,8 @@ def built(podman) -> dict[str, str]:
             env={**podman.env(), "NDI_IMAGE_TAG": tag, "NDI_BUILDAH_ROOT": GRAPHROOT,
                  "NDI_BUILDAH_RUNROOT": RUNROOT, "NDI_LOCAL_BASE": "1"})  # substitute base
         assert proc.returncode == 0, proc.stderr[-4000:]
-    local = {flavor: f"localhost/nvidia-driver-installer-{flavor}:{tag}" for flavor in m.FLAVORS}
+    local = {flavor: f"localhost/nvidia-driver-installer-{flavor}:{tag}"
+             for flavor in m.IMAGE_FLAVORS}
     yield {**local, PAUSE: podman.pause_image()}
     if not os.environ.get("NDI_IMAGE_TAG"):
         for name in local.values():  # only the names: the layers stay cached
@@ -64,7 +65,8 @@ def built(podman) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def images(built) -> dict[str, dict[str, str]]:
     """{flavor: {committed manifest's image: local image}}."""
-    return {flavor: role_images(committed_daemonset(flavor), built[flavor], built[PAUSE])
+    return {flavor: role_images(committed_daemonset(flavor),
+                                built[m.DISTROS_BY_FLAVOR[flavor].image()], built[PAUSE])
             for flavor in m.FLAVORS}
 
 

@@ -33,7 +33,7 @@ pytestmark = [
 # --- the images ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flavor", m.FLAVORS)
+@pytest.mark.parametrize("flavor", m.IMAGE_FLAVORS)
 def test_image_rootfs_has_an_empty_dev(podman, images, flavor):
     """As registry images: the pod's /dev comes from the runtime and the hostPath mount."""
     (image,) = [v for k, v in images[flavor].items() if "nvidia-driver-installer" in k]

@@ -1,4 +1,4 @@
-"""The COS and the Ubuntu DaemonSet never select the same node, whatever the affinity mode.
+"""No two distros' DaemonSets select the same node, whatever the affinity mode.
 
 The rendered nodeAffinity is evaluated as the scheduler does (nodeSelectorTerms ORed, their
 matchExpressions ANDed; In / NotIn / Exists / DoesNotExist) against sample nodes.
@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from installer import manifests as m
 
 GKE_OS = ("cos", "cos_containerd", "ubuntu", "ubuntu_containerd", None)
-NFD_OS = ("cos", "ubuntu", "debian", None)
+NFD_OS = ("cos", "ubuntu", "debian", "pop", None)
 
 
 def _nodes() -> list[dict[str, str]]:
@@ -83,20 +83,22 @@ MODES = {
 
 
 @pytest.mark.parametrize("args", MODES.values(), ids=MODES.keys())
-def test_no_node_is_selected_by_both_flavors(args):
+def test_no_node_is_selected_by_two_flavors(args):
     daemonsets = _render(*args)
-    assert sorted(daemonsets) == ["cos", "ubuntu"]
-    both = [n for n in _nodes() if all(selects(d, n) for d in daemonsets.values())]
-    assert both == []
+    assert sorted(daemonsets) == sorted(m.FLAVORS)
+    for a, b in itertools.combinations(daemonsets.values(), 2):
+        both = [n for n in _nodes() if selects(a, n) and selects(b, n)]
+        assert both == [], (a["metadata"]["name"], b["metadata"]["name"])
 
 
 @pytest.mark.parametrize("args", [MODES["gke"], MODES["label-readme"]], ids=["gke", "label"])
 def test_each_flavor_still_selects_its_own_gpu_nodes(args):
     daemonsets = _render(*args)
-    for flavor, daemonset in daemonsets.items():
-        node = {"cloud.google.com/gke-os-distribution": flavor, m.OS_ID_LABEL: flavor,
-                "cloud.google.com/gke-accelerator": "nvidia-l4", "nvidia.com/gpu.present": "true"}
-        assert selects(daemonset, node), flavor
+    for distro in m.DISTROS:
+        node = _gpu_node(**{m.OS_ID_LABEL: distro.os_ids[0]})
+        if distro.gke_os_distributions:  # GKE labels the nodes of its own images only
+            node["cloud.google.com/gke-os-distribution"] = distro.gke_os_distributions[0]
+        assert selects(daemonsets[distro.name], node), distro.name
 
 
 def test_label_mode_adds_the_os_only_when_the_labels_do_not_name_the_flavor():
@@ -123,6 +125,48 @@ def test_flavor_named_label_keys_exclude_each_other_without_nfd():
     cos = _render("--affinity", "label", "--node-label", "example.com/os-{flavor}")["cos"]
     exprs = _terms(cos)[0]["matchExpressions"]
     assert exprs == [{"key": "example.com/os-cos", "operator": "Exists"}, *m.GKE_GUARDS,
-                     {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"}]
+                     {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"},
+                     {"key": "example.com/os-debian", "operator": "DoesNotExist"}]
     assert selects(cos, {"example.com/os-cos": "1"})
     assert not selects(cos, {"example.com/os-cos": "1", "example.com/os-ubuntu": "1"})
+
+
+def _gpu_node(**labels: str) -> dict[str, str]:
+    return {"nvidia.com/gpu.present": "true", "cloud.google.com/gke-accelerator": "nvidia-l4",
+            **labels}
+
+
+@pytest.mark.parametrize("args", [MODES["label-default"], MODES["label-readme"]],
+                         ids=["default-labels", "readme-labels"])
+def test_label_affinity_selects_every_os_its_flow_serves(args):
+    """The flow that serves Debian once required ID=ubuntu: Debian nodes never matched."""
+    daemonsets = _render(*args)
+    for distro in m.DISTROS:
+        for os_id in distro.os_ids:
+            node = _gpu_node(**{m.OS_ID_LABEL: os_id})
+            chosen = [f for f, d in daemonsets.items() if selects(d, node)]
+            assert chosen == [distro.name], (os_id, chosen)
+
+
+def _expressions(daemonset: dict) -> list[dict]:
+    return [e for t in _terms(daemonset) for e in t["matchExpressions"]]
+
+
+def test_a_distro_gke_has_no_image_of_renders_no_empty_in(monkeypatch):
+    """``In []`` is invalid (k8s.io/api core/v1 NodeSelectorRequirement.Values: "If the
+    operator is In or NotIn, the values array must be non-empty") and leaving the OS out
+    would put the DaemonSet on every GKE GPU node: no GKE OS label and the node's
+    os-release ID stand in for it."""
+    monkeypatch.setitem(m.GKE_OS_DISTRIBUTIONS, "ubuntu", ())  # as Debian's
+    daemonsets = _render()
+    for daemonset in daemonsets.values():
+        assert all(e.get("values") for e in _expressions(daemonset) if e["operator"] == "In")
+    for flavor in ("ubuntu", "debian"):
+        daemonset = daemonsets[flavor]
+        assert {"key": m.OS_ID_LABEL, "operator": "In", "values": [flavor]} in \
+            _expressions(daemonset)
+        assert selects(daemonset, _gpu_node(**{m.OS_ID_LABEL: flavor}))
+        assert not selects(daemonset, _gpu_node(**{m.OS_ID_LABEL: "cos",
+                                                   "cloud.google.com/gke-os-distribution": "cos"}))
+    for a, b in itertools.combinations(daemonsets.values(), 2):
+        assert [n for n in _nodes() if selects(a, n) and selects(b, n)] == []

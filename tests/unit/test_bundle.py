@@ -18,7 +18,7 @@ import pytest
 
 from installer import archive
 from installer.bundle import build, index, tree
-from installer.bundle.fetch import check_settings, unpack
+from installer.bundle.fetch import unpack
 from installer.bundle.manifest import (
     BundleError,
     BundleKey,
@@ -29,6 +29,7 @@ from installer.bundle.manifest import (
 )
 from installer.errors import ExitCode, IntegrityError, UsageError
 from installer.installdir import InstallDir
+from installer.settings import check_prebuilt
 from tests.fixtures.kernel import fake_ko
 
 V, R, OTHER_R = "550.54.14", "5.15.0-1049-gke", "6.8.0-1015-gke"
@@ -109,7 +110,7 @@ def test_manifest_round_trips_and_lists_every_file_and_link(tmp_path):
     ({"files": {"../../etc/shadow": {"sha256": "b" * 64, "size": 1}}}, "clean relative path"),
     ({"files": {"/etc/shadow": {"sha256": "b" * 64, "size": 1}}}, "clean relative path"),
     ({"files": {"etc/cron.d/x": {"sha256": "b" * 64, "size": 1}}}, "not inside"),
-    ({"files": {"drivers/nvidia.ko": {"sha256": "B" * 64, "size": 1}}}, "sha256"),
+    ({"files": {"drivers/nvidia.ko": {"sha256": "g" * 64, "size": 1}}}, "sha256"),
     ({"files": {"drivers/nvidia.ko": {"sha256": "b" * 64, "size": -1}}}, "size"),
     ({"files": {"drivers/nvidia.ko": {"sha256": "b" * 64, "size": True}}}, "size"),
     ({"files": {}}, "no drivers/nvidia.ko"),
@@ -156,7 +157,7 @@ def test_template_placeholders_are_filled_and_quoted():
 ])
 def test_bad_prebuilt_options_are_usage_errors(url, sha, only, error):
     with pytest.raises(UsageError, match=error):
-        check_settings(url, sha, only, allow_insecure_http=False)
+        check_prebuilt(url, sha, only, allow_insecure_http=False)
 
 
 # -- packing and the index ---------------------------------------------------------

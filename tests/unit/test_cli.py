@@ -297,20 +297,22 @@ def debian_root(tmp_path, os_id="debian", id_like=""):
     return host
 
 
-@pytest.mark.parametrize(("os_id", "id_like", "support"), [
-    ("debian", "", "supported: Debian via the Ubuntu flow"),
-    ("ubuntu", "", "supported"),
-    ("pop", 'ID_LIKE="ubuntu debian"\n', "not tested: pop follows the Ubuntu flow because its "
-     "os-release ID_LIKE names ubuntu/debian"),
+@pytest.mark.parametrize(("os_id", "id_like", "flow", "support"), [
+    ("debian", "", "debian", "supported"),
+    ("ubuntu", "", "ubuntu", "supported"),
+    ("pop", 'ID_LIKE="ubuntu debian"\n', "ubuntu", "not tested: pop follows the Ubuntu flow "
+     "because its os-release ID_LIKE names ubuntu"),
+    ("raspbian", 'ID_LIKE="debian"\n', "debian", "not tested: raspbian follows the Debian flow "
+     "because its os-release ID_LIKE names debian"),
 ])
 def test_detect_says_which_flow_serves_the_host_and_how(capsys, tmp_path, os_id, id_like,
-                                                       support):
+                                                       flow, support):
     host = debian_root(tmp_path, os_id, id_like)
     code, out, err = run_main(capsys, ["detect", "--host-root", str(host), "--install-dir",
                                        str(tmp_path), "-o", "json"])
     assert code == 0, err
     doc = json.loads(out)
-    assert (doc["os_id"], doc["flow"], doc["support"]) == (os_id, "ubuntu", support)
+    assert (doc["os_id"], doc["flow"], doc["support"]) == (os_id, flow, support)
     assert "family" not in doc  # "flow" names it; "family: ubuntu" on Debian misled
 
 
@@ -321,7 +323,7 @@ def test_detect_on_an_unknown_distro_exits_3_with_what_is_supported(capsys, tmp_
     assert out == ""
     assert message == ("FAILED (unsupported_host, exit 3): unsupported host OS 'fedora' (Debian "
                        "GNU/Linux 12 (bookworm)). What to do: supported: Container-Optimized OS "
-                       "(ID=cos), Ubuntu (ID=ubuntu/debian).")
+                       "(ID=cos), Ubuntu (ID=ubuntu), Debian (ID=debian).")
 
 
 @pytest.mark.parametrize(("message", "hint"), [

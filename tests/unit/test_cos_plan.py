@@ -241,7 +241,7 @@ def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
 
     ctx = env.ctx()
     object.__setattr__(ctx.settings, "cos_artifacts_url", "https://127.0.0.1:9/{build_id}")
-    monkeypatch.setenv("DOWNLOAD_RETRIES", "1")
+    object.__setattr__(ctx.settings, "download_retries", 1)
     monkeypatch.setattr(cos_mod, "quick_policy", lambda: RetryPolicy(1, 0, 0, 5, 2, 2))
     with pytest.raises(DownloadError) as err:
         CosFlow().plan(ctx)
@@ -264,6 +264,7 @@ def test_enforced_signatures_without_prebuilt_stop_first_with_exit_10(env):
     exc = err.value
     assert exc.exit_code == ExitCode.SECURE_BOOT == 10
     assert COS_BUILD_ID in exc.message and DEFAULT_V in exc.message
+    assert exc.message.startswith("this node only loads signed kernel modules (module.sig_enforce")
     assert exc.context["url"].endswith(f"nvidia-drivers-{DEFAULT_V}.tgz")
     assert "never edits boot config" in exc.hint
 
@@ -325,7 +326,7 @@ def test_preload_plan_and_run(env):
     assert plan.kind == "preload"
     assert names(plan) == ["fetch_artifacts", "prepare_kernel_headers", "prepare_toolchain",
                            "preload_finished"]
-    assert plan.summary["already_cached"] is False and plan.summary["driver_version"] is None
+    assert plan.summary["already_cached"] is False and plan.driver_version is None
     for s in plan.steps:
         s.run(ctx)
     tools = env.tools_dir / COS_BUILD_ID

@@ -18,7 +18,7 @@ def _recognise(text, lsb=None):
 @pytest.mark.parametrize(("os_release", "family", "os_id"), [
     (COS, "cos", "cos"),
     ("ID=ubuntu\nVERSION_ID=22.04\n", "ubuntu", "ubuntu"),
-    ("ID=debian\n", "ubuntu", "debian"),
+    ("ID=debian\n", "debian", "debian"),
     # a derivative names its parent in ID_LIKE (os-release(5))
     ("ID=pop\nID_LIKE=\"ubuntu debian\"\n", "ubuntu", "pop"),
     ("ID=Ubuntu\n", "ubuntu", "ubuntu"),
@@ -43,13 +43,14 @@ def test_unsupported_host_names_every_distro():
     with pytest.raises(UnsupportedHostError) as err:
         _recognise('ID=fedora\nPRETTY_NAME="Fedora Linux 40"\n')
     assert err.value.hint == ("supported: Container-Optimized OS (ID=cos), "
-                              "Ubuntu (ID=ubuntu/debian)")
+                              "Ubuntu (ID=ubuntu), Debian (ID=debian)")
 
 
 def test_manifest_flavours_come_from_the_distro_classes():
-    assert manifests.FLAVORS == tuple(d.name for d in DISTROS) == ("cos", "ubuntu")
+    assert manifests.FLAVORS == tuple(d.name for d in DISTROS) == ("cos", "ubuntu", "debian")
     assert manifests.FLAVOR_TITLES["cos"] == Cos.title
-    assert {"cos": "default", "ubuntu": Ubuntu.default_version} == manifests.DEFAULT_DRIVER_VERSION
+    assert {"cos": "default", "ubuntu": Ubuntu.default_version,
+            "debian": Ubuntu.default_version} == manifests.DEFAULT_DRIVER_VERSION
     assert manifests.GKE_OS_DISTRIBUTIONS["ubuntu"] == ("ubuntu", "ubuntu_containerd")
 
 
@@ -72,3 +73,21 @@ def test_artifact_pins_name_a_settings_field_and_its_option():
     assert set(pins) == {"cos"}  # Ubuntu downloads nothing but the .run
     for field, shown in pins.values():
         assert field in names and f"--{field.replace('_', '-')}" in shown
+
+
+def test_the_readme_recipe_names_files_that_exist():
+    """README "Add a distro": every file it names (but the new one's) is where it says."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "README.md").read_text()
+    section = text.split("## Add a distro", 1)[1].split("\n## ", 1)[0]
+    named = {m for m in re.findall(r"`((?:installer|tests)/[\w/.]+\.py)`", section)}
+    named |= {f"installer/{m}" for m in re.findall(r"`(distros/[\w/.]+\.py)`", section)}
+    assert "installer/distros/headers_build.py" in named and len(named) >= 5
+    assert all((repo / path).is_file() for path in named), named
+    for distro in DISTROS:  # and the recipe's attribute names are the classes' own
+        for attr in ("name", "title", "os_ids", "gke_os_distributions", "image_flavor",
+                     "daemonset", "version_alias"):
+            assert hasattr(distro, attr) and f"`{attr}`" in section

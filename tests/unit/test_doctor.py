@@ -474,6 +474,23 @@ def test_corrupt_status_file_is_reported_as_corrupt(node, capsys):
     assert f["fix"] == "remove /home/kubernetes/bin/nvidia/status.json; the next install writes a new one"
 
 
+@pytest.mark.parametrize("build", ["17800.1.1", fixture_node.COS_BUILD_ID])
+def test_a_cos_record_is_judged_by_the_cos_build(node, capsys, build):
+    """The COS distro says what keys an install (its build) and how to read v2's record."""
+    node.write(node.root / "etc/os-release", fixture_node.COS_113)
+    node.write(node.install / ".cache", f"DRIVER_VERSION={V}\nKERNEL_OPEN=Y\nBUILD_ID={build}\n")
+    _code, found = node.findings(capsys)
+    f = found["cache"]
+    if build == fixture_node.COS_BUILD_ID:
+        assert f["verdict"] == "ok", f
+        assert f["detail"] == f"driver {V} for build {build} (prebuilt-open)"
+    else:
+        assert f["verdict"] == "fail"
+        assert f["detail"] == (f"stale: cached for build {build}, the node runs build "
+                               f"{fixture_node.COS_BUILD_ID} (node image upgraded?)")
+        assert "reinstalls for this build" in f["fix"]
+
+
 # -- GKE's own installer on the node (issue 26) --------------------------------------
 
 UID = "0f3c2a4e-1b2c-4d5e-8f90-123456789abc"

@@ -183,10 +183,10 @@ def test_kubectl_kustomize_offline():
     proc = _run(kubectl, "kustomize", str(MANIFESTS))
     assert proc.returncode == 0, proc.stderr
     names = sorted(d["metadata"]["name"] for d in _docs(proc.stdout))
-    assert names == ["nvidia-driver-installer-cos", "nvidia-driver-installer-ubuntu"]
+    assert names == sorted(f"nvidia-driver-installer-{f}" for f in m.FLAVORS)
 
 
-@pytest.mark.parametrize("flavor", m.FLAVORS)
+@pytest.mark.parametrize("flavor", m.IMAGE_FLAVORS)
 def test_hadolint_clean(flavor):
     hadolint = VENV_BIN / "hadolint"
     if not hadolint.exists():
@@ -233,10 +233,10 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
         # hostPath mounts: exactly the contract, mounted where the env says.
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {vm["mountPath"]: vm["name"] for vm in init["volumeMounts"]}
-        expected = dict(m.CONTRACT_MOUNTS)
-        expected.update(m.COS_MOUNTS if flavor == "cos" else m.UBUNTU_MOUNTS)
-        if flavor == "cos":  # named in env as GKE's COS DaemonSets do
-            assert m.COS_ENV.items() <= env.items(), label
+        needs = m.DISTROS_BY_FLAVOR[flavor].daemonset
+        expected = {mt.host_path: (mt.mount_path, mt.type)
+                    for mt in (*m.CONTRACT_MOUNTS, *needs.mounts)}
+        assert dict(needs.env).items() <= env.items(), label  # e.g. COS's, as GKE's
         got = {
             volumes[name]["hostPath"]["path"]: (path, volumes[name]["hostPath"]["type"])
             for path, name in mounts.items()
@@ -335,14 +335,17 @@ def test_variant_details(variant_texts):
         {"key": "example.com/gpu", "operator": "In", "values": ["yes"]},
         {"key": "example.com/os-cos", "operator": "Exists"},
         *m.GKE_GUARDS,  # issue 26: GKE's guards hold with labels too
-        # Never both DaemonSets on one node (issue 14): the other flavour's label is absent.
+        # Never two DaemonSets on one node (issue 14): the other flavours' labels are absent.
         {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"},
+        {"key": "example.com/os-debian", "operator": "DoesNotExist"},
     ]
     (ubuntu,) = _docs(variant_texts["no-affinity-ubuntu"])
     assert "affinity" not in _pod(ubuntu)
     assert _env(ubuntu)["NVIDIA_DRIVER_VERSION"] == "535.183.01"
     images = [_init(d)["image"] for d in _docs(variant_texts["label-defaults"])]
-    assert images == ["example.com/ndi-cos:dev", "example.com/ndi-ubuntu:dev"]
+    # Debian nodes run the Ubuntu image ({flavor} is the distro's image flavour).
+    assert images == ["example.com/ndi-cos:dev", "example.com/ndi-ubuntu:dev",
+                      "example.com/ndi-ubuntu:dev"]
 
 
 @pytest.mark.parametrize(
@@ -449,8 +452,9 @@ def test_stdout_is_a_multi_document_stream():
     result = render_cli()
     assert result.exit_code == 0
     names = [d["metadata"]["name"] for d in _docs(result.stdout)]
-    assert names == ["nvidia-driver-installer-cos", "nvidia-driver-installer-ubuntu"]
-    assert result.stdout == m.render("cos") + m.render("ubuntu")
+    assert names == [f"nvidia-driver-installer-{f}" for f in m.FLAVORS]
+    assert m.FLAVORS[:2] == ("cos", "ubuntu")
+    assert result.stdout == "".join(m.render(f) for f in m.FLAVORS)
 
 
 def test_one_flavor_to_a_directory(tmp_path):
@@ -495,3 +499,26 @@ def test_an_image_pinned_by_tag_only_is_said_loudly():
     assert pinned.exit_code == 0
     assert "pinned by tag only" not in pinned.stderr and "NOT PINNED" not in pinned.stdout
     assert "@" + DIGEST.partition("=")[2] in pinned.stdout or DIGEST in pinned.stdout
+
+
+@pytest.mark.parametrize("value", ["r535", "R535", "535", "Latest", "DEFAULT", "550.127.05"])
+def test_cos_manifests_accept_every_version_the_cos_install_accepts(value):
+    """One alias rule: render once refused r535 (and took R5) that install reads otherwise."""
+    from installer.distros.cos.artifacts import parse_requested
+
+    parse_requested(value)  # install accepts it...
+    result = render_cli("--flavor", "cos", "--driver-version", value)
+    assert result.exit_code == 0, result.output  # ...and so does render
+    assert _env(_one(result.stdout))["NVIDIA_DRIVER_VERSION"] == value
+
+
+@pytest.mark.parametrize("value", ["R5", "r53", "latest-1", "R535 ", "R٥٣٥"])
+def test_cos_manifests_refuse_every_version_the_cos_install_refuses(value):
+    from installer.distros.cos.artifacts import parse_requested
+    from installer.errors import UsageError
+
+    if value.strip() == value:  # install strips the env value; render takes it as given
+        with pytest.raises(UsageError):
+            parse_requested(value)
+    result = render_cli("--flavor", "cos", "--driver-version", value)
+    assert result.exit_code == 2 and "neither a version" in result.output

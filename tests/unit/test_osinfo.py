@@ -1,7 +1,8 @@
 import pytest
 
+from installer.distros import host_info_from_text
 from installer.errors import UnsupportedHostError
-from installer.osinfo import host_info_from_text, parse_env_file
+from installer.osinfo import parse_env_file
 from tests.fixtures.kernel import UBUNTU_KERNEL
 from tests.fixtures.node import COS_113, COS_113_LSB_RELEASE, UBUNTU_2204
 
@@ -26,9 +27,9 @@ def test_ubuntu_detected_with_kernel():
     assert info.build_id is None
 
 
-def test_debian_follows_ubuntu_flow():
+def test_debian_has_its_own_flow():
     info = host_info_from_text('ID=debian\nVERSION_ID="12"\n', None, "6.1.0-18-amd64")
-    assert info.family == "ubuntu" and info.os_id == "debian"
+    assert info.family == "debian" and info.os_id == "debian"
 
 
 def test_cos_build_and_board():

@@ -98,8 +98,8 @@ class FakeDistro:
         pass
 
     def plan(self, ctx):
-        return Plan(self.kind, tuple(self.steps), {"driver_version": "550.54.14",
-                                                   "kernel_module_type": "proprietary"})
+        return Plan(self.kind, tuple(self.steps), driver_version="550.54.14",
+                    kernel_module_type="proprietary")
 
 
 def run_with(monkeypatch, host, steps, kind="fresh", **kw):

@@ -12,8 +12,9 @@ from installer import cache
 from installer.cache import CacheKey
 from installer.context import Context
 from installer.distros import for_host
-from installer.distros.ubuntu import Ubuntu, find_kernel_headers
-from installer.errors import ExitCode, InstallerError, UsageError
+from installer.distros.headers_build import find_kernel_headers
+from installer.distros.ubuntu import Ubuntu
+from installer.errors import ExitCode, InstallerError, SecureBootError, UsageError
 from installer.settings import Settings
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import UBUNTU_KERNEL, build_ubuntu_node
@@ -80,7 +81,9 @@ def test_fresh_plan_builds_against_the_host_kernel(env):
         "driver_url": run_url(env.tesla, DEFAULT_DRIVER_VERSION),
     }
     download = next(s for s in plan.steps if s.name == "download_driver")
-    assert download.detail == plan.summary["driver_url"]
+    assert download.detail == plan.driver_url == plan.summary["driver_url"]
+    assert (plan.driver_version, plan.kernel_module_type) == (DEFAULT_DRIVER_VERSION,
+                                                              "proprietary")
     # Planning wrote nothing (dry-run safety), and what --dry-run prints is JSON.
     assert not (env.node.install_dir / ".staging").exists()
     assert json.loads(json.dumps(plan.describe()))
@@ -122,6 +125,20 @@ def test_bad_version_is_a_usage_error(env, version):
         Ubuntu().plan(env.ctx(driver_version=version))
 
 
+def test_enforced_signatures_are_the_one_exit_10_refusal(env):
+    env.kernel.set_cmdline("module.sig_enforce=1")
+    ctx = env.ctx()
+    step = next(s for s in Ubuntu().plan(ctx).steps if s.name == "check_module_signing")
+    with pytest.raises(SecureBootError) as err:
+        step.run(ctx)
+    assert err.value.exit_code == ExitCode.SECURE_BOOT == 10
+    assert err.value.message == ("this node only loads signed kernel modules (module.sig_enforce=1 "
+                                 "is on the kernel command line) and this flow builds unsigned "
+                                 "modules")
+    assert "--signing-key" in err.value.hint
+    assert err.value.hint.endswith("this installer never edits boot config or reboots")
+
+
 def test_preload_is_refused_on_ubuntu(env):
     with pytest.raises(UsageError) as err:
         Ubuntu().check_settings(env.ctx(preload=True))
@@ -149,7 +166,7 @@ def test_cache_hit_needs_version_kernel_and_flavour(env):
                 ctx.install.root, "test")
     plan = Ubuntu().plan(ctx)
     assert plan.kind == "cached" and names(plan) == CACHED_STEPS
-    assert "driver_url" not in plan.summary  # nothing to download
+    assert plan.driver_url is None and "driver_url" not in plan.summary  # nothing to download
     assert Ubuntu().plan(env.ctx(force=True)).kind == "fresh"
     assert Ubuntu().plan(env.ctx(driver_version="535.183.01")).kind == "fresh"
     assert Ubuntu().plan(env.ctx(kernel_module_type="proprietary")).kind == "fresh"

@@ -117,7 +117,7 @@ def assert_driver_working(state: dict, version: str) -> None:
 def test_guest_runs_the_provisioned_kernel(boot_install, vm_assets):
     detected = json.loads(ok(boot_install.step("detect")).stdout)
     assert detected["kernel_release"] == vm_assets.kernel_release
-    assert detected["flow"] == "ubuntu"  # Debian follows the Ubuntu flow
+    assert detected["flow"] == "debian"  # the guest is Debian 12
     assert detected["loaded_driver_version"] is None
 
 

@@ -28,9 +28,44 @@ parallel, only after the signature policy allowed it.
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from installer import cache
+from installer.cache import CacheKey
 from installer.distros.base import Distro
+from installer.distros.cos.v2_cache import v2_flavor
+from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo, parse_env_file
+from installer.settings import DEFAULT_INSTALL_DIR_HOST
+
+# The build's driver version aliases (its gpu_<alias>_version files): default, latest and a
+# branch, R535 (r535 and 535 name it too). ``manifests render`` and ``install`` both read
+# this one rule (artifacts.parse_requested turns a match into the alias file's name).
+VERSION_ALIAS = re.compile(r"(?i:(?P<name>default|latest)|r?(?P<branch>[0-9]{3,}))")
+
+
+# As GKE's COS DaemonSets: the toolchain cache and the Vulkan ICD dir, named in env too.
+TOOLS_DIR = HostMount("cos-tools", "/var/lib/cos-tools", "/build/cos-tools", "DirectoryOrCreate",
+                      "COS toolchain cache: kept across pod restarts and reinstalls.")
+VULKAN_ICD_DIR = HostMount(
+    "vulkan-icd-mount", f"{DEFAULT_INSTALL_DIR_HOST}/vulkan/icd.d", "/etc/vulkan/icd.d",
+    "DirectoryOrCreate", "NVIDIA's Vulkan ICD file (nvidia_icd.json), as GKE's COS DaemonSet.")
+DAEMONSET = DaemonSetNeeds(
+    mounts=(TOOLS_DIR, VULKAN_ICD_DIR),
+    env=(("COS_TOOLS_DIR_HOST", TOOLS_DIR.host_path),
+         ("COS_TOOLS_DIR_CONTAINER", TOOLS_DIR.mount_path),
+         ("VULKAN_ICD_DIR_HOST", VULKAN_ICD_DIR.host_path),
+         ("VULKAN_ICD_DIR_CONTAINER", VULKAN_ICD_DIR.mount_path)),
+    own_env=("COS_DOWNLOAD_GCS", "COS_ARTIFACTS_SHA256"),
+    host_network=("hostNetwork, as GKE's COS DaemonSet: downloads start at node bring-up,",
+                  "before the CNI may be ready, and use no pod IP."),
+    # As GKE's COS DaemonSets (container-engine-accelerators nvidia-driver-installer/cos/
+    # daemonset-preloaded*.yaml @068b15a, L111-127; its ubuntu/*.yaml have none).
+    partition_gpus=True,
+)
 
 
 class Cos(Distro):
@@ -41,6 +76,9 @@ class Cos(Distro):
     title = "Container-Optimized OS"
     os_ids = ("cos",)
     default_version = "default"  # the build's gpu_default_version (artifacts.DEFAULT_ALIAS)
+    daemonset = DAEMONSET
+    version_alias = VERSION_ALIAS
+    version_alias_help = "default, latest, R535"
     gke_os_distributions = ("cos", "cos_containerd")
     signed_modules = (
         "COS installs use NVIDIA's signed prebuilt modules",
@@ -48,6 +86,20 @@ class Cos(Distro):
         "for the driver version, pick one that has them (default/latest)",
     )
     artifact_pin = ("cos_artifacts_sha256", "the COS artifacts (--cos-artifacts-sha256)")
+    stale_cache = ("node image upgraded?", "reinstalls for this build")
+
+    @classmethod
+    def node_key(cls, info: HostInfo, driver_version: str) -> CacheKey:
+        """COS installs are keyed by the OS build (its kernel and signing keys come with it)."""
+        return CacheKey(driver_version, build_id=info.build_id)
+
+    @classmethod
+    def read_cache(cls, cache_file: Path) -> cache.CacheRecord | None:
+        """Ours, or cos-gpu-installer v2's (no CACHE_FLAVOR: its keys tell the flavour)."""
+        record = cache.read(cache_file)
+        if record is not None and record.flavor is None:
+            record = replace(record, flavor=v2_flavor(record.fields))
+        return record
 
     @classmethod
     def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,

@@ -23,11 +23,14 @@ from dataclasses import dataclass
 
 import structlog
 
+from installer.distros.cos import VERSION_ALIAS
+from installer.distros.cos.pins import Manifest
+from installer.distros.cos.toolchain import check_toolchain_env
 from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
+from installer.net.fetch import fetch_text, url_exists
 from installer.net.policy import check_url_scheme, from_metadata
 from installer.osinfo import parse_env_file
-from installer.pins import Manifest
-from installer.versions import is_driver_version
+from installer.values import is_driver_version
 
 log = structlog.get_logger(__name__)
 
@@ -40,8 +43,6 @@ DEFAULT_TOOLCHAIN_ENV = {"CC": "x86_64-cros-linux-gnu-gcc", "CXX": "x86_64-cros-
 
 DEFAULT_ALIAS = "default"
 LATEST_ALIAS = "latest"
-_BRANCH_RE = re.compile(r"^[Rr](\d{3,})$")
-_MAJOR_RE = re.compile(r"^(\d{3,})$")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 
 
@@ -115,14 +116,11 @@ class Requested:
 def parse_requested(raw: str | None) -> Requested:
     """``None``/empty -> ``default``; ``R535``/``r535``/``535`` -> ``R535``; versions as given."""
     value = (raw or "").strip() or DEFAULT_ALIAS
-    low = value.lower()
-    if low in (DEFAULT_ALIAS, LATEST_ALIAS):
-        return Requested(value, alias=low)
     if is_driver_version(value):
         return Requested(value, version=value)
-    m = _BRANCH_RE.match(value) or _MAJOR_RE.match(value)
+    m = VERSION_ALIAS.fullmatch(value)
     if m:
-        return Requested(value, alias=f"R{m.group(1)}")
+        return Requested(value, alias=m["name"].lower() if m["name"] else f"R{m['branch']}")
     raise UsageError(
         f"--driver-version {value!r} is neither a driver version nor a COS alias",
         hint="use a version such as 535.183.01, or default, latest, or a branch such as R535",
@@ -201,8 +199,6 @@ def parse_toolchain_env(text: str | None, source: str = TOOLCHAIN_ENV_FILE) -> d
     Only the toolchain's own tools may be named (:func:`toolchain.check_toolchain_env`):
     anything else is exit 6 here, before a value reaches a build.
     """
-    from installer.distros.cos.toolchain import check_toolchain_env
-
     if text is None:
         return dict(DEFAULT_TOOLCHAIN_ENV)
     env = parse_env_file(text)
@@ -254,8 +250,6 @@ class Artifacts:
         is probed, not read: absent is fine (most builds have no ``toolchain_url``),
         present is exit 6, since its content would steer the install unvetted.
         """
-        from installer.net.fetch import fetch_text
-
         if self.manifest is not None and self.manifest.lookup(name) is None:
             if self.exists(name):
                 raise self.manifest.not_listed(self.url(name), name)
@@ -272,8 +266,6 @@ class Artifacts:
         return self.manifest.require(url, label) if self.manifest is not None else None
 
     def exists(self, name: str) -> bool:
-        from installer.net.fetch import url_exists
-
         return url_exists(self.session, self.url(name),
                           allow_insecure_http=self.allow_insecure_http, policy=self.policy)
 

@@ -1,9 +1,14 @@
 """Which modules a COS install uses: prebuilt (open, signed), precompiled (signed
-proprietary) or compiled; and the branch aliases to fall back to for old GPUs."""
+proprietary) or compiled. Pure: CosFlow probes the node and the build (``Probe``), then
+``choose`` decides (``Choice``), then the flow lists the steps for it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from installer import gpus
+from installer.signing import SigningPolicy
 
 FLAVOR_PREBUILT = "prebuilt-open"
 FLAVOR_PRECOMPILED = "precompiled-signed"  # proprietary modules linked here, Google-signed
@@ -25,8 +30,6 @@ def decide_modules(gpus_found: list, version: str, requested: str,
     COS prefers its prebuilt modules whenever they can work, as Google's
     installer does; ``--kernel-module-type proprietary`` opts out of them.
     """
-    from installer import gpus
-
     notes: list[str] = []
     legacy = [g for g in gpus_found if g.model and g.model.open_modules == "no"]
     use_prebuilt = prebuilt_available and requested != "proprietary" and not legacy
@@ -51,3 +54,69 @@ def flavor_module_type(flavor: str | None) -> str | None:
     if flavor == FLAVOR_PRECOMPILED:
         return "proprietary"
     return flavor.rsplit("-", 1)[-1] if flavor and flavor.count("-") == 1 else None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the decision reads: this node's GPUs and signature policy, what was asked
+    for, and which module sources the build publishes."""
+
+    gpus: tuple[gpus.PciGpu, ...]
+    requested_type: str  # --kernel-module-type: auto | open | proprietary
+    policy: SigningPolicy
+    prebuilt_available: bool  # nvidia-drivers-<V>.tgz
+    # extensions/gpu/NVIDIA-Linux-x86_64-<V>-custom.run and its signatures (probed only
+    # when precompiled_wanted says they could be used)
+    precompiled_available: bool = False
+
+
+@dataclass(frozen=True)
+class Choice:
+    way: Literal["prebuilt", "precompiled", "compiled"]
+    compiled_type: str  # what nvidia-installer builds or installs user space for
+    notes: tuple[str, ...] = ()
+    blocked: bool = False  # refused with exit 10 by the signing check
+
+    @property
+    def signed(self) -> bool:
+        """Modules that come signed: the NVIDIA installer installs user space only."""
+        return self.way != "compiled"
+
+    @property
+    def module_type(self) -> str:
+        """The type of the modules that load."""
+        return {"prebuilt": "open", "precompiled": "proprietary"}.get(self.way,
+                                                                      self.compiled_type)
+
+    @property
+    def flavor(self) -> str:
+        return {"prebuilt": FLAVOR_PREBUILT, "precompiled": FLAVOR_PRECOMPILED}.get(
+            self.way, f"compiled-{self.compiled_type}")
+
+
+def precompiled_wanted(found: tuple[gpus.PciGpu, ...], requested: str, policy: SigningPolicy,
+                       use_prebuilt: bool) -> bool:
+    """Whether Google's precompiled proprietary driver would be used if the build has it.
+
+    Only where it is needed: the kernel loads only signed modules and the build's signed
+    open modules are missing or cannot serve these GPUs (pre-Turing). Where unsigned
+    modules load, compiling stays the default: it builds whichever module type the GPUs
+    need (the custom .run is proprietary only), from the build's own headers, and costs
+    no probes of Google-only artifacts on every fresh install. As cos-gpu-installer v2
+    (install.go L313: no prebuilt modules -> the precompiled .run), for any branch, unless
+    these GPUs or the user need the open modules."""
+    return (not use_prebuilt and policy.enforced and not policy.loadpin_blocks
+            and proprietary_allowed(list(found), requested))
+
+
+def choose(probe: Probe, version: str) -> Choice:
+    """The modules a fresh install of ``version`` uses, and whether signing blocks it."""
+    decision = decide_modules(list(probe.gpus), version, probe.requested_type,
+                              probe.prebuilt_available)
+    precompiled = probe.precompiled_available and precompiled_wanted(
+        probe.gpus, probe.requested_type, probe.policy, decision.use_prebuilt)
+    way: Literal["prebuilt", "precompiled", "compiled"] = (
+        "prebuilt" if decision.use_prebuilt else "precompiled" if precompiled else "compiled")
+    signed = way != "compiled"
+    blocked = probe.policy.loadpin_blocks or (probe.policy.enforced and not signed)
+    return Choice(way, decision.compiled_type, decision.notes, blocked)

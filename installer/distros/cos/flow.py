@@ -7,11 +7,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, headers, pins, signing, steps
+from installer import gpus, headers, signing, steps
 from installer.cache import CacheKey
-from installer.context import Context
 from installer.distros.base import cached_plan, fresh_plan
-from installer.distros.cos import Cos, toolchain, versions
+from installer.distros.cos import Cos, pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
     TOOLCHAIN_ENV_FILE,
@@ -26,11 +25,12 @@ from installer.distros.cos.artifacts import (
     toolchain_location,
 )
 from installer.distros.cos.choice import (
-    FLAVOR_PREBUILT,
-    FLAVOR_PRECOMPILED,
+    Choice,
+    Probe,
+    choose,
     decide_modules,
     flavor_module_type,
-    proprietary_allowed,
+    precompiled_wanted,
 )
 from installer.distros.cos.precompiled import link_precompiled, load_or_relink, unpack_signatures
 from installer.distros.cos.steps import (
@@ -43,12 +43,15 @@ from installer.distros.cos.steps import (
     unpack_prebuilt,
 )
 from installer.distros.cos.toolchain import BuildTools
+from installer.gke import mirror
+from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root, check_url_scheme
 from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.steps import Fetch
 
 if TYPE_CHECKING:
+    from installer.context import Context
     from installer.net.retry import RetryPolicy
 
 log = structlog.get_logger(__name__)
@@ -79,8 +82,6 @@ class CosFlow(Cos):
         if not location:
             return None
         if self._pins is None:
-            from installer.net.fetch import fetch_text
-
             if "://" in location:
                 check_url_scheme(location, allow_insecure_http=ctx.settings.allow_insecure_http)
             self._pins = pins.load(location, lambda url: fetch_text(
@@ -98,8 +99,6 @@ class CosFlow(Cos):
         only when no driver URL or base URL was given."""
         if ctx.settings.driver_url or ctx.settings.driver_base_url:
             return None
-        from installer.gke import mirror
-
         return mirror.mirror_base_url(mirror.gce_zone())
 
     def resolve(self, ctx: Context) -> Resolved:
@@ -109,17 +108,19 @@ class CosFlow(Cos):
         return self.resolve(ctx).version
 
     def cache_key(self, ctx: Context, version: str, flavor: str | None = None) -> CacheKey:
-        return CacheKey(version, build_id=ctx.host_info.build_id, flavor=flavor)
+        key = dataclasses.replace(self.node_key(ctx.host_info, version), flavor=flavor)
+        return v2_cache.with_v2_lines(key)
 
     # -- plans
 
     def plan(self, ctx: Context) -> Plan:
+        """Probe (version, cache, the build's module sources, the node), decide (a pure
+        ``choice.choose``), then list the steps for that choice."""
         if ctx.settings.preload:
             return self._preload_plan(ctx)
         resolved = self.resolve(ctx)
         version = resolved.version
-        summary: dict[str, object] = {
-            "driver_version": version,
+        display: dict[str, object] = {
             **resolved.describe(),
             "build_id": ctx.host_info.build_id,
             "board": ctx.host_info.board,
@@ -129,128 +130,129 @@ class CosFlow(Cos):
         # Any intact install of this build and version is a hit, whatever its
         # flavour: no network needed to restart a node.
         if self.cache_hit(ctx, self.cache_key(ctx, version)):
-            record = cache.read(ctx.install.cache_file)
-            summary["flavor"] = record.flavor if record else None
-            cached_type = flavor_module_type(summary["flavor"])
-            summary["kernel_module_type"] = cached_type
+            record = self.read_cache(ctx.install.cache_file)
+            flavor = record.flavor if record else None
+            cached_type = flavor_module_type(flavor)
             return cached_plan(
                 ctx, version, check_gpus(version, ctx.settings.kernel_module_type, cached_type),
-                summary)
-
+                module_type=cached_type, display={**display, "flavor": flavor})
         arts = self._artifacts(ctx)
-
-        run_url = driver_url(ctx.settings, version, self._mirror(ctx))
-        prebuilt_name = prebuilt_modules_name(version)
-        prebuilt_url = arts.url(prebuilt_name)
-        from installer import gpus
-
-        gpus_found = gpus.scan(ctx.kernel.sys_dir)
-        decision = decide_modules(gpus_found, version, ctx.settings.kernel_module_type,
-                                  arts.exists(prebuilt_name))
-        for note in decision.notes:
+        probe = self._probe(ctx, arts, version)
+        chosen = choose(probe, version)
+        for note in chosen.notes:
             log.warning("kernel_module_choice", note=note)
-        prebuilt = decision.use_prebuilt
+        return self._fresh_plan(ctx, arts, version, probe, chosen, display)
+
+    def _probe(self, ctx: Context, arts: Artifacts, version: str) -> Probe:
+        """The node's GPUs and signature policy, and the build's module sources (the
+        precompiled ones only when the choice could use them: two probes saved)."""
+        found = tuple(gpus.scan(ctx.kernel.sys_dir))
+        requested = ctx.settings.kernel_module_type
         policy = signing.policy(ctx.kernel)
+        prebuilt_available = arts.exists(prebuilt_modules_name(version))
+        use_prebuilt = decide_modules(list(found), version, requested,
+                                      prebuilt_available).use_prebuilt
+        precompiled_available = (
+            precompiled_wanted(found, requested, policy, use_prebuilt)
+            and arts.exists(signatures_name(version)) and arts.exists(custom_run_name(version)))
+        return Probe(found, requested, policy, prebuilt_available, precompiled_available)
+
+    def _fresh_plan(self, ctx: Context, arts: Artifacts, version: str, probe: Probe,
+                    chosen: Choice, display: dict[str, object]) -> Plan:
+        """The steps for ``chosen``: fetch, prepare, build (or user space only), load."""
+        run_url = driver_url(ctx.settings, version, self._mirror(ctx))
+        prebuilt_url = arts.url(prebuilt_modules_name(version))
         signatures_url = arts.url(signatures_name(version))
         custom_url = arts.url(custom_run_name(version))
-        # The precompiled proprietary driver is used only where it is needed: when the
-        # kernel loads only signed modules and the build's signed open modules are missing
-        # or cannot serve these GPUs (pre-Turing). Where unsigned modules load, compiling stays the
-        # default: it builds whichever module type the GPUs need (the custom .run is
-        # proprietary only), from the build's own headers, and costs no probes of
-        # Google-only artifacts on every fresh install.
-        # As cos-gpu-installer v2 (install.go L313: no prebuilt modules -> the precompiled
-        # .run), for any branch, unless these GPUs or the user need the open modules.
-        precompiled = (
-            not prebuilt and policy.enforced and not policy.loadpin_blocks
-            and proprietary_allowed(gpus_found, ctx.settings.kernel_module_type)
-            and arts.exists(signatures_name(version)) and arts.exists(custom_run_name(version))
-        )
-        signed_ok = prebuilt or precompiled
-        flavor = (FLAVOR_PREBUILT if prebuilt else FLAVOR_PRECOMPILED if precompiled
-                  else f"compiled-{decision.compiled_type}")
-        key = self.cache_key(ctx, version, flavor)
-        summary.update({
-            "flavor": flavor,
-            "kernel_module_type": ("open" if prebuilt else "proprietary" if precompiled
-                                   else decision.compiled_type),
-            "driver_url": run_url,
+        policy = probe.policy
+        precompiled = chosen.way == "precompiled"
+        display.update({
+            "flavor": chosen.flavor,
             "prebuilt_modules_url": prebuilt_url,
-            "prebuilt_modules_used": prebuilt,
-            "gpus": [g.describe() for g in gpus_found],
+            "prebuilt_modules_used": chosen.way == "prebuilt",
+            "gpus": [g.describe() for g in probe.gpus],
             "signatures_enforced": policy.enforced,
             "signature_enforcement": list(policy.reasons),
         })
-        if decision.notes:
-            summary["kernel_module_notes"] = list(decision.notes)
+        if chosen.notes:
+            display["kernel_module_notes"] = list(chosen.notes)
         if precompiled:
-            summary.update({"precompiled_driver_url": custom_url,
+            display.update({"precompiled_driver_url": custom_url,
                             "signatures_url": signatures_url})
-        if policy.loadpin_blocks or (policy.enforced and not signed_ok):
-            summary["blocked"] = "module signature policy: the install would stop with exit 10"
-        note = ("signed prebuilt modules: allowed" if prebuilt else
-                "precompiled modules with Google's signatures: allowed" if precompiled else
-                "compiled modules are unsigned: refused if signatures are enforced")
+        if chosen.blocked:
+            display["blocked"] = "module signature policy: the install would stop with exit 10"
+        note = {"prebuilt": "signed prebuilt modules: allowed",
+                "precompiled": "precompiled modules with Google's signatures: allowed",
+                "compiled": "compiled modules are unsigned: refused if signatures are enforced",
+                }[chosen.way]
         sign_step = check_signing(
-            note, prebuilt=signed_ok, version=version, build_id=arts.build_id,
+            note, prebuilt=chosen.signed, version=version, build_id=arts.build_id,
             prebuilt_url=prebuilt_url,
             # Notes about prebuilt modules exist only when the build has them.
-            unusable=tuple(n for n in decision.notes if "prebuilt" in n),
+            unusable=tuple(n for n in chosen.notes if "prebuilt" in n),
             signatures_url=signatures_url if policy.enforced else None,
             signed_what="precompiled modules signed by Google" if precompiled
             else "signed prebuilt modules")
         # With a manifest NVIDIA's .run is pinned like the build's files: listed, or exit 6.
-        run_sha = ctx.settings.driver_sha256 or arts.pin(run_url, "driver")
-        summary["driver_sha256"] = run_sha
-        fetches = [Fetch("driver", run_url, "driver", run_sha)]
-        if prebuilt:
-            fetches.append(Fetch("prebuilt", prebuilt_url, "prebuilt modules",
-                                 arts.pin(prebuilt_url, "prebuilt modules")))
+        run_fetch = Fetch("driver", run_url, "driver",
+                          ctx.settings.driver_sha256 or arts.pin(run_url, "driver"))
+        if chosen.way == "prebuilt":
+            fetches = [run_fetch, Fetch("prebuilt", prebuilt_url, "prebuilt modules",
+                                        arts.pin(prebuilt_url, "prebuilt modules"))]
             work = [unpack_prebuilt(version), steps.extract_driver(version)]
         else:
-            from installer.gke import v2_tools
-
-            tc_env, tc_url = self._toolchain_source(ctx, arts)
-            tools = v2_tools.adopt(self._tools(ctx), ctx.host_info.kernel_release, tc_env["CC"],
-                                   pinned=arts.manifest is not None)
-            toolchain.check_tool_paths(tc_env, tools.toolchain, arts.url(TOOLCHAIN_ENV_FILE))
-            headers_preset = self._host_headers(ctx)
-            if precompiled:
-                # The custom .run replaces NVIDIA's public one (--driver-sha256 names that).
-                fetches = [Fetch("driver", custom_url, "precompiled driver",
-                                 arts.pin(custom_url, "precompiled driver")),
-                           Fetch("signatures", signatures_url, "signatures",
-                                 arts.pin(signatures_url, "signatures"))]
-                summary["driver_url"] = custom_url
-                summary["driver_sha256"] = fetches[0].sha256
-            fetches += self._tools_fetches(arts, tools, tc_env, tc_url, headers_preset is None)
-            summary.update({
-                "kernel_headers_url": arts.url(KERNEL_HEADERS) if headers_preset is None else None,
-                "kernel_source_path": headers_preset.describe() if headers_preset else None,
-                "toolchain_url": tc_url,
-                "toolchain_env": {k: tc_env[k] for k in ("CC", "CXX") if k in tc_env},
-                "tools_dir": str(tools.root),
-            })
-            work = [*([unpack_signatures(version)] if precompiled else []),
-                    prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
-                    prepare_toolchain(tools, tc_env),
-                    steps.extract_driver(version),
-                    *([link_precompiled(tools, tc_env, version)] if precompiled else [])]
+            if precompiled:  # the custom .run replaces NVIDIA's (--driver-sha256 names that)
+                run_fetch = Fetch("driver", custom_url, "precompiled driver",
+                                  arts.pin(custom_url, "precompiled driver"))
+            fetches, work = self._build_work(ctx, arts, version, precompiled, display)
+            fetches = [run_fetch, *fetches]
         # Signed modules come ready: the NVIDIA installer then installs user space only.
-        work.append(steps.build_driver(ctx, version, decision.compiled_type,
-                                       userspace_only=signed_ok))
-        if signed_ok:
+        work.append(steps.build_driver(ctx, version, chosen.compiled_type,
+                                       userspace_only=chosen.signed))
+        if chosen.signed:
             work.append(place_prebuilt())
         plan = fresh_plan(
-            ctx, version, key, summary,
+            ctx, version, self.cache_key(ctx, version, chosen.flavor),
+            module_type=chosen.module_type, driver_url=run_fetch.url,
+            driver_sha256=run_fetch.sha256, display=display,
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
-                                  "open" if prebuilt else decision.compiled_type),
+                                  "open" if chosen.way == "prebuilt" else chosen.compiled_type),
             check_signing=sign_step, build=(steps.fetch_artifacts(tuple(fetches)), *work))
         if precompiled:  # v2's fallback: relink the legacy way when the load fails
             relinking = load_or_relink(version)
             plan = dataclasses.replace(plan, steps=tuple(
                 relinking if s.name == relinking.name else s for s in plan.steps))
         return plan
+
+    def _build_work(self, ctx: Context, arts: Artifacts, version: str, precompiled: bool,
+                    display: dict[str, object]) -> tuple[list[Fetch], list[Step]]:
+        """Compiled or precompiled modules: the signatures, the build's kernel headers and
+        toolchain (cached, v2's, or fetched), and the steps that prepare them."""
+        fetches = []
+        if precompiled:
+            signatures_url = arts.url(signatures_name(version))
+            fetches.append(Fetch("signatures", signatures_url, "signatures",
+                                 arts.pin(signatures_url, "signatures")))
+        tc_env, tc_url = self._toolchain_source(ctx, arts)
+        tools = v2_tools.adopt(self._tools(ctx), ctx.host_info.kernel_release, tc_env["CC"],
+                               pinned=arts.manifest is not None)
+        toolchain.check_tool_paths(tc_env, tools.toolchain, arts.url(TOOLCHAIN_ENV_FILE))
+        headers_preset = self._host_headers(ctx)
+        fetches += self._tools_fetches(arts, tools, tc_env, tc_url, headers_preset is None)
+        display.update({
+            "kernel_headers_url": arts.url(KERNEL_HEADERS) if headers_preset is None else None,
+            "kernel_source_path": headers_preset.describe() if headers_preset else None,
+            "toolchain_url": tc_url,
+            "toolchain_env": {k: tc_env[k] for k in ("CC", "CXX") if k in tc_env},
+            "tools_dir": str(tools.root),
+        })
+        work: list[Step] = [
+            *([unpack_signatures(version)] if precompiled else []),
+            prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
+            prepare_toolchain(tools, tc_env),
+            steps.extract_driver(version),
+            *([link_precompiled(tools, tc_env, version)] if precompiled else [])]
+        return fetches, work
 
     def _tools_fetches(self, arts: Artifacts, tools: BuildTools, tc_env: dict[str, str],
                        tc_url: str, want_headers: bool) -> list[Fetch]:
@@ -297,8 +299,7 @@ class CosFlow(Cos):
             prepare_toolchain(tools, tc_env),
             preload_finished(tools),
         ]
-        return Plan("preload", tuple(plan_steps), {
-            "driver_version": None,
+        return Plan("preload", tuple(plan_steps), display={
             "build_id": ctx.host_info.build_id,
             "board": ctx.host_info.board,
             "artifacts_url": arts.base,

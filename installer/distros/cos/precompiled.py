@@ -6,17 +6,21 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from installer import archive, modsign, steps
-from installer.context import Context
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import custom_run_name, signatures_name
 from installer.distros.cos.toolchain import BuildTools
 from installer.errors import BuildError, IntegrityError, ModuleLoadError, SecureBootError
 from installer.modinfo import read_modinfo
 from installer.plan import Step
+from installer.runner import CommandError
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 
@@ -63,8 +67,6 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
     <staging>/precompiled/drivers (placed into drivers/ after the user-space install)."""
 
     def run(ctx: Context) -> None:
-        from installer.runner import CommandError
-
         staging = ctx.work.staged()
         extract: Path = ctx.work.extract_dir
         kernel_dir = extract / "kernel"
@@ -112,8 +114,6 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
 
 def _link(ctx: Context, linker: list) -> None:
     """``linker -o kernel/<module> <interface> <core>`` for each of LINKED."""
-    from installer.runner import CommandError
-
     extract: Path = ctx.work.extract_dir
     kernel_dir = extract / "kernel"
     for module, interface, core in LINKED:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from installer import archive, headers, signing, steps
-from installer.context import Context
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import KERNEL_HEADERS, prebuilt_modules_name
 from installer.distros.cos.toolchain import BuildTools
@@ -17,7 +17,11 @@ from installer.errors import BuildError, IntegrityError, SecureBootError
 from installer.fsutil import remove_tree
 from installer.modinfo import read_modinfo
 from installer.plan import Step
+from installer.sandbox import SANDBOX_PATH
 from installer.workstate import BuildToolchain
+
+if TYPE_CHECKING:
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 
@@ -60,17 +64,11 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
             if signatures_url:
                 why += (f", nor a signed precompiled driver for these GPUs "
                         f"({signatures_url} and its -custom.run)")
-            raise SecureBootError(
-                f"this node only loads signed kernel modules ({policy.why()}) "
-                f"and {why}; compiled modules would be rejected",
-                hint="choose a driver version this build ships prebuilt modules for "
-                "(--driver-version=default or latest usually do), or run on a node pool "
-                "without module signature enforcement; this installer never edits boot "
-                "config or reboots",
-                url=prebuilt_url,
-                kernel_release=ctx.host_info.kernel_release,
-                build_id=build_id,
-            )
+            raise signing.refusal(
+                policy, f"{why}; compiled modules would be rejected",
+                "choose a driver version this build ships prebuilt modules for "
+                "(--driver-version=default or latest usually do)",
+                url=prebuilt_url, kernel_release=ctx.host_info.kernel_release, build_id=build_id)
         if policy.enforced:
             log.info("module_signing_enforced", reasons=list(policy.reasons),
                      using=signed_what)
@@ -100,8 +98,6 @@ def prepare_kernel_headers(tools: BuildTools, release: str,
 
 def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
     def run(ctx: Context) -> None:
-        from installer.sandbox import SANDBOX_PATH
-
         got = ctx.work.downloads.get("toolchain")
         if got is not None:
             toolchain.install_archive(got.path, tools.toolchain, source_url=got.url,

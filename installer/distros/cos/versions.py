@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache
-from installer.context import Context
+from installer import cache, gpus
+from installer.distros.cos import Cos
 from installer.distros.cos.artifacts import (
     DEFAULT_ALIAS,
     LATEST_ALIAS,
@@ -20,9 +20,11 @@ from installer.distros.cos.artifacts import (
     parse_requested,
 )
 from installer.errors import DownloadError
+from installer.net.retry import RetryPolicy
+from installer.nvidia_run import version_from_url
 
 if TYPE_CHECKING:
-    from installer.net.retry import RetryPolicy
+    from installer.context import Context
 
 log = structlog.get_logger(__name__)
 
@@ -30,8 +32,6 @@ log = structlog.get_logger(__name__)
 def quick_policy() -> RetryPolicy:
     """When a cached install of this build exists, an unreachable artifacts server
     should not hold up the restart for the full download policy."""
-    from installer.net.retry import RetryPolicy
-
     return RetryPolicy(attempts=2, wait_initial=1.0, wait_max=2.0, total_timeout=20.0,
                        connect_timeout=5.0, read_timeout=10.0)
 
@@ -40,7 +40,7 @@ def usable_cache(ctx: Context) -> cache.CacheRecord | None:
     """The .cache record of an intact install for this build, if any."""
     if ctx.settings.force:
         return None
-    record = cache.read(ctx.install.cache_file)
+    record = Cos.read_cache(ctx.install.cache_file)
     if (record is None or record.build_id != ctx.host_info.build_id
             or not record.driver_version
             or cache.check_files(record, ctx.install.root) is not None):
@@ -51,8 +51,6 @@ def resolve(ctx: Context, artifacts: Callable[[RetryPolicy | None], Artifacts]) 
     """The version to install: explicit, from --driver-url, or an alias of this build."""
     if ctx.settings.driver_url and not ctx.settings.driver_version:
         # The .run named explicitly says which version it is (as on Ubuntu).
-        from installer.nvidia_run import version_from_url
-
         return Resolved(version_from_url(ctx.settings.driver_url), "(from --driver-url)")
     requested = parse_requested(ctx.settings.driver_version)
     if requested.version is not None:
@@ -79,8 +77,6 @@ def resolve(ctx: Context, artifacts: Callable[[RetryPolicy | None], Artifacts]) 
 def _gpu_fallback(ctx: Context, arts: Artifacts, resolved: Resolved) -> Resolved:
     """default/latest name a branch these GPUs cannot use: the newest branch alias
     of this build that they can (an explicit version or branch is never changed)."""
-    from installer import gpus
-
     found = gpus.scan(ctx.kernel.sys_dir)
     for alias in fallback_alias(found, resolved.version):
         try:
@@ -100,8 +96,6 @@ def _gpu_fallback(ctx: Context, arts: Artifacts, resolved: Resolved) -> Resolved
 def fallback_alias(gpus_found: list, version: str) -> list[str]:
     """Branch aliases (newest first) to try when ``version`` cannot drive these GPUs
     (K80 on a build whose default is R535: R470), as Google's installer falls back."""
-    from installer import gpus
-
     if not gpus.branch_problems(gpus_found, version):
         return []
     branches = [gpus.branch_of(v) for v in gpus.FALLBACK_VERSIONS]

@@ -13,6 +13,7 @@ import urllib3.exceptions
 from structlog.testing import capture_logs
 from werkzeug import Response
 
+from installer.context import Context
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
 from installer.net import retry
 from installer.net.retry import (
@@ -22,9 +23,11 @@ from installer.net.retry import (
     is_transient,
     network_retryer,
     parse_retry_after,
-    policy_from_env,
+    with_settings,
 )
+from installer.net.session import policy_of
 from installer.net.transfer import download
+from installer.settings import Settings, retry_env
 
 PAYLOAD = b"0123456789" * 1000
 
@@ -191,11 +194,14 @@ def test_give_up_on_total_timeout_before_sleeping_past_it():
 # --------------------------------------------------------------------------- environment
 
 
-def test_policy_from_env_overrides():
-    p = policy_from_env(environ={"DOWNLOAD_RETRIES": "2", "DOWNLOAD_TIMEOUT": "45.5"})
+def test_download_retries_and_timeout_reach_the_policy_through_settings(tmp_path):
+    fields = retry_env({"DOWNLOAD_RETRIES": "2", "DOWNLOAD_TIMEOUT": "45.5"})
+    settings = Settings(install_dir=tmp_path, **fields).resolved()
+    p = policy_of(Context.from_settings(settings, strict=False).http)
     assert (p.attempts, p.total_timeout) == (2, 45.5)
     assert p.read_timeout == NETWORK_DEFAULTS.read_timeout
-    assert policy_from_env(environ={}) == NETWORK_DEFAULTS
+    assert retry_env({}) == {}
+    assert with_settings(NETWORK_DEFAULTS, None, None) == NETWORK_DEFAULTS
 
 
 @pytest.mark.parametrize(
@@ -207,9 +213,9 @@ def test_policy_from_env_overrides():
         {"DOWNLOAD_TIMEOUT": "soon"},
     ],
 )
-def test_policy_from_env_rejects_bad_values(env):
+def test_bad_download_retries_or_timeout_are_usage_errors(env):
     with pytest.raises(UsageError) as info:
-        policy_from_env(environ=env)
+        retry_env(env)
     assert next(iter(env)) in info.value.message
 
 
@@ -221,9 +227,10 @@ def test_network_defaults_are_sane():
         RetryPolicy(0, 1, 1, 1, 1, 1)
 
 
-def test_download_without_policy_uses_download_retries(server, session, tmp_path, waits, monkeypatch):
+def test_download_without_policy_uses_the_sessions(server, session, tmp_path, waits, monkeypatch):
     server.expect_request("/f").respond_with_data("", status=500)
-    monkeypatch.setenv("DOWNLOAD_RETRIES", "2")
+    monkeypatch.setenv("DOWNLOAD_RETRIES", "5")  # read by the CLI only, never here
+    session.retry_policy = with_settings(NETWORK_DEFAULTS, 2, None)  # as make_session(policy=)
     with pytest.raises(DownloadError, match=r"\(2 attempts"):
         download(session, server.url_for("/f"), tmp_path / "f")
     assert len(server.log) == 2 and len(waits) == 1

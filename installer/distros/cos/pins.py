@@ -29,11 +29,12 @@ import structlog
 from installer.errors import IntegrityError, UsageError
 from installer.fsutil import UnreadableFile, read_limited
 from installer.net.policy import file_name, redact_url
+from installer.values import sha256_digest
 
 log = structlog.get_logger(__name__)
 
 MAX_MANIFEST_BYTES = 1 << 20
-_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
+_LINE = re.compile(r"^(\S+) [ *](.+)$")  # sha256sum: "<digest>  <name>" or "<digest> *<name>"
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,13 @@ class Manifest:
             if not line or line.startswith("#"):
                 continue
             m = _LINE.match(line)
-            if m is None:
+            digest = sha256_digest(m.group(1)) if m else None
+            if m is None or digest is None:
                 raise UsageError(
                     f"line {n} of the COS artifacts manifest {source} is not "
                     "'<sha256>  <name>'",
                     hint="make it with sha256sum (one artifact per line)", path=source)
-            digests[m.group(2).strip().removeprefix("./")] = m.group(1).lower()
+            digests[m.group(2).strip().removeprefix("./")] = digest
         if not digests:
             raise UsageError(f"the COS artifacts manifest {source} lists no artifact",
                              path=source)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from installer.distros.cos.toolchain import BuildTools
-from installer.gke.v2_tools import V2BuildTools, adopt
+from installer.distros.cos.v2_tools import V2BuildTools, adopt
 
 CC, REL, BUILD = "x86_64-cros-linux-gnu-clang", "6.1.85+", "18244.151.14"
 

@@ -8,6 +8,8 @@ import pytest
 
 from installer import cache
 from installer.cache import CacheKey, CacheRecord
+from installer.distros.cos import Cos
+from installer.distros.cos.v2_cache import with_v2_lines
 
 BUILD, V = "18244.151.14", "570.158.01"
 
@@ -38,7 +40,8 @@ def v2_is_cached(text: str, build_id: str, version: str) -> tuple[bool, bool]:
 def test_v2_reads_our_record_as_a_hit(tmp_path, flavor, is_open):
     (tmp_path / "drivers").mkdir()
     (tmp_path / "drivers/nvidia.ko").write_bytes(b"ko")
-    cache.write(tmp_path / ".cache", CacheKey(V, build_id=BUILD, flavor=flavor), tmp_path, "1.0")
+    key = with_v2_lines(CacheKey(V, build_id=BUILD, flavor=flavor))  # as CosFlow.cache_key
+    cache.write(tmp_path / ".cache", key, tmp_path, "1.0")
     text = (tmp_path / ".cache").read_text()
     assert v2_is_cached(text, BUILD, V) == (True, is_open)
     assert v2_is_cached(text, "18244.151.15", V)[0] is False
@@ -63,10 +66,12 @@ def test_we_read_a_v2_record_as_a_hit(tmp_path, text, flavor):
     for rel in cache.REQUIRED_FILES:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"x")
-    record = CacheRecord.parse(text)
+    (tmp_path / ".cache").write_text(text)
+    record = Cos.read_cache(tmp_path / ".cache")
+    assert record is not None and record.flavor == flavor
+    assert CacheRecord.parse(text).flavor is None  # the generic reader knows no v2
     assert record.mismatch(CacheKey(V, build_id=BUILD)) is None
     assert record.mismatch(CacheKey("535.247.01", build_id=BUILD)) is not None
-    assert record.flavor == flavor
     assert cache.check_files(record, tmp_path) is None
     (tmp_path / "drivers/nvidia.ko").unlink()
     assert cache.check_files(record, tmp_path) == "drivers/nvidia.ko is missing"

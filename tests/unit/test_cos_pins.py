@@ -1,11 +1,11 @@
-"""installer.pins: the COS artifacts manifest."""
+"""installer.distros.cos.pins: the COS artifacts manifest."""
 
 from __future__ import annotations
 
 import pytest
 
+from installer.distros.cos.pins import Manifest, load
 from installer.errors import IntegrityError, UsageError
-from installer.pins import Manifest, load
 
 A, B = "a" * 64, "b" * 64
 

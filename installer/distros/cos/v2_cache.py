@@ -11,6 +11,9 @@ line without ``=``, so our record must have no comment line.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
+
+from installer.cache import CacheKey
 
 KERNEL_OPEN_KEY = "KERNEL_OPEN"
 
@@ -23,6 +26,13 @@ def v2_lines(build_id: str | None, driver_version: str, module_type: str | None)
     if module_type == "open":
         lines.append(f"{KERNEL_OPEN_KEY}=Y")
     return lines
+
+
+def with_v2_lines(key: CacheKey) -> CacheKey:
+    """``key`` writing v2's lines too, so v2 takes our install as its own cache hit."""
+    module_type = (key.flavor or "compiled-proprietary").rsplit("-", 1)[-1]
+    return replace(key, compat_lines=tuple(v2_lines(key.build_id, key.driver_version,
+                                                     module_type)))
 
 
 def v2_flavor(fields: Mapping[str, str]) -> str | None:
