@@ -82,8 +82,7 @@ def test_fresh_plan_builds_against_the_host_kernel(env):
     }
     download = next(s for s in plan.steps if s.name == "download_driver")
     assert download.detail == plan.driver_url == plan.summary["driver_url"]
-    assert (plan.driver_version, plan.kernel_module_type) == (DEFAULT_DRIVER_VERSION,
-                                                              "proprietary")
+    assert (plan.driver_version, plan.kernel_module_type) == (DEFAULT_DRIVER_VERSION, "open")
     # Planning wrote nothing (dry-run safety), and what --dry-run prints is JSON.
     assert not (env.node.install_dir / ".staging").exists()
     assert json.loads(json.dumps(plan.describe()))
