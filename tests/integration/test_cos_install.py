@@ -424,3 +424,32 @@ def test_missing_or_malformed_build_id_exit_3(node, pod, server, build_line):
     assert final["error_class"] == "unsupported_host"
     assert "BUILD_ID" in final["error"] and "/etc/os-release" in final["error"]
     assert server.requests == []
+
+
+# --------------------------------------------------------------------------- busy nodes
+
+
+def test_in_use_driver_on_cos_stages_the_new_one_for_the_next_boot(node, pod, kernel, server):
+    """Issue 23 on the COS flow (the same fresh_plan): the build waits in .next-boot while
+    the running driver is held; after the reboot it installs with no big download."""
+    ok(pod.run("install"))
+    kernel.hold("nvidia")
+    proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": "latest",
+                                      "WHEN_IN_USE": "stage"}))
+    final = last_event(proc)
+    assert final["plan"] == "staged" and final["driver_version"] == LATEST_V
+    assert kernel.loaded()["nvidia"].version == DEFAULT_V
+    assert f"CACHE_NVIDIA_DRIVER_VERSION={LATEST_V}" in (
+        node.install_dir / ".next-boot/.cache").read_text()
+    assert f"CACHE_BUILD_ID={COS_BUILD_ID}" in (
+        node.install_dir / ".next-boot/.cache").read_text()
+
+    kernel.unhold("nvidia")
+    kernel.unload_all()  # the reboot
+    big_before = len(big_gets(server))
+    proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": "latest",
+                                      "WHEN_IN_USE": "stage"}))
+    assert last_event(proc)["plan"] == "fresh"
+    assert big_gets(server)[big_before:] == []  # no toolchain, headers or .run again
+    assert kernel.loaded()["nvidia"].version == LATEST_V
+    assert not (node.install_dir / ".next-boot").exists()
