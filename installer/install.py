@@ -69,7 +69,9 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     if settings.dry_run:
         return _dry_run(ctx, distro)
     with HostLock(ctx.host, settings.lock_timeout_s):
-        # Consumers waiting on driver-ready must not start while the driver may change.
+        # What this boot's file says the loaded modules got (it lives in /run), then gone:
+        # consumers waiting on driver-ready must not start while the driver may change.
+        ctx.work.module_args_loaded = readiness.loaded_module_args(readiness.read(ctx.host))
         readiness.clear(ctx.host)
         started_wall = time.time()
         timings: list[StepTiming] = []
@@ -184,7 +186,16 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
         gpu_count=gpu_count,
         persistence_mode=ctx.work.persistence_mode,
         installer_version=__version__,
+        module_args=_module_args_in_effect(ctx),
     ))
+
+
+def _module_args_in_effect(ctx: Context) -> tuple[str, ...]:
+    """The parameters the loaded driver has: this run's when it loaded nvidia (or nothing
+    says otherwise), else what this boot's readiness file said."""
+    if "nvidia" in ctx.work.changes.loaded or ctx.work.module_args_loaded is None:
+        return ctx.settings.module_args
+    return ctx.work.module_args_loaded
 
 
 def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fields) -> dict:

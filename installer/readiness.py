@@ -76,9 +76,11 @@ def ready_fields(
     persistence_mode: str,
     installer_version: str,
     pending_driver_version: str | None = None,
+    module_args: tuple[str, ...] = (),
 ) -> dict[str, object]:
     """The KEY=VALUE lines: the GPU operator's keys first, then ours. PENDING_DRIVER_VERSION:
-    a version staged for the next boot while this one is in use (empty: none)."""
+    a version staged for the next boot while this one is in use (empty: none);
+    NVIDIA_MODULE_ARGS: the parameters the loaded modules were loaded with."""
     return {
         "IS_HOST_DRIVER": "true",
         "NVIDIA_DRIVER_ROOT": "/",
@@ -93,6 +95,15 @@ def ready_fields(
         "PERSISTENCE_MODE": persistence_mode,
         "INSTALL_PLAN": plan or "",
         "PENDING_DRIVER_VERSION": pending_driver_version or "",
+        "NVIDIA_MODULE_ARGS": " ".join(module_args),
         "INSTALLER_VERSION": installer_version,
         "READY_AT": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def loaded_module_args(fields: Mapping[str, str] | None) -> tuple[str, ...] | None:
+    """The module parameters a readiness file says the loaded driver has (None: it does
+    not say, e.g. no file this boot, or one an older installer wrote)."""
+    if not fields or "NVIDIA_MODULE_ARGS" not in fields:
+        return None
+    return tuple(fields["NVIDIA_MODULE_ARGS"].split())

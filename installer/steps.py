@@ -458,6 +458,31 @@ def install_only(ctx: Context, version: str, key: CacheKey | None) -> tuple[Step
     )
 
 
+def apply_module_args() -> Step:
+    """A cache hit whose NVIDIA_MODULE_ARGS changed since the driver was loaded this boot:
+    unload it (when nothing uses it) so load_modules loads it with the new ones; in use,
+    it keeps the old ones until it next loads, and the log says so."""
+
+    def run(ctx: Context) -> None:
+        before, wanted = ctx.work.module_args_loaded, ctx.settings.module_args
+        if before is None or sorted(before) == sorted(wanted) or "nvidia" not in ctx.kernel.modules():
+            return
+        held = modules.holders(ctx.kernel)
+        if held:
+            log.warning("module_args_not_applied", loaded_with=list(before), wanted=list(wanted),
+                        holders=held, message=f"the driver is in use ({held}): it keeps the "
+                        "module parameters it was loaded with until it next loads (drain and "
+                        "re-run install, or reboot)")
+            return
+        version = modules.loaded_driver_version(ctx.kernel)
+        removed = modules.unload(ctx.kernel, ctx.runner)
+        ctx.work.changes.unloaded_version = version
+        log.info("modules_reloading", reason="NVIDIA_MODULE_ARGS changed", loaded_with=list(before),
+                 wanted=list(wanted), modules=removed)
+
+    return Step("apply_module_args", run, "reload the unused driver if NVIDIA_MODULE_ARGS changed")
+
+
 def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
     """A cache hit in any flow: load what is installed, ld caches, verify."""
     if ctx.settings.install_only:
@@ -466,6 +491,7 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
         clear_leftovers(),
         check_loaded_driver(version),
         unload_other_driver(version),
+        apply_module_args(),
         gpu_firmware(from_staging=False),
         load_modules(from_staging=False),
         device_nodes(ctx, from_staging=False),

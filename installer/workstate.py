@@ -83,6 +83,9 @@ class WorkState:
     bundle: Manifest | None = None  # fetch_prebuilt_bundle: the staged tree came from it
     from_next_boot: bool = False  # take_next_boot: the staged tree is the one kept for it
     staged_for_boot: InUse | None = None  # stage_next_boot: kept aside, not installed
+    # The NVIDIA_MODULE_ARGS the loaded driver got, per this boot's readiness file (read by
+    # install before it clears the file; None: unknown). apply_module_args reads it.
+    module_args_loaded: tuple[str, ...] | None = None
     bundle_written: Written | None = None  # write_bundle (bundle build)
     persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
 

@@ -281,7 +281,11 @@ def test_lockdown_refusing_cached_unsigned_modules_is_exit_10(node, pod, kernel,
 
 
 def test_params_for_an_already_loaded_module_are_reported_not_applied(node, pod, kernel, server):
+    """When nothing says which parameters the loaded driver got (no readiness file this boot:
+    loaded by someone else, or by an installer before NVIDIA_MODULE_ARGS was recorded), it is
+    not reloaded on a guess; sysfs shows what differs (test_upgrades: the recorded case)."""
     ok(pod.run("install"))
+    (node.root / "run/nvidia/validations/driver-ready").unlink()
     proc = ok(pod.run("install", "--module-arg", "nvidia.NVreg_EnableGpuFirmware=0"))
     warning = [e for e in events(proc.stderr) if e.get("event") == "module_params_not_applied"]
     assert warning and warning[0]["params"] == ["NVreg_EnableGpuFirmware=0"]

@@ -151,3 +151,37 @@ def test_a_same_configuration_restart_only_loads_what_is_missing(node, pod, kern
     assert [(c["tool"], c["argv"][0].rsplit("/", 1)[-1]) for c in _module_calls(kernel, calls)
             if c["tool"] != "modprobe"] == [("insmod", "nvidia-drm.ko")]
     assert "nvidia_drm" in kernel.loaded()
+
+
+FIRMWARE_OFF = {"NVIDIA_MODULE_ARGS": "nvidia.NVreg_EnableGpuFirmware=0"}
+
+
+def test_changed_module_args_reload_an_unused_driver(node, pod, kernel, server):
+    """Issue 23 item 3: the module parameters are part of what makes the install; the
+    readiness file says which ones the loaded driver got this boot."""
+    ok(pod.run("install"))
+    assert ready(node)["NVIDIA_MODULE_ARGS"] == ""
+    calls = len(kernel.calls())
+    proc = ok(pod.run("install", env=FIRMWARE_OFF))
+    assert last_event(proc)["plan"] == "cached"
+    tools = [(c["tool"], c["argv"][0].rsplit("/", 1)[-1]) for c in _module_calls(kernel, calls)]
+    assert ("rmmod", "nvidia") in tools and ("insmod", "nvidia.ko") in tools
+    insmod = next(c for c in kernel.calls()[calls:] if c["tool"] == "insmod"
+                  and c["argv"][0].endswith("/nvidia.ko"))
+    assert insmod["argv"][1:] == ["NVreg_EnableGpuFirmware=0"]
+    assert ready(node)["NVIDIA_MODULE_ARGS"] == "nvidia.NVreg_EnableGpuFirmware=0"
+    # The same parameters again: nothing reloaded.
+    calls = len(kernel.calls())
+    ok(pod.run("install", env=FIRMWARE_OFF))
+    assert _module_calls(kernel, calls) == []
+
+
+def test_changed_module_args_wait_while_the_driver_is_in_use(node, pod, kernel, server):
+    ok(pod.run("install"))
+    kernel.hold("nvidia")
+    calls = len(kernel.calls())
+    proc = ok(pod.run("install", env=FIRMWARE_OFF))
+    assert _module_calls(kernel, calls) == []
+    (warning,) = [e for e in events(proc.stderr) if e.get("event") == "module_args_not_applied"]
+    assert "nvidia: 1 reference(s)" in warning["message"]
+    assert ready(node)["NVIDIA_MODULE_ARGS"] == ""  # still what the loaded driver has
