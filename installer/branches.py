@@ -46,14 +46,22 @@ RECOMMENDED_VERSION = "580.82.07"
 OPEN_ONLY_SINCE = 615
 
 
-def branch(number: int | None) -> Branch | None:
+def branch_of(version: str) -> int | None:
+    """``550.54.14`` -> 550; None for aliases such as ``default`` or ``R535``."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def branch(version: str) -> Branch | None:
+    """``version``'s branch in the table (None: an alias, or a branch it does not list)."""
+    number = branch_of(version)
     return next((b for b in BRANCHES if b.number == number), None)
 
 
-def branch_warning(version: str, number: int | None) -> str | None:
+def branch_warning(version: str) -> str | None:
     """A one-line warning when ``version``'s branch is past its end of life (None when it
     is supported or not in the table)."""
-    known = branch(number)
+    known = branch(version)
     if known is None or known.supported:
         return None
     recommended = RECOMMENDED_VERSION.split(".", 1)[0]

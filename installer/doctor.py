@@ -39,6 +39,7 @@ from installer.osinfo import HostInfo
 from installer.runner import CommandError
 from installer.settings import Settings
 from installer.verify import check_driver_version, nvidia_smi
+from installer.workstate import InUse
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
@@ -192,15 +193,14 @@ def check_installer_status(n: Node) -> Finding:
     when = s.get("finished_at", "?")
     staged = _staged(s)
     if staged is not None:
-        running, holders = staged
         kept = nextboot.record(n.install)
         where_kept = (f"kept in {n.install.host_path}/.next-boot" if kept is not None and
                       kept.driver_version == s.get("driver_version") else
                       "but .next-boot no longer holds it: the next run builds it again")
         return Finding("installer_status", WARN,
-                       f"last run ok at {when}: driver {running} keeps running (in use: "
-                       f"{holders}); {s.get('driver_version')} is staged for the next boot, "
-                       f"{where_kept}",
+                       f"last run ok at {when}: driver {staged.running_version} keeps running "
+                       f"(in use: {staged.holders}); {s.get('driver_version')} is staged for "
+                       f"the next boot, {where_kept}",
                        f"{DRAIN}, then reboot the node: the next run installs "
                        f"{s.get('driver_version')} with no download or compile (or let it "
                        "wait for the node's next reboot)")
@@ -302,7 +302,7 @@ def check_kernel_modules(n: Node) -> Finding:
     cached = n.record.driver_version if n.record else None
     staged = _staged(n.status or {})
     # With a version staged for the next boot, the running one is what the last run kept.
-    wanted = staged[0] if staged else (n.status or {}).get("driver_version")
+    wanted = staged.running_version if staged else (n.status or {}).get("driver_version")
     upgrade = _failed_upgrade(n)
     if upgrade is not None:  # the old driver is whole: no library/module mismatch
         fix = DRAIN if busy else upgrade.fix
@@ -321,12 +321,12 @@ def check_kernel_modules(n: Node) -> Finding:
     return Finding("kernel_modules", OK, f"{detail}; {use}")
 
 
-def _staged(status: dict) -> tuple[str, str] | None:
-    """(running version, its holders) when the last run staged a version for the next boot."""
+def _staged(status: dict) -> InUse | None:
+    """The driver kept running when the last run staged a version for the next boot."""
     staged = status.get("staged_for_next_boot") if status.get("outcome") == "ok" else None
     if not isinstance(staged, dict):
         return None
-    return str(staged.get("running_version", "?")), str(staged.get("holders", "?"))
+    return InUse(str(staged.get("running_version", "?")), str(staged.get("holders", "?")))
 
 
 def check_driver_branch(n: Node) -> Finding:
@@ -335,12 +335,12 @@ def check_driver_branch(n: Node) -> Finding:
     policy = branches.describe()
     if version is None or version == "unknown":
         return Finding("driver_branch", OK, f"no driver to check; {policy}")
-    ended = branches.branch_warning(version, gpus.branch_of(version))
+    ended = branches.branch_warning(version)
     if ended:
         return Finding("driver_branch", WARN, f"{ended} ({policy})",
                        "set NVIDIA_DRIVER_VERSION (--driver-version) to a supported branch's "
                        "release and roll it out (README: Upgrading the driver on busy nodes)")
-    known = branches.branch(gpus.branch_of(version))
+    known = branches.branch(version)
     what = (f"R{known.number}, {known.kind} branch, supported until {known.until}" if known
             else "a branch the policy table does not list")
     return Finding("driver_branch", OK, f"driver {version}: {what}; {policy}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from installer import branches
+from installer.branches import branch_of
 from installer.errors import UsageError
 
 NVIDIA_VENDOR = "0x10de"
@@ -185,12 +186,6 @@ def unknown(found: list[PciGpu]) -> list[str]:
     return [f"unknown NVIDIA GPU 10de:{g.device_id.removeprefix('0x')} at {g.address}: its "
             "supported driver branches are not known here, none are enforced" for g in found
             if g.model is None]
-
-
-def branch_of(version: str) -> int | None:
-    """``550.54.14`` -> 550; None for aliases such as ``default`` or ``R535``."""
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else None
 
 
 def branch_problems(gpus: list[PciGpu], version: str) -> list[str]:

@@ -14,6 +14,7 @@ from installer.errors import ModuleLoadError, SecureBootError
 from installer.kernel import KernelState, module_name
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
 from installer.runner import CommandError, Runner
+from installer.workstate import InUse
 
 log = structlog.get_logger(__name__)
 
@@ -225,14 +226,14 @@ def holders(kernel: KernelState) -> str | None:
     return described + ("; " + "; ".join(processes) if processes else "")
 
 
-def in_use_by_other(kernel: KernelState, want_version: str) -> tuple[str, str] | None:
-    """(the loaded version, its holders) when a driver other than ``want_version`` is loaded
+def in_use_by_other(kernel: KernelState, want_version: str) -> InUse | None:
+    """The loaded driver and its holders when one other than ``want_version`` is loaded
     and in use; None when none is loaded, it is that version, or nothing uses it."""
     current = loaded_driver_version(kernel)
     if current is None or current == want_version:
         return None
     held = holders(kernel)
-    return (current, held) if held else None
+    return InUse(current, held) if held else None
 
 
 def ensure_unused(kernel: KernelState, refusing: str) -> None:

@@ -408,7 +408,7 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
                 driver_version=version,
                 gpus=[g.describe() for g in found],
             )
-        ended = branches.branch_warning(version, gpus.branch_of(version))
+        ended = branches.branch_warning(version)
         if ended:
             log.warning("driver_branch_end_of_life", driver_version=version, message=ended)
         log.info("gpus_checked", gpus=[g.describe() for g in found], driver_version=version,

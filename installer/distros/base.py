@@ -194,11 +194,10 @@ def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:
     if ctx.settings.when_in_use != "stage" or ctx.settings.install_only:
         return None
     found = modules.in_use_by_other(ctx.kernel, version)
-    if found is None:
-        return None
-    log.info("driver_in_use", running=found[0], holders=found[1], wanted=version,
-             when_in_use="stage")
-    return InUse(*found)
+    if found is not None:
+        log.info("driver_in_use", running=found.running_version, holders=found.holders,
+                 wanted=version, when_in_use="stage")
+    return found
 
 
 def _unless_filled(step: Step, note: str = "") -> Step:

@@ -9,8 +9,7 @@ from installer.distros.ubuntu import Ubuntu
 
 
 def test_the_ubuntu_default_is_a_release_of_the_current_long_term_branch():
-    number = gpus.branch_of(Ubuntu.default_version)
-    known = branches.branch(number)
+    known = branches.branch(Ubuntu.default_version)
     assert known is not None and known.kind == "long-term" and known.supported
     assert gpus.FALLBACK_VERSIONS[0] == Ubuntu.default_version
 
@@ -20,14 +19,14 @@ def test_the_ubuntu_default_is_a_release_of_the_current_long_term_branch():
     ("470.256.02", "2024"),
 ])
 def test_ended_branches_warn_and_name_the_way_forward(version, ended):
-    warning = branches.branch_warning(version, gpus.branch_of(version))
+    warning = branches.branch_warning(version)
     assert warning and f"past its end of life ({ended};" in warning
     assert branches.RECOMMENDED_VERSION in warning and branches.POLICY_DATE in warning
 
 
 @pytest.mark.parametrize("version", ["580.82.07", "595.45.04", "560.35.03", "default"])
 def test_supported_or_unlisted_branches_do_not_warn(version):
-    assert branches.branch_warning(version, gpus.branch_of(version)) is None
+    assert branches.branch_warning(version) is None
 
 
 def test_proprietary_modules_are_refused_from_r615(tmp_path):
