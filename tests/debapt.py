@@ -43,8 +43,12 @@ def run(argv: list[str], *, log: Log | None = None, **kw) -> subprocess.Complete
 class PrivateApt:
     """apt-get/apt-cache with a sources file and state dirs of our own."""
 
-    def __init__(self, root: Path, log: Log, components: list[str]) -> None:
+    def __init__(self, root: Path, log: Log, components: list[str],
+                 extra_suites: tuple[str, ...] = ()) -> None:
+        """``extra_suites``: suites of the host's main archive (same URI and key) this
+        machine does not enable, e.g. trixie for NVIDIA's 550 parts."""
         self.root, self.log, self.components = root, log, components
+        self.extra_suites = extra_suites
         self.conf = root / "apt.conf"
         self.updated = False
 
@@ -60,6 +64,12 @@ class PrivateApt:
             line = f"deb {opt}{e['uri']} {e['suite']} {' '.join(self.components)}"
             if line not in lines:
                 lines.append(line)
+        main = next((e for e in entries if e["suite"] == codename), None)
+        if self.extra_suites and main is None:
+            raise ProvisionError(f"no apt source for the suite {codename} itself in /etc/apt")
+        for suite in self.extra_suites:
+            opt = f"[signed-by={main['signed_by']}] " if main["signed_by"] else ""
+            lines.append(f"deb {opt}{main['uri']} {suite} {' '.join(self.components)}")
         sources = "\n".join(lines) + "\n"
         for d in ("lists/partial", "cache/archives/partial", "sources.list.d", "preferences.d"):
             (self.root / d).mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,9 @@ class Headers:
     source: Path  # linux-headers-<X>-common: what /lib/modules/<abi>/source points at
     output: Path  # linux-headers-<abi>: what /lib/modules/<abi>/build points at
     packages: dict[str, str]  # package -> version: part of every build key
+    # Where the trees' Debian paths begin: / for this machine's own headers, a cache dir
+    # for unpacked ones (tests/realparts/newer_kernel.py); a node gets them at root-relative paths.
+    root: Path = Path("/")
 
 
 def _dpkg_version(pkg: str) -> str | None:

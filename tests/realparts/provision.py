@@ -52,25 +52,48 @@ CACHE_ROOT = Path(os.environ.get("NDI_REALPARTS_CACHE", "/var/cache/ndi-realpart
 # non-free-firmware.
 COMPONENTS = ["main", "contrib", "non-free", "non-free-firmware"]
 
-# Debian's "current" driver (535 on bookworm): every package of one upstream version.
-MAIN_PACKAGES = {
+# A branch's parts: DriverParts field -> Debian package.
+DRIVER_PACKAGES = {
     "kernel": "nvidia-kernel-source",
     "kernel_open": "nvidia-open-kernel-source",
     "firmware_dir": "firmware-nvidia-gsp",
     "nvidia_smi": "nvidia-smi",
     "libnvidia_ml": "libnvidia-ml1",
+    "nvidia_modprobe": "nvidia-modprobe",  # its own release train (see choose_branch)
 }
-# The 470 branch: the proprietary tree (470 has no open modules, no GSP firmware);
-# its nvidia-smi and libnvidia-ml are taken when Debian has them at the same version.
+# 470 has no open modules and no GSP firmware; its nvidia-smi and libnvidia-ml are taken
+# when Debian has them at the same version.
 LEGACY_PACKAGES = {
     "kernel": "nvidia-tesla-470-kernel-source",
     "nvidia_smi": "nvidia-tesla-470-smi",
     "libnvidia_ml": "libnvidia-tesla-470-ml1",
 }
-LEGACY_REQUIRED = ("kernel",)
-MODPROBE_PACKAGE = "nvidia-modprobe"  # its own release train: newest <= the main version
+OWN_TRAIN = ("nvidia_modprobe",)
 
-RECIPE_VERSION = "1"
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+    packages: dict[str, str]  # DriverParts field -> package
+    required: tuple[str, ...]  # fields every package of the chosen version must have
+    series: str  # the upstream series, e.g. "535."
+    suites: tuple[str, ...] = ()  # suites to take it from; () = this machine's own
+
+
+# Suites of the host's archive this machine does not enable (PrivateApt extra_suites):
+# trixie for the 550 parts, bookworm-backports for the 6.12 kernel they are built
+# against (tests/realparts/newer_kernel.py).
+EXTRA_SUITES = ("trixie", "bookworm-backports")
+BRANCHES = {
+    # Debian 12's driver: every package of one 535 release.
+    "main": Branch(DRIVER_PACKAGES, tuple(f for f in DRIVER_PACKAGES if f not in OWN_TRAIN), "535."),
+    "legacy": Branch(LEGACY_PACKAGES, ("kernel",), "470."),
+    # Debian 13's: R550, the first branch with --skip-module-load; open modules that build
+    # against 6.12 (issue 21). nvidia-modprobe there is 570.133.07 (see choose_branch).
+    "r550": Branch(DRIVER_PACKAGES, tuple(f for f in DRIVER_PACKAGES if f not in OWN_TRAIN),
+                   "550.", ("trixie",)),
+}
+
+RECIPE_VERSION = "2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,26 +106,27 @@ class DriverParts:
     firmware_dir: Path | None  # gsp_*.bin (the .run's firmware/)
     nvidia_smi: Path | None
     libnvidia_ml: Path | None  # libnvidia-ml.so.<version>
-    nvidia_modprobe: Path | None  # may be of an older release: nvidia-modprobe has its own
+    nvidia_modprobe: Path | None  # may be of another release: nvidia-modprobe has its own
 
 
 @dataclasses.dataclass(frozen=True)
 class RealParts:
     cache_dir: Path
-    main: DriverParts  # Debian's current branch: both trees, GSP firmware, nvidia-smi, libnvidia-ml
+    main: DriverParts  # Debian 12's 535: both trees, GSP firmware, nvidia-smi, libnvidia-ml
     legacy: DriverParts  # nvidia-tesla-470: the proprietary tree only
-    packages: dict[str, str]  # package -> Debian version downloaded
-    origins: dict[str, dict]  # "<main|legacy>.<field>" -> package, version, member, source
+    r550: DriverParts  # Debian 13's 550: both trees, GSP firmware, nvidia-smi, libnvidia-ml
+    packages: dict[str, dict[str, str]]  # branch -> package -> Debian version downloaded
+    origins: dict[str, dict]  # "<branch>.<field>" -> package, version, member, source
 
     @property
     def versions(self) -> dict[str, str]:
-        return {"main": self.main.version, "legacy": self.legacy.version}
+        return {name: getattr(self, name).version for name in BRANCHES}
 
     def driver(self, version: str) -> DriverParts:
-        for d in (self.main, self.legacy):
-            if d.version == version:
-                return d
-        raise KeyError(f"no real parts for {version} (have {self.main.version}, {self.legacy.version})")
+        for name in BRANCHES:
+            if getattr(self, name).version == version:
+                return getattr(self, name)
+        raise KeyError(f"no real parts for {version} (have {self.versions})")
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
@@ -119,36 +143,45 @@ def _hash(*parts: object) -> str:
 # ---------------------------------------------------------- version choice
 
 
-def choose(available: dict[str, list[tuple[str, str]]]) -> dict[str, str]:
-    """Package -> Debian version: the newest upstream version every main package has
-    (Debian's security updates do not always cover the open tree), the newest 470, and
-    the newest nvidia-modprobe not newer than the main driver."""
-    pins: dict[str, str] = {}
+def _in_suites(source: str, suites: tuple[str, ...]) -> bool:
+    """source: "uri suite/component" (PrivateApt.madison); () = the host's own suites."""
+    suite = source.split()[-1].split("/")[0]
+    return suite in suites if suites else suite not in EXTRA_SUITES
 
-    def pick(pkg: str, up: str) -> None:
-        pins[pkg] = next(v for v, _ in available[pkg] if upstream(v) == up)
 
-    ups = [{upstream(v) for v, _ in available[p]} for p in MAIN_PACKAGES.values()]
+def choose_branch(branch: Branch, available: dict[str, list[tuple[str, str]]]) -> dict[str, str]:
+    """Package -> Debian version: the newest release of the series that every required
+    package has in the branch's suites (Debian's security updates do not always cover
+    the open tree), the other packages at that release when they have it, and the
+    newest nvidia-modprobe not newer than it (else the oldest newer one)."""
+    def versions(pkg: str) -> list[str]:
+        return [v for v, src in available.get(pkg, []) if _in_suites(src, branch.suites)]
+
+    ups = [{upstream(v) for v in versions(branch.packages[f]) if upstream(v).startswith(branch.series)}
+           for f in branch.required]
     common = set.intersection(*ups)
     if not common:
-        have = {p: [v for v, _ in available[p]] for p in MAIN_PACKAGES.values()}
-        raise ProvisionError(f"no driver version has all of {list(MAIN_PACKAGES.values())}: {have}")
-    main = max(common, key=version_key)
-    for pkg in MAIN_PACKAGES.values():
-        pick(pkg, main)
-
-    legacy_src = LEGACY_PACKAGES["kernel"]
-    if not available[legacy_src]:
-        raise ProvisionError(f"the archive has no {legacy_src}")
-    legacy = max((upstream(v) for v, _ in available[legacy_src]), key=version_key)
-    for pkg in LEGACY_PACKAGES.values():
-        if any(upstream(v) == legacy for v, _ in available[pkg]):
-            pick(pkg, legacy)
-
-    older = [v for v, _ in available[MODPROBE_PACKAGE] if version_key(upstream(v)) <= version_key(main)]
-    if older:
-        pins[MODPROBE_PACKAGE] = max(older, key=lambda v: version_key(upstream(v)))
+        have = {branch.packages[f]: versions(branch.packages[f]) for f in branch.required}
+        raise ProvisionError(f"no {branch.series}x release has all of "
+                             f"{[branch.packages[f] for f in branch.required]}: {have}")
+    release = max(common, key=version_key)
+    pins: dict[str, str] = {}
+    for field, pkg in branch.packages.items():
+        if field in OWN_TRAIN:
+            trains = sorted(versions(pkg), key=lambda v: version_key(upstream(v)))
+            older = [v for v in trains if version_key(upstream(v)) <= version_key(release)]
+            if older or trains:
+                pins[pkg] = older[-1] if older else trains[0]
+            continue
+        same = [v for v in versions(pkg) if upstream(v) == release]
+        if same:
+            pins[pkg] = same[0]
     return pins
+
+
+def choose(available: dict[str, list[tuple[str, str]]]) -> dict[str, dict[str, str]]:
+    """Branch -> package -> Debian version, for every branch of BRANCHES."""
+    return {name: choose_branch(branch, available) for name, branch in BRANCHES.items()}
 
 
 # ---------------------------------------------------------------- unpacking
@@ -163,6 +196,7 @@ def _kernel_version(tree: Path) -> str:
 
 
 def _unpack(pins: dict[str, str], debs: Path, dest: Path, log: Log) -> None:
+    """One branch's packages into dest/pkg/<pkg>, kernel trees into dest/trees/<pkg>."""
     for pkg, ver in pins.items():
         (dest / "pkg" / pkg).mkdir(parents=True)
         run(["dpkg-deb", "-x", str(debs / deb_name(pkg, ver)), str(dest / "pkg" / pkg)])
@@ -184,7 +218,8 @@ def _find(root: Path, patterns: list[str]) -> Path | None:
 # DriverParts field -> where it sits in its package ({v}: the driver version).
 # The kernel trees come from usr/src/*.tar.xz, unpacked into trees/<pkg>/modules/<name>/.
 FILE_PATTERNS = {
-    "firmware_dir": ["lib/firmware/nvidia/{v}/gsp_*.bin"],  # the field is the directory
+    # the field is the directory; trixie moved firmware to usr/lib/firmware (merged /usr)
+    "firmware_dir": ["lib/firmware/nvidia/{v}/gsp_*.bin", "usr/lib/firmware/nvidia/{v}/gsp_*.bin"],
     "nvidia_smi": ["usr/lib/nvidia/*/nvidia-smi", "usr/bin/nvidia-smi"],
     "libnvidia_ml": ["usr/lib/x86_64-linux-gnu/**/libnvidia-ml.so.{v}"],
     "nvidia_modprobe": ["usr/bin/nvidia-modprobe"],
@@ -229,8 +264,7 @@ def _parts_from(record: dict, dest: Path) -> RealParts:
 
     return RealParts(
         cache_dir=dest,
-        main=driver(record["main"]),
-        legacy=driver(record["legacy"]),
+        **{name: driver(record[name]) for name in BRANCHES},
         packages=record["packages"],
         origins=record["origins"],
     )
@@ -251,7 +285,9 @@ def _check_machine() -> None:
 
 # What the tier runs on this machine: command -> Debian package (from the system's own apt).
 HOST_TOOLS = {"makeself": "makeself", "xz": "xz-utils", "make": "make", "gcc": "gcc",
-              "modinfo": "kmod", "unshare": "util-linux", "readelf": "binutils"}
+              "modinfo": "kmod", "unshare": "util-linux", "readelf": "binutils",
+              # Debian 6.12 headers ship vmlinux: kbuild makes each module's BTF with it
+              "pahole": "pahole"}
 
 
 def host_tools(log: Log = default_log) -> None:
@@ -272,7 +308,7 @@ def _resolve(apt: PrivateApt) -> tuple[dict[str, str], dict[str, list[tuple[str,
         saved = json.loads(memo.read_text())
         if saved["state"] == state:
             return saved["pins"], {k: [tuple(x) for x in v] for k, v in saved["available"].items()}
-    names = [*MAIN_PACKAGES.values(), *LEGACY_PACKAGES.values(), MODPROBE_PACKAGE]
+    names = sorted({pkg for branch in BRANCHES.values() for pkg in branch.packages.values()})
     available = apt.madison(names)
     pins = choose(available)
     memo.write_text(json.dumps({"state": state, "pins": pins, "available": available}))
@@ -284,10 +320,14 @@ def _fetch(apt: PrivateApt, debs: Path) -> tuple[dict[str, str], dict[str, list[
     for attempt in (1, 2):
         try:
             pins, available = _resolve(apt)
-            missing = {p: v for p, v in pins.items() if not (debs / deb_name(p, v)).exists()}
+            wanted = {(p, v) for branch in pins.values() for p, v in branch.items()}
+            missing = {(p, v) for p, v in wanted if not (debs / deb_name(p, v)).exists()}
             if missing:
                 t0 = time.monotonic()
-                apt.download(missing, debs)
+                for branch in pins.values():  # one version of a package per apt-get call
+                    todo = {p: v for p, v in branch.items() if (p, v) in missing}
+                    if todo:
+                        apt.download(todo, debs)
                 apt.log(f"downloaded {len(missing)} packages in {time.monotonic() - t0:.1f} s")
             return pins, available
         except ProvisionError:
@@ -297,19 +337,19 @@ def _fetch(apt: PrivateApt, debs: Path) -> tuple[dict[str, str], dict[str, list[
     raise AssertionError("unreachable")
 
 
-def _record(pins: dict[str, str], available: dict, dest: Path, log: Log) -> dict:
-    """Unpack into dest and describe the result (paths relative to dest)."""
+def _record(pins: dict[str, dict[str, str]], available: dict, dest: Path, log: Log) -> dict:
+    """Unpack each branch into dest/<branch>/ and describe the result (paths relative to dest)."""
     if dest.exists():
         shutil.rmtree(dest)
-    _unpack(pins, dest.parent.parent / "debs", dest, log)
-    main, main_origins = _locate(pins, {**MAIN_PACKAGES, "nvidia_modprobe": MODPROBE_PACKAGE}, dest)
-    legacy, legacy_origins = _locate(pins, LEGACY_PACKAGES, dest)
-    origins = {}
-    for name, found in (("main", main_origins), ("legacy", legacy_origins)):
+    record: dict = {"packages": pins, "origins": {}}
+    for name, branch in BRANCHES.items():
+        _unpack(pins[name], dest.parent.parent / "debs", dest / name, log)
+        fields, found = _locate(pins[name], branch.packages, dest / name)
+        record[name] = {k: (v if k == "version" or v is None else f"{name}/{v}") for k, v in fields.items()}
         for field, o in found.items():
             o["source"] = next(s for v, s in available[o["package"]] if v == o["version"])
-            origins[f"{name}.{field}"] = o
-    return {"main": main, "legacy": legacy, "packages": pins, "origins": origins}
+            record["origins"][f"{name}.{field}"] = o
+    return record
 
 
 def provision(log: Log = default_log) -> RealParts:
@@ -321,7 +361,7 @@ def provision(log: Log = default_log) -> RealParts:
     except OSError as e:
         raise ProvisionError(f"cannot make the cache dir (NDI_REALPARTS_CACHE): {e}") from e
     with locked(CACHE_ROOT / ".lock"):
-        apt = PrivateApt(CACHE_ROOT / "apt", log, COMPONENTS)
+        apt = PrivateApt(CACHE_ROOT / "apt", log, COMPONENTS, EXTRA_SUITES)
         apt.configure()
         if not apt.has_lists() or os.environ.get("NDI_REALPARTS_REFRESH") == "1":
             apt.update()
@@ -339,7 +379,7 @@ def provision(log: Log = default_log) -> RealParts:
             os.replace(tmp, stamp)  # the stamp: written last, atomically
             log(f"unpacked in {time.monotonic() - t1:.1f} s")
         record = json.loads(stamp.read_text())
-    log(f"ready: {record['main']['version']} and {record['legacy']['version']} "
+    log(f"ready: {', '.join(record[name]['version'] for name in BRANCHES)} "
         f"in {time.monotonic() - t0:.2f} s")
     return _parts_from(record, stamp.with_suffix(""))
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from tests.fixtures.kernel import FakeKernel
+from tests.fixtures import node as node_module
 from tests.fixtures.node import DEBIAN_12, build_ubuntu_node
 from tests.fixtures.server import ArtifactServer
 from tests.pod import Pod, events
@@ -63,14 +64,15 @@ def _link_headers(headers: Headers, node_root: Path) -> None:
     """The real headers inside the node, as Debian lays them out (hard links: cheap)."""
     kbuild = (headers.output / "scripts").resolve().parent  # /usr/lib/linux-kbuild-<v>
     for tree in (headers.output, headers.source, kbuild):
-        dest = node_root / str(tree).lstrip("/")
+        dest = node_root / tree.relative_to(headers.root)
         dest.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["cp", "-al", str(tree), str(dest)], check=True)
     modules = node_root / "lib/modules" / headers.abi
     modules.mkdir(parents=True, exist_ok=True)
     for name, target in (("build", headers.output), ("source", headers.source)):
         (modules / name).unlink(missing_ok=True)
-        os.symlink(target, modules / name)  # absolute, as Debian ships them
+        # absolute, as Debian ships them
+        os.symlink(Path("/") / target.relative_to(headers.root), modules / name)
 
 
 def _installer_source_hash() -> str:
@@ -83,7 +85,8 @@ def install_real(run: Path, version: str, module_type: str, headers: Headers, *,
 
     ``expect_ok=False``: a failing install is a result too (its exit code and events)."""
     k = cache.key("through-installer", cache.file_hash(run), headers.packages, module_type,
-                  _installer_source_hash(), cache.file_hash(Path(__file__)))
+                  _installer_source_hash(), cache.file_hash(Path(__file__)),
+                  cache.file_hash(Path(node_module.__file__)))
 
     def produce(work: Path) -> None:
         scratch = work / "scratch"

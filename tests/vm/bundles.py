@@ -37,9 +37,15 @@ def _write(root: Path, key: BundleKey, out: Path) -> build.Written:
     return build.write(root, manifest, out, level=3)
 
 
+def make_indexed(install_dir: Path, key: BundleKey, dest: Path) -> build.Written:
+    """One bundle and the index.json beside it, as a build Job publishes them."""
+    written = _write(install_dir, key, dest)
+    index.update(dest)
+    return written
+
+
 def make(install_dir: Path, key: BundleKey, data: Path, scratch: Path) -> Bundles:
-    good = _write(install_dir, key, data / "bundles")
-    index.update(data / "bundles")
+    good = make_indexed(install_dir, key, data / "bundles")
 
     tampered = data / "tampered"
     tampered.mkdir()

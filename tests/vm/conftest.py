@@ -35,11 +35,14 @@ from tests.vm import provision as prov
 from tests.vm.harness import BootResult, GuestVM, make_data_disk
 from tests.vm.scenario import (
     BUNDLE_FLAVOR,
+    R550_FLAVORS,
     REAL_FLAVORS,
     SIG_ENFORCE,
     VERSIONS,
     bundle_steps,
     install_steps,
+    r550_reboot_steps,
+    r550_steps,
     real_parts_steps,
     real_sig_enforce_steps,
     reboot_steps,
@@ -312,6 +315,110 @@ def boot_bundle(real_node: GuestVM, real_bundle_data) -> BootResult:
     return _boot_real(real_node, "real-bundle", bundle_steps(made), image)
 
 
+# ------------------------------ R550 (open and proprietary) in Debian's 6.12 kernel
+
+
+def _real_parts_unavailable(what: str, exc: Exception) -> None:
+    if os.environ.get("NDI_VM_REQUIRED"):
+        pytest.fail(f"{what}: {exc}")
+    pytest.skip(f"{what}: {exc}")
+
+
+@pytest.fixture(scope="session")
+def newer_kernel(vm_assets: prov.VMAssets):
+    """Debian's 6.12 (tests/realparts/newer_kernel.py) under the same guest userland.
+    Returns (VMAssets of the 6.12 guest, its unpacked Headers)."""
+    from tests.realparts import newer_kernel as nk
+    from tests.realparts.provision import ProvisionError
+
+    t0 = time.monotonic()
+    try:
+        k = nk.newer_kernel()
+        assets = prov.provision_extra_kernel(k.headers.abi, k.image_deb, k.headers.output, vm_assets)
+    except (ProvisionError, prov.ProvisionError) as exc:
+        _real_parts_unavailable("cannot provision the 6.12 kernel", exc)
+    TIMINGS["6.12 kernel: headers, image, guest root"] = round(time.monotonic() - t0, 1)
+    return assets, k.headers
+
+
+@pytest.fixture(scope="session")
+def r550_installs(newer_kernel):
+    """NVIDIA's real 550.163.01, open and proprietary, built for 6.12 by the installer
+    itself through its sandbox (cached by inputs). Returns ({R550_FLAVORS name:
+    RealInstall}, the version, the real parts)."""
+    from tests.fixtures.runfile import driver_payload
+    from tests.realparts import provision, runfile
+    from tests.realparts.through_installer import install_real
+
+    _assets, headers = newer_kernel
+    t0 = time.monotonic()
+    try:
+        parts = provision.provision()
+    except provision.ProvisionError as exc:
+        _real_parts_unavailable("cannot provision NVIDIA's 550 parts", exc)
+    v = parts.r550.version
+    run = runfile.build_real_run(v, "full", parts, userspace=driver_payload(v))
+    installs = {name: install_real(run, v, module_type, headers)
+                for name, module_type in R550_FLAVORS.items()}
+    TIMINGS["550: host builds through the installer (cold: minutes)"] = round(time.monotonic() - t0, 1)
+    for name, done in installs.items():
+        BUILT[name] = done
+    return installs, v, parts
+
+
+@pytest.fixture(scope="session")
+def r550_data(newer_kernel, vm_workdir: Path, r550_installs):
+    """The 6.12 guest's data disk: both installs, ndi_fwreq.ko built for 6.12, NVIDIA's
+    real nvidia-smi + NVML 550, the open install as an indexed bundle."""
+    from installer.bundle.manifest import BundleKey
+    from tests.vm import bundles
+
+    assets, _headers = newer_kernel
+    installs, version, parts = r550_installs
+    t0 = time.monotonic()
+    data = vm_workdir / "r550-data"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir()
+    for name, done in installs.items():
+        shutil.copytree(done.install_dir, data / name, symlinks=True)
+    shutil.copy2(driver_run.build_fwreq(assets.headers_dir, vm_workdir / "fwreq-612"), data)
+    smi = data / "real-smi"
+    smi.mkdir()
+    shutil.copy2(parts.r550.nvidia_smi, smi / "nvidia-smi")
+    shutil.copy2(parts.r550.libnvidia_ml, smi / parts.r550.libnvidia_ml.name)
+    (smi / "libnvidia-ml.so.1").symlink_to(parts.r550.libnvidia_ml.name)
+    bundles.make_indexed(installs["install-550-open"].install_dir,
+                         BundleKey(version, assets.kernel_release, "open"), data / "bundles")
+    image = make_data_disk(data, vm_workdir / "r550-data.img")
+    shutil.rmtree(data)
+    TIMINGS["550: data disk (installs, fwreq, real nvidia-smi, bundle)"] = round(time.monotonic() - t0, 1)
+    return image, version
+
+
+@pytest.fixture(scope="session")
+def r550_node(newer_kernel, vm_workdir: Path):
+    assets, _headers = newer_kernel
+    guest = GuestVM(assets, vm_workdir / "r550-node")
+    yield guest
+    if not os.environ.get("NDI_VM_KEEP"):
+        guest.disk.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def boot_r550(r550_node: GuestVM, r550_data) -> BootResult:
+    image, version = r550_data
+    return _boot_real(r550_node, "r550", r550_steps(version), image)
+
+
+@pytest.fixture(scope="session")
+def boot_r550_reboot(r550_node: GuestVM, boot_r550: BootResult, r550_data) -> BootResult:
+    image, version = r550_data
+    return _boot_real(r550_node, "r550-reboot", r550_reboot_steps(version), image)
+
+
+BUILT: dict = {}  # R550_FLAVORS name -> RealInstall, for the tier's log
+
+
 # Steps whose kernel messages go into the test log (the "make test-vm" output).
 KERNEL_LOG_STEPS = (
     "install-a",
@@ -328,7 +435,11 @@ KERNEL_LOG_STEPS = (
     "run-install-470",
     "run-install-535-enforced",
     "bundle-install",
+    *(f"run-{name}" for name in R550_FLAVORS),
+    "bundle-550-open",
 )
+# Steps whose output goes into the test log: what the kernel will check of each module.
+OUTPUT_LOG_STEPS = (*(f"modinfo-{name}" for name in R550_FLAVORS), "uname", "real-smi-classified")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
@@ -342,7 +453,19 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
         tr.write_line(f"serial log of boot {boot.name}: {boot.serial_log}")
         for step in boot.steps.values():
             tr.write_line(f"  step {step.name}: rc={step.rc} in {step.seconds} s")
+    for name, done in BUILT.items():
+        build = done.event("kernel_modules_build_started")
+        user = done.event("nvidia_installer_started")
+        tr.write_line(f"{name}: built through the installer in {done.seconds} s (exit {done.rc}):")
+        tr.write_line(f"    $ {' '.join(build['argv'])}")
+        tr.write_line(f"    $ {' '.join(user['argv'])}")
     for boot in BOOTS:
+        for name in OUTPUT_LOG_STEPS:
+            step = boot.steps.get(name)
+            if step and step.stdout.strip():
+                tr.write_line(f"output of {name} (boot {boot.name}, rc={step.rc}):")
+                for line in step.stdout.splitlines():
+                    tr.write_line(f"    {line}")
         for name in KERNEL_LOG_STEPS:
             step = boot.steps.get(name)
             if step and step.dmesg:

@@ -100,8 +100,15 @@ def kernel_tree(dest: Path, version: str) -> Path:
 
 
 def kbuild(headers: Path, src: Path, *extra: str) -> None:
+    """make -C <headers> M=<src> modules. Headers unpacked off their Debian paths (the
+    output dir's Makefile includes the source dir by its absolute path) are entered through
+    the source dir their Makefile names, with the output dir as O=."""
+    top = ["-C", str(headers)]
+    named = re.search(r"^include\s+(\S+)/Makefile\s*$", (headers / "Makefile").read_text(), re.M)
+    if named and not Path(named.group(1)).is_dir():
+        top = ["-C", str(headers.parent / Path(named.group(1)).name), f"O={headers}"]
     cp = subprocess.run(
-        ["make", "-C", str(headers), f"M={src}", "-j2", *extra, "modules"],
+        ["make", *top, f"M={src}", "-j2", *extra, "modules"],
         capture_output=True,
         text=True,
     )

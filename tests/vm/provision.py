@@ -80,10 +80,10 @@ GUEST_PACKAGES = [
 # the first group is loaded by the initramfs to reach the root disk; all of
 # them are installed in the guest's /lib/modules/<abi>. NVIDIA's real modules
 # depend on drm (nvidia), video (nvidia-modeset) and drm_kms_helper
-# (nvidia-drm) (`modinfo -F depends`); overlay: the installer may capture
-# NVIDIA's fixed paths with overlay mounts.
+# (nvidia-drm; 550's built for 6.12 also drm_ttm_helper) (`modinfo -F depends`);
+# overlay: the installer may capture NVIDIA's fixed paths with overlay mounts.
 BOOT_MODULES = ["virtio_pci", "virtio_blk", "crc32c_generic", "ext4"]
-GUEST_MODULES = BOOT_MODULES + ["drm", "drm_kms_helper", "video", "overlay"]
+GUEST_MODULES = BOOT_MODULES + ["drm", "drm_kms_helper", "drm_ttm_helper", "video", "overlay"]
 
 ROOTFS_IMAGE_SIZE = "3G"  # sparse; room for builds and several driver versions
 
@@ -256,28 +256,33 @@ def pick_abi(apt: _Apt, log: Log) -> str:
     return m.group(1)
 
 
-def _ensure_kernel(abi: str, kdir: Path, log: Log) -> list[str]:
-    stamp = _Stamp(kdir / ".done", _hash(RECIPE_VERSION, abi, GUEST_MODULES, BOOT_MODULES))
+def _ensure_kernel(abi: str, kdir: Path, log: Log, deb: Path | None = None) -> list[str]:
+    """kdir/vmlinuz and the modules the tier needs, from linux-image-<abi>: ``deb`` when
+    given (a kernel this machine's apt does not know), else apt-get download."""
+    stamp = _Stamp(kdir / ".done", _hash(RECIPE_VERSION, abi, GUEST_MODULES, BOOT_MODULES,
+                                         *([deb.name, "unxz"] if deb else [])))
     order_file = kdir / "boot-modules.txt"
     if stamp.fresh():
         return order_file.read_text().split()
-    log(f"fetching linux-image-{abi}")
+    log(f"unpacking linux-image-{abi}")
     if kdir.exists():
         shutil.rmtree(kdir)
     kdir.mkdir(parents=True)
     with tempfile.TemporaryDirectory(dir=kdir.parent, prefix=".kernel-") as tmp:
         t = Path(tmp)
         os.chmod(t, 0o755)
-        _run(
-            ["apt-get", "download", "-o", "APT::Sandbox::User=root", f"linux-image-{abi}"],
-            cwd=t,
-            log=log,
-        )
-        debs = list(t.glob("linux-image-*.deb"))
-        if not debs:
-            raise ProvisionError(f"apt-get download linux-image-{abi} produced no .deb")
+        if deb is None:
+            _run(
+                ["apt-get", "download", "-o", "APT::Sandbox::User=root", f"linux-image-{abi}"],
+                cwd=t,
+                log=log,
+            )
+            debs = list(t.glob("linux-image-*.deb"))
+            if not debs:
+                raise ProvisionError(f"apt-get download linux-image-{abi} produced no .deb")
+            deb = debs[0]
         x = t / "x"
-        _run(["dpkg-deb", "-x", str(debs[0]), str(x)], log=log)
+        _run(["dpkg-deb", "-x", str(deb), str(x)], log=log)
         vmlinuz = x / "boot" / f"vmlinuz-{abi}"
         mroot = x / "lib" / "modules" / abi
         if not vmlinuz.exists() or not mroot.is_dir():
@@ -297,13 +302,20 @@ def _ensure_kernel(abi: str, kdir: Path, log: Log) -> list[str]:
                         rels.append(rel)
             return rels
 
-        boot = closure(BOOT_MODULES)
+        def plain(rel: str) -> str:  # newer Debian kernels ship .ko.xz; busybox insmod reads .ko
+            return rel.removesuffix(".xz")
+
+        boot = [plain(rel) for rel in closure(BOOT_MODULES)]
         every = closure(GUEST_MODULES)
         mdir = kdir / "modules"
         for rel in every:
-            dst = mdir / rel
+            dst = mdir / plain(rel)
             dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(mroot / rel, dst)
+            if rel.endswith(".xz"):
+                with open(dst, "wb") as out:
+                    subprocess.run(["xz", "-dc", str(mroot / rel)], stdout=out, check=True)
+            else:
+                shutil.copy2(mroot / rel, dst)
         for meta in ("modules.builtin", "modules.builtin.modinfo", "modules.order"):
             if (mroot / meta).exists():
                 shutil.copy2(mroot / meta, mdir / meta)
@@ -518,18 +530,14 @@ def _guest_python_version(root: Path) -> str:
     return found[-1].removeprefix("python")
 
 
-def _ensure_image(cdir: Path, changed: bool, log: Log) -> Path:
+ROOTFS_STAMPS = (".rootfs-base.done", ".rootfs-modules.done", ".rootfs-pydeps.done")
+
+
+def _ensure_image(cdir: Path, changed: bool, log: Log, stamps: tuple[str, ...] = ROOTFS_STAMPS) -> Path:
     img = cdir / "rootfs.img"
     stamp = _Stamp(
         cdir / ".image.done",
-        _hash(
-            RECIPE_VERSION,
-            ROOTFS_IMAGE_SIZE,
-            *[
-                (cdir / s).read_text()
-                for s in (".rootfs-base.done", ".rootfs-modules.done", ".rootfs-pydeps.done")
-            ],
-        ),
+        _hash(RECIPE_VERSION, ROOTFS_IMAGE_SIZE, *[(cdir / s).read_text() for s in stamps]),
     )
     if stamp.fresh() and img.exists() and not changed:
         return img
@@ -591,6 +599,35 @@ def provision(log: Log = _default_log) -> VMAssets:
         headers_dir=headers,
         guest_python=_guest_python_version(cdir / "rootfs"),
     )
+
+
+def provision_extra_kernel(abi: str, image_deb: Path, headers_dir: Path, base: VMAssets,
+                           log: Log = _default_log) -> VMAssets:
+    """A second kernel under the base guest's userland (e.g. Debian's 6.12 from
+    tests/realparts/newer_kernel.py): ``<cache>/<abi>/kernel`` from ``image_deb`` and a
+    root image of the base root tree (hard links, never written) plus /lib/modules/<abi>.
+    ``headers_dir``: its output headers dir, for the host builds of test modules."""
+    cdir = CACHE_ROOT / abi
+    with locked(CACHE_ROOT / ".lock"):
+        kdir = cdir / "kernel"
+        boot = _ensure_kernel(abi, kdir, log, deb=image_deb)
+        root = cdir / "rootfs"
+        tree = _Stamp(cdir / ".rootfs-tree.done",
+                      _hash(RECIPE_VERSION, *[(base.cache_dir / s).read_text() for s in ROOTFS_STAMPS],
+                            (kdir / ".done").read_text()))
+        changed = not tree.fresh()
+        if changed:
+            log(f"guest root for {abi}: the {base.abi} root tree + its modules")
+            shutil.rmtree(root, ignore_errors=True)
+            _run(["cp", "-al", str(base.cache_dir / "rootfs"), str(root)], log=log)
+            # New files only: the hard-linked base files are never opened for writing.
+            shutil.copytree(kdir / "modules", root / "lib/modules" / abi)
+            _run(["depmod", "-b", str(root), abi], log=log)
+            tree.mark()
+        img = _ensure_image(cdir, changed, log, stamps=(".rootfs-tree.done",))
+    return dataclasses.replace(base, abi=abi, cache_dir=cdir, vmlinuz=kdir / "vmlinuz",
+                               modules_dir=kdir / "modules", boot_modules=boot,
+                               rootfs_image=img, headers_dir=headers_dir)
 
 
 if __name__ == "__main__":

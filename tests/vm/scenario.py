@@ -186,3 +186,84 @@ def bundle_steps(made) -> list[Step]:  # made: tests.vm.bundles.Bundles
         steps += [Step(name, sh, timeout=INSTALL_TIMEOUT),
                   Step(f"after-{name}", f"ls {DRIVERS} 2>&1; cat /proc/modules")]
     return steps
+
+
+# ------------------------------------- R550 and the open modules in Debian's 6.12 kernel
+
+# data-disk dir -> --kernel-module-type: NVIDIA's real 550.163.01 built on the host through
+# the installer against 6.12's headers (550 has no --kernel-module-type: the installer
+# runs NVIDIA's Makefile in kernel-open/ or kernel/ itself).
+R550_FLAVORS = {
+    "install-550-open": "open",
+    "install-550-proprietary": "proprietary",
+}
+REAL_SMI = f"{DATA}/real-smi"  # NVIDIA's nvidia-smi and libnvidia-ml 550 (Debian's packages)
+GSP_FILES = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+R550_BUNDLES = f"{DATA}/bundles"
+
+
+def modinfo() -> str:
+    """What the kernel will check of each built module (printed in the tier's log)."""
+    return (f"modinfo {DRIVERS}/*.ko | "
+            "grep -E '^(filename|version|license|vermagic|firmware|depends):'")
+
+
+def firmware_steps(version: str, when: str) -> list[Step]:
+    return [Step(f"firmware-{when}-{name.split('.')[0]}", fw_request(f"nvidia/{version}/{name}"))
+            for name in GSP_FILES]
+
+
+def real_smi() -> str:
+    """NVIDIA's own nvidia-smi and NVML, after nvidia.ko's init failed."""
+    return f"LD_LIBRARY_PATH={REAL_SMI} {REAL_SMI}/nvidia-smi"
+
+
+def classify_real_smi() -> str:
+    """The installer's verify.smi_failure_hint on the real nvidia-smi's words, in the guest."""
+    return (f"{real_smi()} > /tmp/smi.out 2>&1; echo \"rc=$?\"; cat /tmp/smi.out; "
+            "python3 -c 'import sys; from installer.verify import smi_failure_hint; "
+            "print(\"hint: \" + smi_failure_hint(open(\"/tmp/smi.out\").read()))'")
+
+
+def r550_steps(version: str) -> list[Step]:
+    steps = [
+        Step("mount-data", f"mkdir -p {DATA} && mount -o ro /dev/vdb {DATA} && ls {DATA}"),
+        Step("uname", "uname -r"),
+        # Where the in-tree modules NVIDIA's declare come from: the guest's own tree.
+        Step("in-tree-deps", "modprobe -a --show-depends drm drm_kms_helper drm_ttm_helper video"),
+        *firmware_steps(version, "before"),
+    ]
+    for install, module_type in R550_FLAVORS.items():
+        steps += [
+            Step(f"place-{install}", place(install)),
+            Step(f"modinfo-{install}", modinfo()),
+            Step(f"run-{install}", real_install(version, module_type), timeout=INSTALL_TIMEOUT),
+            Step(f"modules-after-{install}", "cat /proc/modules"),
+        ]
+        if module_type == "open":
+            steps += [Step("firmware-path", "cat /sys/module/firmware_class/parameters/path"),
+                      *firmware_steps(version, "after")]
+    return steps + [Step("real-smi", real_smi()), Step("real-smi-classified", classify_real_smi())]
+
+
+def r550_bundle_install(version: str, module_type: str) -> str:
+    return (f"{INSTALL} --driver-version {version} --driver-url file:///nonexistent/"
+            f"{run_name(version)} --kernel-module-type {module_type} "
+            f"--prebuilt-url file://{R550_BUNDLES}/ --prebuilt-only")
+
+
+def r550_reboot_steps(version: str) -> list[Step]:
+    """The same disk after a reboot (firmware_class.path is per boot), then fresh installs
+    from the open bundle: keyed by module type, so asking for proprietary finds none."""
+    last = list(R550_FLAVORS)[-1]
+    return [
+        Step("mount-data", f"mkdir -p {DATA} && mount -o ro /dev/vdb {DATA}"),
+        *firmware_steps(version, "rebooted"),
+        Step(f"rerun-{last}", real_install(version, R550_FLAVORS[last]), timeout=INSTALL_TIMEOUT),
+        *firmware_steps(version, "from-cache"),
+        Step("fresh-node", f"rm -rf {INSTALL_DIR} && cat /proc/modules"),
+        Step("bundle-550-proprietary", r550_bundle_install(version, "proprietary"),
+             timeout=INSTALL_TIMEOUT),
+        Step("bundle-550-open", r550_bundle_install(version, "open"), timeout=INSTALL_TIMEOUT),
+        Step("after-bundle-550-open", f"ls {DRIVERS} 2>&1; cat /proc/modules"),
+    ]
