@@ -24,8 +24,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.fixtures.kernel import FakeKernel
 from tests.fixtures import node as node_module
+from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import DEBIAN_12, build_ubuntu_node
 from tests.fixtures.server import ArtifactServer
 from tests.pod import Pod, events
