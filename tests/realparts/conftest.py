@@ -61,6 +61,12 @@ def run_legacy(real_parts: provision.RealParts) -> Path:
     return runfile.build_real_run(real_parts.legacy.version, "full", real_parts)
 
 
+@pytest.fixture(scope="session")
+def run_r550(real_parts: provision.RealParts) -> Path:
+    """NVIDIA-Linux-x86_64-550.x.run (Debian 13's parts): kernel/, kernel-open/, firmware/."""
+    return runfile.build_real_run(real_parts.r550.version, "full", real_parts)
+
+
 def _extract(run: Path, dest: Path) -> Path:
     subprocess.run(["sh", str(run), "-x", "--target", str(dest)], check=True, capture_output=True)
     return dest
@@ -75,3 +81,8 @@ def pkg_main(run_main: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def pkg_legacy(run_legacy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _extract(run_legacy, tmp_path_factory.mktemp("pkg") / "legacy")
+
+
+@pytest.fixture(scope="session")
+def pkg_r550(run_r550: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _extract(run_r550, tmp_path_factory.mktemp("pkg") / "r550")

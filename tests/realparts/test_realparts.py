@@ -69,6 +69,18 @@ def test_470_refuses_kernel_module_type(pkg_legacy: Path, real_parts: RealParts)
     assert ok.returncode == 0 and f"version {real_parts.legacy.version}" in ok.stdout
 
 
+def test_550_takes_its_own_option_table(pkg_r550: Path, real_parts: RealParts) -> None:
+    """550 is the first branch with --skip-module-load (550.40.07) and has no
+    --kernel-module-type (560.28.03): its stand-in accepts and refuses exactly that."""
+    assert option_table(real_parts.r550.version)["release"].startswith("550.")
+    ok = installer(pkg_r550, "--skip-module-load", "--no-kernel-modules", "--version")
+    assert (ok.returncode, ok.stderr) == (0, "")
+    assert f"nvidia-installer:  version {real_parts.r550.version}" in ok.stdout.splitlines()
+    cp = installer(pkg_r550, "--kernel-module-type=open")
+    assert cp.returncode == 1
+    assert cp.stderr == f'./nvidia-installer: unrecognized option: "--kernel-module-type"\n\n{INVALID}\n\n'
+
+
 @pytest.mark.parametrize(
     ("args", "first_line"),
     [
