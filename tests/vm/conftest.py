@@ -208,6 +208,13 @@ def boot_sig_enforce(node: GuestVM, boot_reboot: BootResult) -> BootResult:
 # ------------------------------------------------- NVIDIA's real modules
 
 
+def _real_parts_unavailable(what: str, exc: Exception) -> None:
+    if os.environ.get("NDI_VM_REQUIRED"):
+        pytest.fail(f"{what}: {exc}")
+    pytest.skip(f"{what}: {exc}")
+
+
+
 @pytest.fixture(scope="session")
 def real_installs(vm_assets: prov.VMAssets):
     """NVIDIA's real 535 (proprietary, open) and 470 installs, built on this machine by the
@@ -222,9 +229,7 @@ def real_installs(vm_assets: prov.VMAssets):
         parts = provision.provision()
         headers = kbuild.kernel_headers()
     except provision.ProvisionError as exc:
-        if os.environ.get("NDI_VM_REQUIRED"):
-            pytest.fail(f"cannot provision NVIDIA's real parts: {exc}")
-        pytest.skip(f"cannot provision NVIDIA's real parts: {exc}")
+        _real_parts_unavailable("cannot provision NVIDIA's real parts", exc)
     assert headers.abi == vm_assets.kernel_release, "host headers and guest kernel must agree"
     versions = {"main": parts.main.version, "legacy": parts.legacy.version}
     installs = {}
@@ -316,12 +321,6 @@ def boot_bundle(real_node: GuestVM, real_bundle_data) -> BootResult:
 
 
 # ------------------------------ R550 (open and proprietary) in Debian's 6.12 kernel
-
-
-def _real_parts_unavailable(what: str, exc: Exception) -> None:
-    if os.environ.get("NDI_VM_REQUIRED"):
-        pytest.fail(f"{what}: {exc}")
-    pytest.skip(f"{what}: {exc}")
 
 
 @pytest.fixture(scope="session")

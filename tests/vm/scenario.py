@@ -225,6 +225,22 @@ def classify_real_smi() -> str:
             "print(\"hint: \" + smi_failure_hint(open(\"/tmp/smi.out\").read()))'")
 
 
+def verify_with_real_smi(version: str, install: str) -> str:
+    """``verify`` with NVIDIA's own nvidia-smi and NVML in the install dir. The real
+    nvidia-smi, run as root before this, made /dev/nvidiactl itself (NVML creates the
+    control node when it is missing, driver or not); /dev/nvidia-uvm is added as a stale
+    node, so the installer gets past its device check, runs the real binary and classifies
+    its words. The install dir and /dev are put back afterwards."""
+    lib = f"libnvidia-ml.so.{version}"
+    return (f"cp {REAL_SMI}/nvidia-smi {INSTALL_DIR}/bin/nvidia-smi && "
+            f"cp {REAL_SMI}/{lib} {INSTALL_DIR}/lib64/{lib} && "
+            "{ [ -e /dev/nvidia-uvm ] || mknod /dev/nvidia-uvm c 235 0; } && "
+            "nvidia-driver-installer verify --host-root / --log-format json; rc=$?; "
+            f"cp -a {DATA}/{install}/bin/nvidia-smi {INSTALL_DIR}/bin/nvidia-smi; "
+            f"cp -a {DATA}/{install}/lib64/{lib} {INSTALL_DIR}/lib64/{lib}; "
+            "rm -f /dev/nvidiactl /dev/nvidia-uvm; exit $rc")
+
+
 def r550_steps(version: str) -> list[Step]:
     steps = [
         Step("mount-data", f"mkdir -p {DATA} && mount -o ro /dev/vdb {DATA} && ls {DATA}"),
@@ -243,7 +259,12 @@ def r550_steps(version: str) -> list[Step]:
         if module_type == "open":
             steps += [Step("firmware-path", "cat /sys/module/firmware_class/parameters/path"),
                       *firmware_steps(version, "after")]
-    return steps + [Step("real-smi", real_smi()), Step("real-smi-classified", classify_real_smi())]
+    last = list(R550_FLAVORS)[-1]
+    return steps + [Step("dev-before-real-smi", "ls -l /dev/ | grep nvidia; true"),
+                    Step("real-smi", real_smi()),
+                    Step("dev-after-real-smi", "ls -l /dev/ | grep nvidia; true"),
+                    Step("real-smi-classified", classify_real_smi()),
+                    Step("verify-real-smi", verify_with_real_smi(version, last))]
 
 
 def r550_bundle_install(version: str, module_type: str) -> str:

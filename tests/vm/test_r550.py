@@ -188,12 +188,24 @@ def test_real_nvidia_smi_550_after_the_failed_init_is_classified(boot_r550: Boot
     step = boot_r550.step("real-smi")
     assert step.rc == 9, step.describe()  # NVIDIA-SMI's own code for this failure
     assert "couldn't communicate with the NVIDIA driver" in step.output, step.describe()
+    # As root, NVML made the control node itself, with no driver loaded: what issue 20's
+    # fake nvidia-smi models (c 195, 255); nothing else.
+    assert "nvidia" not in boot_r550.step("dev-before-real-smi").stdout
+    made = [ln.split() for ln in boot_r550.step("dev-after-real-smi").stdout.splitlines()]
+    assert [(f[0][0], f[4], f[5], f[-1]) for f in made] == [("c", "195,", "255", "nvidiactl")], made
     classified = ok(boot_r550.step("real-smi-classified")).stdout
     assert "rc=9" in classified
     hint = re.search(r"^hint: (.*)$", classified, re.M)
     expected = next(h for text, h in SMI_FAILURES if "couldn't communicate" in text)
     assert hint and hint.group(1) == expected, classified
-    assert VerifyError.exit_code == 9
+    # The installer's own verify ran the real binary (stale device files get it past the
+    # device check) and ended in exit 9 with the real words and that hint.
+    verify = boot_r550.step("verify-real-smi")
+    assert verify.rc == VerifyError.exit_code == 9, verify.describe()
+    final = [e for e in verify.json_events() if e.get("event") == "verify_failed"]
+    assert final, verify.describe()
+    assert "couldn't communicate with the NVIDIA driver" in final[-1]["error"], verify.describe()
+    assert final[-1]["hint"] == expected, verify.describe()
 
 
 def test_open_550_bundle_installs_on_a_fresh_612_node(boot_r550_reboot: BootResult):
