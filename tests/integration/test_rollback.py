@@ -20,12 +20,15 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.node import tree_digest
+from tests.fixtures.plans import ACTIVATE_STAGED
 from tests.fixtures.runfile import driver_payload, pack_run, run_name
 from tests.integration.conftest import V1, V2, serve_runs
 from tests.pod import events, last_event, ok, pod_on
@@ -101,8 +104,8 @@ class Failure:
     """How the upgrade to V2 is made to fail: ``before`` runs before V1 is installed,
     ``after`` once it is (node, kernel); ``env`` and ``pod_kw`` go to the V2 run."""
 
-    before: object = None
-    after: object = None
+    before: Callable[..., None] | None = None
+    after: Callable[..., None] | None = None
     env: dict[str, str] = field(default_factory=dict)
     pod_kw: dict[str, object] = field(default_factory=dict)
 
@@ -177,7 +180,7 @@ def failpoint(spec: str) -> Failure:
     return Failure(env={"NDI_FAILPOINT": spec}, pod_kw={"module": "tests.fixtures.failpoint"})
 
 
-@pytest.mark.parametrize("step, exit_code, failure", [
+LATER_FAILURES = [  # (step, exit code, how), in plan order
     # A stale file where V2's firmware copy goes, with the firmware path someone else's.
     ("gpu_firmware", 8, Failure(before=foreign_firmware_path, after=v2_firmware_dir_blocked)),
     ("vulkan_icd", 9, Failure(after=host_dir_blocked,
@@ -188,8 +191,20 @@ def failpoint(spec: str) -> Failure:
     ("container_ld_cache", 9, Failure(after=ldconfig_fails_once("container"))),
     ("host_ld_cache", 9, Failure(after=ldconfig_fails_once("host"))),
     ("record_cache", 1, failpoint("record_cache:ENOSPC")),
-], ids=["gpu_firmware-staged", "vulkan_icd", "promote", "gpu_firmware-live",
-        "container_ld_cache", "host_ld_cache", "record_cache"])
+]
+# The steps the tests below this list fail, one test each.
+SINGLE_FAILURES = ["load_modules", "device_nodes", "verify_staged", "verify"]
+
+
+def test_every_step_after_the_unload_has_a_failure_test():
+    after = ACTIVATE_STAGED[ACTIVATE_STAGED.index("unload_other_driver") + 1:]
+    tested = Counter([step for step, _, _ in LATER_FAILURES] + SINGLE_FAILURES)
+    assert Counter(after) - tested == Counter()
+
+
+@pytest.mark.parametrize("step, exit_code, failure", LATER_FAILURES,
+                         ids=["gpu_firmware-staged", "vulkan_icd", "promote", "gpu_firmware-live",
+                              "container_ld_cache", "host_ld_cache", "record_cache"])
 def test_failure_at_each_later_step(node, kernel, tmp_path, step, exit_code, failure):
     before, proc = upgrade_fails(node, kernel, tmp_path, None, step, exit_code, failure)
     assert_restored(before, node, kernel, proc)
