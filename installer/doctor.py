@@ -483,11 +483,11 @@ def check_readiness(n: Node) -> Finding:
     fields = readiness.read(n.host)
     path = readiness.READY_HOST_PATH
     upgrade = _failed_upgrade(n) if fields is None else None
-    if upgrade is not None:  # README, "Readiness": why the old driver gets no file
-        return Finding("readiness", WARN, f"{path} is absent: every run removes it first, and "
-                       f"the upgrade to {upgrade.wanted} failed ({upgrade.why}); driver "
-                       f"{n.loaded_version} works, but components waiting for the file (device "
-                       "plugin, toolkit) stay blocked",
+    if upgrade is not None:  # README, "Readiness after a failed run": only what it found
+        return Finding("readiness", WARN, f"{path} is absent, and the upgrade to "
+                       f"{upgrade.wanted} failed ({upgrade.why}): a failed run puts back only a "
+                       f"file it found (none, or it could not); driver {n.loaded_version} works, "
+                       "but components waiting for the file (device plugin, toolkit) stay blocked",
                        "fix the upgrade (installer_status): the file is written again once a "
                        "run verifies the driver")
     if fields is None:

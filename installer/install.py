@@ -71,7 +71,10 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     with HostLock(ctx.host, settings.lock_timeout_s):
         # What this boot's file says the loaded modules got (it lives in /run), then gone:
         # consumers waiting on driver-ready must not start while the driver may change.
-        ctx.work.module_args_loaded = readiness.loaded_module_args(readiness.read(ctx.host))
+        # A failed run puts it back if the node is as it was (rollback.undo).
+        ctx.work.readiness_before = readiness.read_text(ctx.host)
+        ctx.work.module_args_loaded = readiness.loaded_module_args(
+            readiness.parse(ctx.work.readiness_before) if ctx.work.readiness_before else None)
         readiness.clear(ctx.host)
         started_wall = time.time()
         timings: list[StepTiming] = []
@@ -86,18 +89,19 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
                 _write_ready(ctx, plan, len(ctx.work.gpus))
         except InstallerError as exc:
             exc.context.update(failure_details(ctx, exc.error_class, started_wall))
-            _discard(ctx)
+            _discard(ctx, exc)
             _record(ctx, started, timings, plan, outcome="error", error_class=exc.error_class,
                     exit_code=int(exc.exit_code), message=exc.message, hint=exc.hint,
                     context=exc.context)
             raise
         except Interrupted as exc:  # SIGTERM/SIGINT: the live install stays as it was
-            _discard(ctx)
+            _discard(ctx, exc)
             _record(ctx, started, timings, plan, outcome="interrupted", error_class="interrupted",
                     exit_code=exc.exit_code, message=f"interrupted by {exc.name}",
                     hint="re-run install to finish")
             raise
-        except Exception as exc:  # a bug: still leave a status a person can find
+        except Exception as exc:  # a bug: the node back as it was, and a status to find
+            _discard(ctx, exc)
             _record(ctx, started, timings, plan, outcome="error", error_class="internal",
                     exit_code=1, message=f"{type(exc).__name__}: {exc}",
                     hint="this is a bug in the installer: report it with the traceback")
@@ -130,10 +134,10 @@ def _module_args(args: tuple[str, ...]) -> dict[str, list[str]]:
     return {name: list(modules.params_for(name, args)) for name in names}
 
 
-def _discard(ctx: Context) -> None:
+def _discard(ctx: Context, error: BaseException) -> None:
     """After a failed or interrupted run: the node goes back to how it was (the driver it
-    had, loaded from the live install), and what the run half-made goes."""
-    rollback.undo(ctx)
+    had, loaded from the live install, and its readiness), and what the run half-made goes."""
+    rollback.undo(ctx, error)
     ctx.install.discard_staging()
     for path in ctx.scratch:
         remove_tree(path)

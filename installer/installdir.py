@@ -10,6 +10,7 @@ later run takes for a good install.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -156,21 +157,39 @@ class InstallDir(Tree):
         # The old layout, its .cache and its log wait in .previous until the new install is
         # recorded (commit) or a failure puts them back (restore_previous). The live dir has
         # no .cache meanwhile, so a run killed here leaves nothing taken for a good install.
-        self.previous_dir.mkdir(exist_ok=True)
-        _move(self.cache_file, self.previous_dir / self.cache_file.name)
-        fsync_dir(self.root)
-        for name in LAYOUT_DIRS:
-            live, new = self.root / name, staging.root / name
-            _move(live, self.previous_dir / name)
-            if new.exists():
-                os.replace(new, live)
-            else:
-                live.mkdir()
-        # nvidia-installer's log and make's (kernel-build.log: nvidia_run.KBUILD_LOG).
-        for log_name in self.LOGS:
-            if (staging.root / log_name).exists():
-                _move(self.root / log_name, self.previous_dir / log_name)
-                os.replace(staging.root / log_name, self.root / log_name)
+        # A rename that fails half way (EBUSY: a mount point; EIO) has what was done undone
+        # here, newest first: the live install is then as it was, and so is staging.
+        undo: list[Callable[[], None]] = []
+
+        def move(src: Path, dst: Path) -> None:
+            if src.exists() or src.is_symlink():
+                os.replace(src, dst)
+                undo.append(lambda: os.replace(dst, src))
+
+        try:
+            if not self.previous_dir.exists():
+                self.previous_dir.mkdir()
+                undo.append(self.previous_dir.rmdir)
+            move(self.cache_file, self.previous_dir / self.cache_file.name)
+            fsync_dir(self.root)
+            for name in LAYOUT_DIRS:
+                live, new = self.root / name, staging.root / name
+                move(live, self.previous_dir / name)
+                if new.exists():
+                    move(new, live)
+                else:
+                    live.mkdir()
+                    undo.append(live.rmdir)
+            # nvidia-installer's log and make's (kernel-build.log: nvidia_run.KBUILD_LOG).
+            for log_name in self.LOGS:
+                if (staging.root / log_name).exists():
+                    move(self.root / log_name, self.previous_dir / log_name)
+                    move(staging.root / log_name, self.root / log_name)
+        except OSError:
+            for step in reversed(undo):
+                step()
+            fsync_dir(self.root)
+            raise
         fsync_dir(self.root)
         remove_tree(staging.root)
 

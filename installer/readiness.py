@@ -5,7 +5,9 @@ on the host holds ``KEY=VALUE`` lines and exists only while a verified driver
 is loaded. Every install removes it first and writes it again, atomically, only
 after verification, so a consumer (device plugin, toolkit, a workload's init
 container) waiting for the file never starts against a half-installed or
-replaced driver. ``/run`` is a tmpfs: a reboot removes it with the driver.
+replaced driver. A failed run that leaves the node as it was puts the file it
+found back (``rollback.undo``, DESIGN §4 "readiness as before"). ``/run`` is a
+tmpfs: a reboot removes it with the driver.
 """
 
 from __future__ import annotations
@@ -60,9 +62,20 @@ def write(host: HostRoot, fields: Mapping[str, object]) -> Path:
     return path
 
 
+def read_text(host: HostRoot) -> str | None:
+    return host.read_text(READY_HOST_PATH)
+
+
 def read(host: HostRoot) -> dict[str, str] | None:
-    text = host.read_text(READY_HOST_PATH)
+    text = read_text(host)
     return None if text is None else parse(text)
+
+
+def restore(host: HostRoot, text: str) -> None:
+    """Put back, byte for byte, the file a run found before it cleared it."""
+    host.write_atomic(READY_HOST_PATH, text)
+    log.info("readiness_restored", path=str(READY_HOST_PATH),
+             driver_version=parse(text).get("NVIDIA_DRIVER_VERSION"))
 
 
 def ready_fields(

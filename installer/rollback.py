@@ -4,9 +4,12 @@ The steps that change the node note here what they changed; when a run fails
 at any later point, ``undo`` reverses it, newest first: the modules this run
 loaded are unloaded, a promoted install swaps back for the one it replaced,
 ``firmware_class.path`` gets its old value, and the driver this run unloaded
-is loaded again from the install dir with its device files. Device files this
-run made for a driver that is gone again are removed. The readiness file stays
-absent (README, "Readiness after a failed upgrade": the pod retries the run).
+is loaded again from the install dir, with the module parameters it had, and its
+device files. Device files this run made for a driver that is gone again are
+removed. Then the readiness file the run cleared comes back, byte for byte
+("readiness as before"), when all of that worked and the driver it names is the
+one loaded, unless this run found that very driver not working (README,
+"Readiness after a failed run").
 
 Every action is best effort: the run's own error is what gets reported; what
 could not be undone is logged (``roll_back_incomplete``) for the operator.
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, devnodes, firmware, ldcache, modules
+from installer import cache, devnodes, firmware, ldcache, modules, readiness
 from installer.errors import InstallerError
 from installer.workstate import NodeChanges, device_files
 
@@ -29,28 +32,38 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+# Steps whose failure says the loaded driver does not work, when the run never touched it.
+DRIVER_CHECKS = ("device_nodes", "verify_staged", "verify")
 
-def undo(ctx: Context) -> None:
-    """Reverse what ``ctx.work.changes`` records (see the module docstring)."""
+
+def undo(ctx: Context, error: BaseException) -> None:
+    """Reverse what ``ctx.work.changes`` records after ``error`` (see the module docstring)."""
     changes: NodeChanges = ctx.work.changes
+    if changes.committed:  # e.g. the readiness file could not be written: the new driver stays
+        return
+    done = []
     if changes.loaded:
-        _attempt("unload_new_modules",
-                 lambda: modules.unload(ctx.kernel, ctx.runner, only=changes.loaded))
+        done.append(_attempt("unload_new_modules",
+                             lambda: modules.unload(ctx.kernel, ctx.runner, only=changes.loaded)))
     if changes.promoted:
-        _attempt("restore_previous_install", ctx.install.restore_previous)
+        done.append(_attempt("restore_previous_install", ctx.install.restore_previous))
     if changes.firmware_path_before is not None:
-        _attempt("restore_firmware_path",
-                 lambda: firmware.set_search_path(ctx.kernel, changes.firmware_path_before))
+        done.append(_attempt("restore_firmware_path", lambda: firmware.set_search_path(
+            ctx.kernel, changes.firmware_path_before)))
     reloaded = bool(changes.unloaded_version) and _attempt(
         "reload_previous_driver", lambda: _reload_previous(ctx, changes.unloaded_version))
+    if changes.unloaded_version:
+        done.append(reloaded)
     if reloaded:
-        _attempt("previous_device_files", lambda: _make_device_files(ctx))
+        done.append(_attempt("previous_device_files", lambda: _make_device_files(ctx)))
     elif changes.device_files_before is not None:
-        _attempt("remove_new_device_files",
-                 lambda: _remove_new_device_files(ctx.kernel.dev_dir, changes.device_files_before))
+        done.append(_attempt("remove_new_device_files", lambda: _remove_new_device_files(
+            ctx.kernel.dev_dir, changes.device_files_before)))
     if changes.promoted:
-        _attempt("restore_host_ld_cache",
-                 lambda: ldcache.update_host(ctx.host, ctx.runner, ctx.install.lib64_host()))
+        done.append(_attempt("restore_host_ld_cache", lambda: ldcache.update_host(
+            ctx.host, ctx.runner, ctx.install.lib64_host())))
+    if all(done) and ctx.work.readiness_before is not None:
+        _attempt("restore_readiness", lambda: _restore_readiness(ctx, error))
 
 
 def _attempt(action: str, fn: Callable[[], object]) -> bool:
@@ -73,15 +86,44 @@ def _reload_previous(ctx: Context, version: str) -> bool:
                     hint="reboot the node or re-run install once the cause above is fixed")
         return False
     firmware.make_findable(ctx.kernel, ctx.host, ctx.install, ctx.install)
-    modules.load(modules.plan_loads(ctx.install.drivers, ctx.settings.module_args),
+    modules.load(modules.plan_loads(ctx.install.drivers, _previous_module_args(ctx)),
                  ctx.kernel, ctx.runner, modprobe_root=ctx.modprobe_root)
     log.warning("previous_driver_reloaded", version=version)
     return True
 
 
+def _previous_module_args(ctx: Context) -> tuple[str, ...]:
+    """The parameters the unloaded driver had: this boot's readiness file says (install
+    read it first); when it does not, this run's."""
+    loaded_with = ctx.work.module_args_loaded
+    return ctx.settings.module_args if loaded_with is None else loaded_with
+
+
 def _make_device_files(ctx: Context) -> None:
     devnodes.create(ctx.install.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
-                    ctx.settings.module_args)
+                    _previous_module_args(ctx))
+
+
+def _restore_readiness(ctx: Context, error: BaseException) -> bool:
+    """The readiness file the run cleared, back when it names the loaded driver and this
+    run did not find that driver broken (a failed check of a driver it never touched)."""
+    text = ctx.work.readiness_before
+    assert text is not None
+    named = readiness.parse(text).get("NVIDIA_DRIVER_VERSION")
+    loaded = modules.loaded_driver_version(ctx.kernel)
+    changes = ctx.work.changes
+    untouched = not changes.unloaded_version and "nvidia" not in changes.loaded
+    step = error.context.get("step") if isinstance(error, InstallerError) else None
+    if named != loaded:
+        why = f"it names driver {named or '(none)'}, and {loaded or 'none'} is loaded"
+    elif untouched and step in DRIVER_CHECKS:
+        why = f"this run found driver {loaded} itself not working"
+    else:
+        readiness.restore(ctx.host, text)
+        return True
+    log.warning("readiness_not_restored", reason=why,
+                hint="the file comes back once a run verifies the driver")
+    return False
 
 
 def _remove_new_device_files(dev_dir: Path, before: frozenset[str]) -> None:

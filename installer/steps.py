@@ -358,6 +358,7 @@ def record_cache(key: CacheKey) -> Step:
         cache.write(ctx.install.cache_file, key, ctx.install.root, __version__, known)
         ctx.install.commit()
         ctx.work.changes.promoted = False
+        ctx.work.changes.committed = True  # from here on a failure keeps the new driver
         log.info("cache_recorded", path=str(ctx.install.cache_file), key=key.describe())
 
     return Step("record_cache", run, f"write .cache for {key.describe()} (last, atomically)")

@@ -39,6 +39,7 @@ class NodeChanges:
     loaded: list[str] = field(default_factory=list)  # load_modules: modules inserted
     promoted: bool = False  # promote: the old layout waits in .previous until record_cache
     device_files_before: frozenset[str] | None = None  # device_nodes: /dev entries before
+    committed: bool = False  # record_cache: the new install is verified and recorded
 
     def note_firmware_path(self, current: str | None) -> None:
         if self.firmware_path_before is None:
@@ -86,6 +87,9 @@ class WorkState:
     # The NVIDIA_MODULE_ARGS the loaded driver got, per this boot's readiness file (read by
     # install before it clears the file; None: unknown). apply_module_args reads it.
     module_args_loaded: tuple[str, ...] | None = None
+    # This boot's readiness file as install found it before clearing it (None: there was
+    # none); rollback.undo puts it back when the node is as it was.
+    readiness_before: str | None = None
     bundle_written: Written | None = None  # write_bundle (bundle build)
     persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
 

@@ -55,22 +55,26 @@ class Pod:
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 600,
             chroot: bool = True, install_dir_tmpfs: str | None = None,
-            export_install_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+            export_install_dir: Path | None = None, module: str = "installer",
+            busy: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
         """Run the CLI in the pod.
 
         ``install_dir_tmpfs="300k"`` puts the install dir on a tmpfs of that size, seeded
         with the node's install dir (a nearly full disk); ``export_install_dir`` receives
         its contents after the run, since the tmpfs goes away with the namespace.
+        ``module``: what ``python -m`` runs (tests.fixtures.failpoint: the CLI with a
+        failure injected). ``busy``: container paths made mount points of themselves, so
+        that renaming them fails (EBUSY) as on a node where something is mounted there.
         """
         full_env = {"PATH": POD_PATH, "LOG_FORMAT": "json", **self.env, **(env or {})}
-        cli = [PYTHON, "-m", "installer", *args]
+        cli = [PYTHON, "-m", module, *args]
         if not chroot:
             run_env = {**os.environ, **full_env}
             run_env["PATH"] = f"{self.fakebin}:{run_env['PATH']}" if self.fakebin else run_env["PATH"]
             return subprocess.run(cli, env=run_env, capture_output=True, text=True,
                                   timeout=timeout, cwd=Path(__file__).resolve().parents[1])
         return subprocess.run(
-            self._unshare(cli, full_env, install_dir_tmpfs, export_install_dir),
+            self._unshare(cli, full_env, install_dir_tmpfs, export_install_dir, busy),
             capture_output=True, text=True, timeout=timeout, env={"PATH": POD_PATH},
         )
 
@@ -84,12 +88,12 @@ class Pod:
         )
 
     def _unshare(self, cli: list[str], env: dict[str, str], tmpfs_size: str | None,
-                 export: Path | None) -> list[str]:
+                 export: Path | None, busy: tuple[str, ...] = ()) -> list[str]:
         return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--", "sh", "-ec",
-                self._script(cli, env, tmpfs_size, export)]
+                self._script(cli, env, tmpfs_size, export, busy)]
 
     def _script(self, cli: list[str], env: dict[str, str], tmpfs_size: str | None = None,
-                export: Path | None = None) -> str:
+                export: Path | None = None, busy: tuple[str, ...] = ()) -> str:
         s = self.scratch
         rootfs, layer = s / "rootfs", s / "layer"
         for d in (rootfs, layer):
@@ -118,6 +122,8 @@ class Pod:
         for path in self.shared:
             lines.append(f"mkdir -p {q(str(rootfs))}{q(str(path))}")
             lines.append(f"mount --bind {q(str(path))} {q(str(rootfs))}{q(str(path))}")
+        for path in busy:
+            lines.append(f"mount --bind {q(str(rootfs))}{q(path)} {q(str(rootfs))}{q(path)}")
         if self.fakebin:
             lines.append(f"cp -a {q(str(self.fakebin))}/. {rootfs}/usr/local/sbin/")
         lines.append(f"cat > {rootfs}/usr/local/sbin/apt-get <<'APT'\n{FAKE_APT_GET}APT")

@@ -239,8 +239,11 @@ def test_image_contents(image):
                  "usr/bin/kmod", "sbin/insmod", "usr/bin/mount", "usr/sbin/ldconfig",
                  "etc/ssl/certs/ca-certificates.crt"):
         assert image.exists(tool) or image.exists(tool.replace("usr/", "", 1)), tool
+    # libc6-dev in both: GKE's v2 image carries it for the module build (docs/nvidia-facts.md,
+    # "libc headers"); nvidia-installer's check_development_tools looks for exactly this.
+    assert image.exists("usr/include/stdio.h")
     if flavor == "ubuntu":
-        assert image.exists("usr/bin/gcc") and image.exists("usr/include/stdio.h")
+        assert image.exists("usr/bin/gcc")
         assert image.exists("usr/bin/apt-get") and image.exists("etc/apt/sources.list")
     else:
         assert not image.exists("usr/bin/gcc") and not image.exists("usr/bin/cc")
@@ -351,8 +354,19 @@ def test_default_cmd_installs_on_the_fixture_node(pod, image, node, kernel, tmp_
     assert json.loads((install / "status.json").read_text())["outcome"] == "ok"
     assert {"nvidia", "nvidia_uvm"} <= set(kernel.loaded())
     if flavor == "cos":
+        from tests.cosbucket import CC
+
         # The toolchain landed in the host's cache through the /build/cos-tools mount.
         assert any((node.root / "var/lib/cos-tools").iterdir())
+        # And it compiled, in this image: the bucket has no prebuilt modules, so NVIDIA's
+        # Makefile built them with the COS toolchain's compiler.
+        steps = [s["name"] for s in json.loads((install / "status.json").read_text())["steps"]]
+        assert "build_driver" in steps
+        assert "CACHE_FLAVOR=compiled-" in (install / ".cache").read_text()
+        build_log = (install / "kernel-build.log").read_text()
+        assert f"{CC} (fake COS toolchain)" in build_log
+        assert [ln for ln in build_log.splitlines()
+                if ln.strip().startswith("LD [M]") and ln.endswith("/nvidia.ko")]
     assert (node.root / "etc/ld.so.conf.d/nvidia.conf").read_text() == \
         f"{m.INSTALL_DIR_HOST}/lib64\n"
     # The image's interpreter did it: nothing of this machine's venv was reachable.

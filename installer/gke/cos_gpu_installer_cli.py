@@ -127,9 +127,14 @@ def translate(argv: list[str], env: Mapping[str, str]) -> list[str]:
     if given.get("prepare-build-tools") == "true":
         ours.append("--preload")
     if given.get("no-verify") == "true":
-        # GKE's confidential-node DaemonSets (daemonset-confidential*.yaml) run
-        # `install --no-verify` and then insmod the modules and run nvidia-modprobe
-        # themselves: put the driver in place, load and verify nothing.
+        # v2: "Skip kernel module loading and installation verification. Useful for
+        # preloading drivers without attached GPU." (cos/tools, commit b39f30b "add flag
+        # --no-verify"; internal/commands/install.go SetFlags l.175: no GPU is then only
+        # logged, l.226; internal/installer/installer.go loadGPUDrivers l.535 loads nothing,
+        # VerifyDriverInstallation l.52 runs neither nvidia-smi nor nvidia-modprobe; the
+        # cache and the host ld cache are still written). GKE's confidential-node
+        # DaemonSets (daemonset-confidential*.yaml) run it, then insmod the modules and run
+        # nvidia-modprobe themselves. Ours: --install-only (docs/nvidia-facts.md).
         ours.append("--install-only")
     if verbose or given.get("debug") == "true":
         ours.append("--verbose")

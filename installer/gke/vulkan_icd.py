@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from installer import safejson
+from installer.errors import VerifyError
 from installer.fsutil import write_atomic
 from installer.plan import Step
 
@@ -55,16 +56,23 @@ def install_icd() -> Step:
         if text is None:
             log.info("vulkan_icd_skipped", reason="the .run has no nvidia_icd.json")
             return
-        if settings.vulkan_icd_dir is not None and settings.vulkan_icd_dir.is_dir():
-            write_atomic(settings.vulkan_icd_dir / ICD_FILE, text)
-            where = str(settings.vulkan_icd_dir / ICD_FILE)
-        elif settings.vulkan_icd_dir_host is not None:
-            ctx.host.write_atomic(settings.vulkan_icd_dir_host / ICD_FILE, text)
-            where = str(settings.vulkan_icd_dir_host / ICD_FILE)
-        else:
-            log.warning("vulkan_icd_skipped", reason=f"{settings.vulkan_icd_dir} is not a "
-                        "directory and no VULKAN_ICD_DIR_HOST names the host's")
-            return
+        try:
+            if settings.vulkan_icd_dir is not None and settings.vulkan_icd_dir.is_dir():
+                where = str(settings.vulkan_icd_dir / ICD_FILE)
+                write_atomic(settings.vulkan_icd_dir / ICD_FILE, text)
+            elif settings.vulkan_icd_dir_host is not None:
+                where = str(settings.vulkan_icd_dir_host / ICD_FILE)
+                ctx.host.write_atomic(settings.vulkan_icd_dir_host / ICD_FILE, text)
+            else:
+                log.warning("vulkan_icd_skipped", reason=f"{settings.vulkan_icd_dir} is not a "
+                            "directory and no VULKAN_ICD_DIR_HOST names the host's")
+                return
+        except OSError as exc:
+            raise VerifyError(
+                f"cannot write the Vulkan ICD file {where}: {exc.strerror or exc}",
+                hint="--vulkan-icd-dir-host (VULKAN_ICD_DIR_HOST) must name a host directory "
+                "the installer can write (GKE's DaemonSets use "
+                "/home/kubernetes/bin/nvidia/vulkan/icd.d)", path=where) from exc
         log.info("vulkan_icd_installed", path=where)
 
     return Step("vulkan_icd", run, f"copy the .run's {ICD_FILE} into the Vulkan ICD dir")

@@ -11,7 +11,7 @@ import pytest
 from installer import devnodes
 from tests.fixtures.fakekmod import UVM_MAJOR
 from tests.integration.conftest import V2
-from tests.pod import last_event, ok, reboot_then_cached_install
+from tests.pod import events, last_event, ok, reboot_then_cached_install
 
 NV_MAJOR = 195
 
@@ -53,12 +53,22 @@ def test_reboot_cached_load_makes_them_again(node, pod, kernel, server):
     assert_exact_nodes(kernel, 2)
 
 
-def test_upgrade_keeps_exactly_the_device_files(node, pod, kernel, server):
+@pytest.mark.parametrize("old_driver", ["gone after a reboot", "loaded and unused"])
+def test_upgrade_keeps_exactly_the_device_files(node, pod, kernel, server, old_driver):
+    """In place (no reboot), the old driver's files are still there when the upgrade
+    unloads it and loads V2: they must end up exactly the set, as nvidia-modprobe makes it."""
     add_gpus(kernel, 2)
     ok(pod.run("install"))
-    kernel.unload_all()
-    ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
+    if old_driver == "gone after a reboot":
+        kernel.unload_all()
+    else:
+        assert_exact_nodes(kernel, 2)  # V1's, present while V1 is unloaded
+    modprobe_calls = len(kernel.calls("nvidia-modprobe"))
+    proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
     assert kernel.loaded()["nvidia"].version == V2
+    unloaded = [e for e in events(proc.stderr) if e.get("event") == "old_driver_unloaded"]
+    assert len(unloaded) == (old_driver == "loaded and unused")
+    assert len(kernel.calls("nvidia-modprobe")) == modprobe_calls + 2  # this run's, both rc 0
     assert_exact_nodes(kernel, 2)
 
 

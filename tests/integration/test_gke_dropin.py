@@ -70,8 +70,9 @@ class GkeCosPod(Pod):
         self.cli = ["bash", "-c", script]
         return self.run(**kw)
 
-    def _script(self, cli, env, tmpfs_size=None, export=None):
-        lines = super()._script(getattr(self, "cli", cli), env, tmpfs_size, export).split("\n")
+    def _script(self, cli, env, tmpfs_size=None, export=None, busy=()):
+        lines = super()._script(getattr(self, "cli", cli), env, tmpfs_size, export,
+                                busy).split("\n")
         rootfs, node = self.scratch / "rootfs", self.node_root
         extra = [
             f"mkdir -p {node}/{ICD_HOST} {node}/var/lib/cos-tools "

@@ -122,6 +122,7 @@ def test_version_mismatch_with_modules_in_use(node, pod, kernel, server):
               if p.is_file() and p.name != "status.json"}
     kernel.hold("nvidia")  # a workload has /dev/nvidia0 open
     requests_before = len(server.requests)
+    ready_before = (node.root / READY).read_text()
     proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2})
     assert proc.returncode == 8, proc.stderr[-2000:]
     final = last_event(proc)
@@ -132,7 +133,8 @@ def test_version_mismatch_with_modules_in_use(node, pod, kernel, server):
     assert len(server.requests) == requests_before
     assert kernel.loaded()["nvidia"].version == V1
     assert {p: p.read_bytes() for p in before} == before
-    assert ready(node) is None  # cleared at the start of the run that failed
+    # Cleared at the start of the run, and back as it was: nothing changed.
+    assert (node.root / READY).read_text() == ready_before
 
     code, found = doctor(pod)
     assert code == 9
@@ -170,9 +172,8 @@ def test_doctor_after_a_failed_upgrade_says_the_old_driver_works(node, pod, kern
     assert error.startswith("HTTP 404") and missing in error
     assert kernel.loaded()["nvidia"].version == V1
     assert {p: p.read_bytes() for p in before} == before
-    # Readiness stays absent (README, "Readiness"): the run removed it first, and the old
-    # driver does not get it back.
-    assert ready(node) is None
+    # The run removed the readiness file first and, the node being as it was, put it back.
+    assert ready(node)["NVIDIA_DRIVER_VERSION"] == V1
 
     code, found = doctor(pod)
     assert code == 9
@@ -190,12 +191,7 @@ def test_doctor_after_a_failed_upgrade_says_the_old_driver_works(node, pod, kern
     assert km["detail"] == (f"driver {V1} loaded (nvidia_uvm, nvidia_drm, nvidia_modeset, "
                             f"nvidia), the one the install dir holds: it works; {failed_how}; "
                             "not in use")
-    assert found["readiness"]["verdict"] == "warn"
-    assert found["readiness"]["detail"] == (
-        "/run/nvidia/validations/driver-ready is absent: every run removes it first, and the "
-        f"upgrade to {missing} failed (download, exit 5); driver {V1} works, but components "
-        "waiting for the file (device plugin, toolkit) stay blocked")
-    for check in ("cache", "install_dir", "nvidia_smi", "device_nodes"):
+    for check in ("cache", "install_dir", "nvidia_smi", "device_nodes", "readiness"):
         assert found[check]["verdict"] == "ok", found[check]
     assert "mismatch" not in json.dumps(found)
     text = pod.run("doctor").stdout
@@ -203,9 +199,9 @@ def test_doctor_after_a_failed_upgrade_says_the_old_driver_works(node, pod, kern
         text.split())
 
     # The fix it names works: NVIDIA_DRIVER_VERSION back to a published version (V1, cached)
-    # installs, and readiness comes back.
+    # installs, and readiness is written anew.
     assert last_event(ok(pod.run("install")))["plan"] == "cached"
-    assert ready(node)["NVIDIA_DRIVER_VERSION"] == V1
+    assert ready(node)["INSTALL_PLAN"] == "cached"
 
 
 def test_k80_with_a_too_new_driver(node, pod, kernel, server):
@@ -318,11 +314,15 @@ def test_readiness_only_after_success(node, pod, kernel, server):
     assert got["NVIDIA_LIB_DIR_HOST"] == f"{INSTALL_HOST}/lib64" and got["GPU_COUNT"] == "1"
     assert "nvidia_driver_installer_success 1" in (node.root / metrics.lstrip("/")).read_text()
 
-    # A failing run (bad checksum, after the lock) removes it and does not write it back.
+    # A failing run (bad checksum, after the lock) removes it first; having changed
+    # nothing, it puts back the very file it found (DESIGN §4), not a new one.
+    found = (node.root / READY).read_text()
     proc = pod.run("install", "--force", "--metrics-file", metrics,
                    env={"NVIDIA_DRIVER_SHA256": "0" * 64})
     assert proc.returncode == 6
-    assert ready(node) is None
+    assert (node.root / READY).read_text() == found
+    names = [e.get("event") for e in events(proc.stderr)]
+    assert names.index("readiness_cleared") < names.index("readiness_restored")
     text = (node.root / metrics.lstrip("/")).read_text()
     assert "nvidia_driver_installer_success 0" in text
     assert "nvidia_driver_installer_exit_code 6" in text and 'error_class="integrity"' in text

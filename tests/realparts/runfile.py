@@ -27,11 +27,10 @@ from pathlib import Path
 from tests.fixtures.nvidia_options import option_table
 from tests.fixtures.runfile import STOCK_HEADER, pack_run, run_name
 from tests.realparts import cache
-from tests.realparts.provision import DriverParts, RealParts
+from tests.realparts.provision import DriverParts, ProvisionError, RealParts
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "nvidia-installer"
-MODPROBE_STANDIN = HERE / "nvidia-modprobe"
 LOG_KBUILD = HERE / "GNUmakefile.log-kbuild"  # kbuild's recorded commands into make's output
 TREE_EXCLUDE = ("debian",)
 # full: every tree the version has (NVIDIA's 470/535 .run); proprietary / open: one tree.
@@ -54,7 +53,8 @@ def _trees(driver: DriverParts, flavor: str) -> dict[str, Path]:
     return trees
 
 
-def _inputs(driver: DriverParts, flavor: str, userspace: Path | None) -> dict[str, Path]:
+def _inputs(driver: DriverParts, flavor: str, userspace: Path | None,
+            parts: RealParts) -> dict[str, Path]:
     """Payload name -> source file or tree."""
     files: dict[str, Path] = {name: tree for name, tree in _trees(driver, flavor).items()}
     if userspace is not None:
@@ -68,7 +68,13 @@ def _inputs(driver: DriverParts, flavor: str, userspace: Path | None) -> dict[st
                 raise ValueError(f"{driver.version} has no real {field}")
         files["nvidia-smi"] = driver.nvidia_smi
         files[f"libnvidia-ml.so.{driver.version}"] = driver.libnvidia_ml
-        files["nvidia-modprobe"] = driver.nvidia_modprobe or MODPROBE_STANDIN
+        # Debian's nvidia-modprobe, NVIDIA's own (its own release train: the 470 branch
+        # takes the one provisioned with the main driver); never a stand-in.
+        modprobe = driver.nvidia_modprobe or parts.main.nvidia_modprobe
+        if modprobe is None:
+            raise ProvisionError(f"Debian's nvidia-modprobe was not provisioned for "
+                                 f"{driver.version}: the archive has none (check {parts.cache_dir})")
+        files["nvidia-modprobe"] = modprobe
     if driver.firmware_dir:
         for fw in sorted(driver.firmware_dir.glob("gsp_*.bin")):
             files[f"firmware/{fw.name}"] = fw
@@ -78,14 +84,11 @@ def _inputs(driver: DriverParts, flavor: str, userspace: Path | None) -> dict[st
 
 def _payload(driver: DriverParts, flavor: str, parts: RealParts, table: dict, dest: Path,
              userspace: Path | None) -> None:
-    for name, src in _inputs(driver, flavor, userspace).items():
+    for name, src in _inputs(driver, flavor, userspace, parts).items():
         out = dest / name
         out.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
             shutil.copytree(src, out, symlinks=True, ignore=shutil.ignore_patterns(*TREE_EXCLUDE))
-        elif src == MODPROBE_STANDIN:
-            out.write_text(src.read_text().replace("@VERSION@", driver.version))
-            out.chmod(0o755)
         else:
             shutil.copyfile(src, out)
             out.chmod(0o755 if name.startswith(("nvidia-", "libnvidia")) else 0o644)
@@ -96,7 +99,7 @@ def _payload(driver: DriverParts, flavor: str, parts: RealParts, table: dict, de
     (dest / ".build-directory").write_text(("kernel" if "kernel" in trees else "kernel-open") + "\n")
     (dest / ".options.json").write_text(json.dumps({"for_version": driver.version, **table}, indent=1))
     origins = {k: v for k, v in parts.origins.items() if v["version"].startswith(driver.version)}
-    if driver.nvidia_modprobe:
+    if userspace is None:  # Debian's nvidia-modprobe (see _inputs)
         origins.update({k: v for k, v in parts.origins.items() if k.endswith("nvidia_modprobe")})
     (dest / ".parts.json").write_text(json.dumps(origins, indent=1, sort_keys=True) + "\n")
 
@@ -110,7 +113,7 @@ def build_real_run(version: str, flavor: str, parts: RealParts, dest_dir: Path |
     instead of the real ones (tests/fixtures/runfile.py ``driver_payload``)."""
     driver = parts.driver(version)
     table = option_table(version)
-    inputs = _inputs(driver, flavor, userspace)
+    inputs = _inputs(driver, flavor, userspace, parts)
     hashes = {name: cache.content_hash(src, TREE_EXCLUDE) for name, src in inputs.items()}
     k = cache.key(version, flavor, hashes, table, COMPRESSION,
                   cache.file_hash(STOCK_HEADER), cache.file_hash(Path(__file__)),

@@ -106,6 +106,24 @@ def test_option_table_is_the_releases_own_or_its_branchs_latest() -> None:
     assert option_table("470.256.02")["release"] == "470.256.02"
 
 
+def test_standin_needs_libc_headers_to_build_modules(pkg_main: Path, pkg_legacy: Path,
+                                                     tmp_path: Path) -> None:
+    """misc.c check_development_tools: without /usr/include/stdio.h (a private mount
+    namespace hides it) nvidia-installer refuses before it runs make; --no-kernel-modules
+    never checks (tests/fixtures/test_selfcheck.py checks the payload stand-in the same way)."""
+    for pkg in (pkg_main, pkg_legacy):
+        log = tmp_path / f"{pkg.name}.log"
+        cp = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs none /usr/include && exec "$@"', "sh", "./nvidia-installer",
+             "--silent", f"--log-file-name={log}", f"--kernel-install-path={tmp_path / pkg.name}"],
+            cwd=pkg, capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 1, cp.stderr
+        assert "ERROR: You do not appear to have libc header files installed on your system." in (
+            cp.stderr)
+        assert "executing: 'cd" not in log.read_text()  # make never ran
+
+
 # ------------------------------------------------------------ (b) archive
 
 
@@ -122,6 +140,9 @@ def test_run_extracts_nvidias_layout(pkg_main: Path, pkg_legacy: Path, real_part
     dyn = subprocess.run(["readelf", "-d", str(pkg_main / f"libnvidia-ml.so.{v}")], capture_output=True,
                          text=True)
     assert "Library soname: [libnvidia-ml.so.1]" in dyn.stdout
+
+    for pkg in (pkg_main, pkg_legacy):  # Debian's nvidia-modprobe: NVIDIA's code, no stand-in
+        assert (pkg / "nvidia-modprobe").read_bytes()[:4] == b"\x7fELF", pkg
 
     assert (pkg_legacy / "kernel/nvidia/nv-kernel.o_binary").is_file()
     assert not (pkg_legacy / "kernel-open").exists() and not (pkg_legacy / "firmware").exists()

@@ -342,6 +342,14 @@ def test_failed_last_run_is_reported_with_its_hint(node, capsys):
     km = found["kernel_modules"]
     assert km["verdict"] == "warn" and "mismatch" not in km["detail"]
     assert "the upgrade to 535.183.01 failed (module_load, exit 8)" in km["detail"]
+    # The failed run put back the readiness file it found; had there been none, it says so.
+    assert found["readiness"]["verdict"] == "ok"
+    (node.root / "run/nvidia/validations/driver-ready").unlink()
+    ready = node.findings(capsys)[1]["readiness"]
+    assert ready["verdict"] == "warn"
+    assert ready["detail"].startswith("/run/nvidia/validations/driver-ready is absent, and the "
+                                      "upgrade to 535.183.01 failed (module_load, exit 8): a "
+                                      "failed run puts back only a file it found")
 
 
 def test_a_run_that_failed_before_choosing_a_version_names_none(node, capsys):

@@ -125,6 +125,8 @@ def test_readiness_absent_during_the_run_and_written_after_verify(host, monkeypa
 
 
 def test_failed_run_leaves_no_readiness_and_records_failure(host, monkeypatch):
+    # A file naming a driver that is not loaded: the failed run does not put it back
+    # (rollback.undo; tests/integration/test_rollback.py: back when it is loaded).
     readiness.write(host, {"NVIDIA_DRIVER_VERSION": "535.183.01"})
 
     def fail(ctx):
