@@ -244,6 +244,8 @@ def test_image_contents(image):
     assert image.exists("usr/include/stdio.h")
     if flavor == "ubuntu":
         assert image.exists("usr/bin/gcc")
+        # Debian nodes' headers: CC=gcc-12 (their CONFIG_CC_VERSION_TEXT), pahole (6.12's BTF)
+        assert image.exists("usr/bin/gcc-12") and image.exists("usr/bin/pahole")
         assert image.exists("usr/bin/apt-get") and image.exists("etc/apt/sources.list")
     else:
         assert not image.exists("usr/bin/gcc") and not image.exists("usr/bin/cc")

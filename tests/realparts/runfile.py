@@ -27,7 +27,7 @@ from pathlib import Path
 from tests.fixtures.nvidia_options import option_table
 from tests.fixtures.runfile import STOCK_HEADER, pack_run, run_name
 from tests.realparts import cache
-from tests.realparts.provision import DriverParts, ProvisionError, RealParts
+from tests.realparts.provision import BRANCHES, DriverParts, ProvisionError, RealParts
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "nvidia-installer"
@@ -99,8 +99,10 @@ def _payload(driver: DriverParts, flavor: str, parts: RealParts, table: dict, de
     (dest / ".build-directory").write_text(("kernel" if "kernel" in trees else "kernel-open") + "\n")
     (dest / ".options.json").write_text(json.dumps({"for_version": driver.version, **table}, indent=1))
     origins = {k: v for k, v in parts.origins.items() if v["version"].startswith(driver.version)}
-    if userspace is None:  # Debian's nvidia-modprobe (see _inputs)
-        origins.update({k: v for k, v in parts.origins.items() if k.endswith("nvidia_modprobe")})
+    if userspace is None:  # Debian's nvidia-modprobe: this branch's, else main's (see _inputs)
+        branch = next(n for n in BRANCHES if getattr(parts, n) == driver)
+        key = f"{branch if driver.nvidia_modprobe else 'main'}.nvidia_modprobe"
+        origins[key] = parts.origins[key]
     (dest / ".parts.json").write_text(json.dumps(origins, indent=1, sort_keys=True) + "\n")
 
 
