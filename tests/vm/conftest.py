@@ -35,6 +35,7 @@ from tests.vm import provision as prov
 from tests.vm.harness import BootResult, GuestVM, make_data_disk
 from tests.vm.scenario import (
     BUNDLE_FLAVOR,
+    GSP_FILES,
     R550_FLAVORS,
     REAL_FLAVORS,
     SIG_ENFORCE,
@@ -436,6 +437,9 @@ KERNEL_LOG_STEPS = (
     "bundle-install",
     *(f"run-{name}" for name in R550_FLAVORS),
     "bundle-550-open",
+    # The GSP firmware proof for 550: what the kernel's firmware loader answered.
+    *(f"firmware-{when}-{stem}" for when in ("before", "after", "rebooted", "from-cache")
+      for stem in (f.split(".")[0] for f in GSP_FILES)),
 )
 # Steps whose output goes into the test log: what the kernel will check of each module.
 OUTPUT_LOG_STEPS = (*(f"modinfo-{name}" for name in R550_FLAVORS), "uname", "real-smi-classified")
