@@ -148,7 +148,8 @@ PRIVILEGES_HINT = ("run as root on the node, or in a privileged container (the D
 
 def from_os_error(exc: OSError) -> InstallerError | None:
     """The environment failures any command can meet, as a one-line error: no privileges
-    (usage: run it as documented, exit 2), a read-only host (exit 3); else None (a bug)."""
+    (usage: run it as documented, exit 2), a read-only host or a path something else holds
+    (exit 3), a full disk or quota (exit 11); else None (a bug)."""
     path = os.fsdecode(exc.filename) if exc.filename else None
     where = f" on {path}" if path else ""
     if exc.errno in (errno.EACCES, errno.EPERM):
@@ -160,4 +161,14 @@ def from_os_error(exc: OSError) -> InstallerError | None:
             f"read-only file system{where}: the installer writes to the host root",
             hint="mount the host's / read-write (the pod's /root volume must not be readOnly)",
             path=path)
+    if exc.errno == errno.EBUSY:
+        return UnsupportedHostError(
+            f"device or resource busy{where}: something on the node holds it (a mount on it?)",
+            hint="find what holds it (grep it in /proc/mounts on the node), unmount or stop "
+            "it, then re-run", path=path)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskSpaceError(
+            f"{os.strerror(exc.errno).lower()}{where}",
+            hint="free space on the node's filesystem holding the install dir (df -h "
+            "/home/kubernetes/bin/nvidia on the node), then re-run", path=path)
     return None

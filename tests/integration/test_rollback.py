@@ -186,11 +186,11 @@ LATER_FAILURES = [  # (step, exit code, how), in plan order
     ("vulkan_icd", 9, Failure(after=host_dir_blocked,
                               env={"VULKAN_ICD_DIR_HOST": "/etc/vulkan-blocked/icd.d"})),
     # Something mounted on the install's firmware/: its rename fails half way (EBUSY).
-    ("promote", 1, Failure(pod_kw={"busy": ("/usr/local/nvidia/firmware",)})),
+    ("promote", 3, Failure(pod_kw={"busy": ("/usr/local/nvidia/firmware",)})),  # EBUSY
     ("gpu_firmware", 8, failpoint("gpu_firmware#2:ModuleLoadError")),  # the live install's
     ("container_ld_cache", 9, Failure(after=ldconfig_fails_once("container"))),
     ("host_ld_cache", 9, Failure(after=ldconfig_fails_once("host"))),
-    ("record_cache", 1, failpoint("record_cache:ENOSPC")),
+    ("record_cache", 11, failpoint("record_cache:ENOSPC")),
 ]
 # The steps the tests below this list fail, one test each.
 SINGLE_FAILURES = ["load_modules", "device_nodes", "verify_staged", "verify"]

@@ -1,5 +1,6 @@
 """CLI contract: option/env names, usage errors exit 2 with one line, no traceback."""
 
+import errno
 import json
 import os
 import shutil
@@ -376,3 +377,20 @@ def test_a_bad_setting_with_json_logs_is_a_json_event(capsys, monkeypatch, tmp_p
     last = json.loads(err.strip().splitlines()[-1])
     assert (last["event"], last["error_class"], last["exit_code"]) == ("install_failed", "usage", 2)
     assert needle in last["error"] and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("code", "exit_code", "says"), [
+    (errno.ENOSPC, 11, "no space left on device on /home/kubernetes/bin/nvidia/.cache"),
+    (errno.EDQUOT, 11, "disk quota exceeded on /home/kubernetes/bin/nvidia/.cache"),
+    (errno.EBUSY, 3, "device or resource busy on /home/kubernetes/bin/nvidia/.cache"),
+    (errno.EIO, None, None),  # nothing known to say: a real bug's traceback, exit 1
+])
+def test_host_os_errors_become_their_exit_codes(code, exit_code, says):
+    from installer.errors import from_os_error
+
+    known = from_os_error(OSError(code, os.strerror(code), "/home/kubernetes/bin/nvidia/.cache"))
+    if exit_code is None:
+        assert known is None
+    else:
+        assert int(known.exit_code) == exit_code and known.message.startswith(says)
+        assert known.hint and known.context["path"] == "/home/kubernetes/bin/nvidia/.cache"
