@@ -62,7 +62,7 @@ test-pod: install  ## the committed manifests' pods under podman + runc on fixtu
 	bash scripts/install-deps.sh $(POD_DEPS)
 	NDI_POD_TESTS=1 $(PY) -m pytest tests/pod_tier $(PYTEST_ARGS)
 
-test-vm: install  ## NVIDIA's real modules built through the installer, loaded in a real kernel under qemu (slow tier, ~15 min cold)
+test-vm: install  ## NVIDIA's real 535/470 (6.1) and 550 open+proprietary (6.12) modules built through the installer, loaded in real kernels under qemu (slow tier, ~18 min cold)
 	$(PY) -m pytest tests/realparts tests/vm $(PYTEST_ARGS)
 
 bench: install  ## performance figures vs baselines measured in the same run
