@@ -4,13 +4,16 @@ Debian ships NVIDIA's kernel module trees (Kbuild, Makefile, conftest.sh and
 the ``nv-kernel.o_binary`` blobs), the GSP firmware, ``nvidia-smi``,
 ``libnvidia-ml`` and ``nvidia-modprobe`` in the components ``contrib``,
 ``non-free`` and ``non-free-firmware``, which this machine's apt config does
-not enable: apt runs with a private configuration (tests/debapt.py).
+not enable: apt runs with a private configuration (tests/debapt.py), which
+also adds the suites ``trixie`` (Debian 13's 550 parts) and ``bookworm-backports``
+(the 6.12 kernel they are built against, tests/realparts/newer_kernel.py). Each
+branch of ``BRANCHES`` is taken from its own suites.
 
 Cache layout under ``$NDI_REALPARTS_CACHE`` (default /var/cache/ndi-realparts)::
 
     apt/                 apt.conf, sources.list, lists/, cache/ (private apt state)
     debs/<pkg>_<ver>.deb the downloaded packages
-    parts/<key>/         dpkg-deb -x of each package, kernel trees in trees/
+    parts/<key>/<branch>/  dpkg-deb -x of each package in pkg/, kernel trees in trees/
     parts/<key>.json     the result (paths, versions, origins); written last,
                          so its presence is the stamp
 
