@@ -8,10 +8,10 @@ into source and output dirs (tests/realparts/newer_kernel.py: bookworm-backports
 the same series built with Debian 12's gcc-12); a 6.12 guest loads each build.
 
 With no NVIDIA GPU under qemu, nvidia.ko's init runs and fails: ``NVRM: No NVIDIA GPU
-found.``, ENODEV. nv.c ``nvidia_init_module`` -> ``nv_drivers_init`` -> ``nv_pci_count ==
-0`` prints it in both trees (NVIDIA/open-gpu-kernel-modules 550.163.01
-kernel-open/nvidia/nv.c; the proprietary kernel/nvidia/nv.c of Debian's package is the same
-file).
+found.``, ENODEV. nv.c ``nvidia_init_module``: after ``nv_module_init``,
+``nvos_count_devices() == 0`` (and no NVSwitch) prints it and returns -ENODEV before
+``nv_drivers_init`` (550.163.01 as Debian ships it: kernel-open/nvidia/nv.c line 867,
+kernel/nvidia/nv.c line 832).
 """
 
 from __future__ import annotations
