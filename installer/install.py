@@ -73,8 +73,6 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
         # consumers waiting on driver-ready must not start while the driver may change.
         # A failed run puts it back if the node is as it was (rollback.undo).
         ctx.work.readiness_before = readiness.read_text(ctx.host)
-        ctx.work.module_args_loaded = readiness.loaded_module_args(
-            readiness.parse(ctx.work.readiness_before) if ctx.work.readiness_before else None)
         readiness.clear(ctx.host)
         started_wall = time.time()
         timings: list[StepTiming] = []

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from installer import readiness
+
 if TYPE_CHECKING:
     from installer.bundle.build import Written
     from installer.bundle.manifest import Manifest
@@ -84,12 +86,17 @@ class WorkState:
     bundle: Manifest | None = None  # fetch_prebuilt_bundle: the staged tree came from it
     from_next_boot: bool = False  # take_next_boot: the staged tree is the one kept for it
     staged_for_boot: InUse | None = None  # stage_next_boot: kept aside, not installed
-    # The NVIDIA_MODULE_ARGS the loaded driver got, per this boot's readiness file (read by
-    # install before it clears the file; None: unknown). apply_module_args reads it.
-    module_args_loaded: tuple[str, ...] | None = None
     # This boot's readiness file as install found it before clearing it (None: there was
     # none); rollback.undo puts it back when the node is as it was.
     readiness_before: str | None = None
+
+    @property
+    def module_args_loaded(self) -> tuple[str, ...] | None:
+        """The NVIDIA_MODULE_ARGS the loaded driver got, per this boot's readiness file
+        (None: unknown). apply_module_args and the rollback read it."""
+        if self.readiness_before is None:
+            return None
+        return readiness.loaded_module_args(readiness.parse(self.readiness_before))
     bundle_written: Written | None = None  # write_bundle (bundle build)
     persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
 
