@@ -45,7 +45,7 @@ def _pick(apt: PrivateApt) -> tuple[str, str]:
     """(abi, Debian version) of the newest 6.12 in the suite, read from linux-image-amd64's
     Depends (the metapackage names the ABI Debian builds for)."""
     found = [v for v, src in apt.madison(["linux-image-amd64"])["linux-image-amd64"]
-             if src.split()[-1].split("/")[0] == SUITE and upstream(v).startswith(SERIES)]
+             if parts_provision.in_suites(src, (SUITE,)) and upstream(v).startswith(SERIES)]
     if not found:
         raise ProvisionError(f"{SUITE} has no linux-image-amd64 of the {SERIES}x series")
     version = max(found, key=lambda v: version_key(upstream(v)))

@@ -146,7 +146,7 @@ def _hash(*parts: object) -> str:
 # ---------------------------------------------------------- version choice
 
 
-def _in_suites(source: str, suites: tuple[str, ...]) -> bool:
+def in_suites(source: str, suites: tuple[str, ...]) -> bool:
     """source: "uri suite/component" (PrivateApt.madison); () = the host's own suites."""
     suite = source.split()[-1].split("/")[0]
     return suite in suites if suites else suite not in EXTRA_SUITES
@@ -158,7 +158,7 @@ def choose_branch(branch: Branch, available: dict[str, list[tuple[str, str]]]) -
     the open tree), the other packages at that release when they have it, and the
     newest nvidia-modprobe not newer than it (else the oldest newer one)."""
     def versions(pkg: str) -> list[str]:
-        return [v for v, src in available.get(pkg, []) if _in_suites(src, branch.suites)]
+        return [v for v, src in available.get(pkg, []) if in_suites(src, branch.suites)]
 
     ups = [{upstream(v) for v in versions(branch.packages[f]) if upstream(v).startswith(branch.series)}
            for f in branch.required]
@@ -173,7 +173,7 @@ def choose_branch(branch: Branch, available: dict[str, list[tuple[str, str]]]) -
         if field in OWN_TRAIN:
             trains = sorted(versions(pkg), key=lambda v: version_key(upstream(v)))
             older = [v for v in trains if version_key(upstream(v)) <= version_key(release)]
-            if older or trains:
+            if trains:
                 pins[pkg] = older[-1] if older else trains[0]
             continue
         same = [v for v in versions(pkg) if upstream(v) == release]

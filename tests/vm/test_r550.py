@@ -66,10 +66,6 @@ def declared_licenses(tree) -> dict[str, str]:
     return found
 
 
-def loaded(text: str) -> set[str]:
-    return {line.split()[0] for line in text.splitlines() if line.strip()}
-
-
 # ----------------------------------------------------------- the host builds
 
 
@@ -128,7 +124,7 @@ def test_612_kernel_accepts_r550_and_init_finds_no_gpu(boot_r550: BootResult, in
     assert_init_found_no_gpu(boot_r550.step(f"run-{install}"), plan="cached")  # nothing rebuilt
     # nvidia.ko's in-tree dependencies came from the guest's own 6.12 tree before it;
     # nothing of NVIDIA's stayed half-loaded.
-    after = loaded(ok(boot_r550.step(f"modules-after-{install}")).stdout)
+    after = set(ok(boot_r550.step(f"modules-after-{install}")).loaded())
     deps = {d for d in info["nvidia.ko"].get("depends", [""])[0].split(",") if d}
     assert deps <= after, (deps, after)
     assert not after & set(NV_MODULES), after
@@ -215,4 +211,4 @@ def test_open_550_bundle_installs_on_a_fresh_612_node(boot_r550_reboot: BootResu
     assert "no prebuilt bundle" in final_event(wrong)["error"], wrong.describe()
     assert_bundle_installed_without_compiling(boot_r550_reboot.step("bundle-550-open"))
     after = boot_r550_reboot.step("after-bundle-550-open")
-    assert not loaded(after.stdout) & set(NV_MODULES), after.describe()
+    assert not set(after.loaded()) & set(NV_MODULES), after.describe()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vm.harness import BootResult, StepResult
+from tests.vm.harness import BootResult
 from tests.vm.test_real_modules import (
     NV_MODULES,
     assert_bundle_installed_without_compiling,
@@ -23,10 +23,6 @@ from tests.vm.test_real_modules import (
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(3600)]
 
 
-def loaded(step: StepResult) -> set[str]:
-    return {line.split()[0] for line in step.stdout.splitlines() if line.strip()}
-
-
 def test_bundle_modules_loaded_by_the_real_kernel(boot_bundle: BootResult):
     ok(boot_bundle.step("mount-bundles"))
     ok(boot_bundle.step("fresh-node"))
@@ -34,7 +30,7 @@ def test_bundle_modules_loaded_by_the_real_kernel(boot_bundle: BootResult):
     # nvidia.ko's in-tree dependency came from the guest's own tree; nothing half-loaded,
     # and without a GPU nothing was promoted from the staging dir.
     after = boot_bundle.step("after-bundle-install")
-    assert "drm" in loaded(after) and not loaded(after) & set(NV_MODULES), after.describe()
+    assert "drm" in set(after.loaded()) and not set(after.loaded()) & set(NV_MODULES), after.describe()
     assert "No such file" in after.output, after.describe()
 
 
@@ -55,5 +51,5 @@ def test_bad_bundles_end_in_their_exit_code_before_any_load(boot_bundle: BootRes
     # The kernel was never asked: no nvidia module, no NVRM line, nothing installed.
     assert not any("NVRM" in ln or "nvidia" in ln for ln in step.dmesg), step.describe()
     after = boot_bundle.step(f"after-{name}")
-    assert "No such file" in after.output and not loaded(after) & set(NV_MODULES), \
+    assert "No such file" in after.output and not set(after.loaded()) & set(NV_MODULES), \
         after.describe()

@@ -65,8 +65,8 @@ def test_kernel_accepts_real_modules_and_init_finds_no_gpu(boot_real: BootResult
     assert_init_found_no_gpu(boot_real.step(f"run-{install}"), plan="cached")
     # nvidia.ko's in-tree dependency was loaded first from the guest's own module tree
     # (each module's own: the loads stopped at nvidia, before modeset needs video).
-    modules = ok(boot_real.step(f"modules-after-{install}")).stdout
-    loaded = {line.split()[0] for line in modules.splitlines() if line.strip()}
+    after = ok(boot_real.step(f"modules-after-{install}"))
+    loaded, modules = set(after.loaded()), after.stdout
     assert "drm" in loaded, modules
     # Nothing half-loaded.
     assert not loaded & set(NV_MODULES), modules
@@ -89,5 +89,5 @@ def test_signature_enforcement_refuses_the_real_modules(boot_real_enforced: Boot
     assert step.rc == 10, step.describe()
     assert final_event(step)["error_class"] == "secure_boot"
     assert any("Loading of unsigned module is rejected" in ln for ln in step.dmesg), step.describe()
-    modules = ok(boot_real_enforced.step("modules-after-enforced")).stdout
-    assert "nvidia" not in {line.split()[0] for line in modules.splitlines() if line.strip()}
+    after = ok(boot_real_enforced.step("modules-after-enforced"))
+    assert "nvidia" not in after.loaded(), after.stdout
