@@ -16,25 +16,39 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class LoadedModule:
+    """One line of /proc/modules. ``refcnt`` is None where the kernel has no
+    ``CONFIG_MODULE_UNLOAD``: it prints ``-`` for the count and the users (torvalds/linux
+    kernel/module/procfs.c ``print_unload_info``), keeps no refcount and cannot unload."""
+
     name: str
     size: int
-    refcnt: int
+    refcnt: int | None
     used_by: tuple[str, ...]
+    state: str = "Live"  # Live, Loading, Unloading (procfs.c m_show)
+    permanent: bool = False  # "[permanent]," in the users column: no exit function
+
+    @property
+    def unloadable_kernel(self) -> bool:
+        return self.refcnt is not None
 
 
 def parse_proc_modules(text: str) -> dict[str, LoadedModule]:
-    """Parse /proc/modules: ``name size refcnt used_by state address [taint]``."""
+    """Parse /proc/modules: ``name size refcnt used_by state address [taint]``, every form
+    procfs.c ``m_show``/``print_unload_info`` prints: ``nvidia 1 2 nvidia_uvm, Live …``,
+    ``nvidia 1 0 - Live …``, ``x 1 0 [permanent], Live …`` and, without module unload
+    support, ``nvidia_uvm 1830912 - - Live 0xffffffffc080c000 (O)`` (a real H100 node:
+    tests/data/gpu-node)."""
     modules: dict[str, LoadedModule] = {}
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) < 4:
+        if len(fields) < 5:
             continue
-        name, size, refcnt, used_by = fields[:4]
-        users = tuple(u for u in used_by.split(",") if u and u != "-")
-        try:
-            modules[name] = LoadedModule(name, int(size), int(refcnt), users)
-        except ValueError:
+        name, size, refcnt, used_by, state = fields[:5]
+        if not size.isdigit() or not (refcnt.isdigit() or refcnt == "-"):
             continue
+        users = tuple(u for u in used_by.split(",") if u and u not in ("-", "[permanent]"))
+        modules[name] = LoadedModule(name, int(size), int(refcnt) if refcnt != "-" else None,
+                                     users, state, "[permanent]" in used_by)
     return modules
 
 
@@ -99,9 +113,30 @@ class KernelState:
     def modules(self) -> dict[str, LoadedModule]:
         return parse_proc_modules(self._read(self.proc_dir / "modules") or "")
 
+    def is_loaded(self, name: str) -> bool:
+        """Loaded as a module (not built in): ``/sys/module/<m>/initstate`` exists for
+        loadable modules only (kernel/module/sysfs.c ``modinfo_initstate``), whatever
+        /proc/modules prints; /proc/modules where sysfs is not mounted."""
+        state = self._read(self.sys_dir / "module" / name / "initstate")
+        if state is not None:
+            return state.strip() in ("live", "coming")
+        return name in self.modules()
+
     def module_present(self, name: str) -> bool:
         """Loaded as a module or built in (both show up in /sys/module)."""
         return (self.sys_dir / "module" / name).is_dir() or name in self.modules()
+
+    def modules_disabled(self) -> bool:
+        """``kernel.modules_disabled=1``: init_module, finit_module and delete_module are
+        EPERM until reboot (kernel/module/main.c ``may_init_module``; proc(5))."""
+        return (self._read(self.proc_dir / "sys/kernel/modules_disabled") or "0").strip() == "1"
+
+    def can_unload(self) -> bool:
+        """False on a kernel built without ``CONFIG_MODULE_UNLOAD`` (no delete_module(2):
+        ENOSYS), told by the ``-`` refcount /proc/modules prints for every module there
+        (procfs.c ``print_unload_info``); True when nothing is loaded to tell by."""
+        loaded = list(self.modules().values())
+        return not loaded or any(m.refcnt is not None for m in loaded)
 
     def module_version(self, name: str) -> str | None:
         text = self._read(self.sys_dir / "module" / name / "version")
