@@ -27,6 +27,9 @@ LOAD_ORDER = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 NVIDIA_MODULES = ("nv_peer_mem", "nvidia_peermem", "nvidia_fs", "gdrdrv", "nvidia_vgpu_vfio",
                   "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia")
 LOAD_TIMEOUT_S = 120
+# What a GPU node needs loaded for CUDA: nvidia (nvidiactl, nvidiaN) and nvidia-uvm (CUDA's
+# unified memory: without /dev/nvidia-uvm cuInit fails, 999; tests/data/gpu-node).
+REQUIRED_MODULES = ("nvidia", "nvidia_uvm")
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,7 @@ def load(
     release = kernel.release()
     lockdown = signing.policy(kernel).lockdown
     for item in loads:
-        present = kernel.modules()
-        if item.name in present:
+        if kernel.is_loaded(item.name):
             log.info("module_already_loaded", module=item.name)
             differ = params_not_applied(kernel, item)
             if differ:
@@ -164,9 +166,30 @@ def _no_gpu_error(runner: Runner, release: str) -> ModuleLoadError:
 
 
 def loaded_driver_version(kernel: KernelState) -> str | None:
-    if "nvidia" not in kernel.modules():
+    """The loaded nvidia.ko's version (``/sys/module/nvidia/version``), None when none is."""
+    if not kernel.is_loaded("nvidia"):
         return None
     return kernel.module_version("nvidia") or "unknown"
+
+
+def why_no_unload(kernel: KernelState) -> str | None:
+    """Why this kernel can unload no module until it reboots, None when it can."""
+    if kernel.modules_disabled():
+        return ("kernel.modules_disabled=1: the kernel refuses every module load and unload "
+                "until it reboots (kernel/module/main.c may_init_module)")
+    if not kernel.can_unload():
+        return ("this kernel cannot unload modules (built without CONFIG_MODULE_UNLOAD: "
+                "/proc/modules shows '-' for every refcount; delete_module is ENOSYS)")
+    return None
+
+
+def why_no_load(kernel: KernelState) -> str | None:
+    """Why this kernel loads no module until it reboots, None when it may."""
+    if kernel.modules_disabled():
+        return ("kernel.modules_disabled=1 (/proc/sys/kernel/modules_disabled): the kernel "
+                "refuses every module load and unload until it reboots (kernel/module/main.c "
+                "may_init_module)")
+    return None
 
 
 def device_holders(proc_dir: Path, limit: int = 100_000) -> list[str]:
@@ -192,20 +215,36 @@ def device_holders(proc_dir: Path, limit: int = 100_000) -> list[str]:
 
 
 def users(kernel: KernelState) -> dict[str, list[str]]:
-    """Loaded NVIDIA modules that something outside the driver itself holds."""
+    """Loaded NVIDIA modules that something outside the driver itself holds. Where the
+    kernel keeps no refcount (no CONFIG_MODULE_UNLOAD: ``-`` in /proc/modules), the
+    processes holding an NVIDIA device file open stand for it, under ``nvidia``."""
     loaded = kernel.modules()
     busy: dict[str, list[str]] = {}
+    uncounted = False
     for name in NVIDIA_MODULES:
         mod = loaded.get(name)
         if mod is None:
             continue
         outside = [u for u in mod.used_by if u not in NVIDIA_MODULES]
-        # References beyond dependent modules: open device files (each open of a
-        # character device may hold more than one), kernel users.
-        references = mod.refcnt - len(mod.used_by)
+        if mod.refcnt is None:
+            uncounted = True
+            references = 0
+        else:
+            # References beyond dependent modules: open device files (each open of a
+            # character device may hold more than one), kernel users.
+            references = mod.refcnt - len(mod.used_by)
         if outside or references > 0:
             busy[name] = outside + ([f"{references} reference(s)"] if references > 0 else [])
+    if uncounted:
+        opened = device_holders(kernel.proc_dir)
+        if opened:
+            busy.setdefault("nvidia", []).extend(opened)
     return busy
+
+
+def _refcounted(kernel: KernelState) -> bool:
+    return all(m.refcnt is not None for name, m in kernel.modules().items()
+               if name in NVIDIA_MODULES)
 
 
 def ensure_replaceable(kernel: KernelState, want_version: str) -> None:
@@ -213,7 +252,19 @@ def ensure_replaceable(kernel: KernelState, want_version: str) -> None:
     current = loaded_driver_version(kernel)
     if current is None or current == want_version:
         return
+    ensure_unloadable(kernel, f"cannot replace it with {want_version}")
     ensure_unused(kernel, f"cannot replace it with {want_version}")
+
+
+def ensure_unloadable(kernel: KernelState, refusing: str) -> None:
+    """Exit 8 (saying why) when this kernel can unload nothing until it reboots."""
+    why = why_no_unload(kernel)
+    if why:
+        raise ModuleLoadError(
+            f"NVIDIA driver {loaded_driver_version(kernel)} is loaded and {why}; {refusing}",
+            hint="reboot the node to change the driver (install with --when-in-use stage "
+            "keeps the new version for the next boot); the installed driver was left as it is",
+        )
 
 
 def holders(kernel: KernelState) -> str | None:
@@ -222,17 +273,19 @@ def holders(kernel: KernelState) -> str | None:
     if not busy:
         return None
     described = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
-    processes = device_holders(kernel.proc_dir)
+    # Without a refcount users() already named the processes.
+    processes = device_holders(kernel.proc_dir) if _refcounted(kernel) else []
     return described + ("; " + "; ".join(processes) if processes else "")
 
 
 def in_use_by_other(kernel: KernelState, want_version: str) -> InUse | None:
-    """The loaded driver and its holders when one other than ``want_version`` is loaded
-    and in use; None when none is loaded, it is that version, or nothing uses it."""
+    """The loaded driver and what keeps it when one other than ``want_version`` is loaded
+    and in use, or the kernel cannot unload it before a reboot; None when none is loaded,
+    it is that version, or it can go."""
     current = loaded_driver_version(kernel)
     if current is None or current == want_version:
         return None
-    held = holders(kernel)
+    held = holders(kernel) or why_no_unload(kernel)
     return InUse(current, held) if held else None
 
 
@@ -250,10 +303,12 @@ def ensure_unused(kernel: KernelState, refusing: str) -> None:
 
 def unload(kernel: KernelState, runner: Runner, only: list[str] | None = None) -> list[str]:
     """rmmod loaded NVIDIA modules (or just ``only``) in reverse dependency order."""
+    loaded = kernel.modules()
+    targets = [n for n in NVIDIA_MODULES if n in loaded and (only is None or n in only)]
+    if targets:
+        ensure_unloadable(kernel, "not unloading it")
     removed = []
-    for name in NVIDIA_MODULES:
-        if name not in kernel.modules() or (only is not None and name not in only):
-            continue
+    for name in targets:
         try:
             runner.run(["rmmod", name], timeout=LOAD_TIMEOUT_S)
         except CommandError as exc:

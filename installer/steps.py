@@ -75,6 +75,32 @@ def check_module_signing(need_signed: str) -> Step:
                 check=True)
 
 
+def check_module_loading(version: str) -> Step:
+    """Stop before any download when the kernel loads no module until it reboots
+    (kernel.modules_disabled=1) and this run must load one: checked before signatures,
+    which it makes moot. A run whose driver is loaded already needs no load."""
+
+    def run(ctx: Context) -> None:
+        why = modules.why_no_load(ctx.kernel)
+        if why is None:
+            return
+        if modules.loaded_driver_version(ctx.kernel) == version and all(
+                ctx.kernel.is_loaded(m) for m in modules.REQUIRED_MODULES):
+            log.info("module_loading_disabled", reason=why,
+                     message=f"driver {version} is loaded already: nothing to load")
+            return
+        raise ModuleLoadError(
+            f"this run must load the NVIDIA {version} kernel modules and {why}",
+            hint="the node's image or a boot script sets it (it cannot be unset until "
+            "reboot): use a node image that leaves module loading on, or one whose image "
+            "loads the driver you want; --install-only installs the files without loading",
+            driver_version=version)
+
+    return Step("check_module_loading", run,
+                "refuse early if the kernel loads no modules (kernel.modules_disabled)",
+                check=True)
+
+
 def check_loaded_driver(version: str) -> Step:
     def run(ctx: Context) -> None:
         loaded = modules.loaded_driver_version(ctx.kernel)
@@ -466,12 +492,12 @@ def apply_module_args() -> Step:
 
     def run(ctx: Context) -> None:
         before, wanted = ctx.work.module_args_loaded, ctx.settings.module_args
-        if before is None or sorted(before) == sorted(wanted) or "nvidia" not in ctx.kernel.modules():
+        if before is None or sorted(before) == sorted(wanted) or not ctx.kernel.is_loaded("nvidia"):
             return
-        held = modules.holders(ctx.kernel)
+        held = modules.holders(ctx.kernel) or modules.why_no_unload(ctx.kernel)
         if held:
             log.warning("module_args_not_applied", loaded_with=list(before), wanted=list(wanted),
-                        holders=held, message=f"the driver is in use ({held}): it keeps the "
+                        holders=held, message=f"the driver cannot be reloaded now ({held}): it keeps the "
                         "module parameters it was loaded with until it next loads (drain and "
                         "re-run install, or reboot)")
             return

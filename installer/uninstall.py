@@ -53,7 +53,8 @@ def run(settings: Settings) -> dict[str, object]:
     with HostLock(host, settings.lock_timeout_s):
         ours = _is_ours(install)
         loaded = modules.loaded_driver_version(kernel)
-        if loaded is not None:  # in use: refuse before touching anything (exit 8)
+        if loaded is not None:  # in use or stuck: refuse before touching anything (exit 8)
+            modules.ensure_unloadable(kernel, "not uninstalling")
             modules.ensure_unused(kernel, "not uninstalling")
         done["readiness_removed"] = readiness.clear(host)
         done["modules_unloaded"] = modules.unload(kernel, runner) if loaded else []

@@ -145,7 +145,8 @@ def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: st
                 display: dict[str, object]) -> Plan:
     """A cache hit in any distro: check the GPUs, then load and verify what is installed
     (and drop a tree staged for the next boot: this version is the one wanted now)."""
-    return Plan("cached", (check_gpus, steps.drop_next_boot(version),
+    loading = () if ctx.settings.install_only else (steps.check_module_loading(version),)
+    return Plan("cached", (check_gpus, *loading, steps.drop_next_boot(version),
                            *steps.load_cached(ctx, version)),
                 driver_version=version, kernel_module_type=module_type, display=display)
 
@@ -183,20 +184,26 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
         return Plan("staged", (
             check_gpus, *early, *fill, *steps.stage_for_next_boot(key, in_use),
         ), **typed, display={**display, "running_driver_version": in_use.running_version})
+    loading = () if ctx.settings.install_only else (steps.check_module_loading(version),)
     return Plan("fresh", (
-        check_gpus, *early, steps.check_loaded_driver(version), *fill,
+        check_gpus, *loading, *early, steps.check_loaded_driver(version), *fill,
         *steps.activate_staged(ctx, version, key),
     ), **typed, display=display)
 
 
 def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:
-    """The other driver to leave running, when --when-in-use stage asks to wait for it."""
-    if ctx.settings.when_in_use != "stage" or ctx.settings.install_only:
+    """The other driver to leave running: when --when-in-use stage asks to wait for it, or
+    whatever it says when the kernel can unload nothing before a reboot (no
+    CONFIG_MODULE_UNLOAD, kernel.modules_disabled=1: failing would change nothing a
+    drain could fix)."""
+    if ctx.settings.install_only:
+        return None
+    if ctx.settings.when_in_use != "stage" and modules.why_no_unload(ctx.kernel) is None:
         return None
     found = modules.in_use_by_other(ctx.kernel, version)
     if found is not None:
         log.info("driver_in_use", running=found.running_version, holders=found.holders,
-                 wanted=version, when_in_use="stage")
+                 wanted=version, when_in_use=ctx.settings.when_in_use)
     return found
 
 

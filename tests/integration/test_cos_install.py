@@ -128,7 +128,8 @@ def test_dry_run_resolves_aliases_and_prints_urls(node, pod, kernel, server, req
     assert doc["driver_url"] == f"{server.url}/tesla/{version}/NVIDIA-Linux-x86_64-{version}.run"
     assert doc["tools_dir"] == f"/root/var/lib/cos-tools/{COS_BUILD_ID}"
     assert [s["name"] for s in doc["steps"]][:6] == [
-        "check_gpu_compatibility", "check_module_signing", "check_loaded_driver",
+        "check_gpu_compatibility", "check_module_loading", "check_module_signing",
+        "check_loaded_driver",
         "prepare_staging", "take_next_boot", "fetch_artifacts"]
     # Only small metadata was read; nothing written, nothing loaded.
     assert big_gets(server) == []

@@ -110,7 +110,8 @@ def test_dry_run_shows_module_args_and_its_checks(node, pod, kernel, server):
     assert plan["module_args"] == {"nvidia": ["NVreg_EnableGpuFirmware=0"],
                                    "nvidia_uvm": ["uvm_perf_prefetch_enable=0"]}
     assert [s["name"] for s in plan["steps"] if s["check"]] == [
-        "check_gpu_compatibility", "check_module_signing", "check_loaded_driver"]
+        "check_gpu_compatibility", "check_module_loading", "check_module_signing",
+        "check_loaded_driver"]
     text = ok(pod.run("install", "--dry-run", env=env)).stdout.splitlines()
     assert text[0] == (f"dry run: fresh plan for Ubuntu 22.04.4 LTS, kernel {RELEASE}; "
                        "pre-flight checks passed, nothing was changed")

@@ -180,7 +180,8 @@ def test_dry_run_changes_nothing(node, pod, kernel, server):
     plan = json.loads(proc.stdout)
     assert plan["kind"] == "fresh" and plan["driver_version"] == V1
     assert [s["name"] for s in plan["steps"]][:4] == [
-        "check_gpu_compatibility", "check_module_signing", "check_loaded_driver",
+        "check_gpu_compatibility", "check_module_loading", "check_module_signing",
+        "check_loaded_driver",
         "prepare_staging"]
     assert tree_digest(node.root) == before
     assert server.requests == [] and kernel.calls() == []

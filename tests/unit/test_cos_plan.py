@@ -25,18 +25,20 @@ from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, build_cos_node
 from tests.fixtures.plans import ACTIVATE_STAGED, LOAD_CACHED
 
 COMPILE_STEPS = [
-    "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
+    "check_gpu_compatibility", "check_module_loading", "check_module_signing",
+        "check_loaded_driver", "prepare_staging",
     "take_next_boot", "fetch_artifacts",
     "prepare_kernel_headers", "prepare_toolchain", "extract_driver", "build_driver",
     *ACTIVATE_STAGED,
 ]
 PREBUILT_STEPS = [
-    "check_gpu_compatibility", "check_module_signing", "check_loaded_driver", "prepare_staging",
+    "check_gpu_compatibility", "check_module_loading", "check_module_signing",
+        "check_loaded_driver", "prepare_staging",
     "take_next_boot", "fetch_artifacts",
     "unpack_prebuilt", "extract_driver", "build_driver", "place_prebuilt",
     *ACTIVATE_STAGED,
 ]
-CACHED_STEPS = ["check_gpu_compatibility", "drop_next_boot", *LOAD_CACHED]
+CACHED_STEPS = ["check_gpu_compatibility", "check_module_loading", "drop_next_boot", *LOAD_CACHED]
 
 
 class Env:
@@ -257,7 +259,8 @@ def test_enforced_signatures_without_prebuilt_stop_first_with_exit_10(env):
     plan = CosFlow().plan(ctx)
     assert plan.summary["signatures_enforced"] is True and "blocked" in plan.summary
     plan.steps[0].run(ctx)  # the GPU check passes
-    sign = plan.steps[1]
+    plan.steps[1].run(ctx)  # module loading is on
+    sign = plan.steps[2]
     assert sign.name == "check_module_signing"
     with pytest.raises(SecureBootError) as err:
         sign.run(ctx)

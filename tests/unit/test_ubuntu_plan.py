@@ -23,12 +23,13 @@ from tests.fixtures.plans import ACTIVATE_STAGED, LOAD_CACHED
 DEFAULT_DRIVER_VERSION = Ubuntu.default_version
 
 FRESH_STEPS = [
-    "check_gpu_compatibility", "check_module_signing", "check_loaded_driver",
+    "check_gpu_compatibility", "check_module_loading", "check_module_signing",
+        "check_loaded_driver",
     "prepare_staging", "take_next_boot", "find_kernel_headers", "download_driver",
     "extract_driver",
     "build_driver", *ACTIVATE_STAGED,
 ]
-CACHED_STEPS = ["check_gpu_compatibility", "drop_next_boot", *LOAD_CACHED]
+CACHED_STEPS = ["check_gpu_compatibility", "check_module_loading", "drop_next_boot", *LOAD_CACHED]
 K80 = "0x102d"  # Kepler: R470 is its last branch, and only proprietary modules
 
 
