@@ -38,7 +38,7 @@ from installer.fsutil import UnreadableFile
 from installer.osinfo import HostInfo
 from installer.runner import CommandError
 from installer.settings import Settings
-from installer.verify import check_driver_version, nvidia_smi
+from installer.verify import Gpu, check_driver_version, nvidia_smi
 from installer.workstate import InUse
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -74,6 +74,7 @@ class Node:
     status: dict | None = None
     record: cache.CacheRecord | None = None
     pci: list[gpus.PciGpu] = field(default_factory=list)
+    _smi: list[Gpu] | InstallerError | None = None
 
     def __getattr__(self, name: str):  # host, kernel, install, runner, settings: the context's
         return getattr(self.ctx, name)
@@ -93,6 +94,31 @@ class Node:
     @property
     def loaded_version(self) -> str | None:
         return modules.loaded_driver_version(self.kernel)
+
+    @property
+    def node_image_driver(self) -> bool:
+        """A driver is loaded that this tool never installed here (no status.json, no .cache
+        record): the node image's, e.g. GKE's on a read-only /usr/local/nvidia (a real H100
+        node: tests/data/gpu-node). Its files are not ours to judge as an install."""
+        return self.loaded_version is not None and self.status is None and self.record is None
+
+    def smi(self) -> list[Gpu] | InstallerError:
+        """nvidia-smi's GPUs, or why it failed; run once per doctor."""
+        if self._smi is None:
+            try:
+                self._smi = nvidia_smi(self.install, self.kernel, self.runner,
+                                       lib_dir=self.install.lib64)
+            except InstallerError as exc:
+                self._smi = exc
+        return self._smi
+
+    def image_driver(self) -> str:
+        """'driver V loaded by the node image; not installed by this tool; nvidia-smi ...'"""
+        smi = self.smi()
+        works = ("nvidia-smi works" if not isinstance(smi, InstallerError)
+                 else f"nvidia-smi fails ({smi.message})")
+        return (f"driver {self.loaded_version} loaded by the node image; not installed by "
+                f"this tool; {works}")
 
     @property
     def never_installed(self) -> bool:
@@ -175,6 +201,27 @@ def check_module_signing(n: Node) -> Finding:
                    "image with signed NVIDIA modules; the installer never edits boot settings")
 
 
+def check_modules_disabled(n: Node) -> Finding:
+    """``kernel.modules_disabled=1`` (set at boot, e.g. by the node image): a fact about what
+    this node allows, a failure only when this tool would have to load a module."""
+    if not n.kernel.modules_disabled():
+        return Finding("modules_disabled", OK, "modules can be loaded (kernel.modules_disabled=0)")
+    fact = "kernel.modules_disabled=1: no module can be loaded or unloaded until reboot"
+    cached = n.record.driver_version if n.record else None
+    if n.loaded_version is None:
+        return Finding("modules_disabled", FAIL, f"{fact}, and no NVIDIA driver is loaded: "
+                       "install cannot load one (it exits 8)",
+                       "use a node image that loads the NVIDIA driver at boot, or one that "
+                       "leaves kernel.modules_disabled at 0 until the driver is loaded")
+    if cached and cached != n.loaded_version:
+        return Finding("modules_disabled", FAIL, f"{fact}: driver {n.loaded_version} is "
+                       f"loaded, and the install dir's {cached} can never replace it",
+                       f"set the driver version to {n.loaded_version} (--driver-version), or "
+                       "use a node image that loads the wanted driver at boot")
+    return Finding("modules_disabled", OK, f"{fact}; driver {n.loaded_version} is already "
+                   "loaded, so none needs to be")
+
+
 def check_installer_status(n: Node) -> Finding:
     s = n.status
     where = n.install.host_view(n.install.status_file)  # the node's path: what people look at
@@ -182,6 +229,10 @@ def check_installer_status(n: Node) -> Finding:
         return Finding("installer_status", WARN, "install has never run on this node: no "
                        f"status.json, .cache or driver files in {n.install.host_path}",
                        INSTALL_FIRST)
+    if s is None and n.node_image_driver:
+        smi_ok = not isinstance(n.smi(), InstallerError)
+        return Finding("installer_status", OK if smi_ok else WARN, n.image_driver(),
+                       "" if smi_ok else "see the nvidia_smi finding")
     if s is None:
         return Finding("installer_status", WARN, f"no status.json in {n.install.host_path}: "
                        "the installer has not run with this install dir",
@@ -235,6 +286,9 @@ def check_cache(n: Node) -> Finding:
     if r is None and n.never_installed:
         return Finding("cache", FAIL, "no .cache record: install has never run on this node",
                        INSTALL_FIRST)
+    if r is None and n.node_image_driver:
+        return Finding("cache", OK, f"no .cache record in {n.install.root}: this tool has not "
+                       "installed a driver here (the loaded one is the node image's)")
     if r is None:
         return Finding("cache", FAIL, f"no .cache record in {n.install.root}: no complete, "
                        "verified install here",
@@ -263,7 +317,10 @@ def check_install_dir(n: Node) -> Finding:
         return Finding("install_dir", FAIL, f"{root} does not exist "
                        f"(host: {n.install.host_path})", "run install")
     missing = []
-    for rel in ("bin/nvidia-smi", "bin/nvidia-modprobe"):
+    # nvidia-modprobe is ours to install; a node image's driver may come without it.
+    programs = ("bin/nvidia-smi",) if n.node_image_driver else ("bin/nvidia-smi",
+                                                                   "bin/nvidia-modprobe")
+    for rel in programs:
         p = root / rel
         if not (p.is_file() and os.access(p, os.X_OK)):
             missing.append(rel)
@@ -274,11 +331,28 @@ def check_install_dir(n: Node) -> Finding:
     if missing and n.never_installed:
         return Finding("install_dir", FAIL, f"{n.install.host_path} is empty: install has never "
                        "run on this node", INSTALL_FIRST)
+    if missing and n.node_image_driver:
+        return Finding("install_dir", FAIL, f"{root} holds no usable user space of the loaded "
+                       f"driver {n.loaded_version}: missing {', '.join(missing)} ({counts})",
+                       "point --install-dir (NVIDIA_INSTALL_DIR_CONTAINER) at the node image's "
+                       "driver directory (GKE: /usr/local/nvidia)")
     if missing:
         return Finding("install_dir", FAIL, f"missing or broken: {', '.join(missing)} "
                        f"({counts})", "re-run install with --force (FORCE_REINSTALL=1)")
+    if n.node_image_driver:
+        ro = ", read-only" if _read_only(root) else ""
+        return Finding("install_dir", OK, f"{root}: the node image's driver user space "
+                       f"({counts}{ro})")
     return Finding("install_dir", OK, f"{n.install.host_path}: {counts}; workloads mount bin/ "
                    "and lib64/ at /usr/local/nvidia")
+
+
+def _read_only(path: Path) -> bool:
+    """On a read-only mount (a node image's squashfs): statvfs ST_RDONLY."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _count(d: Path) -> int:
@@ -289,16 +363,24 @@ def _count(d: Path) -> int:
 
 
 def check_kernel_modules(n: Node) -> Finding:
-    loaded = n.kernel.modules()
-    ours = [m for m in modules.NVIDIA_MODULES if m in loaded]
+    # Loaded as modules per /sys/module/<m>/initstate, whatever /proc/modules prints.
+    ours = [m for m in modules.NVIDIA_MODULES if n.kernel.is_loaded(m)]
     version = n.loaded_version
     if version is None:
         return Finding("kernel_modules", FAIL, "no NVIDIA kernel module is loaded",
                        "run install (after a reboot it loads the cached driver in seconds)")
-    busy = modules.users(n.kernel)
-    held = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
     detail = f"driver {version} loaded ({', '.join(ours)})"
-    use = f"in use by {held}" if held else "not in use"
+    if not n.kernel.can_unload():
+        # No CONFIG_MODULE_UNLOAD: /proc/modules prints "-" for every refcount and user
+        # (kernel/module/procfs.c print_unload_info); nothing can be unloaded or counted.
+        busy: dict[str, list[str]] = {}
+        use = "this kernel cannot unload modules (built without module unload support)"
+    else:
+        busy = modules.users(n.kernel)
+        held = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
+        use = f"in use by {held}" if held else "not in use"
+    if n.node_image_driver:
+        detail += " by the node image"
     cached = n.record.driver_version if n.record else None
     staged = _staged(n.status or {})
     # With a version staged for the next boot, the running one is what the last run kept.
@@ -315,7 +397,7 @@ def check_kernel_modules(n: Node) -> Finding:
             return Finding("kernel_modules", FAIL, f"{detail}, but {label} {other} (libraries "
                            f"and kernel module differ: NVML 'Driver/library version mismatch'); "
                            f"{use}", fix)
-    if "nvidia_uvm" not in loaded:
+    if "nvidia_uvm" not in ours:
         return Finding("kernel_modules", FAIL, f"{detail}; nvidia_uvm is not loaded: CUDA "
                        "cannot start", "re-run install (it loads nvidia-uvm)")
     return Finding("kernel_modules", OK, f"{detail}; {use}")
@@ -392,24 +474,31 @@ def check_device_nodes(n: Node) -> Finding:
     present = {d.rel: d for d in devchar.nvidia_char_devices(dev)}
     missing = [w for w in wanted if w not in present]
     not_chr = [w for w in missing if (dev / w).exists()]
-    closed = [d.rel for d in present.values() if d.mode & 0o666 != 0o666]
+    # /dev/nvidia-caps/* keep NVIDIA's own modes: 0400 for the MIG "config" capability
+    # (admin only), 0444 for "monitor" (open-gpu-kernel-modules os.c osRmCapRegisterSys;
+    # NVreg_DeviceFileMode does not apply): 0666 would hand every container MIG config.
+    closed = [d.rel for d in present.values()
+              if d.mode & 0o666 != 0o666 and not d.rel.startswith(devchar.CAPS_DIR + "/")]
     caps = sorted(r for r in present if r.startswith(devchar.CAPS_DIR + "/"))
     detail = ", ".join(f"/dev/{r}" for r in sorted(present) if "/" not in r) or "none"
+    caps_detail = ""
     if caps:
-        detail += f"; {len(caps)} MIG capability node(s) in /dev/nvidia-caps"
+        modes = ", ".join(f"{r.rsplit('/', 1)[-1]} {present[r].mode:04o}" for r in caps)
+        caps_detail = (f"; {len(caps)} MIG capability node(s) in /dev/nvidia-caps ({modes}: "
+                       "NVIDIA's own modes)")
     if missing:
         what = ", ".join(f"/dev/{m}" for m in missing)
         if not_chr:
             what += f" ({', '.join(not_chr)} exist but are not character devices)"
-        return Finding("device_nodes", FAIL, f"missing: {what} (present: {detail})",
+        return Finding("device_nodes", FAIL, f"missing: {what} (present: {detail}{caps_detail})",
                        "re-run install, or on the node: nvidia-modprobe -c255 -c0 -m, then "
                        "nvidia-modprobe -c0 -u (one -cN per GPU minor in the first)")
     if closed:
-        return Finding("device_nodes", WARN, f"{detail}; not mode 0666: "
+        return Finding("device_nodes", WARN, f"{detail}{caps_detail}; not mode 0666: "
                        f"{', '.join('/dev/' + c for c in closed)}",
                        "containers not running as root cannot open them: chmod 0666, or set "
                        "nvidia.NVreg_DeviceFileMode=0666 with --module-arg")
-    return Finding("device_nodes", OK, f"{detail} (mode 0666)")
+    return Finding("device_nodes", OK, f"{detail} (mode 0666){caps_detail}")
 
 
 def check_dev_char(n: Node) -> Finding:
@@ -421,6 +510,13 @@ def check_dev_char(n: Node) -> Finding:
     if bad:
         listed = ", ".join(f"/dev/char/{s.device.link_name} ({s.device.rel}) {s.problem}"
                            for s in bad)
+        if n.node_image_driver:
+            return Finding("dev_char_symlinks", FAIL, listed + f" (driver {n.loaded_version} "
+                           "was loaded by the node image, not by this tool)",
+                           "making them is the node image's job (or its GPU set-up's): on the "
+                           "node, nvidia-ctk system create-dev-char-symlinks --create-all; "
+                           "without them GPU containers fail with 'Failed to initialize NVML: "
+                           "Unknown Error' after systemctl daemon-reload")
         return Finding("dev_char_symlinks", FAIL, listed,
                        "re-run install (it creates them), or: nvidia-ctk system "
                        "create-dev-char-symlinks --create-all; without them GPU containers fail "
@@ -437,7 +533,9 @@ def check_nvidia_smi(n: Node) -> Finding:
         return Finding("nvidia_smi", FAIL, "not run: the nvidia module is not loaded",
                        "fix kernel_modules first")
     try:
-        found = nvidia_smi(n.install, n.kernel, n.runner, lib_dir=n.install.lib64)
+        found = n.smi()
+        if isinstance(found, InstallerError):
+            raise found
         if n.record and n.record.driver_version:
             check_driver_version(found, n.record.driver_version)
     except InstallerError as exc:
@@ -460,6 +558,8 @@ def check_host_ld_cache(n: Node) -> Finding:
     except CommandError as exc:
         return Finding("host_ld_cache", FAIL, f"cannot read the host ld cache: "
                        f"{exc.stderr_tail(2)}", fix)
+    if n.node_image_driver:
+        return _image_ld_cache(n, entries)
     problems, good = [], []
     for lib in LIBS:
         paths = entries.get(lib, [])
@@ -479,6 +579,28 @@ def check_host_ld_cache(n: Node) -> Finding:
     return Finding("host_ld_cache", OK, "; ".join(good))
 
 
+def _image_ld_cache(n: Node, entries: dict[str, list[str]]) -> Finding:
+    """The node image's driver: its libraries must resolve, to the loaded driver's version."""
+    problems, good = [], []
+    for lib in LIBS:
+        paths = entries.get(lib, [])
+        real = n.host.resolve(paths[0]).resolve() if paths else None
+        if not paths:
+            problems.append(f"{lib} is not in the host ld cache")
+        elif real is None or not real.exists():
+            problems.append(f"{lib} => {paths[0]}, which does not exist")
+        elif not real.name.endswith(f".so.{n.loaded_version}"):
+            problems.append(f"{lib} => {paths[0]} ({real.name}), not the loaded driver "
+                            f"{n.loaded_version}")
+        else:
+            good.append(f"{lib} => {paths[0]}")
+    if problems:
+        return Finding("host_ld_cache", FAIL, "; ".join(problems + good),
+                       "the node image's ld.so.conf.d must name its driver's lib64 (then "
+                       "ldconfig); workloads can also set LD_LIBRARY_PATH")
+    return Finding("host_ld_cache", OK, "; ".join(good) + " (the node image's driver)")
+
+
 def check_readiness(n: Node) -> Finding:
     fields = readiness.read(n.host)
     path = readiness.READY_HOST_PATH
@@ -490,6 +612,9 @@ def check_readiness(n: Node) -> Finding:
                        "but components waiting for the file (device plugin, toolkit) stay blocked",
                        "fix the upgrade (installer_status): the file is written again once a "
                        "run verifies the driver")
+    if fields is None and n.node_image_driver:
+        return Finding("readiness", OK, f"{path} is absent: install writes it after verifying "
+                       "a driver it installed, and the loaded one is the node image's")
     if fields is None:
         return Finding("readiness", WARN, f"{path} is absent: components waiting for it (device "
                        "plugin, toolkit) stay blocked",
@@ -539,6 +664,16 @@ def check_disk(n: Node) -> Finding:
     path = n.install.root
     while not path.exists() and path != path.parent:
         path = path.parent
+    if _read_only(path):
+        # A squashfs (a node image's driver) has no free block, and never will: that is
+        # no disk to free, only a dir install cannot write.
+        if n.node_image_driver:
+            return Finding("disk_space", OK, f"{path} is read-only (the node image's): "
+                           "nothing is written there")
+        return Finding("disk_space", FAIL, f"{path} is on a read-only filesystem: install "
+                       "cannot write the driver there",
+                       "point --install-dir-host (NVIDIA_INSTALL_DIR_HOST) at a writable dir "
+                       "on the node, e.g. /home/kubernetes/bin/nvidia")
     free = shutil.disk_usage(path).free
     mib = free >> 20
     if free < FREE_MINIMUM:
@@ -555,6 +690,7 @@ CHECKS: tuple[tuple[str, Callable[[Node], Finding]], ...] = (
     ("host", check_host),
     ("gpus", check_gpus),
     ("module_signing", check_module_signing),
+    ("modules_disabled", check_modules_disabled),
     ("installer_status", check_installer_status),
     ("cache", check_cache),
     ("install_dir", check_install_dir),

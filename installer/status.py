@@ -11,6 +11,8 @@ from installer import __version__, cache, safejson
 from installer.errors import IntegrityError, NotInstalledError
 from installer.fsutil import UnreadableFile, read_limited, write_record
 from installer.installdir import InstallDir
+from installer.kernel import KernelState
+from installer.modules import loaded_driver_version
 from installer.net.policy import scrub
 
 MAX_BYTES = 1 << 20
@@ -63,6 +65,14 @@ def report(install: InstallDir) -> dict[str, Any]:
 def exit_code(doc: dict[str, Any]) -> int:
     """The last run's exit code; ``NotInstalledError`` when the installer never ran here."""
     if doc["last_run"] is None:
+        loaded = loaded_driver_version(KernelState()) if doc["cache"] is None else None
+        if loaded is not None:  # a node image's driver (a real H100 node: tests/data/gpu-node)
+            raise NotInstalledError(
+                f"the installer has not run on this node (no status.json in "
+                f"{doc['install_dir']}); driver {loaded} is loaded, by the node image, not by "
+                "this tool", hint="nothing to do while that driver is the one wanted (doctor "
+                "checks it); to have this tool manage the driver, run install",
+                path=doc["install_dir"])
         raise NotInstalledError(
             f"the installer has not run on this node (no status.json in {doc['install_dir']})",
             hint="run install, or check --install-dir / NVIDIA_INSTALL_DIR_CONTAINER names "
