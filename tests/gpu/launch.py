@@ -41,6 +41,8 @@ def fresh_dev() -> None:
     STUB.write_text(f'#!/bin/sh\necho "$0 $*" >> {STUB_LOG}\n'
                     'echo "ndi gpu tier: $0 $* refused (read-only)" >&2\nexit 1\n')
     STUB.chmod(0o755)
+    STUB_LOG.touch()
+    STUB_LOG.chmod(0o666)  # a call made as uid 65534 is recorded too
     targets = set()
     modprobe = Path("/proc/sys/kernel/modprobe")
     for p in ((modprobe.read_text().strip() if modprobe.is_file() else ""), *MODULE_TOOL_PATHS):

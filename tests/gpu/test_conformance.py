@@ -119,6 +119,7 @@ def legitimate_warnings(gpu_node: GpuNode) -> dict[str, str]:
 
 def test_doctor_is_healthy_with_only_legitimate_warnings(gpu_node, smi):
     res = cli("doctor", *host_args(gpu_node.install_dir), "-o", "json")
+    assert res.stdout.lstrip().startswith("{"), res.describe()
     report = json.loads(res.stdout)
     allowed = legitimate_warnings(gpu_node)
     exempt = set() if gpu_node.has_record else INSTALLER_MADE
