@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install deps test test-vm demo lint manifests lock images push test-images test-pod bench clean
+.PHONY: help install deps test test-vm test-gpu demo lint manifests lock images push test-images test-pod bench clean
 
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -23,7 +23,7 @@ deps:  ## Debian packages the tests and the demo need (root)
 	bash scripts/install-deps.sh
 
 test: install  ## the default test run (unit + chroot fixture tests), well under 15 min
-	$(PY) -m pytest tests --ignore=tests/vm --ignore=tests/realparts $(PYTEST_ARGS)
+	$(PY) -m pytest tests --ignore=tests/vm --ignore=tests/realparts --ignore=tests/gpu $(PYTEST_ARGS)
 
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
 	$(PY) -m tests.demo
@@ -64,6 +64,9 @@ test-pod: install  ## the committed manifests' pods under podman + runc on fixtu
 
 test-vm: install  ## NVIDIA's real 535/470 (6.1) and 550 open+proprietary (6.12) modules built through the installer, loaded in real kernels under qemu (slow tier, ~18 min cold)
 	$(PY) -m pytest tests/realparts tests/vm $(PYTEST_ARGS)
+
+test-gpu: install  ## on a real NVIDIA GPU node (root): detect, verify, doctor, the device-file step + CUDA as uid 65534, nvidia-smi exit 9/12, dry run, verify timing; READ-ONLY (no module load/unload, no GPU setting; device files only in a private tmpfs /dev); report in NDI_GPU_REPORT_DIR; skips in seconds without a GPU (NDI_GPU_REQUIRED=1: fail)
+	$(PY) -m pytest tests/gpu $(PYTEST_ARGS)
 
 bench: install  ## performance figures vs baselines measured in the same run
 	$(PY) bench/run_all.py
