@@ -370,15 +370,14 @@ def check_kernel_modules(n: Node) -> Finding:
         return Finding("kernel_modules", FAIL, "no NVIDIA kernel module is loaded",
                        "run install (after a reboot it loads the cached driver in seconds)")
     detail = f"driver {version} loaded ({', '.join(ours)})"
-    if not n.kernel.can_unload():
-        # No CONFIG_MODULE_UNLOAD: /proc/modules prints "-" for every refcount and user
-        # (kernel/module/procfs.c print_unload_info); nothing can be unloaded or counted.
-        busy: dict[str, list[str]] = {}
-        use = "this kernel cannot unload modules (built without module unload support)"
-    else:
-        busy = modules.users(n.kernel)
-        held = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
-        use = f"in use by {held}" if held else "not in use"
+    # Without CONFIG_MODULE_UNLOAD ("-" refcounts) users() names the processes holding
+    # /dev/nvidia* open instead; nothing can be unloaded before a reboot.
+    busy = modules.users(n.kernel)
+    held = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
+    use = f"in use by {held}" if held else "not in use"
+    stuck = not n.kernel.can_unload()
+    if stuck:
+        use += "; this kernel cannot unload modules (built without module unload support)"
     if n.node_image_driver:
         detail += " by the node image"
     cached = n.record.driver_version if n.record else None
@@ -392,7 +391,8 @@ def check_kernel_modules(n: Node) -> Finding:
                        f"works; {upgrade.what}; {use}", fix)
     for other, label in ((cached, "the install dir holds"), (wanted, "the last run wanted")):
         if other and version != other:
-            fix = (DRAIN if busy else "re-run install: the old driver is unused, so it is "
+            fix = ("reboot the node: this kernel cannot unload the running driver" if stuck
+                   else DRAIN if busy else "re-run install: the old driver is unused, so it is "
                    "unloaded and replaced")
             return Finding("kernel_modules", FAIL, f"{detail}, but {label} {other} (libraries "
                            f"and kernel module differ: NVML 'Driver/library version mismatch'); "

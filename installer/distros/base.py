@@ -180,11 +180,13 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
     )
     typed = {"driver_version": version, "kernel_module_type": module_type,
              "driver_url": driver_url, "driver_sha256": driver_sha256}
+    # A load is needed now, or at the next boot for a staged version: a kernel refusing
+    # every load (kernel.modules_disabled=1, usually the node image's) stops both first.
+    loading = () if ctx.settings.install_only else (steps.check_module_loading(version),)
     if in_use is not None:
         return Plan("staged", (
-            check_gpus, *early, *fill, *steps.stage_for_next_boot(key, in_use),
+            check_gpus, *loading, *early, *fill, *steps.stage_for_next_boot(key, in_use),
         ), **typed, display={**display, "running_driver_version": in_use.running_version})
-    loading = () if ctx.settings.install_only else (steps.check_module_loading(version),)
     return Plan("fresh", (
         check_gpus, *loading, *early, steps.check_loaded_driver(version), *fill,
         *steps.activate_staged(ctx, version, key),
@@ -193,12 +195,11 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
 
 def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:
     """The other driver to leave running: when --when-in-use stage asks to wait for it, or
-    whatever it says when the kernel can unload nothing before a reboot (no
-    CONFIG_MODULE_UNLOAD, kernel.modules_disabled=1: failing would change nothing a
-    drain could fix)."""
+    whenever the kernel can unload nothing before a reboot (no CONFIG_MODULE_UNLOAD:
+    failing would change nothing a drain could fix)."""
     if ctx.settings.install_only:
         return None
-    if ctx.settings.when_in_use != "stage" and modules.why_no_unload(ctx.kernel) is None:
+    if ctx.settings.when_in_use != "stage" and ctx.kernel.can_unload():
         return None
     found = modules.in_use_by_other(ctx.kernel, version)
     if found is not None:

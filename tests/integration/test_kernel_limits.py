@@ -113,7 +113,7 @@ def test_modules_disabled_refuses_before_any_download_and_before_signatures(
     assert server.requests == [] and _module_calls(kernel) == []
 
 
-def test_modules_disabled_with_the_wanted_driver_loaded_and_cached_succeeds(disabled_pod):
+def test_modules_disabled_with_the_wanted_driver_loaded_and_cached_succeeds(disabled_pod, node):
     kernel, pod = disabled_pod
     ok(pod.run("install"))
     kernel.set_modules_disabled()  # a boot script locks module loading after the driver
@@ -121,8 +121,11 @@ def test_modules_disabled_with_the_wanted_driver_loaded_and_cached_succeeds(disa
     proc = ok(pod.run("install"))
     assert last_event(proc)["plan"] == "cached"
     assert _module_calls(kernel, since) == []
-    # Another version now: it must load, so it refuses, naming the setting.
-    proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2})
-    assert proc.returncode == 0, proc.stderr[-2000:]  # staged: nothing loads now
-    assert last_event(proc)["plan"] == "staged"
-    assert "modules_disabled" in last_event(proc)["message"]
+    # Another version, even staged for the next boot: it must load then, and the setting
+    # is usually the node image's, so it refuses now, naming it.
+    for when_in_use in ("fail", "stage"):
+        proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2, "WHEN_IN_USE": when_in_use})
+        assert proc.returncode == 8, proc.stderr[-2000:]
+        assert last_event(proc)["step"] == "check_module_loading"
+        assert "kernel.modules_disabled=1" in last_event(proc)["error"]
+    assert not (node.install_dir / ".next-boot").exists()
