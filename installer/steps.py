@@ -466,7 +466,7 @@ def apply_module_args() -> Step:
 
     def run(ctx: Context) -> None:
         before, wanted = ctx.work.module_args_loaded, ctx.settings.module_args
-        if before is None or sorted(before) == sorted(wanted) or "nvidia" not in ctx.kernel.modules():
+        if before is None or sorted(before) == sorted(wanted) or not ctx.kernel.is_loaded("nvidia"):
             return
         held = modules.holders(ctx.kernel)
         if held:
