@@ -36,6 +36,7 @@ from installer.fsutil import remove_tree
 from installer.gke import vulkan_icd
 from installer.headers import KernelTree
 from installer.installdir import Tree
+from installer.kernel import module_name
 from installer.net.policy import file_name
 from installer.plan import Step
 from installer.runner import CommandError
@@ -308,7 +309,10 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
         devnodes.create(tree.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
                         ctx.settings.module_args)
 
-    return Step("device_nodes", run, devnodes.plan(ctx.kernel, ctx.settings.module_args).describe())
+    # Planned before the load: the files of the modules load_modules loads.
+    loads = tuple(module_name(f) for f in modules.LOAD_ORDER)
+    return Step("device_nodes", run,
+                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads).describe())
 
 
 def verify_staged(version: str | None = None) -> Step:
