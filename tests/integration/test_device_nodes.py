@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from installer import devnodes
-from tests.fixtures.fakekmod import UVM_MAJOR
+from tests.fixtures.fakekmod import CAPS_MAJOR, UVM_MAJOR
 from tests.integration.conftest import V1, V2
 from tests.pod import events, last_event, ok, reboot_then_cached_install
 
@@ -27,7 +27,9 @@ def assert_exact_nodes(kernel, gpu_count: int) -> None:
     want = expected(list(range(gpu_count)))
     got = {n: d for n, d in kernel.devices().items() if n.startswith("nvidia")}
     assert got == want
-    assert kernel.char_links() == {f"{ma}:{mi}": f"../{n}" for n, (ma, mi) in want.items()}
+    # verify's nvidia-smi (NVML, root) made the MIG capability files; dev_char_links linked them.
+    caps = {f"{CAPS_MAJOR}:{m}": f"../nvidia-caps/nvidia-cap{m}" for m in (1, 2)}
+    assert kernel.char_links() == {f"{ma}:{mi}": f"../{n}" for n, (ma, mi) in want.items()} | caps
     calls = kernel.calls("nvidia-modprobe")[-2:]
     assert [c["argv"] for c in calls] == [
         ["-c255", *(f"-c{m}" for m in range(gpu_count)), "-m"], ["-c0", "-u"]]
