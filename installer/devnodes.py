@@ -15,6 +15,12 @@ first release that also links ``/dev/char/<major>:<minor>``, to 550 and later):
   "nvidia-uvm" in /proc/devices, minor N) and ``/dev/nvidia-uvm-tools`` (N + 1). Only
   ``-c0`` is right: ``-c0 -c1 -u`` leaves nvidia-uvm at minor 1.
 
+We ask only for the files of the modules that are loaded: nvidia-modprobe loads a module
+it is asked about and is not loaded (``modprobe_helper``), and fails when it cannot (a real
+H100 node with only nvidia and nvidia_uvm loaded, ``kernel.modules_disabled=1``: ``-m``
+exits 1). ``nvidia`` -> ``nvidiactl``, ``nvidiaN``; ``nvidia_uvm`` -> ``nvidia-uvm``,
+``nvidia-uvm-tools``; ``nvidia_modeset`` -> ``nvidia-modeset``.
+
 With ``NVreg_ModifyDeviceFiles=0`` the driver leaves device files to the admin
 (``mknod_helper`` only links existing ones); we make none either and only check them.
 """
@@ -67,28 +73,52 @@ def modify_allowed(params_text: str | None, module_args: tuple[str, ...]) -> boo
     return True
 
 
-def modprobe_invocations(minors: list[int]) -> list[list[str]]:
-    """nvidia-modprobe's argv lists (after the program) for these GPU minors."""
-    return [
+# The modules whose device files nvidia-modprobe makes, in the order it is asked.
+NODE_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
+DATACENTER = ("nvidia", "nvidia_uvm")
+
+
+def modprobe_invocations(minors: list[int],
+                         loaded: tuple[str, ...] = DATACENTER) -> list[list[str]]:
+    """nvidia-modprobe's argv lists (after the program) for these GPU minors, asking only
+    for the files of the ``loaded`` modules (anything else it would try to load)."""
+    calls = []
+    if "nvidia" in loaded:
         # No -u: each -c is nvidia_mknod(); 255 is nvidiactl; -m nvidia_modeset_mknod().
-        [f"-c{CTL_MINOR}", *(f"-c{m}" for m in minors), "-m"],
+        calls.append([f"-c{CTL_MINOR}", *(f"-c{m}" for m in minors),
+                      *(["-m"] if "nvidia_modeset" in loaded else [])])
+    if "nvidia_uvm" in loaded:
         # -u: -c0 is the UVM base minor, nvidia-uvm 0 and nvidia-uvm-tools 1 (nvidia_uvm_mknod).
-        ["-c0", "-u"],
-    ]
+        calls.append(["-c0", "-u"])
+    return calls
 
 
-def expected_nodes(minors: list[int]) -> list[str]:
-    return ["nvidiactl", *(f"nvidia{m}" for m in minors), "nvidia-modeset", *UVM_NODES]
+def expected_nodes(minors: list[int], loaded: tuple[str, ...] = DATACENTER) -> list[str]:
+    """The device files of the ``loaded`` modules."""
+    nodes = ["nvidiactl", *(f"nvidia{m}" for m in minors)] if "nvidia" in loaded else []
+    if "nvidia_modeset" in loaded:
+        nodes.append("nvidia-modeset")
+    return nodes + (list(UVM_NODES) if "nvidia_uvm" in loaded else [])
+
+
+def loaded_modules(kernel: KernelState) -> tuple[str, ...]:
+    """Which of NODE_MODULES are loaded (/sys/module/<m>/initstate)."""
+    return tuple(m for m in NODE_MODULES if kernel.is_loaded(m))
 
 
 @dataclass(frozen=True)
 class Plan:
     minors: list[int]
     modify: bool
+    modules: tuple[str, ...] = DATACENTER  # the loaded ones whose files are made
 
     @property
     def invocations(self) -> list[list[str]]:
-        return modprobe_invocations(self.minors) if self.modify else []
+        return modprobe_invocations(self.minors, self.modules) if self.modify else []
+
+    @property
+    def nodes(self) -> list[str]:
+        return expected_nodes(self.minors, self.modules)
 
     def describe(self) -> str:
         if not self.modify:
@@ -114,23 +144,34 @@ def gpu_minors(kernel: KernelState) -> list[int]:
     return list(range(max(1, len(gpus.scan(kernel.sys_dir)))))
 
 
-def plan(kernel: KernelState, module_args: tuple[str, ...]) -> Plan:
+def plan(kernel: KernelState, module_args: tuple[str, ...],
+         loaded: tuple[str, ...] | None = None) -> Plan:
+    """``loaded``: the modules whose files to make (None: those loaded now)."""
     params = _read(kernel.proc_dir / "driver/nvidia/params")
-    return Plan(gpu_minors(kernel), modify_allowed(params, module_args))
+    loaded = loaded_modules(kernel) if loaded is None else tuple(
+        m for m in NODE_MODULES if m in loaded)
+    return Plan(gpu_minors(kernel), modify_allowed(params, module_args), loaded)
 
 
 def create(modprobe: Path, kernel: KernelState, runner: Runner,
            module_args: tuple[str, ...]) -> list[str]:
-    """Make the device files (unless the driver forbids it) and check they all exist."""
+    """Make the device files of the loaded modules (unless the driver forbids it), check
+    they all exist and link them in /dev/char."""
     p = plan(kernel, module_args)
     dev = kernel.dev_dir
+    if "nvidia" not in p.modules:
+        raise VerifyError("cannot create the NVIDIA device files: the nvidia module is not "
+                          "loaded", hint="load the driver first (re-run install); check "
+                          "dmesg for why it is gone", path=str(dev))
     if p.modify:
         if not os.access(dev, os.W_OK):
             raise VerifyError(f"cannot create the NVIDIA device files: {dev} is not writable",
                               hint="mount the host's /dev read-write into the container "
                               "(privileged)", path=str(dev))
-        # symlink_char_dev fails the whole call when /dev/char is missing (devtmpfs has it).
-        (dev / "char").mkdir(exist_ok=True)
+        # nvidia-modprobe's symlink_char_dev fails the whole call when /dev/char is missing
+        # (devtmpfs has it; Debian's 535.309.01 exits 1 in an empty tmpfs /dev).
+        _make_char_dir(dev)
+        loaded = ", ".join(p.modules)
         for argv in p.invocations:
             try:
                 runner.run([modprobe, *argv], timeout=TIMEOUT_S, env=kernel.seam_env())
@@ -138,10 +179,11 @@ def create(modprobe: Path, kernel: KernelState, runner: Runner,
                 raise VerifyError(  # exc.reason: "exited with N" or "timed out after Ns"
                     f"nvidia-modprobe {' '.join(argv)} {exc.reason}"
                     f"{': ' + exc.stderr_tail(2) if exc.stderr_tail(2) else ''}",
-                    hint="check that nvidia, nvidia-modeset and nvidia-uvm are loaded "
-                    "(/proc/devices lists nvidia-uvm) and /dev is the host's",
+                    hint=f"it was asked only for the files of the loaded modules ({loaded}): "
+                    "check they are still loaded (/proc/modules, /proc/devices) and /dev is "
+                    "the host's, mounted read-write",
                     path=str(modprobe)) from exc
-    missing = [n for n in expected_nodes(p.minors) if not (dev / n).exists()]
+    missing = [n for n in p.nodes if not (dev / n).exists()]
     if missing:
         what = ", ".join(f"/dev/{n}" for n in missing)
         if not p.modify:
@@ -151,18 +193,33 @@ def create(modprobe: Path, kernel: KernelState, runner: Runner,
                               "drop NVreg_ModifyDeviceFiles=0 from the module parameters")
         raise VerifyError(f"device files missing after nvidia-modprobe: {what}", path=str(dev),
                           hint="check /dev is the host's /dev, mounted read-write")
-    nodes = expected_nodes(p.minors)
     _link_char_devices(dev)
-    log.info("device_nodes_ready", nodes=nodes, made_by="nvidia-modprobe" if p.modify else None)
-    return nodes
+    log.info("device_nodes_ready", nodes=p.nodes, modules=list(p.modules),
+             made_by="nvidia-modprobe" if p.modify else None)
+    return p.nodes
 
 
-def _link_char_devices(dev: Path) -> None:
+def _make_char_dir(dev: Path) -> None:
+    try:
+        (dev / "char").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise VerifyError(f"cannot create {dev / 'char'}: {exc.strerror or exc}",
+                          hint="the container needs the host's /dev mounted read-write",
+                          path=str(dev / "char")) from exc
+
+
+def link_char_devices(dev: Path) -> list[str]:
+    """/dev/char links for every NVIDIA device file there now (e.g. the nvidia-caps files
+    NVML makes during verify); the names changed."""
+    return _link_char_devices(dev)
+
+
+def _link_char_devices(dev: Path) -> list[str]:
     """/dev/char/<major>:<minor> for every NVIDIA node (nvidia-modprobe's own links do not
     cover nodes it did not make): without them GPU containers lose access after a
     systemctl daemon-reload ("Failed to initialize NVML: Unknown Error")."""
     try:
-        devchar.create(dev)
+        return devchar.create(dev)
     except OSError as exc:
         raise VerifyError(
             f"could not create the /dev/char symlinks: {exc}",

@@ -467,10 +467,10 @@ def check_gpu_firmware(n: Node) -> Finding:
 
 def check_device_nodes(n: Node) -> Finding:
     dev = n.kernel.dev_dir
-    # One /dev/nvidia<minor> per GPU as the driver numbers them; modeset when it is loaded.
-    modeset = "nvidia_modeset" in n.kernel.modules()
-    wanted = [name for name in devnodes.expected_nodes(devnodes.gpu_minors(n.kernel))
-              if modeset or name != "nvidia-modeset"]
+    # One /dev/nvidia<minor> per GPU as the driver numbers them; those of the loaded
+    # modules only (uvm's, modeset's when loaded).
+    minors, loaded = devnodes.gpu_minors(n.kernel), devnodes.loaded_modules(n.kernel)
+    wanted = devnodes.expected_nodes(minors, loaded)
     present = {d.rel: d for d in devchar.nvidia_char_devices(dev)}
     missing = [w for w in wanted if w not in present]
     not_chr = [w for w in missing if (dev / w).exists()]
@@ -491,8 +491,9 @@ def check_device_nodes(n: Node) -> Finding:
         if not_chr:
             what += f" ({', '.join(not_chr)} exist but are not character devices)"
         return Finding("device_nodes", FAIL, f"missing: {what} (present: {detail}{caps_detail})",
-                       "re-run install, or on the node: nvidia-modprobe -c255 -c0 -m, then "
-                       "nvidia-modprobe -c0 -u (one -cN per GPU minor in the first)")
+                       "re-run install, or on the node: " + ", then ".join(
+                           "nvidia-modprobe " + " ".join(a)
+                           for a in devnodes.modprobe_invocations(minors, loaded)))
     if closed:
         return Finding("device_nodes", WARN, f"{detail}{caps_detail}; not mode 0666: "
                        f"{', '.join('/dev/' + c for c in closed)}",

@@ -107,17 +107,81 @@ def load(
     return loaded_now
 
 
+# nvidia.ko registers every NVreg_* option with permission 0 (open-gpu-kernel-modules
+# kernel-open/common/inc/nv-linux.h: NV_MODULE_PARAMETER(x) is module_param(x, int, 0),
+# NV_MODULE_STRING_PARAMETER(x) module_param(x, charp, 0); nv-reg.h NV_DEFINE_REG_ENTRY),
+# so /sys/module/nvidia/parameters/ does not exist (a real H100 node, 580.159.04). The values
+# the driver runs with are in /proc/driver/nvidia/params, without the NVreg_ prefix: numbers
+# as "%s: %u", strings as '%s: "%s"' (nv-procfs.c nv_procfs_read_params).
+NVIDIA_PARAMS = "driver/nvidia/params"  # under /proc
+NVREG = "NVreg_"
+
+
+def parse_nvidia_params(text: str) -> dict[str, str]:
+    """/proc/driver/nvidia/params -> ``{"NVreg_ModifyDeviceFiles": "1", "NVreg_RmMsg": ""}``:
+    keys as the module parameters are named, string values unquoted."""
+    out = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip():
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        out[NVREG + name.strip()] = value
+    return out
+
+
+def loaded_params(kernel: KernelState, module: str) -> dict[str, str] | None:
+    """The parameter values a loaded module runs with (None: it is not loaded, or nvidia's
+    /proc/driver/nvidia/params cannot be read): nvidia's from /proc/driver/nvidia/params
+    (named ``NVreg_X`` as passed to insmod), every other module's from
+    /sys/module/<m>/parameters (the readable ones)."""
+    module = module_name(module)
+    if not kernel.is_loaded(module):
+        return None
+    if module == "nvidia":
+        try:
+            return parse_nvidia_params((kernel.proc_dir / NVIDIA_PARAMS).read_text())
+        except OSError:
+            return None
+    found: dict[str, str] = {}
+    params_dir = kernel.sys_dir / "module" / module / "parameters"
+    try:
+        entries = sorted(params_dir.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            found[entry.name] = entry.read_text().strip()
+        except OSError:  # mode 0200 and the like: not readable
+            continue
+    return found
+
+
+def _same_value(want: str, have: str) -> bool:
+    """``want`` as insmod takes it, ``have`` as the kernel prints it: the kernel strips the
+    quotes (kernel/params.c next_arg), parses numbers with base 0 and prints nvidia's as
+    unsigned (nv-procfs.c "%u": -1 reads back 4294967295), bools as Y/N (param_get_bool)."""
+    if len(want) >= 2 and want[0] == want[-1] == '"':
+        want = want[1:-1]
+    if want == have:
+        return True
+    if have in ("Y", "N"):
+        return want in (("1", "y", "Y", "on") if have == "Y" else ("0", "n", "N", "off"))
+    try:
+        return int(want, 0) % 2**32 == int(have, 0) % 2**32
+    except ValueError:
+        return False
+
+
 def params_not_applied(kernel: KernelState, item: ModuleLoad) -> list[str]:
-    """Requested ``key=value`` params a loaded module does not have (per /sys/module)."""
+    """Requested ``key=value`` params the loaded module does not run with (loaded_params)."""
+    have = loaded_params(kernel, item.name) or {}
     differ = []
     for param in item.params:
         key, _, want = param.partition("=")
-        path = kernel.sys_dir / "module" / item.name / "parameters" / key
-        try:
-            have = path.read_text().strip()
-        except OSError:
-            have = None
-        if have != want:
+        if key not in have or not _same_value(want, have[key]):
             differ.append(param)
     return differ
 

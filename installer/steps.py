@@ -31,11 +31,13 @@ from installer.errors import (
     BuildError,
     ModuleLoadError,
     UsageError,
+    VerifyError,
 )
 from installer.fsutil import remove_tree
 from installer.gke import vulkan_icd
 from installer.headers import KernelTree
 from installer.installdir import Tree
+from installer.kernel import module_name
 from installer.net.policy import file_name
 from installer.plan import Step
 from installer.runner import CommandError
@@ -334,7 +336,10 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
         devnodes.create(tree.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
                         ctx.settings.module_args)
 
-    return Step("device_nodes", run, devnodes.plan(ctx.kernel, ctx.settings.module_args).describe())
+    # Planned before the load: the files of the modules load_modules loads.
+    loads = tuple(module_name(f) for f in modules.LOAD_ORDER)
+    return Step("device_nodes", run,
+                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads).describe())
 
 
 def verify_staged(version: str | None = None) -> Step:
@@ -466,9 +471,26 @@ def persistence_mode() -> Step:
     return Step("persistence_mode", run, "nvidia-smi -pm 1")
 
 
+def dev_char_links() -> Step:
+    """/dev/char links for every NVIDIA device file there at the end of the run: NVML (the
+    verify's nvidia-smi, as root) makes /dev/nvidia-caps/nvidia-cap1 and -cap2 on MIG-capable
+    GPUs after device_nodes linked its files (a real H100 node, transcript section D). Only
+    links; a failure is a warning (the driver works; doctor's dev_char check names it)."""
+
+    def run(ctx: Context) -> None:
+        try:
+            devnodes.link_char_devices(ctx.kernel.dev_dir)
+        except VerifyError as exc:
+            log.warning("dev_char_links_failed", error=exc.message, hint=exc.hint)
+
+    return Step("dev_char_links", run, "/dev/char/<major>:<minor> links for every NVIDIA "
+                "device file, the nvidia-caps ones nvidia-smi made included")
+
+
 def after_verify(ctx: Context) -> tuple[Step, ...]:
-    """What follows the final nvidia-smi: optional persistence mode."""
-    return (persistence_mode(),) if ctx.settings.persistence_mode else ()
+    """What follows the final nvidia-smi: optional persistence mode, then the /dev/char links
+    of every device file made by then."""
+    return (*((persistence_mode(),) if ctx.settings.persistence_mode else ()), dev_char_links())
 
 
 def install_only(ctx: Context, version: str, key: CacheKey | None) -> tuple[Step, ...]:
@@ -537,6 +559,7 @@ def stage_for_next_boot(key: CacheKey, in_use: InUse) -> tuple[Step, ...]:
         stage_next_boot(key, in_use),
         container_ld_cache(),  # this container's: nvidia-smi of the running driver resolves
         verify_install(in_use.running_version),
+        dev_char_links(),
     )
 
 

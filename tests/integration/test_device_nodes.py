@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from installer import devnodes
-from tests.fixtures.fakekmod import UVM_MAJOR
-from tests.integration.conftest import V2
+from tests.fixtures.fakekmod import CAPS_MAJOR, UVM_MAJOR
+from tests.integration.conftest import V1, V2
 from tests.pod import events, last_event, ok, reboot_then_cached_install
 
 NV_MAJOR = 195
@@ -27,7 +27,9 @@ def assert_exact_nodes(kernel, gpu_count: int) -> None:
     want = expected(list(range(gpu_count)))
     got = {n: d for n, d in kernel.devices().items() if n.startswith("nvidia")}
     assert got == want
-    assert kernel.char_links() == {f"{ma}:{mi}": f"../{n}" for n, (ma, mi) in want.items()}
+    # verify's nvidia-smi (NVML, root) made the MIG capability files; dev_char_links linked them.
+    caps = {f"{CAPS_MAJOR}:{m}": f"../nvidia-caps/nvidia-cap{m}" for m in (1, 2)}
+    assert kernel.char_links() == {f"{ma}:{mi}": f"../{n}" for n, (ma, mi) in want.items()} | caps
     calls = kernel.calls("nvidia-modprobe")[-2:]
     assert [c["argv"] for c in calls] == [
         ["-c255", *(f"-c{m}" for m in range(gpu_count)), "-m"], ["-c0", "-u"]]
@@ -86,3 +88,41 @@ def test_no_installer_code_makes_device_files_itself():
     src = Path(devnodes.__file__).parent
     offenders = [str(p) for p in src.rglob("*.py") if re.search(r"\bmknod\b\s*\(", p.read_text())]
     assert offenders == []
+
+
+def test_only_nvidia_and_uvm_loaded_makes_their_files_and_no_modeset(driver_run, fake_kernel,
+                                                                    monkeypatch, tmp_path):
+    """The real H100 node (transcript sections B, E): nvidia and nvidia_uvm loaded, an empty
+    /dev. The old step's `nvidia-modprobe -c255 -c0 -m` asked for nvidia-modeset, which
+    NVIDIA's binary then tries to load, and failed; devnodes.create asks NVIDIA's real
+    nvidia-modprobe (the payload's launcher) only for the loaded modules' files, after
+    making /dev/char (without it Debian's binary exits 1: transcript section D)."""
+    import shutil
+    import subprocess
+
+    from installer.kernel import KernelState
+    from installer.runner import Runner
+    from tests.fixtures.kernel import fake_ko
+
+    fake_kernel.add_gpu()
+    env = fake_kernel.subprocess_env()
+    for name, stem, deps in (("nvidia", "nvidia", ()), ("nvidia_uvm", "nvidia-uvm", ("nvidia",))):
+        ko = tmp_path / f"{stem}.ko"
+        ko.write_bytes(fake_ko(name, fake_kernel.release, version=V1, depends=deps))
+        subprocess.run(["insmod", str(ko)], env=env, check=True)
+    nvidia_modprobe = driver_run.payload(V1) / "nvidia-modprobe"
+    old = subprocess.run([nvidia_modprobe, "-c255", "-c0", "-m"], env=env, capture_output=True)
+    assert old.returncode == 1  # the old argv: nvidia-modeset cannot be had
+    for leftover in fake_kernel.dev_dir.iterdir():  # an empty tmpfs /dev, as on the node
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+
+    fake_kernel.activate(monkeypatch)
+    nodes = devnodes.create(nvidia_modprobe, KernelState(), Runner(), ())
+    want = {"nvidiactl": (NV_MAJOR, 255), "nvidia0": (NV_MAJOR, 0),
+            "nvidia-uvm": (UVM_MAJOR, 0), "nvidia-uvm-tools": (UVM_MAJOR, 1)}
+    assert nodes == list(want)
+    assert {n: d for n, d in fake_kernel.devices().items() if n.startswith("nvidia")} == want
+    assert fake_kernel.char_links() == {f"{ma}:{mi}": f"../{n}" for n, (ma, mi) in want.items()}
+    assert [c["argv"] for c in fake_kernel.calls("nvidia-modprobe")][-2:] == [
+        ["-c255", "-c0"], ["-c0", "-u"]]
+    assert "nvidia_modeset" not in fake_kernel.loaded()

@@ -197,7 +197,10 @@ SINGLE_FAILURES = ["load_modules", "device_nodes", "verify_staged", "verify"]
 
 
 def test_every_step_after_the_unload_has_a_failure_test():
-    after = ACTIVATE_STAGED[ACTIVATE_STAGED.index("unload_other_driver") + 1:]
+    """Up to record_cache: after it the new driver is committed and nothing rolls back
+    (dev_char_links only warns)."""
+    after = ACTIVATE_STAGED[ACTIVATE_STAGED.index("unload_other_driver") + 1:
+                            ACTIVATE_STAGED.index("record_cache") + 1]
     tested = Counter([step for step, _, _ in LATER_FAILURES] + SINGLE_FAILURES)
     assert Counter(after) - tested == Counter()
 

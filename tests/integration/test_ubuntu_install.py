@@ -284,7 +284,8 @@ def test_lockdown_refusing_cached_unsigned_modules_is_exit_10(node, pod, kernel,
 def test_params_for_an_already_loaded_module_are_reported_not_applied(node, pod, kernel, server):
     """When nothing says which parameters the loaded driver got (no readiness file this boot:
     loaded by someone else, or by an installer before NVIDIA_MODULE_ARGS was recorded), it is
-    not reloaded on a guess; sysfs shows what differs (test_upgrades: the recorded case)."""
+    not reloaded on a guess; /proc/driver/nvidia/params shows what differs (test_upgrades:
+    the recorded case)."""
     ok(pod.run("install"))
     (node.root / "run/nvidia/validations/driver-ready").unlink()
     proc = ok(pod.run("install", "--module-arg", "nvidia.NVreg_EnableGpuFirmware=0"))
@@ -383,5 +384,7 @@ def test_module_args_reach_the_loaded_module(node, pod, kernel, server):
     loaded = kernel.loaded()
     assert loaded["nvidia"].params == {"NVreg_EnableGpuFirmware": "0"}
     assert loaded["nvidia_uvm"].params == {"uvm_disable_hmm": "1"}
-    assert (kernel.sys_dir / "module/nvidia/parameters/NVreg_EnableGpuFirmware").read_text() == "0\n"
+    # nvidia.ko's options are not in sysfs (permission 0): /proc/driver/nvidia/params has them.
+    assert not (kernel.sys_dir / "module/nvidia/parameters").exists()
+    assert "EnableGpuFirmware: 0\n" in (kernel.proc_dir / "driver/nvidia/params").read_text()
     assert kernel.calls("init_module") == []

@@ -92,3 +92,35 @@ def test_remove_nodes_takes_only_nvidia_char_devices(dev):
                                "nvidia0", "nvidiactl"]
     assert sorted(p.name for p in dev.iterdir()) == ["null", "nvidia-notadevice"]
     assert devchar.remove_nodes(dev) == []
+
+
+def test_the_final_step_links_the_caps_files_nvml_made_after_device_nodes(dev):
+    """On the real H100 node nvidia-smi (as root) made /dev/nvidia-caps/nvidia-cap1 (0400)
+    and nvidia-cap2 (0444) during verify, after device_nodes had linked its files, so doctor's
+    dev_char check failed our own install (transcript sections D, E). dev_char_links, the
+    last step of every plan that verifies, links them; it leaves the modes as NVIDIA made them."""
+    from types import SimpleNamespace
+
+    from installer import devnodes, steps
+
+    devnodes.link_char_devices(dev)  # what device_nodes did
+    mknod(dev / "nvidia-caps/nvidia-cap2", 237, 2, 0o444)  # what NVML made afterwards
+    assert [s.link.name for s in devchar.check(dev) if s.problem] == ["237:2"]
+    step = steps.dev_char_links()
+    step.run(SimpleNamespace(kernel=SimpleNamespace(dev_dir=dev)))
+    assert all(s.problem is None for s in devchar.check(dev))
+    assert os.readlink(dev / "char/237:2") == "../nvidia-caps/nvidia-cap2"
+    assert stat.S_IMODE((dev / "nvidia-caps/nvidia-cap2").stat().st_mode) == 0o444
+
+
+def test_dev_char_links_only_warns_when_it_cannot_link(dev, tmp_path):
+    from types import SimpleNamespace
+
+    from structlog.testing import capture_logs
+
+    from installer import steps
+
+    (dev / "char").write_text("")  # not a directory: mkdir fails
+    with capture_logs() as logs:
+        steps.dev_char_links().run(SimpleNamespace(kernel=SimpleNamespace(dev_dir=dev)))
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["dev_char_links_failed"]

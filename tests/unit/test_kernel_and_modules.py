@@ -6,8 +6,16 @@ import pytest
 
 from installer.kernel import KernelState, module_name, parse_proc_modules
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
-from installer.modules import params_for, plan_loads, users
+from installer.modules import (
+    ModuleLoad,
+    loaded_params,
+    params_for,
+    params_not_applied,
+    plan_loads,
+    users,
+)
 from installer.signing import cmdline_enforces_signatures, parse_lockdown
+from tests.fixtures.fakekmod import driver_params_text
 from tests.fixtures.kernel import fake_ko
 
 PROC_MODULES = """nvidia_uvm 1380352 0 - Live 0x0000000000000000 (POE)
@@ -135,3 +143,49 @@ def test_real_nvidia_smi_failure_texts_get_their_hint():
         "the NVIDIA Display Driver is properly installed and present in your system.\n")
     assert "no NVIDIA GPU" in smi_failure_hint("No devices were found\n")
     assert "dmesg" in smi_failure_hint("something new\n")
+
+
+def _loaded_node(tmp_path, nvidia_params: list[str]) -> KernelState:
+    """nvidia and nvidia_uvm loaded as on the real H100 node: no /sys/module/nvidia/parameters
+    (nv-linux.h NV_MODULE_PARAMETER: module_param(x, int, 0)), the values in
+    /proc/driver/nvidia/params (the fixture's copy of the node's 42 lines)."""
+    proc, sys = tmp_path / "proc", tmp_path / "sys"
+    for name in ("nvidia", "nvidia_uvm"):
+        (sys / "module" / name).mkdir(parents=True)
+        (sys / "module" / name / "initstate").write_text("live\n")
+    (sys / "module/nvidia_uvm/parameters").mkdir()
+    (sys / "module/nvidia_uvm/parameters/uvm_disable_hmm").write_text("Y\n")
+    (proc / "driver/nvidia").mkdir(parents=True)
+    (proc / "driver/nvidia/params").write_text(driver_params_text(nvidia_params))
+    (proc / "modules").write_text("nvidia_uvm 1830912 - - Live 0xffffffffc080c000 (O)\n"
+                                  "nvidia 14299136 - - Live 0xffffffffc0400000 (O)\n")
+    return KernelState(proc, sys, tmp_path / "dev")
+
+
+def test_loaded_params_of_nvidia_come_from_proc_driver_nvidia_params(tmp_path):
+    kernel = _loaded_node(tmp_path, ["NVreg_EnableGpuFirmware=0", 'NVreg_RegistryDwords="A=1"'])
+    params = loaded_params(kernel, "nvidia")
+    assert params is not None and len(params) == 42
+    assert params["NVreg_ModifyDeviceFiles"] == "1" and params["NVreg_EnableGpuFirmware"] == "0"
+    assert params["NVreg_RegistryDwords"] == "A=1" and params["NVreg_RmMsg"] == ""
+    assert loaded_params(kernel, "nvidia-uvm") == {"uvm_disable_hmm": "Y"}
+    assert loaded_params(kernel, "nvidia_modeset") is None  # not loaded
+
+
+def test_module_args_read_back_as_applied_on_a_node_without_nvidia_sysfs_params(tmp_path):
+    """Before: read from /sys/module/nvidia/parameters, which the real driver never has, so
+    every nvidia option was reported as not applied."""
+    kernel = _loaded_node(tmp_path, ["NVreg_EnableGpuFirmware=0", "NVreg_ResmanDebugLevel=-1",
+                                     'NVreg_RegistryDwords="A=1"'])
+    applied = ModuleLoad("nvidia", tmp_path / "nvidia.ko",
+                         ("NVreg_EnableGpuFirmware=0", "NVreg_ResmanDebugLevel=-1",
+                          "NVreg_RegistryDwords=A=1", 'NVreg_RmMsg=""', "NVreg_DeviceFileMode=0x1b6"),
+                         ())
+    assert params_not_applied(kernel, applied) == []
+    differ = ModuleLoad("nvidia", tmp_path / "nvidia.ko",
+                        ("NVreg_EnableGpuFirmware=1", "NVreg_NoSuchOption=1"), ())
+    assert params_not_applied(kernel, differ) == ["NVreg_EnableGpuFirmware=1",
+                                                  "NVreg_NoSuchOption=1"]
+    uvm = ModuleLoad("nvidia_uvm", tmp_path / "nvidia-uvm.ko",
+                     ("uvm_disable_hmm=1", "uvm_perf=1"), ())
+    assert params_not_applied(kernel, uvm) == ["uvm_perf=1"]  # bool Y is 1
