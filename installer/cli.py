@@ -227,6 +227,11 @@ def _exit_codes_epilog() -> str:
               show_envvar=True,
               help="NVIDIA kernel modules to build; auto: by GPU generation (pre-Turing: "
               "proprietary, Blackwell: open, else NVIDIA's default for the branch).")
+@click.option("--display-modules", is_flag=True, envvar="NVIDIA_DISPLAY_MODULES",
+              show_envvar=True,
+              help="Also load nvidia-modeset and nvidia-drm (kernel mode setting, /dev/dri). "
+              "CUDA and NVML need neither: by default only nvidia and nvidia-uvm load, as "
+              "GKE's Ubuntu installer loads them.")
 @click.option("--persistence-mode", is_flag=True, envvar="NVIDIA_PERSISTENCE_MODE",
               show_envvar=True, help="After verifying, enable persistence mode (nvidia-smi -pm 1).")
 @click.option("--metrics-file", envvar="NVIDIA_INSTALLER_METRICS_FILE", show_envvar=True,

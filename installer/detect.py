@@ -18,6 +18,10 @@ def run(settings: Settings) -> dict[str, object]:
         "support": distros.support(info),
         "install_dir": str(ctx.install.root),
         "signatures_enforced": signing.policy(ctx.kernel).enforced,
+        # kernel.modules_disabled=1: nothing loads or unloads until reboot; False without
+        # CONFIG_MODULE_UNLOAD ("- -" in /proc/modules): a loaded driver stays until reboot.
+        "modules_disabled": ctx.kernel.modules_disabled(),
+        "module_unload": ctx.kernel.can_unload(),
         "loaded_driver_version": loaded_driver_version(ctx.kernel),
         "gpus": [g.to_dict() for g in gpus.scan(ctx.kernel.sys_dir)],
     }

@@ -20,6 +20,17 @@ log = structlog.get_logger(__name__)
 
 # nvidia first; uvm and modeset use its symbols; drm uses modeset's.
 LOAD_ORDER = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
+# What a GPU node loads unless asked for more: CUDA and NVML need nvidia and nvidia-uvm
+# only, as GKE's Ubuntu installer loads them (container-engine-accelerators
+# nvidia-driver-installer/ubuntu/entrypoint.sh) and a real H100 GKE node runs
+# (tests/data/gpu-node). nvidia-modeset and nvidia-drm are NVIDIA's display modules (kernel
+# mode setting, /dev/dri): --display-modules loads them too (docs/nvidia-facts.md).
+COMPUTE_MODULES = ("nvidia", "nvidia-uvm")
+
+
+def load_order(display_modules: bool) -> tuple[str, ...]:
+    """The module files a run loads, in dependency order."""
+    return LOAD_ORDER if display_modules else COMPUTE_MODULES
 # Every module that holds the driver, in the order they come out: the users of nvidia's
 # exported symbols first (NVIDIA/nvidia-installer conflicting-kernel-modules.c: nv_peer_mem,
 # nvidia-peermem, nvidia-vgpu-vfio, nvidia-uvm, nvidia-drm, nvidia-modeset, nvidia; NVIDIA's
@@ -50,10 +61,11 @@ def params_for(module: str, module_args: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def plan_loads(drivers_dir: Path, module_args: tuple[str, ...]) -> list[ModuleLoad]:
+def plan_loads(drivers_dir: Path, module_args: tuple[str, ...], *,
+               display_modules: bool = False) -> list[ModuleLoad]:
     ours = {module_name(f) for f in LOAD_ORDER}
     loads = []
-    for file_stem in LOAD_ORDER:
+    for file_stem in load_order(display_modules):
         path = drivers_dir / f"{file_stem}.ko"
         if not path.exists():
             continue

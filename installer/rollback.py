@@ -86,7 +86,8 @@ def _reload_previous(ctx: Context, version: str) -> bool:
                     hint="reboot the node or re-run install once the cause above is fixed")
         return False
     firmware.make_findable(ctx.kernel, ctx.host, ctx.install, ctx.install)
-    modules.load(modules.plan_loads(ctx.install.drivers, _previous_module_args(ctx)),
+    modules.load(modules.plan_loads(ctx.install.drivers, _previous_module_args(ctx),
+                                    display_modules=ctx.settings.display_modules),
                  ctx.kernel, ctx.runner, modprobe_root=ctx.modprobe_root)
     log.warning("previous_driver_reloaded", version=version)
     return True

@@ -55,6 +55,8 @@ class Settings:
     vulkan_icd_dir_host: PurePosixPath | None = None  # None: no Vulkan ICD file written
     module_args: tuple[str, ...] = ()
     persistence_mode: bool = False
+    # Also load nvidia-modeset and nvidia-drm (display); by default nvidia and nvidia-uvm only.
+    display_modules: bool = False
     kernel_module_type: str = "auto"  # auto | open | proprietary
     metrics_file: PurePosixPath | None = None  # host path of a node_exporter textfile
     cos_artifacts_sha256: str | None = None  # COS manifest (file or URL): pins every artifact

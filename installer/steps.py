@@ -317,16 +317,18 @@ def gpu_firmware(from_staging: bool) -> Step:
                 "else copy to the host's /lib/firmware/updates")
 
 
-def load_modules(from_staging: bool) -> Step:
+def load_modules(from_staging: bool, display_modules: bool = False) -> Step:
     def run(ctx: Context) -> None:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
-        loads = modules.plan_loads(tree.drivers, ctx.settings.module_args)
+        loads = modules.plan_loads(tree.drivers, ctx.settings.module_args,
+                                   display_modules=display_modules)
         # What it loads before a failure is unloaded again by rollback.undo.
         modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=ctx.modprobe_root,
                      loaded_now=ctx.work.changes.loaded)
 
     where = "<staging>/drivers" if from_staging else "<install-dir>/drivers"
-    return Step("load_modules", run, f"insmod {', '.join(modules.LOAD_ORDER)} from {where}")
+    files = modules.load_order(display_modules)
+    return Step("load_modules", run, f"insmod {', '.join(files)} from {where}")
 
 
 def device_nodes(ctx: Context, from_staging: bool) -> Step:
@@ -337,7 +339,7 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
                         ctx.settings.module_args)
 
     # Planned before the load: the files of the modules load_modules loads.
-    loads = tuple(module_name(f) for f in modules.LOAD_ORDER)
+    loads = tuple(module_name(f) for f in modules.load_order(ctx.settings.display_modules))
     return Step("device_nodes", run,
                 devnodes.plan(ctx.kernel, ctx.settings.module_args, loads).describe())
 
@@ -542,7 +544,7 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
         unload_other_driver(version),
         apply_module_args(),
         gpu_firmware(from_staging=False),
-        load_modules(from_staging=False),
+        load_modules(from_staging=False, display_modules=ctx.settings.display_modules),
         device_nodes(ctx, from_staging=False),
         container_ld_cache(),
         host_ld_cache(),
@@ -571,7 +573,7 @@ def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ..
         check_staged_modules(),
         unload_other_driver(version),
         gpu_firmware(from_staging=True),
-        load_modules(from_staging=True),
+        load_modules(from_staging=True, display_modules=ctx.settings.display_modules),
         device_nodes(ctx, from_staging=True),
         verify_staged(version),
         *vulkan_icd.steps_for(ctx),  # reads the extracted .run, which promote() removes

@@ -115,7 +115,7 @@ def test_install_from_bundle_runs_no_compiler_and_caches_as_compiled(node, pod, 
     assert "prebuilt_bundle_staged" in [e.get("event") for e in events(proc.stderr)]
     assert not compiled(proc) and not (node.install_dir / "nvidia-installer.log").exists()
     assert not server.requests_for(f"/tesla/{V}/NVIDIA-Linux-x86_64-{V}.run")
-    assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
+    assert {"nvidia", "nvidia_uvm"} <= set(kernel.loaded())  # what a node gets
     cache = (node.install_dir / ".cache").read_text()
     assert f"CACHE_KERNEL_VERSION={RELEASE}" in cache and "CACHE_FLAVOR=compiled-proprietary" in cache
     assert (node.install_dir / "lib64/libnvidia-ml.so.1").is_symlink()
@@ -275,7 +275,7 @@ def test_signed_bundle_loads_on_a_signature_enforcing_kernel(tmp_path, driver_ru
     proc = ok(pod.run("install", env={"NVIDIA_PREBUILT_URL": f"file:///root{OUT}/"}))
     staged = [e for e in events(proc.stderr) if e.get("event") == "prebuilt_bundle_staged"]
     assert staged and staged[-1]["signed"] is True and not compiled(proc)
-    assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
+    assert {"nvidia", "nvidia_uvm"} <= set(kernel.loaded())  # what a node gets
     for ko in (node.install_dir / "drivers").glob("*.ko"):
         assert ko.read_bytes().endswith(MAGIC), ko
 

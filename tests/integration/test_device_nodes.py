@@ -16,15 +16,16 @@ from tests.pod import events, last_event, ok, reboot_then_cached_install
 NV_MAJOR = 195
 
 
-def expected(minors: list[int]) -> dict[str, tuple[int, int]]:
-    """Exactly these character devices: one per GPU, the control, modeset and UVM pair."""
-    return {"nvidiactl": (NV_MAJOR, 255), "nvidia-modeset": (NV_MAJOR, 254),
+def expected(minors: list[int], modeset: bool = False) -> dict[str, tuple[int, int]]:
+    """Exactly these character devices: one per GPU, the control, the UVM pair and, only
+    with nvidia-modeset loaded (--display-modules), modeset's."""
+    return {"nvidiactl": (NV_MAJOR, 255), **({"nvidia-modeset": (NV_MAJOR, 254)} if modeset else {}),
             **{f"nvidia{m}": (NV_MAJOR, m) for m in minors},
             "nvidia-uvm": (UVM_MAJOR, 0), "nvidia-uvm-tools": (UVM_MAJOR, 1)}
 
 
-def assert_exact_nodes(kernel, gpu_count: int) -> None:
-    want = expected(list(range(gpu_count)))
+def assert_exact_nodes(kernel, gpu_count: int, modeset: bool = False) -> None:
+    want = expected(list(range(gpu_count)), modeset)
     got = {n: d for n, d in kernel.devices().items() if n.startswith("nvidia")}
     assert got == want
     # verify's nvidia-smi (NVML, root) made the MIG capability files; dev_char_links linked them.
@@ -32,7 +33,8 @@ def assert_exact_nodes(kernel, gpu_count: int) -> None:
     assert kernel.char_links() == {f"{ma}:{mi}": f"../{n}" for n, (ma, mi) in want.items()} | caps
     calls = kernel.calls("nvidia-modprobe")[-2:]
     assert [c["argv"] for c in calls] == [
-        ["-c255", *(f"-c{m}" for m in range(gpu_count)), "-m"], ["-c0", "-u"]]
+        ["-c255", *(f"-c{m}" for m in range(gpu_count)), *(["-m"] if modeset else [])],
+        ["-c0", "-u"]]
     assert all(c["rc"] == 0 for c in calls)
 
 
@@ -46,6 +48,11 @@ def test_fresh_install_makes_exactly_the_device_files(node, pod, kernel, server,
     add_gpus(kernel, gpu_count)
     ok(pod.run("install"))
     assert_exact_nodes(kernel, gpu_count)
+
+
+def test_display_modules_add_the_modeset_file(node, pod, kernel, server):
+    ok(pod.run("install", env={"NVIDIA_DISPLAY_MODULES": "1"}))
+    assert_exact_nodes(kernel, 1, modeset=True)
 
 
 def test_reboot_cached_load_makes_them_again(node, pod, kernel, server):

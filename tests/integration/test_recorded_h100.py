@@ -63,6 +63,8 @@ def test_detect_reports_the_loaded_driver(node):
     assert doc["kernel_release"] == "6.18.44-fc-v657-gpu"
     assert doc["pretty_name"] == "Ubuntu 24.04.3 LTS"
     assert doc["signatures_enforced"] is True
+    # What this node allows: nothing loads or unloads until it reboots.
+    assert (doc["modules_disabled"], doc["module_unload"]) == (True, False)
     assert [(g["address"], g["device_id"], g["name"]) for g in doc["gpus"]] == [
         ("0000:00:06.0", "0x2330", "NVIDIA H100 80GB HBM3")]
 

@@ -49,16 +49,17 @@ def test_fresh_install_lays_out_the_host(node, pod, kernel, server):
     status = json.loads((install / "status.json").read_text())
     assert status["outcome"] == "ok" and status["plan"] == "fresh"
 
-    # Modules went in in dependency order, the in-tree ones they depend on (modinfo -F
-    # depends: drm, video, drm_kms_helper) via modprobe -d <host root>.
-    assert loads(kernel) == ["modprobe drm", "insmod nvidia.ko", "insmod nvidia-uvm.ko",
-                             "modprobe video", "insmod nvidia-modeset.ko",
-                             "modprobe drm_kms_helper", "insmod nvidia-drm.ko"]
+    # What a node gets (README): nvidia and nvidia-uvm, in dependency order, the in-tree
+    # module nvidia depends on (modinfo -F depends: drm) via modprobe -d <host root>; the
+    # display modules only with --display-modules (test below).
+    assert loads(kernel) == ["modprobe drm", "insmod nvidia.ko", "insmod nvidia-uvm.ko"]
     assert kernel.calls("init_module") == []  # NVIDIA's installer test-loaded nothing
     modprobe = kernel.calls("modprobe")[0]["argv"]
     assert modprobe[:2] == ["-d", "/root"]  # the host root as the pod sees it
-    assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
+    assert {"nvidia", "nvidia_uvm"} <= set(kernel.loaded())
+    assert not {"nvidia_modeset", "nvidia_drm"} & set(kernel.loaded())
     assert (kernel.dev_dir / "nvidiactl").exists() and (kernel.dev_dir / "nvidia-uvm").exists()
+    assert not (kernel.dev_dir / "nvidia-modeset").exists()
 
     # The host's ld cache resolves the library in the host's view of the install dir (real ldconfig).
     drop_in = node.root / "etc/ld.so.conf.d/nvidia.conf"
@@ -70,6 +71,15 @@ def test_fresh_install_lays_out_the_host(node, pod, kernel, server):
     # This machine's own system dirs were never touched (the sandbox is an overlay).
     assert not Path("/usr/bin/nvidia-smi").exists()
     assert not Path("/etc/OpenCL/vendors/nvidia.icd").exists()
+
+
+def test_display_modules_load_in_dependency_order_when_asked(node, pod, kernel):
+    ok(pod.run("install", env={"NVIDIA_DISPLAY_MODULES": "1"}))
+    assert loads(kernel) == ["modprobe drm", "insmod nvidia.ko", "insmod nvidia-uvm.ko",
+                             "modprobe video", "insmod nvidia-modeset.ko",
+                             "modprobe drm_kms_helper", "insmod nvidia-drm.ko"]
+    assert {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"} <= set(kernel.loaded())
+    assert (kernel.dev_dir / "nvidia-modeset").exists()  # nvidia-modprobe -m, modeset loaded
 
 
 def test_rerun_is_a_cache_hit_without_download_or_double_load(node, pod, kernel, server):
@@ -88,7 +98,7 @@ def test_rerun_is_a_cache_hit_without_download_or_double_load(node, pod, kernel,
 def test_reboot_loads_from_cache(node, pod, kernel, server):
     ok(pod.run("install"))
     assert reboot_then_cached_install(pod, kernel, server)[1] == []
-    assert set(kernel.loaded()) >= {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"}
+    assert {"nvidia", "nvidia_uvm"} <= set(kernel.loaded())
     assert kernel.loaded()["nvidia"].version == V1
 
 
@@ -97,7 +107,7 @@ def test_driver_version_change_reinstalls_and_replaces_loaded_modules(node, pod,
     proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
     assert last_event(proc)["plan"] == "fresh"
     assert kernel.loaded()["nvidia"].version == V2
-    assert "rmmod nvidia_drm" in loads(kernel)
+    assert "rmmod nvidia_uvm" in loads(kernel) and "rmmod nvidia" in loads(kernel)
     assert f"CACHE_NVIDIA_DRIVER_VERSION={V2}" in (node.install_dir / ".cache").read_text()
     assert (node.install_dir / f"lib64/libcuda.so.{V2}").exists()
     assert not (node.install_dir / f"lib64/libcuda.so.{V1}").exists()
@@ -179,7 +189,7 @@ def test_dry_run_changes_nothing(node, pod, kernel, server):
     proc = ok(pod.run("install", "--dry-run", "-o", "json"))
     plan = json.loads(proc.stdout)
     assert plan["kind"] == "fresh" and plan["driver_version"] == V1
-    assert [s["name"] for s in plan["steps"]][:4] == [
+    assert [s["name"] for s in plan["steps"]][:5] == [
         "check_gpu_compatibility", "check_module_loading", "check_module_signing",
         "check_loaded_driver",
         "prepare_staging"]
@@ -328,9 +338,8 @@ def test_r535_upgrade_with_the_old_driver_loaded(node, pod, kernel, server, tmp_
     assert "--no-kernel-module" in argv and "--skip-module-load" not in argv
     assert kernel.calls("init_module") == []  # nothing test-loaded during the build
     assert loads(kernel)[before:] == [
-        "rmmod nvidia_uvm", "rmmod nvidia_drm", "rmmod nvidia_modeset", "rmmod nvidia",
-        "insmod nvidia.ko", "insmod nvidia-uvm.ko", "insmod nvidia-modeset.ko",
-        "insmod nvidia-drm.ko"]  # drm, video, drm_kms_helper stayed loaded
+        "rmmod nvidia_uvm", "rmmod nvidia", "insmod nvidia.ko",
+        "insmod nvidia-uvm.ko"]  # drm stayed loaded
     assert kernel.loaded()["nvidia"].version == V2
 
 
@@ -340,11 +349,12 @@ def test_upgrade_unloads_the_modules_that_hold_nvidia_first(node, pod, kernel, s
     k8s-driver-manager unloadDriver), and are not mistaken for a workload using the GPU."""
     from tests.fixtures.kernel import fake_ko
 
-    ok(pod.run("install"))
+    display = {"NVIDIA_DISPLAY_MODULES": "1"}  # all four NVIDIA modules hold nvidia here
+    ok(pod.run("install", env=display))
     for name in ("gdrdrv", "nvidia_fs", "nv_peer_mem", "nvidia_vgpu_vfio"):
         kernel.preload(fake_ko(name, RELEASE, version="1.0", depends=("nvidia",)))
     before = len(loads(kernel))
-    proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}))
+    proc = ok(pod.run("install", env={**display, "NVIDIA_DRIVER_VERSION": V2}))
     assert "in use" not in proc.stderr
     assert loads(kernel)[before:before + 9] == [
         "rmmod nv_peer_mem", "rmmod nvidia_fs", "rmmod gdrdrv", "rmmod nvidia_vgpu_vfio",

@@ -144,13 +144,13 @@ def test_a_same_configuration_restart_only_loads_what_is_missing(node, pod, kern
     import subprocess
 
     ok(pod.run("install"))
-    subprocess.run(["rmmod", "nvidia_drm"], env=kernel.subprocess_env(), check=True)
+    subprocess.run(["rmmod", "nvidia_uvm"], env=kernel.subprocess_env(), check=True)
     before, calls = len(server.requests), len(kernel.calls())
     proc = ok(pod.run("install"))
     assert last_event(proc)["plan"] == "cached" and server.requests[before:] == []
     assert [(c["tool"], c["argv"][0].rsplit("/", 1)[-1]) for c in _module_calls(kernel, calls)
-            if c["tool"] != "modprobe"] == [("insmod", "nvidia-drm.ko")]
-    assert "nvidia_drm" in kernel.loaded()
+            if c["tool"] != "modprobe"] == [("insmod", "nvidia-uvm.ko")]
+    assert "nvidia_uvm" in kernel.loaded()
 
 
 FIRMWARE_OFF = {"NVIDIA_MODULE_ARGS": "nvidia.NVreg_EnableGpuFirmware=0"}

@@ -72,7 +72,9 @@ def assert_ran(node: FixtureNode, pod: PodRun, version: str, plan: str) -> None:
     assert json.loads((install / "status.json").read_text())["outcome"] == "ok"
     assert node.node.path("/etc/ld.so.conf.d/nvidia.conf").read_text() == HOST_LIB64 + "\n"
     assert node.node.path("/etc/ld.so.cache").is_file()
-    assert {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"} <= set(node.kernel.loaded())
+    # What a node gets (README "What a node gets"): nvidia and nvidia-uvm, no display modules.
+    loaded = set(node.kernel.loaded())
+    assert {"nvidia", "nvidia_uvm"} <= loaded and not {"nvidia_modeset", "nvidia_drm"} & loaded
     assert {"nvidiactl", "nvidia0", "nvidia-uvm"} <= set(node.kernel.devices())
     # The container's writes stayed in it: nothing reached this machine's own paths.
     assert not shutil.which("nvidia-smi") and not Path(m.INSTALL_DIR_HOST).exists()

@@ -116,17 +116,20 @@ def test_dry_run_texts_are_the_argv_the_steps_run(env):
     from installer import cgroup_memory, cpus, devnodes, module_build
     from installer.headers import KernelTree
     from installer.kernel import module_name
-    from installer.modules import LOAD_ORDER
+    from installer.modules import COMPUTE_MODULES
     from installer.nvidia_options import installer_args
 
-    loaded = tuple(module_name(f) for f in LOAD_ORDER)  # what load_modules loads
+    loaded = tuple(module_name(f) for f in COMPUTE_MODULES)  # what load_modules loads
     env.kernel.add_gpu("0000:00:04.0")
     env.kernel.add_gpu("0000:00:05.0")
     plan = CosFlow().plan(env.ctx())
     assert step(plan, "device_nodes").detail == (
         "nvidia-modprobe " + " ".join(devnodes.modprobe_invocations([0, 1], loaded)[0]) + "; "
         "nvidia-modprobe -c0 -u; /dev/char/<major>:<minor> links")
-    assert "-c255 -c0 -c1 -m" in step(plan, "device_nodes").detail
+    # nvidia-modeset is not loaded without --display-modules: no -m (nvidia-modprobe would
+    # try to load it, and exit 1 where it cannot: tests/data/gpu-node).
+    assert "-c255 -c0 -c1;" in step(plan, "device_nodes").detail
+    assert step(plan, "load_modules").detail.startswith("insmod nvidia, nvidia-uvm from ")
     jobs = cgroup_memory.jobs_for(cpus.usable_cpus(), cgroup_memory.memory_limit())
     make = module_build.make_argv("/tmp/nvidia-driver-installer/extract/kernel",
                                   KernelTree(Path("<kernel-source>"), Path("<kernel-output>")), jobs)

@@ -84,7 +84,10 @@ def test_plan_loads_order_params_and_in_tree_deps(tmp_path):
     for stem, deps in (("nvidia-drm", ("nvidia-modeset", "drm_kms_helper")), ("nvidia", ()),
                        ("nvidia-uvm", ("nvidia",)), ("nvidia-modeset", ("nvidia",))):
         (tmp_path / f"{stem}.ko").write_bytes(fake_ko(module_name(stem), "5.15", depends=deps))
-    loads = plan_loads(tmp_path, ("nvidia.NVreg_EnableGpuFirmware=0", "nvidia-uvm.uvm_perf=1"))
+    args = ("nvidia.NVreg_EnableGpuFirmware=0", "nvidia-uvm.uvm_perf=1")
+    # By default what CUDA needs, as GKE's Ubuntu installer loads (modules.COMPUTE_MODULES).
+    assert [m.name for m in plan_loads(tmp_path, args)] == ["nvidia", "nvidia_uvm"]
+    loads = plan_loads(tmp_path, args, display_modules=True)
     assert [m.name for m in loads] == ["nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]
     assert loads[0].params == ("NVreg_EnableGpuFirmware=0",)
     assert loads[1].params == ("uvm_perf=1",)

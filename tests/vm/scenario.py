@@ -19,7 +19,10 @@ VERSIONS = {
 PARAM = "from-qemu-test"
 INSTALL_DIR = "/home/kubernetes/bin/nvidia"
 DRIVERS = f"{INSTALL_DIR}/drivers"
-INSTALL = "nvidia-driver-installer install --host-root / --log-format json"
+# --display-modules: the VM tier proves all four NVIDIA modules load in dependency order in
+# a real kernel (modeset and drm included: their in-tree deps, drm's unknown-symbol
+# refusal); a node gets nvidia and nvidia-uvm only by default (modules.COMPUTE_MODULES).
+INSTALL = "nvidia-driver-installer install --host-root / --log-format json --display-modules"
 PROBE = "python3 /ndi/probe.py"
 INSTALL_TIMEOUT = 900
 

@@ -219,7 +219,7 @@ class CosFlow(Cos):
                                   "open" if chosen.way == "prebuilt" else chosen.compiled_type),
             check_signing=sign_step, build=(steps.fetch_artifacts(tuple(fetches)), *work))
         if precompiled:  # v2's fallback: relink the legacy way when the load fails
-            relinking = load_or_relink(version)
+            relinking = load_or_relink(version, ctx.settings.display_modules)
             plan = dataclasses.replace(plan, steps=tuple(
                 relinking if s.name == relinking.name else s for s in plan.steps))
         return plan

@@ -142,7 +142,7 @@ def _sign(ctx: Context, modules: tuple[str, ...], out: Path, version: str) -> No
         (out / name).write_bytes(signed)
 
 
-def load_or_relink(version: str) -> Step:
+def load_or_relink(version: str, display_modules: bool) -> Step:
     """Load the staged modules; if the kernel refuses the ld.lld-linked ones,
     link them again the legacy way and load once more, as cos-gpu-installer v2 does
     (cos/tools src/cmd/cos_gpu_installer/internal/: commands/install.go L391-400, on
@@ -153,7 +153,7 @@ def load_or_relink(version: str) -> Step:
     Both failing is exit 8 naming both attempts: the modules were signed by Google for
     this build, so a refused key here is a module that does not match, not a policy."""
 
-    load = steps.load_modules(from_staging=True)
+    load = steps.load_modules(from_staging=True, display_modules=display_modules)
     unload_other = steps.unload_other_driver(version)
 
     def run(ctx: Context) -> None:
