@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
 from tests.gpu import guard
 from tests.gpu.node import SYS, GpuNode, absent_reason, choose_install_dir, find_smi, nvidia_pci
 
@@ -31,14 +32,8 @@ _STATE: dict[str, object] = {}
 
 
 def _asked_for_gpu(config: pytest.Config) -> bool:
-    if os.environ.get("NDI_GPU") == "1":
-        return True
-    root = Path(str(config.invocation_params.dir))
-    for arg in config.args:
-        path = (root / arg.split("::", 1)[0]).resolve()
-        if path == HERE or HERE in path.parents:
-            return True
-    return False
+    """True when the command line names this tier's dir (or something in it), or NDI_GPU=1."""
+    return tiers.asked_for(config, HERE, "NDI_GPU")
 
 
 def gate() -> tuple[GpuNode | None, str | None]:

@@ -198,3 +198,49 @@ def test_install_dry_run_names_modules_disabled(node, tmp_path):
     final = json.loads(proc.stderr.strip().splitlines()[-1])
     assert final["event"] == "install_failed"
     assert "kernel.modules_disabled" in final["message"]
+
+
+def test_module_args_read_back_as_applied_from_proc_params(node, monkeypatch):
+    """Caught: every ``nvidia.NVreg_*`` was "not applied" on the real node, read from
+    /sys/module/nvidia/parameters, which nvidia.ko never makes (nv-linux.h registers its
+    options with permission 0); the values are in /proc/driver/nvidia/params, unprefixed."""
+    from installer import modules
+    from installer.kernel import KernelState
+
+    node.activate(monkeypatch)
+    kernel = KernelState()
+    assert not (node.sys_dir / "module/nvidia/parameters").exists()
+    as_loaded = modules.ModuleLoad("nvidia", Path("/nonexistent"), (
+        "NVreg_EnableGpuFirmware=18", "NVreg_DeviceFileMode=438", "NVreg_ModifyDeviceFiles=1",
+        'NVreg_RegistryDwords=""', "NVreg_ResmanDebugLevel=-1"), ())
+    assert modules.params_not_applied(kernel, as_loaded) == []
+    other = modules.ModuleLoad("nvidia", Path("/nonexistent"), ("NVreg_EnableGpuFirmware=0",), ())
+    assert modules.params_not_applied(kernel, other) == ["NVreg_EnableGpuFirmware=0"]
+
+
+def test_the_device_file_step_makes_the_loaded_modules_files_in_an_empty_dev(
+        tmp_path, driver_run, monkeypatch):
+    """Caught: the step ran ``nvidia-modprobe -c255 -c0 -m`` and required nvidia-modeset's
+    file; on this node (nvidia + nvidia_uvm, modules_disabled=1) NVIDIA's nvidia-modprobe
+    exits 1 asking for it. In an empty /dev (no /dev/char, as the probe's tmpfs), NVIDIA's
+    real nvidia-modprobe (the payload's launcher) makes exactly the four files CUDA needs."""
+    from installer import devnodes
+    from installer.kernel import KernelState
+    from installer.runner import Runner
+
+    fresh = build_recorded_node(tmp_path / "node")
+    for entry in fresh.dev_dir.iterdir():
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    fresh.activate(monkeypatch)
+    modprobe = driver_run.payload() / "nvidia-modprobe"
+    nodes = devnodes.create(modprobe, KernelState(), Runner(), ())
+    assert nodes == ["nvidiactl", "nvidia0", "nvidia-uvm", "nvidia-uvm-tools"]
+    found = {}
+    for name in nodes:
+        st = (fresh.dev_dir / name).stat()
+        found[name] = (os.major(st.st_rdev), os.minor(st.st_rdev), st.st_mode & 0o777)
+    # The majors and the mode (DeviceFileMode 438) the real node's /dev shows (dev.txt).
+    assert found == {"nvidiactl": (195, 255, 0o666), "nvidia0": (195, 0, 0o666),
+                     "nvidia-uvm": (238, 0, 0o666), "nvidia-uvm-tools": (238, 1, 0o666)}
+    assert not (fresh.dev_dir / "nvidia-modeset").exists()
+    assert sorted(os.listdir(fresh.dev_dir / "char")) == ["195:0", "195:255", "238:0", "238:1"]

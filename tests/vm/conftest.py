@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
 from tests.vm import driver_run
 from tests.vm import provision as prov
 from tests.vm.harness import BootResult, GuestVM, make_data_disk
@@ -62,15 +63,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _asked_for_vm(config: pytest.Config) -> bool:
-    """True when the command line names tests/vm (or something in it), or NDI_VM=1."""
-    if os.environ.get("NDI_VM") == "1":
-        return True
-    root = Path(str(config.invocation_params.dir))
-    for arg in config.args:
-        path = (root / arg.split("::", 1)[0]).resolve()
-        if path == HERE or HERE in path.parents:
-            return True
-    return False
+    """True when the command line names this tier's dir (or something in it), or NDI_VM=1."""
+    return tiers.asked_for(config, HERE, "NDI_VM")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
