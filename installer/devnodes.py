@@ -75,7 +75,7 @@ def modify_allowed(params_text: str | None, module_args: tuple[str, ...]) -> boo
 
 # The modules whose device files nvidia-modprobe makes, in the order it is asked.
 NODE_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
-DATACENTER = ("nvidia", "nvidia_uvm")
+DATACENTER = modules.REQUIRED_MODULES  # what a node gets by default
 
 
 def modprobe_invocations(minors: list[int],

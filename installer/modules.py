@@ -38,9 +38,9 @@ def load_order(display_modules: bool) -> tuple[str, ...]:
 NVIDIA_MODULES = ("nv_peer_mem", "nvidia_peermem", "nvidia_fs", "gdrdrv", "nvidia_vgpu_vfio",
                   "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia")
 LOAD_TIMEOUT_S = 120
-# What a GPU node needs loaded for CUDA: nvidia (nvidiactl, nvidiaN) and nvidia-uvm (CUDA's
-# unified memory: without /dev/nvidia-uvm cuInit fails, 999; tests/data/gpu-node).
-REQUIRED_MODULES = ("nvidia", "nvidia_uvm")
+# What a GPU node needs loaded for CUDA, by kernel name: nvidia (nvidiactl, nvidiaN) and
+# nvidia-uvm (CUDA's unified memory: without /dev/nvidia-uvm cuInit fails, 999).
+REQUIRED_MODULES = tuple(module_name(f) for f in COMPUTE_MODULES)
 
 
 @dataclass(frozen=True)
