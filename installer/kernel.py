@@ -27,10 +27,6 @@ class LoadedModule:
     state: str = "Live"  # Live, Loading, Unloading (procfs.c m_show)
     permanent: bool = False  # "[permanent]," in the users column: no exit function
 
-    @property
-    def unloadable_kernel(self) -> bool:
-        return self.refcnt is not None
-
 
 def parse_proc_modules(text: str) -> dict[str, LoadedModule]:
     """Parse /proc/modules: ``name size refcnt used_by state address [taint]``, every form

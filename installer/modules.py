@@ -248,17 +248,6 @@ def loaded_driver_version(kernel: KernelState) -> str | None:
     return kernel.module_version("nvidia") or "unknown"
 
 
-def why_no_unload(kernel: KernelState) -> str | None:
-    """Why this kernel can unload no module until it reboots, None when it can."""
-    if kernel.modules_disabled():
-        return ("kernel.modules_disabled=1: the kernel refuses every module load and unload "
-                "until it reboots (kernel/module/main.c may_init_module)")
-    if not kernel.can_unload():
-        return ("this kernel cannot unload modules (built without CONFIG_MODULE_UNLOAD: "
-                "/proc/modules shows '-' for every refcount; delete_module is ENOSYS)")
-    return None
-
-
 def why_no_load(kernel: KernelState) -> str | None:
     """Why this kernel loads no module until it reboots, None when it may."""
     if kernel.modules_disabled():
@@ -266,6 +255,15 @@ def why_no_load(kernel: KernelState) -> str | None:
                 "refuses every module load and unload until it reboots (kernel/module/main.c "
                 "may_init_module)")
     return None
+
+
+def why_no_unload(kernel: KernelState) -> str | None:
+    """Why this kernel can unload no module until it reboots, None when it can."""
+    disabled = why_no_load(kernel)  # modules_disabled stops unloads as well
+    if disabled is None and not kernel.can_unload():
+        return ("this kernel cannot unload modules (built without CONFIG_MODULE_UNLOAD: "
+                "/proc/modules shows '-' for every refcount; delete_module is ENOSYS)")
+    return disabled
 
 
 def device_holders(proc_dir: Path, limit: int = 100_000) -> list[str]:
@@ -294,6 +292,12 @@ def users(kernel: KernelState) -> dict[str, list[str]]:
     """Loaded NVIDIA modules that something outside the driver itself holds. Where the
     kernel keeps no refcount (no CONFIG_MODULE_UNLOAD: ``-`` in /proc/modules), the
     processes holding an NVIDIA device file open stand for it, under ``nvidia``."""
+    return _users(kernel)[0]
+
+
+def _users(kernel: KernelState) -> tuple[dict[str, list[str]], bool]:
+    """users(), and whether the kernel counted references (False: the processes holding
+    device files are in it already)."""
     loaded = kernel.modules()
     busy: dict[str, list[str]] = {}
     uncounted = False
@@ -315,12 +319,7 @@ def users(kernel: KernelState) -> dict[str, list[str]]:
         opened = device_holders(kernel.proc_dir)
         if opened:
             busy.setdefault("nvidia", []).extend(opened)
-    return busy
-
-
-def _refcounted(kernel: KernelState) -> bool:
-    return all(m.refcnt is not None for name, m in kernel.modules().items()
-               if name in NVIDIA_MODULES)
+    return busy, not uncounted
 
 
 def ensure_replaceable(kernel: KernelState, want_version: str) -> None:
@@ -345,12 +344,12 @@ def ensure_unloadable(kernel: KernelState, refusing: str) -> None:
 
 def holders(kernel: KernelState) -> str | None:
     """What holds the loaded NVIDIA driver (modules, references, processes), None if unused."""
-    busy = users(kernel)
+    busy, counted = _users(kernel)
     if not busy:
         return None
     described = "; ".join(f"{m}: {', '.join(h)}" for m, h in busy.items())
-    # Without a refcount users() already named the processes.
-    processes = device_holders(kernel.proc_dir) if _refcounted(kernel) else []
+    # Without a refcount _users() already named the processes.
+    processes = device_holders(kernel.proc_dir) if counted else []
     return described + ("; " + "; ".join(processes) if processes else "")
 
 
