@@ -128,7 +128,7 @@ def _register_secrets(opts: dict[str, Any]) -> None:
 class _LazyGroup(click.Group):
     """Subcommands whose modules load only when used (jinja2 is slow to import)."""
 
-    lazy = {"manifests": "installer.manifests:manifests", "bundle": "installer.bundle.cli:bundle"}
+    lazy = {"manifests": "installer.manifests.cli:manifests", "bundle": "installer.bundle.cli:bundle"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])
@@ -353,17 +353,6 @@ def uninstall(output: str, **opts: Any) -> None:
     from installer import uninstall as uninstall_mod
 
     click.echo(render(uninstall_mod.run(_settings(**opts)), output), nl=False)
-
-
-def env_vars() -> tuple[str, ...]:
-    """Every environment variable an option of a command reads: the env contract
-    (``manifests`` checks ``--env`` against it, a test against the README)."""
-    names: dict[str, None] = {}
-    for command in cli.commands.values():
-        for param in command.params:
-            envvar = getattr(param, "envvar", None)
-            names.update(dict.fromkeys([envvar] if isinstance(envvar, str) else envvar or ()))
-    return tuple(names)
 
 
 # What to do next, per failure class, when the error carries no hint of its own.
