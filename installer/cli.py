@@ -296,10 +296,10 @@ def status(output: str, **opts: Any) -> int:
     """Print the last run's status.json and the .cache record; exit with its exit code
     (12 when the installer has not run on this node)."""
     from installer import status as status_mod
-    from installer.context import Context
+    from installer.installdir import InstallDir
 
-    # Any host OS will do: only the install dir is read.
-    doc = status_mod.report(Context.from_settings(_settings(**opts), strict=False).install)
+    settings = _settings(**opts)  # any host OS will do: only the install dir is read
+    doc = status_mod.report(InstallDir(settings.install_dir, settings.install_dir_host))
     click.echo(render(doc, output), nl=False)
     return status_mod.exit_code(doc)
 
@@ -310,9 +310,9 @@ def status(output: str, **opts: Any) -> int:
 def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
     from installer import verify as verify_mod
-    from installer.context import Context
+    from installer.detect import context
 
-    gpus = verify_mod.check_installed(Context.from_settings(_settings(**opts)))
+    gpus = verify_mod.check_installed(context(_settings(**opts)))
     click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 

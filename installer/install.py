@@ -10,6 +10,7 @@ import structlog
 
 from installer import __version__, cache, distros, metrics, modules, readiness, rollback, status
 from installer.context import Context
+from installer.detect import context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
@@ -55,7 +56,7 @@ def _success_message(outcome: dict[str, Any]) -> str:
 
 
 def _install(settings: Settings, started: float) -> dict[str, Any]:
-    ctx = Context.from_settings(settings)
+    ctx = context(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)

@@ -80,7 +80,7 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
                   verbose: bool, **opts: Any) -> None:
     """Compile the driver for a kernel (nothing is loaded) and write one bundle."""
     from installer.bundle import build
-    from installer.context import Context
+    from installer.detect import context
     from installer.fsutil import remove_tree
     from installer.log import configure
     from installer.plan import execute
@@ -99,7 +99,7 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
     try:
         settings = Settings(install_dir=work, **retry_env(os.environ),
                             **{k: v for k, v in opts.items() if v is not None}).resolved()
-        ctx = Context.from_settings(settings)
+        ctx = context(settings)
         signing = build.Signing(signing_key, signing_cert) if signing_key and signing_cert else None
         plan = build.plan(ctx, output_dir.resolve(), signing)
         log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],
