@@ -135,8 +135,7 @@ def _load(settings: Settings) -> Node:
         node.status = status_file.read(node.install.status_file)
     except UnreadableFile as exc:  # reported by check_installer_status, never a hang
         node.status = {"outcome": "unreadable", "message": f"status.json {exc.reason}"}
-    distro = node.distro
-    node.record = (distro.read_cache if distro else cache.read)(node.install.cache_file)
+    node.record = cache.read(node.install.cache_file)
     node.pci = gpus.scan(node.kernel.sys_dir)
     return node
 
@@ -295,7 +294,7 @@ def check_cache(n: Node) -> Finding:
                        "verified install here",
                        "run install (a killed or failed run leaves no record on purpose)")
     target = (f"build {r.build_id}" if r.build_id else f"kernel {r.kernel_release}")
-    what = f"driver {r.driver_version} for {target} ({r.flavor or 'flavour not recorded'})"
+    what = f"driver {r.driver_version} for {target} ({r.describe_modules()})"
     # The record's driver, keyed as this node's distro keys installs (COS: its build,
     # else the kernel); an unknown host's is not judged (check_host says why).
     distro, info = n.distro, n.host_info

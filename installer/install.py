@@ -178,7 +178,7 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
     staged = ctx.work.staged_for_boot
     if staged is not None:
         record = cache.read(ctx.install.cache_file)
-        module_type = record.flavor.rpartition("-")[2] if record and record.flavor else None
+        module_type = record.module_type if record else None
     readiness.write(ctx.host, readiness.ready_fields(
         driver_version=staged.running_version if staged else plan.driver_version,
         pending_driver_version=plan.driver_version if staged else None,
