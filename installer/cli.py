@@ -17,15 +17,10 @@ import click
 
 from installer import __version__
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
+from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
-from installer.settings import (
-    DEFAULT_COS_ARTIFACTS_URL,
-    DEFAULT_DRIVER_BASE_URL,
-    DEFAULT_HOST_ROOT,
-    DEFAULT_INSTALL_DIR_HOST,
-    Settings,
-    retry_env,
-)
+from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
+from installer.settings import DEFAULT_COS_ARTIFACTS_URL, Settings, retry_env
 
 LOG_FORMATS = click.Choice(["auto", "json", "console"], case_sensitive=False)
 
@@ -62,10 +57,10 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every command shares: where the host and the install dir are, log format."""
     for option in reversed([
         click.option("--host-root", type=click.Path(path_type=Path), envvar="ROOT_MOUNT_DIR",
-                     default=DEFAULT_HOST_ROOT, show_default=True, show_envvar=True,
+                     default=HOST_ROOT, show_default=True, show_envvar=True,
                      help="Where the host's / is mounted in this container."),
         click.option("--install-dir-host", envvar="NVIDIA_INSTALL_DIR_HOST",
-                     default=str(DEFAULT_INSTALL_DIR_HOST), show_default=True, show_envvar=True,
+                     default=str(INSTALL_DIR_HOST), show_default=True, show_envvar=True,
                      help="The install dir as the host sees it."),
         click.option("--install-dir", type=click.Path(path_type=Path),
                      envvar="NVIDIA_INSTALL_DIR_CONTAINER", show_envvar=True,

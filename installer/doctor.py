@@ -36,10 +36,11 @@ from installer.detect import context
 from installer.distros.base import Distro
 from installer.errors import ExitCode, InstallerError
 from installer.fsutil import UnreadableFile
+from installer.gpus import Gpu
 from installer.osinfo import HostInfo
 from installer.runner import CommandError
 from installer.settings import Settings
-from installer.verify import Gpu, check_driver_version, nvidia_smi
+from installer.verify import check_driver_version, nvidia_smi
 from installer.workstate import InUse
 
 OK, WARN, FAIL = "ok", "warn", "fail"

@@ -12,7 +12,8 @@ import click
 import structlog
 
 from installer.errors import UsageError
-from installer.settings import DEFAULT_DRIVER_BASE_URL, DEFAULT_HOST_ROOT
+from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
+from installer.podcontract import HOST_ROOT
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +43,7 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
               envvar="NVIDIA_BUNDLE_OUTPUT_DIR", show_envvar=True,
               help="Where the bundle, its .sha256 (and index.json, with `bundle index`) go.")
 @click.option("--host-root", type=click.Path(path_type=Path), envvar="ROOT_MOUNT_DIR",
-              default=DEFAULT_HOST_ROOT, show_default=True, show_envvar=True,
+              default=HOST_ROOT, show_default=True, show_envvar=True,
               help="Root whose kernel headers are used ('/' on a CI machine or in a Job).")
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
               help="Driver version [default: Ubuntu's pinned version].")
