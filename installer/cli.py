@@ -77,6 +77,21 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _cuda_check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """install and verify: the CUDA check (installer/cuda_check.py) and its way out."""
+    fn = click.option("--cuda-check-deadline", "cuda_check_deadline_s",
+                      type=Seconds(open_min=True), envvar="NVIDIA_CUDA_CHECK_DEADLINE",
+                      default=60, show_default=True, show_envvar=True,
+                      help="How long the CUDA check may take before it is stopped and the "
+                      "verify fails (exit 9): a hung cuInit cannot hang the installer.")(fn)
+    return click.option("--skip-cuda-check", is_flag=True, envvar="NVIDIA_SKIP_CUDA_CHECK",
+                        show_envvar=True,
+                        help="Verify with nvidia-smi only, making no CUDA context (nodes "
+                        "where one must not be made). Risk: \"verified\" then does not mean a "
+                        "CUDA program runs (an NVSwitch fabric not ready, missing UVM files, "
+                        "a GPU in exclusive mode all pass nvidia-smi).")(fn)
+
+
 def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("-o", "--output", type=click.Choice(FORMATS), default="text",
                         show_default=True,
@@ -156,9 +171,10 @@ def _exit_codes_epilog() -> str:
             "      --driver-sha256 <sha256 of the .run> --lock-timeout 600")
 
 
-@cli.command(short_help="Install or load the cached driver, then verify it (nvidia-smi).",
+@cli.command(short_help="Install or load the cached driver; verify it (nvidia-smi, CUDA).",
              epilog=_exit_codes_epilog())
 @_host_options
+@_cuda_check_options
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
               help="Driver version, or on COS an alias: default, latest, R535 … "
               "[default: COS: default; Ubuntu: a pinned, tested version]")
@@ -261,7 +277,8 @@ def _exit_codes_epilog() -> str:
               "change nothing.")
 @_output_option
 def install(output: str, **opts: Any) -> None:
-    """Install (or load the cached) driver, then verify it with nvidia-smi."""
+    """Install (or load the cached) driver, then verify it: nvidia-smi, then a CUDA context
+    and a memory round trip on every GPU."""
     from installer import install as install_flow
 
     outcome = install_flow.run(_settings(**opts))
@@ -299,11 +316,14 @@ def status(output: str, **opts: Any) -> int:
     return status_mod.exit_code(doc)
 
 
-@cli.command(short_help="Check the device nodes and nvidia-smi (exit 9 if broken).")
+@cli.command(short_help="Check the device nodes, nvidia-smi and CUDA (exit 9 if broken).")
 @_host_options
+@_cuda_check_options
 @_output_option
 def verify(output: str, **opts: Any) -> None:
-    """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
+    """Check the installed driver: device nodes, nvidia-smi, then CUDA on every GPU (a
+    context and a memory round trip, in a child with a deadline); exit 9 if broken, with the
+    CUDA error's cause and fix."""
     from installer import verify as verify_mod
     from installer.detect import context
 

@@ -51,6 +51,10 @@ class Settings:
     vulkan_icd_dir_host: PurePosixPath | None = None  # None: no Vulkan ICD file written
     module_args: tuple[str, ...] = ()
     persistence_mode: bool = False
+    # Issue 31: verify also runs CUDA (a context and a memory round trip on each GPU, in a
+    # child under this deadline); skipped only by choice, where no context may be made.
+    skip_cuda_check: bool = False
+    cuda_check_deadline_s: float = 60.0
     # Also load nvidia-modeset and nvidia-drm (display); by default nvidia and nvidia-uvm only.
     display_modules: bool = False
     kernel_module_type: str = "auto"  # auto | open | proprietary
@@ -129,6 +133,8 @@ class Settings:
                 and self.download_min_rate_time_s > 0):
             raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
                              "seconds, --download-min-rate >= 0 bytes/s")
+        if not 0 < self.cuda_check_deadline_s < float("inf"):
+            raise UsageError("--cuda-check-deadline must be > 0 seconds")
         if self.install_only and (self.preload or self.persistence_mode):
             raise UsageError("--install-only loads nothing: it cannot be combined with "
                              f"{'--preload' if self.preload else '--persistence-mode'}")

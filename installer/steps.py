@@ -380,8 +380,10 @@ def verify_install(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
         ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
         verify.check_driver_version(ctx.work.gpus, version)
+        verify.cuda_works(ctx)
 
-    return Step("verify", run, "nvidia-smi")
+    return Step("verify", run, "nvidia-smi, then CUDA: a context and a memory round trip "
+                "on each GPU")
 
 
 def record_cache(key: CacheKey) -> Step:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from installer import cuda_check
 from installer.errors import VerifyError
 from installer.gpus import Gpu
 from installer.installdir import Tree
@@ -42,10 +43,24 @@ def require_device_nodes(kernel: KernelState, when: str, *, hint: str) -> None:
 
 
 def check_installed(ctx: Context) -> list[Gpu]:
-    """The ``verify`` command: the installed driver's device nodes and nvidia-smi."""
+    """The ``verify`` command: the installed driver's device nodes, nvidia-smi, CUDA."""
     require_device_nodes(ctx.kernel, "on this node",
                          hint="re-run install to load the driver and create them")
-    return nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)
+    gpus = nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)
+    cuda_works(ctx)
+    return gpus
+
+
+def cuda_works(ctx: Context) -> None:
+    """The CUDA check (cuda_check.py), or a warning naming the risk when it is skipped."""
+    if ctx.settings.skip_cuda_check:
+        ctx.work.cuda_check = "skipped"
+        log.warning("cuda_check_skipped", risk="nvidia-smi alone passed: nothing proves a "
+                    "CUDA program will run (NVSwitch fabric, UVM files, compute mode)")
+        return
+    cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner,
+                     deadline_s=ctx.settings.cuda_check_deadline_s)
+    ctx.work.cuda_check = "passed"
 
 
 def nvidia_smi(

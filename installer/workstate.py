@@ -98,6 +98,7 @@ class WorkState:
         return readiness.loaded_module_args(readiness.parse(self.readiness_before))
     bundle_written: Written | None = None  # write_bundle (bundle build)
     persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
+    cuda_check: str = "not run"  # verify: "passed" or "skipped" (--skip-cuda-check)
 
     def staged(self) -> Tree:
         assert self.staging is not None, "prepare_staging runs first"

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from installer import cuda_probe
 from tests.gpu import guard
 from tests.gpu.node import NOBODY, dev_listing
 
@@ -82,8 +83,11 @@ def job_devnodes(spec: dict) -> dict[str, object]:
     if spec.get("lib64"):
         env["LD_LIBRARY_PATH"] = spec["lib64"]
     python = os.path.realpath(sys.executable)
-    src = (HERE / "cudacheck.py").read_text()
-    out["cuda"] = as_nobody([python, "-I", "-c", src], env)
+    # The installer's own CUDA check child (installer/cuda_probe.py), 64 MiB per GPU as the
+    # probe of shared/reference/gpu-node/cudacheck.py; read as text: uid 65534 may not read
+    # the checkout.
+    src = Path(cuda_probe.__file__).read_text()
+    out["cuda"] = as_nobody([python, "-I", "-c", src, "libcuda.so.1", str(64 << 20)], env)
     out["dev_after_cuda"] = dev_listing(Path("/dev"))
     return out
 

@@ -76,6 +76,11 @@ def test_verify_passes(gpu_node, smi):
     listed = {norm_bus_id(g["bus_id"]): g for g in res.json()}
     assert set(listed) == {norm_bus_id(r["pci.bus_id"]) for r in smi}, res.describe()
     assert {g["driver_version"] for g in listed.values()} == {smi[0]["driver_version"]}
+    # Issue 31: verify ran CUDA on every GPU nvidia-smi lists (a context and a memory round
+    # trip each, as root here; the tier's read-only rules allow a context).
+    checks = [json.loads(ln) for ln in res.stderr.splitlines() if '"cuda_check_ok"' in ln]
+    assert checks and checks[-1]["gpus"] == len(smi), res.describe()
+    gpu_node.results["cuda_check_s"] = checks[-1]["total_s"]
 
 
 def _gke_installer_pod() -> bool:

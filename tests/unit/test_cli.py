@@ -261,7 +261,7 @@ def test_default_host_root_by_hand_on_a_node_says_pass_host_root_slash(capsys, m
 def test_help_summaries_are_whole_and_install_help_has_exit_codes_and_examples(capsys):
     _, out, _ = run_main(capsys, ["--help"])
     assert "…" not in out and "..." not in out.split("Commands:")[1]
-    assert "Install or load the cached driver, then verify it (nvidia-smi)." in out
+    assert "Install or load the cached driver; verify it (nvidia-smi, CUDA)." in out
     _, out, _ = run_main(capsys, ["install", "--help"])
     assert "Exit codes:" in out and "     12  status: the installer has not run on this node" in out
     assert "sudo nvidia-driver-installer install --host-root / --dry-run" in out

@@ -1,0 +1,182 @@
+"""Proof a CUDA program will run: the driver API on every GPU, in a child with a deadline.
+
+nvidia-smi (NVML) can be green while every CUDA program fails: on NVSwitch systems cuInit
+returns 802 until the fabric manager has trained the fabric; without the UVM device files it
+returns 999 (a real H100 node, shared/reference/gpu-node/README.md, "CUDA errors and the
+fabric"). So ``verify`` and every install's verify step also load the install dir's own
+``libcuda.so.1`` in a child process (``cuda_probe.py``) and make a context and a small memory
+round trip on each GPU. The child runs in its own process group under a deadline: a cuInit
+hung on a wedged GPU is killed, the installer is not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from installer import cuda_probe, gpus
+from installer.errors import VerifyError
+from installer.kernel import KernelState
+from installer.runner import CommandError, Runner
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_DEADLINE_S = 60.0  # the whole check took 0.29-0.41 s on a real H100
+ROUND_TRIP_BYTES = 1 << 20
+LIBCUDA = "libcuda.so.1"
+SKIP_HINT = ("--skip-cuda-check (NVIDIA_SKIP_CUDA_CHECK=true) skips this check where no CUDA "
+             "context may be made; then nothing proves a CUDA program will run")
+
+
+@dataclass(frozen=True)
+class CudaFailure:
+    name: str  # cuda.h's enum name
+    cause: str
+    fix: str
+
+
+# cuda.h's CUresult values, each with what it means on a node we just installed. The states
+# that produce 100 and 999 were reproduced on a real H100 (gpu-node/README.md, the table).
+FAILURES = {
+    100: CudaFailure(
+        "CUDA_ERROR_NO_DEVICE", "CUDA sees no GPU",
+        "check /dev/nvidiactl and /dev/nvidia<N> exist and this process may open them "
+        "(mode 0666, a privileged container or a device cgroup allowing them) and that "
+        "CUDA_VISIBLE_DEVICES does not hide the GPUs"),
+    999: CudaFailure(
+        "CUDA_ERROR_UNKNOWN", "CUDA cannot use the unified memory driver",
+        "check nvidia_uvm is loaded and /dev/nvidia-uvm and /dev/nvidia-uvm-tools exist with "
+        "the nvidia-uvm major of /proc/devices (re-run install to make them)"),
+    3: CudaFailure(
+        "CUDA_ERROR_NOT_INITIALIZED", "the CUDA driver did not initialise",
+        "read the kernel log for NVRM errors and re-run install; a GPU that stays so needs a "
+        "reset or a reboot"),
+    802: CudaFailure(
+        "CUDA_ERROR_SYSTEM_NOT_READY",
+        "the system is not ready: on an NVSwitch system the fabric manager has not finished "
+        "the NVLink fabric",
+        "run nvidia-fabricmanager of exactly this driver version (the fabric-manager sidecar, "
+        "manifests render --nvswitch) and wait for nvidia-smi --query-gpu=fabric.state to say "
+        "Completed"),
+    803: CudaFailure(
+        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+        "the loaded kernel module is another driver version than this libcuda",
+        "drain the node and re-run install to load the matching module, or reboot"),
+    804: CudaFailure(
+        "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        "a CUDA forward-compatibility libcuda is in use on a GPU that does not support it",
+        "take the cuda-compat libcuda off LD_LIBRARY_PATH and the ld cache so the driver's "
+        "own libcuda.so.1 is used"),
+    46: CudaFailure(
+        "CUDA_ERROR_DEVICES_UNAVAILABLE",
+        "the GPU is in exclusive-process or prohibited compute mode and is taken",
+        "wait for the process holding it, or set the compute mode back "
+        "(nvidia-smi -c DEFAULT)"),
+    2: CudaFailure(
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "the GPU has no memory left for a context and a 1 MiB buffer: it is in use",
+        "find the processes on it (nvidia-smi) and drain the node's GPU workloads"),
+}
+
+
+@dataclass(frozen=True)
+class CudaResult:
+    count: int
+    devices: list[dict[str, object]]
+    cuda_driver_version: int | None
+    total_s: float
+
+
+def expected_gpus(kernel: KernelState) -> list[str]:
+    """PCI addresses of the NVIDIA GPUs CUDA must see: those on the bus that the driver did
+    not exclude (NVreg_ExcludedGpus: ``GPU Excluded: Yes`` in
+    /proc/driver/nvidia/gpus/<bus>/information, open-gpu-kernel-modules nv-procfs.c; the real
+    node's file says ``GPU Excluded:\t No``)."""
+    wanted = []
+    for gpu in gpus.scan(kernel.sys_dir):
+        info = kernel.proc_dir / "driver/nvidia/gpus" / gpu.address / "information"
+        try:
+            text = info.read_text(errors="replace")
+        except OSError:
+            text = ""
+        excluded = any(line.split(":", 1)[0].strip() == "GPU Excluded"
+                       and line.split(":", 1)[1].strip() == "Yes"
+                       for line in text.splitlines() if ":" in line)
+        if not excluded:
+            wanted.append(gpu.address)
+    return wanted
+
+
+def explain(call: str, rc: int | None, name: str = "") -> tuple[str, str]:
+    """The one-line message and the fix for a CUDA call's error code."""
+    known = FAILURES.get(rc) if rc is not None else None
+    if known is None:
+        code = f"{rc} {name}".strip() if rc is not None else "no result"
+        return (f"CUDA check: {call} failed ({code})",
+                "run `nvidia-driver-installer doctor` and read the kernel log for NVIDIA Xid "
+                f"lines; {SKIP_HINT}")
+    return f"CUDA check: {call} returned {rc} {known.name}: {known.cause}", known.fix
+
+
+def check(lib64: Path, kernel: KernelState, runner: Runner, *,
+          deadline_s: float = DEFAULT_DEADLINE_S) -> CudaResult:
+    """cuInit, the device count, a context and a memory round trip per GPU; VerifyError
+    (exit 9) with the cause and its fix, else what CUDA saw."""
+    libcuda = lib64 / LIBCUDA
+    if not libcuda.exists():
+        raise VerifyError(f"CUDA check: {libcuda} is missing", path=str(libcuda),
+                          hint="re-run install to put the driver's libraries back")
+    argv = [sys.executable, "-I", cuda_probe.__file__, str(libcuda), str(ROUND_TRIP_BYTES)]
+    try:
+        res = runner.run(argv, timeout=deadline_s, env=kernel.seam_env())
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+    except CommandError as exc:
+        if exc.returncode == -9:
+            raise VerifyError(
+                f"CUDA check: no answer from libcuda within {deadline_s:g}s (cuInit or a "
+                "context hangs), the check was stopped",
+                hint="a hung GPU needs a reset or a reboot: run `nvidia-driver-installer "
+                "doctor` for Xid lines in the kernel log", path=str(libcuda)) from exc
+        raise VerifyError(f"CUDA check: the child died ({exc.reason}): "
+                          f"{exc.stderr_tail(2) or '(no output)'}", path=str(libcuda),
+                          hint="read the kernel log for NVIDIA Xid lines") from exc
+    except (IndexError, ValueError, AttributeError) as exc:
+        raise VerifyError("CUDA check: the child printed no result", path=str(libcuda),
+                          hint="read the kernel log for NVIDIA Xid lines") from exc
+    return judge(doc, expected_gpus(kernel))
+
+
+def judge(doc: dict, expected: list[str]) -> CudaResult:
+    """Read the child's JSON line: its error, the device count against the GPUs the PCI bus
+    has, every round trip."""
+    error = doc.get("error")
+    if isinstance(error, dict):
+        message, fix = explain(str(error.get("call")), error.get("rc"), str(error.get("name", "")))
+        hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if error.get("rc") == 100 and hidden is not None:
+            message += f" (CUDA_VISIBLE_DEVICES={hidden!r} is set here)"
+        raise VerifyError(message, hint=fix, cuda_error=error)
+    count, devices = doc.get("count"), doc.get("devices") or []
+    if count != len(expected):
+        raise VerifyError(
+            f"CUDA check: CUDA sees {count} GPU(s), the PCI bus has {len(expected)} the driver "
+            f"did not exclude ({', '.join(expected) or 'none'})",
+            hint="a GPU CUDA cannot see: check its /dev/nvidia<N> file, CUDA_VISIBLE_DEVICES, "
+            "and the kernel log for NVRM errors about it")
+    wrong = [d for d in devices if not d.get("roundtrip_ok")]
+    if wrong:
+        raise VerifyError(
+            f"CUDA check: memory written on GPU {wrong[0].get('index')} "
+            f"({wrong[0].get('bus_id')}) read back different",
+            hint="the GPU's memory is not trustworthy: drain the node and reset the GPU; "
+            "doctor shows the Xid lines")
+    result = CudaResult(count, devices, doc.get("cuda_driver_version"),
+                        float(doc.get("total_s") or 0.0))
+    log.info("cuda_check_ok", gpus=count, cuda_driver_version=result.cuda_driver_version,
+             total_s=result.total_s)
+    return result

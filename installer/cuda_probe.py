@@ -1,0 +1,105 @@
+"""The CUDA check's child process: the CUDA driver API through ctypes alone, no toolkit.
+
+Run as ``python -I cuda_probe.py <libcuda.so.1> <bytes>`` by ``installer.cuda_check``, which
+holds the deadline (a hung ``cuInit`` is killed with this process group, never waited for).
+Stdlib only and no ``installer`` import, so it runs under ``-I`` from any copy of this file.
+
+cuInit, cuDriverGetVersion, cuDeviceGetCount; then on each device cuCtxCreate and a memory round
+trip (cuMemAlloc, cuMemsetD8, cuMemcpyDtoH, compare, cuMemFree, cuCtxDestroy). The calls and
+their ``_v2`` names are those of NVIDIA's cuda.h (the names libcuda exports for the 64-bit API);
+the sequence is the probe that ran on a real H100, shared/reference/gpu-node/cudacheck.py
+(0.29-0.41 s in all there). Prints one JSON line; the exit status is 0 whenever it printed.
+"""
+
+import ctypes
+import json
+import sys
+import time
+
+PATTERN = 0xA5
+
+
+def main(argv: list) -> int:
+    out = {"ok": False, "count": None, "devices": []}
+    started = time.perf_counter()
+
+    def finish(error: dict | None = None) -> int:
+        if error:
+            out["error"] = error
+        out["total_s"] = round(time.perf_counter() - started, 3)
+        print(json.dumps(out), flush=True)
+        return 0
+
+    lib, size = argv[1], int(argv[2])
+    try:
+        cuda = ctypes.CDLL(lib)
+    except OSError as exc:
+        return finish({"call": "dlopen", "rc": None, "text": str(exc)})
+
+    def failed(call: str, rc: int) -> dict:
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        for fn, into in (("cuGetErrorName", name), ("cuGetErrorString", text)):
+            if hasattr(cuda, fn):
+                getattr(cuda, fn)(rc, ctypes.byref(into))
+        return {"call": call, "rc": rc, "name": (name.value or b"").decode(errors="replace"),
+                "text": (text.value or b"").decode(errors="replace")}
+
+    t = time.perf_counter()
+    rc = cuda.cuInit(0)
+    out["cuInit_s"] = round(time.perf_counter() - t, 3)
+    if rc:
+        return finish(failed("cuInit", rc))
+    version, count = ctypes.c_int(), ctypes.c_int()
+    if cuda.cuDriverGetVersion(ctypes.byref(version)) == 0:
+        out["cuda_driver_version"] = version.value
+    rc = cuda.cuDeviceGetCount(ctypes.byref(count))
+    if rc:
+        return finish(failed("cuDeviceGetCount", rc))
+    out["count"] = count.value
+    for index in range(count.value):
+        device = {"index": index}
+        out["devices"].append(device)
+        error = round_trip(cuda, index, size, device)
+        if error:
+            return finish(failed(*error))
+    out["ok"] = all(d["roundtrip_ok"] for d in out["devices"])
+    return finish()
+
+
+def round_trip(cuda: ctypes.CDLL, index: int, size: int, device: dict) -> tuple | None:
+    """A context on device ``index`` and ``size`` bytes set on the GPU and read back; the
+    failing (call, rc), or None with ``device`` filled in."""
+    dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+    name, bus = ctypes.create_string_buffer(256), ctypes.create_string_buffer(64)
+    for call, rc in (("cuDeviceGet", lambda: cuda.cuDeviceGet(ctypes.byref(dev), index)),
+                     ("cuDeviceGetName", lambda: cuda.cuDeviceGetName(name, 256, dev)),
+                     ("cuDeviceGetPCIBusId", lambda: cuda.cuDeviceGetPCIBusId(bus, 64, dev))):
+        if (code := rc()) != 0:
+            return call, code
+    device.update(name=name.value.decode(errors="replace"),
+                  bus_id=bus.value.decode(errors="replace"))
+    t = time.perf_counter()
+    if (code := cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)) != 0:
+        return "cuCtxCreate", code
+    device["ctx_s"] = round(time.perf_counter() - t, 3)
+    t = time.perf_counter()
+    host = (ctypes.c_ubyte * size)()
+    try:
+        if (code := cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size))) != 0:
+            return "cuMemAlloc", code
+        steps = (("cuMemsetD8", lambda: cuda.cuMemsetD8_v2(ptr, ctypes.c_ubyte(PATTERN),
+                                                           ctypes.c_size_t(size))),
+                 ("cuMemcpyDtoH", lambda: cuda.cuMemcpyDtoH_v2(host, ptr, ctypes.c_size_t(size))),
+                 ("cuMemFree", lambda: cuda.cuMemFree_v2(ptr)))
+        for call, rc in steps:
+            if (code := rc()) != 0:
+                return call, code
+    finally:
+        cuda.cuCtxDestroy_v2(ctx)
+    device["roundtrip_ok"] = bytes(host) == bytes([PATTERN]) * size
+    device["roundtrip_s"] = round(time.perf_counter() - t, 3)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
