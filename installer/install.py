@@ -12,6 +12,7 @@ from installer import __version__, cache, distros, metrics, modules, readiness, 
 from installer.context import Context
 from installer.detect import context
 from installer.diagnostics import failure_details
+from installer.distros import flows
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
 from installer.kernel import module_name
@@ -59,7 +60,7 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     ctx = context(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
-    distro = distros.for_host(ctx.host_info)
+    distro = flows.for_host(ctx.host_info)
     distro.check_settings(ctx)
     ctx.install.check_writable()  # before the lock and readiness: nothing changed yet
     # os and kernel_release are bound to every event above; family is what "flow" says.

@@ -3,8 +3,7 @@ import sys
 
 import pytest
 
-from installer import distros
-from installer.distros import DISTROS, Cos, Ubuntu, by_name, recognise
+from installer.distros import DISTROS, Cos, Ubuntu, by_name, flows, recognise
 from installer.errors import UnsupportedHostError
 from installer.manifests import values
 from installer.osinfo import parse_env_file
@@ -27,7 +26,7 @@ def _recognise(text, lsb=None):
 def test_each_distro_recognises_its_hosts(os_release, family, os_id):
     info = _recognise(os_release)
     assert (info.family, info.os_id) == (family, os_id)
-    assert isinstance(distros.for_host(info), by_name(family))
+    assert isinstance(flows.for_host(info), by_name(family))
 
 
 def test_cos_needs_its_build_and_reads_the_board():
