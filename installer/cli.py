@@ -270,10 +270,10 @@ def install(output: str, **opts: Any) -> None:
     from installer import install as install_flow
 
     outcome = install_flow.run(_settings(**opts))
-    if "dry_run" in outcome:
-        click.echo(render(outcome["dry_run"], output, text=plan_text), nl=False)
+    if outcome.dry_run is not None:
+        click.echo(render(outcome.dry_run, output, text=plan_text), nl=False)
     elif output == "json":  # as status.json records it; people read the log's last line
-        click.echo(render(outcome, output), nl=False)
+        click.echo(render(outcome.to_status_json(), output), nl=False)
 
 
 @cli.command(short_help="Print the detected host: OS, kernel, flow, GPUs, loaded driver.")
@@ -299,9 +299,9 @@ def status(output: str, **opts: Any) -> int:
     from installer.context import Context
 
     # Any host OS will do: only the install dir is read.
-    doc = status_mod.report(Context.from_settings(_settings(**opts), strict=False).install)
-    click.echo(render(doc, output), nl=False)
-    return status_mod.exit_code(doc)
+    report = status_mod.report(Context.from_settings(_settings(**opts), strict=False).install)
+    click.echo(render(report.to_json(), output), nl=False)
+    return report.exit_code()
 
 
 @cli.command(short_help="Check the device nodes and nvidia-smi (exit 9 if broken).")
@@ -352,7 +352,7 @@ def uninstall(output: str, **opts: Any) -> None:
     """
     from installer import uninstall as uninstall_mod
 
-    click.echo(render(uninstall_mod.run(_settings(**opts)), output), nl=False)
+    click.echo(render(uninstall_mod.run(_settings(**opts)).to_status_json(), output), nl=False)
 
 
 def env_vars() -> tuple[str, ...]:
