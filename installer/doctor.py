@@ -38,10 +38,11 @@ from installer.errors import ExitCode, InstallerError
 from installer.fsutil import UnreadableFile
 from installer.gpus import Gpu
 from installer.osinfo import HostInfo
+from installer.outcome import ERROR, UNINSTALLED, Outcome
+from installer.outcome import OK as OUTCOME_OK
 from installer.runner import CommandError
 from installer.settings import Settings
 from installer.verify import check_driver_version, nvidia_smi
-from installer.workstate import InUse
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
@@ -73,7 +74,8 @@ class Node:
     """The run's context plus what the checks read once (status, cache record, GPUs)."""
 
     ctx: Context
-    status: dict | None = None
+    status: Outcome | None = None
+    status_unreadable: str | None = None  # why status.json could not be read
     record: cache.CacheRecord | None = None
     pci: list[gpus.PciGpu] = field(default_factory=list)
     _smi: list[Gpu] | InstallerError | None = None
@@ -102,7 +104,8 @@ class Node:
         """A driver is loaded that this tool never installed here (no status.json, no .cache
         record): the node image's, e.g. GKE's on a read-only /usr/local/nvidia (a real H100
         node: tests/data/gpu-node). Its files are not ours to judge as an install."""
-        return self.loaded_version is not None and self.status is None and self.record is None
+        return (self.loaded_version is not None and self.status is None
+                and self.status_unreadable is None and self.record is None)
 
     def smi(self) -> list[Gpu] | InstallerError:
         """nvidia-smi's GPUs, or why it failed; run once per doctor."""
@@ -126,7 +129,8 @@ class Node:
     def never_installed(self) -> bool:
         """No status.json, no .cache record and no driver file: install has never run here
         (so "re-run" and "--force" advice would mislead)."""
-        return (self.status is None and self.record is None and self.loaded_version is None
+        return (self.status is None and self.status_unreadable is None and self.record is None
+                and self.loaded_version is None
                 and not any(_count(self.install.root / d) for d in ("bin", "lib64", "drivers")))
 
 
@@ -135,7 +139,7 @@ def _load(settings: Settings) -> Node:
     try:
         node.status = status_file.read(node.install.status_file)
     except UnreadableFile as exc:  # reported by check_installer_status, never a hang
-        node.status = {"outcome": "unreadable", "message": f"status.json {exc.reason}"}
+        node.status_unreadable = f"status.json {exc.reason}"
     node.record = cache.read(node.install.cache_file)
     node.pci = gpus.scan(node.kernel.sys_dir)
     return node
@@ -170,7 +174,7 @@ def check_gpus(n: Node) -> Finding:
     detail = f"{len(n.pci)} GPU(s): " + "; ".join(g.describe() for g in n.pci)
     # The driver that is loaded, else installed, else the one the last run tried.
     candidates = [n.loaded_version, n.record.driver_version if n.record else None,
-                  (n.status or {}).get("driver_version")]
+                  n.status.driver_version if n.status else None]
     version = next((v for v in candidates if v and v != "unknown"), None)
     problems = gpus.branch_problems(n.pci, version) if version else []
     if problems:
@@ -226,6 +230,9 @@ def check_modules_disabled(n: Node) -> Finding:
 def check_installer_status(n: Node) -> Finding:
     s = n.status
     where = n.install.host_view(n.install.status_file)  # the node's path: what people look at
+    if n.status_unreadable is not None:
+        return Finding("installer_status", FAIL, f"corrupt status file: {n.status_unreadable}",
+                       f"remove {where}; the next install writes a new one")
     if s is None and n.never_installed:
         return Finding("installer_status", WARN, "install has never run on this node: no "
                        f"status.json, .cache or driver files in {n.install.host_path}",
@@ -239,31 +246,27 @@ def check_installer_status(n: Node) -> Finding:
                        "the installer has not run with this install dir",
                        "run install, or check --install-dir / NVIDIA_INSTALL_DIR_CONTAINER "
                        "points at the host's install dir")
-    if s.get("outcome") == "unreadable":
-        return Finding("installer_status", FAIL, f"corrupt status file: {s['message']}",
-                       f"remove {where}; the next install writes a new one")
-    when = s.get("finished_at", "?")
-    staged = _staged(s)
-    if staged is not None:
+    when = s.finished_at or "?"
+    if s.staged:
         kept = nextboot.record(n.install)
         where_kept = (f"kept in {n.install.host_path}/.next-boot" if kept is not None and
-                      kept.driver_version == s.get("driver_version") else
+                      kept.driver_version == s.staged_driver_version else
                       "but .next-boot no longer holds it: the next run builds it again")
         return Finding("installer_status", WARN,
-                       f"last run ok at {when}: driver {staged.running_version} keeps running "
-                       f"(in use: {staged.holders}); {s.get('driver_version')} is staged for "
+                       f"last run ok at {when}: driver {s.driver_version} keeps running "
+                       f"(in use: {s.in_use_by}); {s.staged_driver_version} is staged for "
                        f"the next boot, {where_kept}",
                        f"{DRAIN}, then reboot the node: the next run installs "
-                       f"{s.get('driver_version')} with no download or compile (or let it "
+                       f"{s.staged_driver_version} with no download or compile (or let it "
                        "wait for the node's next reboot)")
-    if s.get("outcome") == "ok":
+    if s.outcome == OUTCOME_OK:
         return Finding("installer_status", OK, f"last run ok at {when}: driver "
-                       f"{s.get('driver_version')} ({s.get('plan')} plan, {s.get('duration_s')}s)")
-    if s.get("outcome") == "uninstalled":
+                       f"{s.driver_version} ({s.plan} plan, {s.duration_s}s)")
+    if s.outcome == UNINSTALLED:
         return Finding("installer_status", WARN, f"the driver was uninstalled at {when}",
                        "run install to install it again")
-    ctx = s.get("context") or {}
-    step = f" in step {ctx['step']}" if ctx.get("step") else ""
+    step_name = (s.context or {}).get("step")
+    step = f" in step {step_name}" if step_name else ""
     upgrade = _failed_upgrade(n)
     if upgrade is not None:
         return Finding("installer_status", FAIL,
@@ -271,10 +274,9 @@ def check_installer_status(n: Node) -> Finding:
                        f"{n.loaded_version} is still loaded, installed intact and working",
                        f"{upgrade.fix} (details: {where})")
     return Finding("installer_status", FAIL,
-                   f"last run FAILED at {when}{step}: {s.get('error_class')} (exit "
-                   f"{s.get('exit_code')}){_installing(s.get('driver_version'))}: "
-                   f"{s.get('message')}",
-                   (s.get("hint") or "see the installer's log") + f" (details: {where})")
+                   f"last run FAILED at {when}{step}: {s.error_class} (exit "
+                   f"{s.exit_code}){_installing(s.driver_version)}: {s.message}",
+                   (s.hint or "see the installer's log") + f" (details: {where})")
 
 
 def _installing(version: str | None) -> str:
@@ -382,9 +384,8 @@ def check_kernel_modules(n: Node) -> Finding:
     if n.node_image_driver:
         detail += " by the node image"
     cached = n.record.driver_version if n.record else None
-    staged = _staged(n.status or {})
     # With a version staged for the next boot, the running one is what the last run kept.
-    wanted = staged.running_version if staged else (n.status or {}).get("driver_version")
+    wanted = n.status.driver_version if n.status else None
     upgrade = _failed_upgrade(n)
     if upgrade is not None:  # the old driver is whole: no library/module mismatch
         fix = DRAIN if busy else upgrade.fix
@@ -402,14 +403,6 @@ def check_kernel_modules(n: Node) -> Finding:
         return Finding("kernel_modules", FAIL, f"{detail}; nvidia_uvm is not loaded: CUDA "
                        "cannot start", "re-run install (it loads nvidia-uvm)")
     return Finding("kernel_modules", OK, f"{detail}; {use}")
-
-
-def _staged(status: dict) -> InUse | None:
-    """The driver kept running when the last run staged a version for the next boot."""
-    staged = status.get("staged_for_next_boot") if status.get("outcome") == "ok" else None
-    if not isinstance(staged, dict):
-        return None
-    return InUse(str(staged.get("running_version", "?")), str(staged.get("holders", "?")))
 
 
 def check_driver_branch(n: Node) -> Finding:
@@ -440,18 +433,19 @@ class FailedUpgrade:
 def _failed_upgrade(n: Node) -> FailedUpgrade | None:
     """The last run failed to replace a driver that is still loaded and installed intact
     (a failed run leaves the previous install byte-identical, DESIGN §4)."""
-    s, r = n.status or {}, n.record
-    loaded, wanted = n.loaded_version, s.get("driver_version")
-    if not (s.get("outcome") == "error" and wanted and r and loaded == r.driver_version
+    s, r = n.status, n.record
+    loaded = n.loaded_version
+    wanted = s.driver_version if s else None
+    if not (s and s.outcome == ERROR and wanted and r and loaded == r.driver_version
             and wanted != loaded and cache.check_files(r, n.install.root) is None):
         return None
-    why = f"{s.get('error_class')}, exit {s.get('exit_code')}"
-    what = f"the upgrade to {wanted} failed ({why}): {s.get('message')}"
-    if s.get("error_class") == "download":
+    why = f"{s.error_class}, exit {s.exit_code}"
+    what = f"the upgrade to {wanted} failed ({why}): {s.message}"
+    if s.error_class == "download":
         fix = (f"publish the driver {wanted} .run where the node downloads it, or fix "
                "NVIDIA_DRIVER_VERSION (--driver-version), then re-run install")
     else:
-        fix = (s.get("hint") or "see the installer_status finding") + "; then re-run install"
+        fix = (s.hint or "see the installer_status finding") + "; then re-run install"
     return FailedUpgrade(wanted, why, what, f"{fix} (driver {loaded} keeps working until then)")
 
 

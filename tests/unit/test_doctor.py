@@ -223,6 +223,25 @@ def test_loaded_version_differs_and_in_use(node, capsys):
     assert "kubectl drain" in f["fix"]
 
 
+@pytest.mark.parametrize("written_by", ["this version", "the previous version"])
+def test_a_staged_version_is_told_apart_from_the_running_one(node, capsys, written_by):
+    """Issue 34 §4: the running and the staged version are two fields; a status.json the
+    previous version wrote (the staged one as driver_version) reads the same."""
+    if written_by == "this version":
+        node.set_status(outcome="ok", exit_code=0, plan="staged", driver_version=V,
+                        staged_driver_version="590.44.01", in_use_by="nvidia: 1 reference(s)")
+    else:
+        node.set_status(outcome="ok", exit_code=0, plan="staged", driver_version="590.44.01",
+                        staged_for_next_boot={"running_version": V,
+                                              "holders": "nvidia: 1 reference(s)"})
+    code, found = node.findings(capsys)
+    f = found["installer_status"]
+    assert f["verdict"] == "warn"
+    assert f"driver {V} keeps running (in use: nvidia: 1 reference(s)); 590.44.01 is staged" \
+        in f["detail"]
+    assert found["kernel_modules"]["verdict"] == "ok", found["kernel_modules"]
+
+
 def test_loaded_version_differs_not_in_use(node, capsys):
     node.write(node.sys / "module/nvidia/version", "535.183.01\n")
     code, found = node.findings(capsys)
