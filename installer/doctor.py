@@ -36,6 +36,7 @@ from installer.detect import context
 from installer.distros.base import Distro
 from installer.errors import ExitCode, InstallerError
 from installer.fsutil import UnreadableFile
+from installer.gke import coexistence
 from installer.gpus import Gpu
 from installer.osinfo import HostInfo
 from installer.outcome import ERROR, UNINSTALLED, Outcome
@@ -641,8 +642,6 @@ def check_device_plugin(n: Node) -> Finding:
 
 def check_gke_installer(n: Node) -> Finding:
     """GKE's own installer on this node: its DaemonSet's pod, or a .cache it wrote."""
-    from installer.gke import coexistence
-
     pods = coexistence.gke_pods(n.host.resolve(coexistence.POD_LOGS_DIR))
     theirs = [p.host_dir for p in pods if p.runs_ours is not True]
     if theirs:

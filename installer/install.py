@@ -16,7 +16,7 @@ from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
 from installer.kernel import module_name
 from installer.lock import HostLock
-from installer.net.policy import scrub
+from installer.net.policy import check_url_scheme, scrub
 from installer.outcome import DRY_RUN, ERROR, INTERRUPTED, OK, Outcome
 from installer.plan import StepTiming, execute
 from installer.settings import Settings
@@ -27,8 +27,6 @@ log = structlog.get_logger(__name__)
 
 def run(settings: Settings) -> Outcome:
     """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
-    from installer.net.policy import check_url_scheme  # no requests import: cache hits stay fast
-
     started = time.monotonic()
     for url in filter(None, (settings.driver_url, settings.driver_base_url)):
         check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
