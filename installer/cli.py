@@ -282,10 +282,10 @@ def install(output: str, **opts: Any) -> None:
     from installer import install as install_flow
 
     outcome = install_flow.run(_settings(**opts))
-    if "dry_run" in outcome:
-        click.echo(render(outcome["dry_run"], output, text=plan_text), nl=False)
+    if outcome.dry_run is not None:
+        click.echo(render(outcome.dry_run, output, text=plan_text), nl=False)
     elif output == "json":  # as status.json records it; people read the log's last line
-        click.echo(render(outcome, output), nl=False)
+        click.echo(render(outcome.to_status_json(), output), nl=False)
 
 
 @cli.command(short_help="Print the detected host: OS, kernel, flow, GPUs, loaded driver.")
@@ -311,9 +311,9 @@ def status(output: str, **opts: Any) -> int:
     from installer.installdir import InstallDir
 
     settings = _settings(**opts)  # any host OS will do: only the install dir is read
-    doc = status_mod.report(InstallDir(settings.install_dir, settings.install_dir_host))
-    click.echo(render(doc, output), nl=False)
-    return status_mod.exit_code(doc)
+    report = status_mod.report(InstallDir(settings.install_dir, settings.install_dir_host))
+    click.echo(render(report.to_json(), output), nl=False)
+    return report.exit_code()
 
 
 @cli.command(short_help="Check the device nodes, nvidia-smi and CUDA (exit 9 if broken).")
@@ -340,7 +340,7 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
 
     Exit 0 when no check fails (warnings allowed), 9 when any fails.
     """
-    from installer import doctor as doctor_mod
+    from installer.doctor import report as doctor_mod
     from installer.log import configure
 
     log_format, verbose = opts.get("log_format", "auto"), opts.get("verbose", False)
@@ -367,7 +367,7 @@ def uninstall(output: str, **opts: Any) -> None:
     """
     from installer import uninstall as uninstall_mod
 
-    click.echo(render(uninstall_mod.run(_settings(**opts)), output), nl=False)
+    click.echo(render(uninstall_mod.run(_settings(**opts)).to_status_json(), output), nl=False)
 
 
 # What to do next, per failure class, when the error carries no hint of its own.
