@@ -17,15 +17,10 @@ import click
 
 from installer import __version__
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
+from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
-from installer.settings import (
-    DEFAULT_COS_ARTIFACTS_URL,
-    DEFAULT_DRIVER_BASE_URL,
-    DEFAULT_HOST_ROOT,
-    DEFAULT_INSTALL_DIR_HOST,
-    Settings,
-    retry_env,
-)
+from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
+from installer.settings import DEFAULT_COS_ARTIFACTS_URL, Settings, retry_env
 
 LOG_FORMATS = click.Choice(["auto", "json", "console"], case_sensitive=False)
 
@@ -62,10 +57,10 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every command shares: where the host and the install dir are, log format."""
     for option in reversed([
         click.option("--host-root", type=click.Path(path_type=Path), envvar="ROOT_MOUNT_DIR",
-                     default=DEFAULT_HOST_ROOT, show_default=True, show_envvar=True,
+                     default=HOST_ROOT, show_default=True, show_envvar=True,
                      help="Where the host's / is mounted in this container."),
         click.option("--install-dir-host", envvar="NVIDIA_INSTALL_DIR_HOST",
-                     default=str(DEFAULT_INSTALL_DIR_HOST), show_default=True, show_envvar=True,
+                     default=str(INSTALL_DIR_HOST), show_default=True, show_envvar=True,
                      help="The install dir as the host sees it."),
         click.option("--install-dir", type=click.Path(path_type=Path),
                      envvar="NVIDIA_INSTALL_DIR_CONTAINER", show_envvar=True,
@@ -128,7 +123,7 @@ def _register_secrets(opts: dict[str, Any]) -> None:
 class _LazyGroup(click.Group):
     """Subcommands whose modules load only when used (jinja2 is slow to import)."""
 
-    lazy = {"manifests": "installer.manifests:manifests", "bundle": "installer.bundle.cli:bundle"}
+    lazy = {"manifests": "installer.manifests.cli:manifests", "bundle": "installer.bundle.cli:bundle"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])
@@ -296,10 +291,10 @@ def status(output: str, **opts: Any) -> int:
     """Print the last run's status.json and the .cache record; exit with its exit code
     (12 when the installer has not run on this node)."""
     from installer import status as status_mod
-    from installer.context import Context
+    from installer.installdir import InstallDir
 
-    # Any host OS will do: only the install dir is read.
-    report = status_mod.report(Context.from_settings(_settings(**opts), strict=False).install)
+    settings = _settings(**opts)  # any host OS will do: only the install dir is read
+    report = status_mod.report(InstallDir(settings.install_dir, settings.install_dir_host))
     click.echo(render(report.to_json(), output), nl=False)
     return report.exit_code()
 
@@ -310,9 +305,9 @@ def status(output: str, **opts: Any) -> int:
 def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
     from installer import verify as verify_mod
-    from installer.context import Context
+    from installer.detect import context
 
-    gpus = verify_mod.check_installed(Context.from_settings(_settings(**opts)))
+    gpus = verify_mod.check_installed(context(_settings(**opts)))
     click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 
@@ -353,17 +348,6 @@ def uninstall(output: str, **opts: Any) -> None:
     from installer import uninstall as uninstall_mod
 
     click.echo(render(uninstall_mod.run(_settings(**opts)).to_status_json(), output), nl=False)
-
-
-def env_vars() -> tuple[str, ...]:
-    """Every environment variable an option of a command reads: the env contract
-    (``manifests`` checks ``--env`` against it, a test against the README)."""
-    names: dict[str, None] = {}
-    for command in cli.commands.values():
-        for param in command.params:
-            envvar = getattr(param, "envvar", None)
-            names.update(dict.fromkeys([envvar] if isinstance(envvar, str) else envvar or ()))
-    return tuple(names)
 
 
 # What to do next, per failure class, when the error carries no hint of its own.

@@ -31,16 +31,18 @@ from installer import (
     signing,
 )
 from installer import status as status_file
-from installer.context import UNKNOWN_FAMILY, Context, detect
+from installer.context import Context
+from installer.detect import context
 from installer.distros.base import Distro
 from installer.errors import ExitCode, InstallerError
 from installer.fsutil import UnreadableFile
+from installer.gpus import Gpu
 from installer.osinfo import HostInfo
 from installer.outcome import ERROR, UNINSTALLED, Outcome
 from installer.outcome import OK as OUTCOME_OK
 from installer.runner import CommandError
 from installer.settings import Settings
-from installer.verify import Gpu, check_driver_version, nvidia_smi
+from installer.verify import check_driver_version, nvidia_smi
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
@@ -83,7 +85,7 @@ class Node:
 
     @property
     def host_info(self) -> HostInfo | None:
-        return None if self.ctx.host_info.family == UNKNOWN_FAMILY else self.ctx.host_info
+        return self.ctx.host_info if self.ctx.host_info.known else None
 
     @property
     def distro(self) -> type[Distro] | None:
@@ -133,7 +135,7 @@ class Node:
 
 
 def _load(settings: Settings) -> Node:
-    node = Node(Context.from_settings(settings, strict=False))
+    node = Node(context(settings, strict=False))
     try:
         node.status = status_file.read(node.install.status_file)
     except UnreadableFile as exc:  # reported by check_installer_status, never a hang
@@ -149,7 +151,7 @@ def _load(settings: Settings) -> Node:
 def check_host(n: Node) -> Finding:
     if n.host_info is None:
         try:
-            detect(n.host, n.kernel_release)
+            distros.detect(n.host, n.kernel_release)
             error = "unknown"
         except InstallerError as exc:
             error = exc.message

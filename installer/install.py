@@ -9,6 +9,7 @@ import structlog
 
 from installer import __version__, cache, distros, metrics, modules, readiness, rollback, status
 from installer.context import Context
+from installer.detect import context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
@@ -55,7 +56,7 @@ def _success_message(outcome: Outcome) -> str:
 
 
 def _install(settings: Settings, started: float) -> Outcome:
-    ctx = Context.from_settings(settings)
+    ctx = context(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)
@@ -86,7 +87,8 @@ def _install(settings: Settings, started: float) -> Outcome:
             if ctx.work.gpus is not None:  # set by the verify step: no readiness for --preload
                 _write_ready(ctx, plan, len(ctx.work.gpus))
         except InstallerError as exc:
-            exc.context.update(failure_details(ctx, exc.error_class, started_wall))
+            exc.context.update(failure_details(ctx.install, ctx.runner, exc.error_class,
+                                               started_wall))
             _discard(ctx, exc)
             _record(ctx, started, timings, plan, Outcome(
                 ERROR, int(exc.exit_code), error_class=exc.error_class, message=exc.message,

@@ -16,7 +16,7 @@ from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import Distro, cached_plan, fresh_plan
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UsageError
-from installer.nvidia_run import check_version, driver_url, version_from_url
+from installer.nvidia_run import check_version, version_from_url
 from installer.plan import Plan, Step
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class HeadersBuild(Distro):
         if self.cache_hit(ctx, key):
             return cached_plan(ctx, version, check_gpus, module_type=module_type,
                                display=display)
-        url = driver_url(ctx.settings, version)
+        url = ctx.settings.driver_run_url(version)
         prebuilt = None
         if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
             # Start-up time: bundle.fetch pulls in the archive code (tarfile) for this only.

@@ -12,6 +12,7 @@ import pytest
 from installer import cache
 from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
+from installer.detect import context
 from installer.distros import for_host
 from installer.distros.cos import Cos
 from installer.distros.cos.choice import decide_modules
@@ -63,7 +64,7 @@ class Env:
             **settings,
         ).resolved()
         kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)
-        return Context.from_settings(s, kernel)
+        return context(s, kernel)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 from installer import cache
 from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
+from installer.detect import context
 from installer.distros import for_host
 from installer.distros.headers_build import find_kernel_headers
 from installer.distros.ubuntu import Ubuntu
@@ -49,7 +50,7 @@ class Env:
         """The context the install command builds (the release read from the fake kernel)."""
         if "driver_url" not in settings:  # the two are refused together
             settings["driver_base_url"] = f"file://{self.tesla}"
-        return Context.from_settings(Settings(host_root=self.node.root, install_dir=self.node.install_dir,
+        return context(Settings(host_root=self.node.root, install_dir=self.node.install_dir,
                                      **settings).resolved())
 
 

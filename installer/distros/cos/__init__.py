@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import re
 
+from installer import podcontract
 from installer.cache import CacheKey
 from installer.distros.base import Distro
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo, parse_env_file
-from installer.settings import DEFAULT_INSTALL_DIR_HOST
 
 # The build's driver version aliases (its gpu_<alias>_version files): default, latest and a
 # branch, R535 (r535 and 535 name it too). ``manifests render`` and ``install`` both read
@@ -44,11 +44,13 @@ VERSION_ALIAS = re.compile(r"(?i:(?P<name>default|latest)|r?(?P<branch>[0-9]{3,}
 
 
 # As GKE's COS DaemonSets: the toolchain cache and the Vulkan ICD dir, named in env too.
-TOOLS_DIR = HostMount("cos-tools", "/var/lib/cos-tools", "/build/cos-tools", "DirectoryOrCreate",
+TOOLS_DIR = HostMount("cos-tools", str(podcontract.COS_TOOLS_DIR_HOST),
+                      str(podcontract.COS_TOOLS_DIR_CONTAINER), "DirectoryOrCreate",
                       "COS toolchain cache: kept across pod restarts and reinstalls.")
 VULKAN_ICD_DIR = HostMount(
-    "vulkan-icd-mount", f"{DEFAULT_INSTALL_DIR_HOST}/vulkan/icd.d", "/etc/vulkan/icd.d",
-    "DirectoryOrCreate", "NVIDIA's Vulkan ICD file (nvidia_icd.json), as GKE's COS DaemonSet.")
+    "vulkan-icd-mount", str(podcontract.VULKAN_ICD_DIR_HOST),
+    str(podcontract.VULKAN_ICD_DIR_CONTAINER), "DirectoryOrCreate",
+    "NVIDIA's Vulkan ICD file (nvidia_icd.json), as GKE's COS DaemonSet.")
 DAEMONSET = DaemonSetNeeds(
     mounts=(TOOLS_DIR, VULKAN_ICD_DIR),
     env=(("COS_TOOLS_DIR_HOST", TOOLS_DIR.host_path),

@@ -45,7 +45,6 @@ from installer.distros.cos.toolchain import BuildTools
 from installer.gke import mirror
 from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root, check_url_scheme
-from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.steps import Fetch
 
@@ -164,7 +163,7 @@ class CosFlow(Cos):
     def _fresh_plan(self, ctx: Context, arts: Artifacts, version: str, probe: Probe,
                     chosen: Choice, display: dict[str, object]) -> Plan:
         """The steps for ``chosen``: fetch, prepare, build (or user space only), load."""
-        run_url = driver_url(ctx.settings, version, self._mirror(ctx))
+        run_url = ctx.settings.driver_run_url(version, self._mirror(ctx))
         prebuilt_url = arts.url(prebuilt_modules_name(version))
         signatures_url = arts.url(signatures_name(version))
         custom_url = arts.url(custom_run_name(version))
