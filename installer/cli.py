@@ -17,7 +17,7 @@ import click
 
 from installer import __version__
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
-from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
+from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL, FABRIC_MANAGER_BASE_URL
 from installer.output import FORMATS, plan_text, render
 from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
 from installer.settings import DEFAULT_COS_ARTIFACTS_URL, Settings, retry_env
@@ -77,8 +77,15 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _cuda_check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """install and verify: the CUDA check (installer/cuda_check.py) and its way out."""
+def _readiness_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """install and verify: the fabric gate (NVSwitch nodes), the CUDA check
+    (installer/cuda_check.py) and its way out."""
+    fn = click.option("--fabric-deadline", "fabric_deadline_s", type=Seconds(open_min=True),
+                      envvar="NVIDIA_FABRIC_DEADLINE", default=600, show_default=True,
+                      show_envvar=True,
+                      help="NVSwitch nodes: how long every GPU's NVLink fabric may take to "
+                      "reach Completed (the fabric manager sidecar trains it) before the "
+                      "verify fails (exit 9).")(fn)
     fn = click.option("--cuda-check-deadline", "cuda_check_deadline_s",
                       type=Seconds(open_min=True), envvar="NVIDIA_CUDA_CHECK_DEADLINE",
                       default=60, show_default=True, show_envvar=True,
@@ -128,7 +135,7 @@ def _register_secrets(opts: dict[str, Any]) -> None:
     from installer.net.policy import register_url
 
     for key in ("driver_url", "driver_base_url", "cos_artifacts_url", "cos_artifacts_sha256",
-                "prebuilt_url"):
+                "prebuilt_url", "fabric_manager_base_url"):
         register_url(opts.get(key))
     for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
                 "all_proxy"):
@@ -138,7 +145,8 @@ def _register_secrets(opts: dict[str, Any]) -> None:
 class _LazyGroup(click.Group):
     """Subcommands whose modules load only when used (jinja2 is slow to import)."""
 
-    lazy = {"manifests": "installer.manifests.cli:manifests", "bundle": "installer.bundle.cli:bundle"}
+    lazy = {"manifests": "installer.manifests.cli:manifests", "bundle": "installer.bundle.cli:bundle",
+            "sidecar": "installer.daemons_cli:sidecar"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])
@@ -174,7 +182,7 @@ def _exit_codes_epilog() -> str:
 @cli.command(short_help="Install or load the cached driver; verify it (nvidia-smi, CUDA).",
              epilog=_exit_codes_epilog())
 @_host_options
-@_cuda_check_options
+@_readiness_options
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
               help="Driver version, or on COS an alias: default, latest, R535 … "
               "[default: COS: default; Ubuntu: a pinned, tested version]")
@@ -243,6 +251,14 @@ def _exit_codes_epilog() -> str:
               help="Also load nvidia-modeset and nvidia-drm (kernel mode setting, /dev/dri). "
               "CUDA and NVML need neither: by default only nvidia and nvidia-uvm load, as "
               "GKE's Ubuntu installer loads them.")
+@click.option("--fabric-manager-base-url", envvar="NVIDIA_FABRIC_MANAGER_BASE_URL",
+              show_envvar=True, default=FABRIC_MANAGER_BASE_URL, show_default=True,
+              help="NVSwitch nodes: where fabricmanager/linux-x86_64/fabricmanager-linux-"
+              "x86_64-<V>-archive.tar.xz and redistrib_<V>.json are (NVIDIA's redistributable "
+              "area, or a mirror of it).")
+@click.option("--fabric-manager-sha256", envvar="NVIDIA_FABRIC_MANAGER_SHA256", show_envvar=True,
+              help="NVSwitch nodes: the fabric manager archive's SHA-256 [default: from "
+              "redistrib_<V>.json].")
 @click.option("--persistence-mode", is_flag=True, envvar="NVIDIA_PERSISTENCE_MODE",
               show_envvar=True, help="After verifying, enable persistence mode (nvidia-smi -pm 1).")
 @click.option("--metrics-file", envvar="NVIDIA_INSTALLER_METRICS_FILE", show_envvar=True,
@@ -318,7 +334,7 @@ def status(output: str, **opts: Any) -> int:
 
 @cli.command(short_help="Check the device nodes, nvidia-smi and CUDA (exit 9 if broken).")
 @_host_options
-@_cuda_check_options
+@_readiness_options
 @_output_option
 def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes, nvidia-smi, then CUDA on every GPU (a

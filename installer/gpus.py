@@ -154,7 +154,8 @@ class PciGpu:
         }
 
 
-def _read(path: Path) -> str:
+def read_attr(path: Path) -> str:
+    """A sysfs attribute, stripped and lower-cased ("" if unreadable)."""
     try:
         return path.read_text(errors="replace").strip().lower()
     except OSError:
@@ -170,14 +171,14 @@ def scan(sys_dir: Path) -> list[PciGpu]:
         return []
     found = []
     for dev in entries:
-        if _read(dev / "vendor") != NVIDIA_VENDOR:
+        if read_attr(dev / "vendor") != NVIDIA_VENDOR:
             continue
-        pci_class = _read(dev / "class")
+        pci_class = read_attr(dev / "class")
         if not pci_class.startswith(DISPLAY_CLASS_PREFIX):
             continue  # NVSwitch bridges, audio functions
-        device_id = _read(dev / "device")
+        device_id = read_attr(dev / "device")
         found.append(PciGpu(dev.name, device_id, pci_class,
-                            _read(dev / "subsystem_device") or None, MODELS.get(device_id)))
+                            read_attr(dev / "subsystem_device") or None, MODELS.get(device_id)))
     return found
 
 

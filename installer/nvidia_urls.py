@@ -6,6 +6,8 @@ import re
 
 NVIDIA_BASE_URL = "https://us.download.nvidia.com/{branch}"
 DEFAULT_DRIVER_BASE_URL = NVIDIA_BASE_URL.format(branch="tesla")
+# NVIDIA's redistributable area: the fabric manager archives and redistrib_<V>.json.
+FABRIC_MANAGER_BASE_URL = "https://developer.download.nvidia.com/compute/nvidia-driver/redist"
 
 _RUN_NAME = re.compile(r"NVIDIA-Linux-x86_64-(\d[\d.]*\d)(?:-[\w.]+)?\.run$")
 

@@ -12,7 +12,12 @@ from installer import podcontract
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
-from installer.nvidia_urls import NVIDIA_BASE_URL, named_version, run_url
+from installer.nvidia_urls import (
+    FABRIC_MANAGER_BASE_URL,
+    NVIDIA_BASE_URL,
+    named_version,
+    run_url,
+)
 from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
 
 # NVIDIA's download host; --driver-branch picks the path under it.
@@ -55,6 +60,11 @@ class Settings:
     # child under this deadline); skipped only by choice, where no context may be made.
     skip_cuda_check: bool = False
     cuda_check_deadline_s: float = 60.0
+    # Issue 31 §2, NVSwitch nodes: the fabric manager of the installed version (fabricmanager.py)
+    # and how long the NVLink fabric may take to reach Completed.
+    fabric_manager_base_url: str = FABRIC_MANAGER_BASE_URL
+    fabric_manager_sha256: str | None = None
+    fabric_deadline_s: float = 600.0
     # Also load nvidia-modeset and nvidia-drm (display); by default nvidia and nvidia-uvm only.
     display_modules: bool = False
     kernel_module_type: str = "auto"  # auto | open | proprietary
@@ -133,16 +143,18 @@ class Settings:
                 and self.download_min_rate_time_s > 0):
             raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
                              "seconds, --download-min-rate >= 0 bytes/s")
-        if not 0 < self.cuda_check_deadline_s < float("inf"):
-            raise UsageError("--cuda-check-deadline must be > 0 seconds")
+        if not (0 < self.cuda_check_deadline_s < float("inf")
+                and 0 < self.fabric_deadline_s < float("inf")):
+            raise UsageError("--cuda-check-deadline and --fabric-deadline must be > 0 seconds")
         if self.install_only and (self.preload or self.persistence_mode):
             raise UsageError("--install-only loads nothing: it cannot be combined with "
                              f"{'--preload' if self.preload else '--persistence-mode'}")
         prebuilt_sha = check_prebuilt(self.prebuilt_url, self.prebuilt_sha256,
                                       self.prebuilt_only,
                                       allow_insecure_http=self.allow_insecure_http)
+        fm_sha = normalize_sha256(self.fabric_manager_sha256 or None, "--fabric-manager-sha256")
         return replace(self, install_dir=install_dir, driver_sha256=sha,
-                       prebuilt_sha256=prebuilt_sha)
+                       prebuilt_sha256=prebuilt_sha, fabric_manager_sha256=fm_sha)
 
     def driver_run_url(self, version: str, default_base: str | None = None) -> str:
         """--driver-url as given, else <base>/<V>/NVIDIA-Linux-x86_64-<V>.run; the base is

@@ -15,6 +15,7 @@ from installer import (
     cgroup_memory,
     cpus,
     devnodes,
+    fabric_steps,
     firmware,
     gpus,
     ldcache,
@@ -548,6 +549,7 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
         device_nodes(ctx, from_staging=False),
         container_ld_cache(),
         host_ld_cache(),
+        *fabric_steps.for_node(ctx, version),
         verify_install(version),
         *after_verify(ctx),
     )
@@ -581,6 +583,7 @@ def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ..
         gpu_firmware(from_staging=False),
         container_ld_cache(),
         host_ld_cache(),
+        *fabric_steps.for_node(ctx, version),
         verify_install(version),
         record_cache(key),
         *after_verify(ctx),

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cuda_check
+from installer import cuda_check, daemons, fabric
 from installer.errors import VerifyError
 from installer.gpus import Gpu
 from installer.installdir import Tree
@@ -47,12 +47,14 @@ def check_installed(ctx: Context) -> list[Gpu]:
     require_device_nodes(ctx.kernel, "on this node",
                          hint="re-run install to load the driver and create them")
     gpus = nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)
-    cuda_works(ctx)
+    cuda_works(ctx, lib_dir=ctx.install.lib64)
     return gpus
 
 
-def cuda_works(ctx: Context) -> None:
-    """The CUDA check (cuda_check.py), or a warning naming the risk when it is skipped."""
+def cuda_works(ctx: Context, *, lib_dir: Path | None = None) -> None:
+    """On an NVSwitch node the fabric gate first; then the CUDA check (cuda_check.py), or a
+    warning naming the risk when it is skipped."""
+    fabric_ready(ctx, lib_dir=lib_dir)
     if ctx.settings.skip_cuda_check:
         ctx.work.cuda_check = "skipped"
         log.warning("cuda_check_skipped", risk="nvidia-smi alone passed: nothing proves a "
@@ -61,6 +63,38 @@ def cuda_works(ctx: Context) -> None:
     cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner,
                      deadline_s=ctx.settings.cuda_check_deadline_s)
     ctx.work.cuda_check = "passed"
+
+
+def fabric_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
+    """NVSwitch nodes: every GPU's fabric Completed/Success within --fabric-deadline, the
+    fabric manager's sidecar alive (fabric.py); elsewhere nothing."""
+    switches = fabric.nvswitches(ctx.kernel.sys_dir)
+    if not switches:
+        ctx.work.fabric = "none"
+        return
+    smi = ctx.install.bin / "nvidia-smi"
+    env = dict(ctx.kernel.seam_env())
+    if lib_dir is not None:
+        env["LD_LIBRARY_PATH"] = str(lib_dir)
+
+    def query() -> list[fabric.GpuFabric]:
+        try:
+            res = ctx.runner.run([smi, fabric.FABRIC_QUERY, "--format=csv,noheader"],
+                                 timeout=SMI_TIMEOUT_S, env=env)
+        except CommandError as exc:
+            raise VerifyError(f"nvidia-smi {fabric.FABRIC_QUERY} failed: "
+                              f"{exc.stderr_tail(2)}", hint=smi_failure_hint(exc.stderr)) from exc
+        return fabric.parse(res.stdout)
+
+    def manager_down() -> str | None:
+        state = daemons.read_state(ctx.install.root, daemons.FABRIC_MANAGER)
+        return state.down() if state else None
+
+    log.info("fabric_waiting", nvswitches=switches,
+             device_files=fabric.nvswitch_device_files(ctx.kernel.dev_dir),
+             deadline_s=ctx.settings.fabric_deadline_s)
+    fabric.wait_completed(fabric.Gate(query, manager_down), ctx.settings.fabric_deadline_s)
+    ctx.work.fabric = "completed"
 
 
 def nvidia_smi(

@@ -1,0 +1,117 @@
+"""The node's NVIDIA daemons as sidecars: run one in the foreground and say how it is.
+
+The fabric manager (NVSwitch systems) and nvidia-persistenced run as native sidecars of the
+DaemonSet (init containers with ``restartPolicy: Always``, as GKE and NVIDIA run them now).
+Each sidecar is ``nvidia-driver-installer fabric-manager|persistenced``: it waits for the
+driver, then runs NVIDIA's daemon in the foreground (its output is the container's log) and
+keeps ``<install-dir>/daemons/<name>.json`` up to date: ``running`` with a heartbeat while it
+lives, ``exited`` with the exit status and the last lines of its output when it dies,
+``refused`` with the reason when it cannot start. The installer's readiness and ``doctor``
+read that file: another container of the pod cannot see the daemon's process, but it sees
+the install dir.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from installer.fsutil import write_atomic
+
+log = structlog.get_logger(__name__)
+
+STATE_DIR = "daemons"
+FABRIC_MANAGER, PERSISTENCED = "fabricmanager", "persistenced"
+RUNNING, EXITED, REFUSED, WAITING = "running", "exited", "refused", "waiting"
+HEARTBEAT_S = 5.0
+STALE_S = 30.0  # a "running" state not refreshed for this long: the sidecar was killed
+TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class DaemonState:
+    name: str
+    state: str
+    detail: str
+    age_s: float
+
+    def down(self) -> str | None:
+        """Why the daemon is not running (None: it is, or it is waiting for the driver)."""
+        if self.state in (EXITED, REFUSED):
+            return self.detail
+        if self.state == RUNNING and self.age_s > STALE_S:
+            return f"{self.name}'s sidecar stopped reporting {self.age_s:.0f}s ago"
+        return None
+
+
+def state_file(install_root: Path, name: str) -> Path:
+    return install_root / STATE_DIR / f"{name}.json"
+
+
+def write_state(install_root: Path, name: str, state: str, detail: str = "") -> None:
+    path = state_file(install_root, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"name": name, "state": state, "detail": detail,
+                                   "pid": os.getpid()}) + "\n")
+
+
+def read_state(install_root: Path, name: str, now: float | None = None) -> DaemonState | None:
+    """The sidecar's last word (None: it never wrote one, e.g. no such sidecar)."""
+    path = state_file(install_root, name)
+    try:
+        doc = json.loads(path.read_text(errors="replace")[:65536])
+        age = (time.time() if now is None else now) - path.stat().st_mtime
+        return DaemonState(name, str(doc["state"]), str(doc.get("detail", "")), age)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def run_foreground(install_root: Path, name: str, argv: Sequence[str | os.PathLike[str]],
+                   env: Mapping[str, str]) -> int:
+    """Run the daemon until it exits, echoing its output; the state file says ``running``
+    (refreshed every HEARTBEAT_S) and then ``exited`` with its status and output's tail."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    proc = subprocess.Popen([str(a) for a in argv], env={**os.environ, **env},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    reader = threading.Thread(target=_echo, args=(proc, tail), daemon=True)
+    reader.start()
+    log.info("daemon_started", daemon=name, pid=proc.pid, argv=[str(a) for a in argv])
+    try:
+        while proc.poll() is None:
+            write_state(install_root, name, RUNNING, f"pid {proc.pid}")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=HEARTBEAT_S)
+    finally:
+        if proc.poll() is None:  # we were stopped (SIGTERM from the kubelet): stop it too
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        reader.join(timeout=5)
+        last = " | ".join(line for line in tail if line.strip())[-1500:]
+        write_state(install_root, name, EXITED,
+                    f"{name} exited with status {proc.returncode}: {last or '(no output)'}")
+    log.warning("daemon_exited", daemon=name, rc=proc.returncode)
+    return proc.returncode
+
+
+def _echo(proc: subprocess.Popen[str], tail: collections.deque[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail.append(line.rstrip("\n"))
+        sys.stderr.write(line)
+        sys.stderr.flush()

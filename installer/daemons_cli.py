@@ -1,0 +1,111 @@
+"""``sidecar fabric-manager`` and ``sidecar persistenced``: the DaemonSet's daemon sidecars.
+
+Each waits for the driver the install loads, then runs NVIDIA's daemon of that version in
+the foreground and keeps its state file (daemons.py) for the install's readiness and doctor.
+A sidecar that cannot start its daemon says why in the state file and exits 9, so the
+install fails with that cause instead of waiting out its deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from installer import podcontract
+
+
+@click.group("sidecar", short_help="Run an NVIDIA daemon as the DaemonSet's sidecar.")
+def sidecar() -> None:
+    """NVIDIA's daemons as native sidecars (init containers with restartPolicy: Always),
+    rendered by `manifests render --nvswitch / --persistenced`."""
+
+
+def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    from installer.cli import LOG_FORMATS, Seconds  # upward: the CLI's own option types
+
+    for option in reversed([
+        click.option("--install-dir", type=click.Path(path_type=Path),
+                     envvar="NVIDIA_INSTALL_DIR_CONTAINER", show_envvar=True,
+                     default=str(podcontract.INSTALL_DIR_CONTAINER), show_default=True,
+                     help="This container's view of the install dir."),
+        click.option("--driver-wait", "driver_wait_s", type=Seconds(open_min=True),
+                     envvar="NVIDIA_DRIVER_WAIT", default=7200, show_default=True,
+                     show_envvar=True, help="How long to wait for the install to load the "
+                     "driver and put this daemon's files in place."),
+        click.option("--log-format", type=LOG_FORMATS, envvar="LOG_FORMAT", default="auto",
+                     show_default=True, show_envvar=True),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _refuse(install_dir: Path, name: str, exc: Exception) -> None:
+    from installer import daemons
+    from installer.errors import InstallerError
+
+    text = exc.message if isinstance(exc, InstallerError) else str(exc)
+    daemons.write_state(install_dir, name, daemons.REFUSED, text)
+
+
+@sidecar.command("fabric-manager", short_help="NVIDIA's fabric manager (NVSwitch nodes).")
+@_options
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="NVIDIA_FABRIC_MANAGER_CONFIG", show_envvar=True,
+              help="A fabricmanager.cfg to use as it is (e.g. from a ConfigMap) [default: the "
+              "archive's, in the foreground, logging to stderr].")
+def fabric_manager(install_dir: Path, driver_wait_s: float, log_format: str,
+                   config_file: Path | None) -> int:
+    """Wait for the driver, then run nv-fabricmanager of exactly its version (fetched by the
+    install into <install-dir>/fabricmanager/<V>) until it exits."""
+    from installer import daemons, sidecars
+    from installer.kernel import KernelState
+    from installer.log import configure
+
+    configure(log_format)
+    kernel = KernelState()
+    name = daemons.FABRIC_MANAGER
+    try:
+        daemons.write_state(install_dir, name, daemons.WAITING, "waiting for the driver")
+        version, fm_dir = sidecars.wait_for_driver(
+            kernel, sidecars.fabric_manager_files(install_dir), name, driver_wait_s)
+        missing = sidecars.nvlink5_missing(kernel)
+        if missing:
+            raise click.ClickException("NVLink5 node: the fabric cannot complete without "
+                                       + "; ".join(missing))
+        config = config_file
+        if config is None:
+            config = install_dir / daemons.STATE_DIR / "fabricmanager.cfg"
+            template = (fm_dir / "etc/fabricmanager.cfg").read_text(errors="replace")
+            config.write_text(sidecars.fabric_config(template, fm_dir))
+    except Exception as exc:
+        _refuse(install_dir, name, exc)
+        raise
+    env = {**kernel.seam_env(), "LD_LIBRARY_PATH": f"{fm_dir / 'lib'}:{install_dir / 'lib64'}"}
+    return daemons.run_foreground(install_dir, name,
+                                  [fm_dir / "bin/nv-fabricmanager", "-c", config], env)
+
+
+@sidecar.command("persistenced", short_help="nvidia-persistenced.")
+@_options
+def persistenced(install_dir: Path, driver_wait_s: float, log_format: str) -> int:
+    """Wait for the driver, then run its nvidia-persistenced in the foreground: NVIDIA's
+    way to keep the GPUs initialised (580 calls `nvidia-smi -pm 1` deprecated)."""
+    from installer import daemons, sidecars
+    from installer.kernel import KernelState
+    from installer.log import configure
+
+    configure(log_format)
+    kernel = KernelState()
+    name = daemons.PERSISTENCED
+    try:
+        daemons.write_state(install_dir, name, daemons.WAITING, "waiting for the driver")
+        _, binary = sidecars.wait_for_driver(kernel, sidecars.persistenced_files(install_dir),
+                                             name, driver_wait_s)
+    except Exception as exc:
+        _refuse(install_dir, name, exc)
+        raise
+    env = {**kernel.seam_env(), "LD_LIBRARY_PATH": str(install_dir / "lib64")}
+    return daemons.run_foreground(install_dir, name, [binary, "--foreground", "--verbose"], env)

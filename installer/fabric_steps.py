@@ -1,0 +1,30 @@
+"""The NVSwitch steps of an install (issue 31 §2): only where the PCI bus has NVSwitches."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from installer import fabric, fabricmanager
+from installer.plan import Step
+
+if TYPE_CHECKING:
+    from installer.context import Context
+
+
+def for_node(ctx: Context, version: str) -> tuple[Step, ...]:
+    """The fabric manager's files for ``version`` on an NVSwitch node; nothing elsewhere
+    (the non-NVSwitch plan is unchanged)."""
+    if not fabric.nvswitches(ctx.kernel.sys_dir):
+        return ()
+    return (fabric_manager_files(version),)
+
+
+def fabric_manager_files(version: str) -> Step:
+    def run(ctx: Context) -> None:
+        s = ctx.settings
+        fabricmanager.fetch_into(ctx.install.root, version, session=ctx.http,
+                                 base_url=s.fabric_manager_base_url, sha256=s.fabric_manager_sha256,
+                                 allow_insecure_http=s.allow_insecure_http)
+
+    return Step("fabric_manager", run, f"NVSwitch node: {fabricmanager.archive_name(version)} "
+                "into <install-dir>/fabricmanager (kept for later runs)")

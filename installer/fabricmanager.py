@@ -1,0 +1,114 @@
+"""NVIDIA's fabric manager for exactly the installed driver: fetched, checked, kept.
+
+NVIDIA publishes it per driver version in its redistributable area, as
+``<base>/fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-<V>-archive.tar.xz``, with
+``<base>/redistrib_<V>.json`` listing each archive's ``relative_path`` and ``sha256`` (the
+manifest nixpkgs' cuda-modules builders read; the archive holds ``bin/nv-fabricmanager``,
+``etc/fabricmanager.cfg``, ``share/nvidia/nvswitch/*_topology`` and ``lib/libnvfm.so.1``,
+as NVIDIA/yum-packaging-fabric-manager's spec installs them). The fabric manager must be the
+driver's own version (its README: "the version of fabricmanager must match the NVIDIA
+driver installed").
+
+The download is the .run's machinery (digest pin, resume, retries, deadline; a mirror is
+``--fabric-manager-base-url``); the archive goes through archive.extract's checks (no link
+out of the tree, no device file, no setuid bit) into ``<install-dir>/fabricmanager/<V>``,
+atomically, next to the driver it belongs to, and later runs of the same version reuse it.
+Nothing from the archive runs during the install: nv-fabricmanager runs only in its own
+sidecar container (daemons.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import structlog
+
+from installer import archive
+from installer.errors import IntegrityError
+from installer.fsutil import remove_tree
+from installer.net.fetch import fetch_text
+from installer.net.transfer import download
+from installer.nvidia_urls import FABRIC_MANAGER_BASE_URL
+from installer.safejson import loads
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_BASE_URL = FABRIC_MANAGER_BASE_URL
+PLATFORM = "linux-x86_64"
+DIR = "fabricmanager"  # in the install dir: <install-dir>/fabricmanager/<V>
+BINARY = "bin/nv-fabricmanager"
+
+
+def archive_name(version: str) -> str:
+    return f"fabricmanager-{PLATFORM}-{version}-archive"
+
+
+def archive_url(base: str, version: str) -> str:
+    return f"{base.rstrip('/')}/fabricmanager/{PLATFORM}/{archive_name(version)}.tar.xz"
+
+
+def redistrib_url(base: str, version: str) -> str:
+    return f"{base.rstrip('/')}/redistrib_{version}.json"
+
+
+def pinned_sha256(text: str, version: str) -> str:
+    """The archive's sha256 from NVIDIA's redistrib_<V>.json; IntegrityError when the
+    document does not list exactly this version's archive."""
+    try:
+        entry = loads(text, max_bytes=1 << 20)["fabricmanager"][PLATFORM]
+        path, sha = entry["relative_path"], entry["sha256"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(f"redistrib_{version}.json lists no fabric manager for "
+                             f"{PLATFORM}") from exc
+    if not str(path).endswith(f"{archive_name(version)}.tar.xz") or not isinstance(sha, str):
+        raise IntegrityError(f"redistrib_{version}.json names {str(path)[:120]!r}, not the "
+                             f"fabric manager of driver {version}")
+    return sha
+
+
+def version_dir(install_root: Path, version: str) -> Path:
+    return install_root / DIR / version
+
+
+def installed(install_root: Path, version: str) -> bool:
+    return (version_dir(install_root, version) / BINARY).is_file()
+
+
+def fetch_into(install_root: Path, version: str, *, session, base_url: str,
+               sha256: str | None, allow_insecure_http: bool) -> Path:
+    """Download, check and unpack the fabric manager of ``version`` into the install dir
+    (other versions' trees removed); its directory."""
+    target = version_dir(install_root, version)
+    if installed(install_root, version):
+        log.info("fabric_manager_cached", path=str(target))
+        return target
+    if sha256 is None:
+        doc = fetch_text(session, redistrib_url(base_url, version),
+                         allow_insecure_http=allow_insecure_http)
+        if doc is None:
+            raise IntegrityError(f"no redistrib_{version}.json under {base_url}: the fabric "
+                                 "manager's digest is unknown",
+                                 hint="pin it with --fabric-manager-sha256 "
+                                 "(NVIDIA_FABRIC_MANAGER_SHA256)")
+        sha256 = pinned_sha256(doc, version)
+    work = install_root / DIR / f".{version}.download"
+    remove_tree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        got = download(session, archive_url(base_url, version),
+                       work / f"{archive_name(version)}.tar.xz", expected_sha256=sha256,
+                       allow_insecure_http=allow_insecure_http, label="fabric manager")
+        unpacked = work / "tree"
+        archive.extract(got.path, unpacked, label=got.path.name)
+        top = unpacked / archive_name(version)
+        if not (top / BINARY).is_file():
+            raise IntegrityError(f"{got.path.name} has no {archive_name(version)}/{BINARY}")
+        for old in (install_root / DIR).iterdir():
+            if old.name != work.name and not old.name.startswith("."):
+                remove_tree(old, ignore_errors=True)
+        shutil.move(str(top), str(target))
+    finally:
+        remove_tree(work, ignore_errors=True)
+    log.info("fabric_manager_installed", version=version, path=str(target))
+    return target

@@ -1,0 +1,136 @@
+"""Issue 31 §2: an NVSwitch node is ready only through the fabric gate.
+
+The fixture node has NVSwitch PCI functions (FakeKernel.add_nvswitch), NVIDIA's fabric
+manager archive on the artifact server (tests/fixtures/fabricmanager.py, a fake
+nv-fabricmanager that must be started), a fake nvidia-smi whose fabric.state is
+"In Progress" until the fabric manager ran and a fake libcuda returning 802 until then
+(tests/fixtures/csrc). The sidecar is the DaemonSet's: `sidecar fabric-manager`, started
+with the pod, before the install."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from installer import cuda_probe
+from tests.fixtures import fabricmanager
+from tests.integration.conftest import V1
+from tests.pod import events, last_event, ok
+
+FM_PATH = f"/redist/fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-{V1}-archive.tar.xz"
+
+
+@pytest.fixture
+def nvswitch(kernel, server):
+    kernel.add_nvswitch()
+    return {"NVIDIA_FABRIC_MANAGER_BASE_URL": fabricmanager.serve(server, V1),
+            "NVIDIA_FABRIC_DEADLINE": "60"}
+
+
+@pytest.fixture
+def start_sidecar(pod):
+    started = []
+
+    def start(**env):
+        proc = pod.start("sidecar", "fabric-manager", env=env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def cuda_init(node, kernel) -> dict:
+    """The installer's CUDA probe against the installed libcuda, outside any gate."""
+    res = subprocess.run([sys.executable, "-I", cuda_probe.__file__,
+                          str(node.install_dir / "lib64/libcuda.so.1"), "4096"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **kernel.env()})
+    return json.loads(res.stdout)
+
+
+def names(proc) -> list[str]:
+    return [e.get("event") for e in events(proc.stderr)]
+
+
+def test_install_is_ready_only_after_the_fabric_manager_completed_the_fabric(
+        pod, node, kernel, server, nvswitch, start_sidecar):
+    start_sidecar()
+    proc = ok(pod.run("install", env=nvswitch))
+    seen = names(proc)
+    assert "fabric_manager_installed" in seen
+    assert seen.index("fabric_waiting") < seen.index("fabric_completed") < seen.index(
+        "cuda_check_ok"), seen
+    assert (node.install_dir / f"fabricmanager/{V1}/bin/nv-fabricmanager").is_file()
+    assert (node.root / "run/nvidia/validations/driver-ready").is_file()
+    assert cuda_init(node, kernel)["ok"]
+    state = json.loads((node.install_dir / "daemons/fabricmanager.json").read_text())
+    assert state["state"] == "running", state
+
+
+def test_without_the_fabric_manager_nvidia_smi_is_green_cuda_is_802_and_install_fails(
+        pod, node, kernel, nvswitch):
+    proc = pod.run("install", env={**nvswitch, "NVIDIA_FABRIC_DEADLINE": "3"})
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    final = last_event(proc)
+    assert final["step"] == "verify"
+    assert final["error"] == ("NVLink fabric not Completed within 3s: 00000000:00:04.0 "
+                              "In Progress/N/A"), final
+    assert "fabric-manager" in final["hint"]
+    assert not (node.root / "run/nvidia/validations/driver-ready").exists()
+
+
+def test_nvidia_smi_stays_green_while_cuda_says_802_until_the_fabric_manager_runs_again(
+        pod, node, kernel, nvswitch, start_sidecar):
+    """As after a reboot of the fabric (state lost), with the sidecar not yet back."""
+    sidecar = start_sidecar()
+    ok(pod.run("install", env=nvswitch))
+    os.killpg(sidecar.pid, signal.SIGTERM)
+    sidecar.communicate(timeout=30)
+    (kernel.proc_dir / "driver/nvidia/fake-fabric-state").unlink()
+    (node.install_dir / "daemons/fabricmanager.json").unlink()
+    assert cuda_init(node, kernel)["error"]["rc"] == 802
+    proc = pod.run("verify", "--fabric-deadline", "2", env=nvswitch)
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    assert last_event(proc)["error"] == ("NVLink fabric not Completed within 2s: "
+                                         "00000000:00:04.0 In Progress/N/A")
+    start_sidecar()
+    ok(pod.run("verify", env=nvswitch))
+    assert cuda_init(node, kernel)["ok"]
+
+
+def test_a_dead_fabric_manager_fails_the_install_with_its_cause(pod, node, nvswitch,
+                                                                 start_sidecar):
+    start_sidecar(FAKE_FM_FAIL="request to query NVSwitch device information from NVSwitch "
+                  "driver failed")
+    proc = pod.run("install", env=nvswitch)
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    error = last_event(proc)["error"]
+    assert error.startswith("NVLink fabric not ready and the fabric manager is not running: "
+                            "fabricmanager exited with status 1: "), error
+    assert "request to query NVSwitch device information" in error
+    assert not (node.root / "run/nvidia/validations/driver-ready").exists()
+
+
+def test_the_fabric_manager_is_kept_with_the_driver(pod, kernel, server, nvswitch,
+                                                     start_sidecar):
+    start_sidecar()
+    ok(pod.run("install", env=nvswitch))
+    first = len(server.requests_for(FM_PATH))
+    ok(pod.run("install", env=nvswitch))  # a cache hit: driver and fabric manager kept
+    assert first == 1 and len(server.requests_for(FM_PATH)) == 1
+
+
+def test_a_node_without_nvswitch_plans_and_fetches_nothing_of_it(pod, server):
+    proc = ok(pod.run("install"))
+    seen = names(proc)
+    assert "fabric_waiting" not in seen and "fabric_manager_installed" not in seen
+    assert not [r for r in server.requests if "/redist/" in r.path]

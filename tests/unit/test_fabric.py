@@ -1,0 +1,110 @@
+"""fabric.py, fabricmanager.py and sidecars.py: the NVSwitch pieces that need no node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from installer import fabric, fabricmanager, sidecars
+from installer.errors import IntegrityError, VerifyError
+from installer.kernel import KernelState
+
+V = "570.124.06"
+# What nvidia-smi printed on a real H100 node without NVSwitch (gpu-node/README.md).
+NO_FABRIC = "00000000:00:06.0, N/A, N/A\n"
+
+
+def _pci(root: Path, addr: str, cls: str, device: str = "0x2330", vendor: str = "0x10de"):
+    dev = root / "bus/pci/devices" / addr
+    dev.mkdir(parents=True)
+    for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
+        (dev / name).write_text(value + "\n")
+
+
+def test_nvswitches_are_told_by_pci_class_not_by_proc_devices(tmp_path):
+    _pci(tmp_path, "0000:00:06.0", "0x030200")
+    _pci(tmp_path, "0000:05:00.0", "0x068000", "0x22a3")
+    _pci(tmp_path, "0000:06:00.0", "0x068000", "0x1234", vendor="0x8086")
+    assert fabric.nvswitches(tmp_path) == ["0000:05:00.0"]
+
+
+def test_na_means_no_fabric_not_a_fabric_not_ready():
+    assert not fabric.has_fabric(fabric.parse(NO_FABRIC))
+    assert fabric.has_fabric(fabric.parse("00000000:18:00.0, In Progress, N/A\n"))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def _gate(answers, down=lambda: None):
+    """nvidia-smi answering ``answers`` in turn, then the last one again and again."""
+    clock, seq = Clock(), iter(answers)
+    return fabric.Gate(lambda: fabric.parse(next(seq, answers[-1])), down, clock,
+                       clock.sleep), clock
+
+
+def test_the_gate_waits_for_completed_success():
+    gate, clock = _gate(["00000000:18:00.0, In Progress, N/A",
+                         "00000000:18:00.0, Completed, Success"])
+    assert [r.state for r in fabric.wait_completed(gate, 60)] == ["Completed"]
+    assert clock.now == fabric.POLL_S
+
+
+def test_the_gate_names_a_failed_gpu_and_a_dead_manager_and_the_deadline():
+    gate, _ = _gate(["00000000:18:00.0, Completed, NVSwitch training failure"])
+    with pytest.raises(VerifyError, match="fabric failed on 00000000:18:00.0 Completed/"
+                       "NVSwitch training failure"):
+        fabric.wait_completed(gate, 60)
+    gate, _ = _gate(["00000000:18:00.0, In Progress, N/A"], down=lambda: "exited 1: boom")
+    with pytest.raises(VerifyError, match="fabric manager is not running: exited 1: boom"):
+        fabric.wait_completed(gate, 60)
+    gate, clock = _gate(["00000000:18:00.0, In Progress, N/A"])
+    with pytest.raises(VerifyError, match="not Completed within 10s: 00000000:18:00.0 "
+                       "In Progress/N/A"):
+        fabric.wait_completed(gate, 10)
+    assert clock.now == 10
+
+
+def _redistrib(path: str, sha: str = "a" * 64) -> str:
+    return json.dumps({"fabricmanager": {"linux-x86_64": {"relative_path": path, "sha256": sha}}})
+
+
+def test_the_digest_pin_comes_from_redistrib_json_for_exactly_this_version():
+    good = f"fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-{V}-archive.tar.xz"
+    assert fabricmanager.pinned_sha256(_redistrib(good), V) == "a" * 64
+    other = good.replace(V, "570.86.15")
+    with pytest.raises(IntegrityError, match="not the fabric manager of driver"):
+        fabricmanager.pinned_sha256(_redistrib(other), V)
+    with pytest.raises(IntegrityError, match="lists no fabric manager"):
+        fabricmanager.pinned_sha256("{}", V)
+
+
+def test_the_config_runs_in_the_foreground_logging_to_stderr(tmp_path):
+    template = "LOG_LEVEL=4\nLOG_FILE_NAME=/var/log/fabricmanager.log\nDAEMONIZE=1\n"
+    out = sidecars.fabric_config(template, tmp_path)
+    assert out.splitlines() == ["LOG_LEVEL=4", "LOG_FILE_NAME=", "DAEMONIZE=0",
+                                f"TOPOLOGY_FILE_PATH={tmp_path}/share/nvidia/nvswitch"]
+
+
+def test_nvlink5_names_what_is_missing(tmp_path):
+    sys_dir, dev = tmp_path / "sys", tmp_path / "dev"
+    _pci(sys_dir, "0000:18:00.0", "0x030200", "0x2901")  # B200
+    dev.mkdir()
+    kernel = KernelState(proc_dir=tmp_path / "proc", sys_dir=sys_dir, dev_dir=dev)
+    missing = sidecars.nvlink5_missing(kernel, which=lambda _: None)
+    assert missing == ["the ib_umad kernel module (modprobe ib_umad)",
+                       "/dev/infiniband/umad* device files",
+                       "nvlsm (NVIDIA's NVLink subnet manager) on PATH"]
+    h100 = KernelState(proc_dir=tmp_path / "proc", sys_dir=tmp_path / "h100", dev_dir=dev)
+    _pci(tmp_path / "h100", "0000:18:00.0", "0x030200", "0x2330")
+    assert sidecars.nvlink5_missing(h100, which=lambda _: None) == []
