@@ -339,7 +339,7 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
 
     Exit 0 when no check fails (warnings allowed), 9 when any fails.
     """
-    from installer import doctor as doctor_mod
+    from installer.doctor import report as doctor_mod
     from installer.log import configure
 
     log_format, verbose = opts.get("log_format", "auto"), opts.get("verbose", False)

@@ -11,11 +11,12 @@ from installer import __version__, cache, distros, metrics, readiness, rollback,
 from installer.context import Context
 from installer.detect import context
 from installer.diagnostics import failure_details
+from installer.distros import flows
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
 from installer.lock import HostLock
 from installer.moduleargs import ModuleArg, for_module
-from installer.net.policy import scrub
+from installer.net.policy import check_url_scheme, scrub
 from installer.outcome import DRY_RUN, ERROR, INTERRUPTED, OK, Outcome
 from installer.plan import StepTiming, execute
 from installer.settings import Settings
@@ -26,8 +27,6 @@ log = structlog.get_logger(__name__)
 
 def run(settings: Settings) -> Outcome:
     """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
-    from installer.net.policy import check_url_scheme  # no requests import: cache hits stay fast
-
     started = time.monotonic()
     for url in filter(None, (settings.driver_url, settings.driver_base_url)):
         check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
@@ -59,7 +58,7 @@ def _install(settings: Settings, started: float) -> Outcome:
     ctx = context(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
-    distro = distros.for_host(ctx.host_info)
+    distro = flows.for_host(ctx.host_info)
     distro.check_settings(ctx)
     ctx.install.check_writable()  # before the lock and readiness: nothing changed yet
     # os and kernel_release are bound to every event above; family is what "flow" says.

@@ -38,7 +38,9 @@ from installer.gke import vulkan_icd
 from installer.headers import KernelTree
 from installer.installdir import Tree
 from installer.kernel import module_name
+from installer.net.parallel import DownloadJob, download_all
 from installer.net.policy import file_name
+from installer.net.transfer import download
 from installer.plan import Step
 from installer.runner import CommandError
 from installer.workstate import Artifact, InUse
@@ -158,8 +160,6 @@ def drop_next_boot(version: str) -> Step:
 
 def download_driver(url: str, sha256: str | None) -> Step:
     def run(ctx: Context) -> None:
-        from installer.net.transfer import download  # requests: not on a cache hit
-
         staging = ctx.work.staged()
         dest = staging.root / "downloads" / file_name(url, "driver.run")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -187,8 +187,6 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
     cancels the rest)."""
 
     def run(ctx: Context) -> None:
-        from installer.net.parallel import DownloadJob, download_all  # requests, as above
-
         for into in sorted({f.into for f in fetches if f.into is not None}):
             # Archives a killed run left (what is extracted from them is kept only when
             # complete); a failing run removes its own.

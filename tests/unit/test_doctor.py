@@ -19,8 +19,10 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import branches, cache, cli, doctor, kernel, signing
+from installer import branches, cache, cli, kernel, signing
 from installer.cache import CacheKey, ModuleSource
+from installer.doctor import host as doctor_host
+from installer.doctor import report as doctor_report
 from tests.fixtures import node as fixture_node
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 from tests.fixtures.kernel import UBUNTU_KERNEL_UPDATE, FakeKernel, fake_ko
@@ -139,7 +141,7 @@ class FakeNode:
 def node(tmp_path, libs, monkeypatch):
     n = FakeNode(tmp_path, libs).build()
     monkeypatch.setattr(kernel, "_roots", kernel.KernelRoots(n.proc, n.sys, n.dev))
-    monkeypatch.setattr(doctor.shutil, "disk_usage",
+    monkeypatch.setattr(doctor_host.shutil, "disk_usage",
                         lambda p: shutil._ntuple_diskusage(100 << 30, 50 << 30, 50 << 30))
     yield n
     n.sock.close()
@@ -148,7 +150,7 @@ def node(tmp_path, libs, monkeypatch):
 def test_healthy_node_passes_every_check(node, capsys):
     code, found = node.findings(capsys)
     assert code == 0
-    assert {k: f["verdict"] for k, f in found.items()} == {k: "ok" for k, _ in doctor.CHECKS}
+    assert {k: f["verdict"] for k, f in found.items()} == {k: "ok" for k, _ in doctor_report.CHECKS}
     assert "NVIDIA L4 at 0000:00:04.0" in found["gpus"]["detail"]
     assert f"libcuda.so.1 => {INSTALL_HOST}/lib64/libcuda.so.1" in found["host_ld_cache"]["detail"]
     assert "5 link(s)" in found["dev_char_symlinks"]["detail"]
@@ -431,7 +433,7 @@ def test_nvidia_smi_failure_is_explained(node, capsys):
 
 @pytest.mark.parametrize(("free", "verdict"), [(100 << 20, "fail"), (1 << 30, "warn")])
 def test_low_disk(node, capsys, monkeypatch, free, verdict):
-    monkeypatch.setattr(doctor.shutil, "disk_usage",
+    monkeypatch.setattr(doctor_host.shutil, "disk_usage",
                         lambda p: shutil._ntuple_diskusage(100 << 30, 100 << 30, free))
     code, found = node.findings(capsys)
     assert found["disk_space"]["verdict"] == verdict
@@ -442,7 +444,7 @@ def test_a_crashing_check_does_not_hide_the_others(node, capsys, monkeypatch):
     def boom(n):
         raise RuntimeError("unexpected layout")
 
-    monkeypatch.setattr(doctor, "CHECKS", (("gpus", boom), *doctor.CHECKS[2:]))
+    monkeypatch.setattr(doctor_report, "CHECKS", (("gpus", boom), *doctor_report.CHECKS[2:]))
     code, found = node.findings(capsys)
     assert code == 9
     assert found["gpus"]["detail"] == "the check itself failed: RuntimeError: unexpected layout"

@@ -105,7 +105,7 @@ class FakeDistro:
 
 
 def run_with(monkeypatch, host, steps, kind="fresh", **kw):
-    monkeypatch.setattr(install.distros, "for_host", lambda info: FakeDistro(steps, kind))
+    monkeypatch.setattr(install.flows, "for_host", lambda info: FakeDistro(steps, kind))
     return install.run(settings_for(host, **kw))
 
 
