@@ -33,7 +33,7 @@ log = structlog.get_logger(__name__)
 
 STATE_DIR = "daemons"
 FABRIC_MANAGER, PERSISTENCED = "fabricmanager", "persistenced"
-RUNNING, EXITED, REFUSED, WAITING = "running", "exited", "refused", "waiting"
+RUNNING, EXITED, REFUSED, WAITING, IDLE = "running", "exited", "refused", "waiting", "idle"
 HEARTBEAT_S = 5.0
 STALE_S = 30.0  # a "running" state not refreshed for this long: the sidecar was killed
 TAIL_LINES = 20
@@ -107,6 +107,15 @@ def run_foreground(install_root: Path, name: str, argv: Sequence[str | os.PathLi
                     f"{name} exited with status {proc.returncode}: {last or '(no output)'}")
     log.warning("daemon_exited", daemon=name, rc=proc.returncode)
     return proc.returncode
+
+
+def idle(install_root: Path, name: str, why: str) -> None:
+    """Nothing to run on this node (e.g. no NVSwitch in an NVSwitch pool): say so and stay
+    up, as a sidecar must (one that exits is restarted), until the pod stops."""
+    log.info("daemon_not_needed", daemon=name, reason=why)
+    while True:
+        write_state(install_root, name, IDLE, why)
+        time.sleep(HEARTBEAT_S)
 
 
 def _echo(proc: subprocess.Popen[str], tail: collections.deque[str]) -> None:

@@ -60,13 +60,15 @@ def fabric_manager(install_dir: Path, driver_wait_s: float, log_format: str,
                    config_file: Path | None) -> int:
     """Wait for the driver, then run nv-fabricmanager of exactly its version (fetched by the
     install into <install-dir>/fabricmanager/<V>) until it exits."""
-    from installer import daemons, sidecars
+    from installer import daemons, fabric, sidecars
     from installer.kernel import KernelState
     from installer.log import configure
 
     configure(log_format)
     kernel = KernelState()
     name = daemons.FABRIC_MANAGER
+    if not fabric.nvswitches(kernel.sys_dir):
+        daemons.idle(install_dir, name, "no NVSwitch on this node's PCI bus")
     try:
         daemons.write_state(install_dir, name, daemons.WAITING, "waiting for the driver")
         version, fm_dir = sidecars.wait_for_driver(

@@ -21,6 +21,7 @@ from installer.manifests.render import (
     match_expressions,
     render,
     render_files,
+    sidecars,
 )
 from installer.manifests.validate import (
     parse_env,
@@ -115,6 +116,16 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
               help="Run GKE's partition-gpus init container after the install, as GKE's COS "
               "DaemonSets do (COS only): MIG node pools (gpu-partition-size) get their "
               "partitions; a no-op elsewhere.")
+@click.option("--nvswitch", is_flag=True,
+              help="NVSwitch node pools (HGX H100/H200/B200): add NVIDIA's fabric manager as a "
+              "native sidecar; the install is ready only once every GPU's NVLink fabric is "
+              "Completed.")
+@click.option("--fabric-manager-config", metavar="CONFIGMAP",
+              help="With --nvswitch: a ConfigMap whose fabricmanager.cfg the fabric manager "
+              "uses as it is [default: NVIDIA's, in the foreground, logging to stderr].")
+@click.option("--persistenced", is_flag=True,
+              help="Add nvidia-persistenced as a native sidecar (NVIDIA's replacement for "
+              "`nvidia-smi -pm 1`, which the 580 driver calls deprecated).")
 @click.option("--name", "instance", metavar="NAME",
               help="Instance name, for one DaemonSet per node pool: nvidia-driver-installer-"
               "<flavor>-NAME, its own instance label and selector, daemonset-<flavor>-NAME.yaml "
@@ -175,6 +186,7 @@ def _check_each_option(selected: Sequence[str], opts: RenderOptions) -> None:
         ("--namespace", lambda: validate_namespace(opts.namespace)),
         ("--pause-image",
          lambda: parse_image(opts.pause_image, what="pause image", require_tag=False)),
+        ("--fabric-manager-config", lambda: sidecars(opts)),
     ]
     for f in selected:
         checks.append(("--image", lambda f=f: image_ref(f, opts)))

@@ -23,6 +23,7 @@ from installer.manifests.validate import (
     parse_image,
     parse_node_label,
     validate_digest,
+    validate_config_map,
     validate_driver_version,
     validate_instance,
     validate_namespace,
@@ -94,6 +95,35 @@ class RenderOptions:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     instance: str | None = None  # --name: one DaemonSet per node pool
     partition_gpus: bool = False  # GKE's MIG partitioner after the install (COS, as GKE)
+    # Issue 31: NVIDIA's daemons as native sidecars (installer/daemons_cli.py).
+    nvswitch: bool = False  # the fabric manager, for NVSwitch node pools
+    fabric_manager_config: str | None = None  # a ConfigMap with fabricmanager.cfg
+    persistenced: bool = False  # nvidia-persistenced instead of `nvidia-smi -pm 1`
+
+
+# The daemon sidecars, in the order they start (before the install: each waits for the driver).
+FABRIC_MANAGER_CONFIG_DIR = "/etc/nvidia-fabricmanager"
+
+
+def sidecars(opts: RenderOptions) -> list[dict[str, Any]]:
+    """The daemon sidecars the options ask for, each as the template draws it."""
+    out = []
+    if opts.fabric_manager_config is not None and not opts.nvswitch:
+        raise ValueError("a fabric manager config needs the fabric manager sidecar (--nvswitch)")
+    if opts.nvswitch:
+        config = opts.fabric_manager_config and validate_config_map(opts.fabric_manager_config)
+        out.append({
+            "name": "nvidia-fabricmanager", "command": "fabric-manager", "config_map": config,
+            "env": [("NVIDIA_FABRIC_MANAGER_CONFIG",
+                     f"{FABRIC_MANAGER_CONFIG_DIR}/fabricmanager.cfg")] if config else [],
+            "why": ("NVIDIA's fabric manager of exactly the installed driver: on NVSwitch",
+                    "nodes CUDA fails with 802 until it has trained the NVLink fabric.")})
+    if opts.persistenced:
+        out.append({
+            "name": "nvidia-persistenced", "command": "persistenced", "config_map": None,
+            "env": [], "why": ("nvidia-persistenced keeps the GPUs initialised with no client",
+                               "(the 580 driver calls `nvidia-smi -pm 1` deprecated).")})
+    return out
 
 
 def match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -224,6 +254,9 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "image": image_ref(flavor, opts),
         "pause_image": opts.pause_image,
         "partition_gpus_image": _partition_gpus_image(flavor, opts),
+        "sidecars": sidecars(opts),
+        "fabric_manager_config": opts.fabric_manager_config,
+        "fabric_manager_config_dir": FABRIC_MANAGER_CONFIG_DIR,
         "env": _env(flavor, opts),
         "affinity": opts.affinity,
         "match_expressions": match_expressions(flavor, opts),

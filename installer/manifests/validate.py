@@ -37,6 +37,15 @@ def validate_namespace(value: str) -> str:
         raise ValueError(f"namespace {value!r} is not a DNS-1123 label (lower case, digits, '-')")
     return value
 
+def validate_config_map(value: str) -> str:
+    """A ConfigMap's name: a DNS-1123 label (the stricter form of the subdomain it may be)."""
+    _check_len(value, 63, "ConfigMap name")
+    if not _DNS_LABEL.match(value):
+        raise ValueError(f"ConfigMap name {value!r} is not a DNS-1123 label (lower case, "
+                         "digits, '-')")
+    return value
+
+
 def validate_instance(flavor: str, value: str) -> str:
     """``--name``: a DNS-1123 label short enough that the DaemonSet's name, which is also its
     ``app.kubernetes.io/instance`` label value, stays within 63 characters."""

@@ -45,7 +45,8 @@ def _pod(ds: dict) -> dict:
 
 
 def _init(ds: dict) -> dict:
-    (init,) = _pod(ds)["initContainers"]
+    """The installer's init container (the daemon sidecars, when rendered, come first)."""
+    (init,) = [c for c in _pod(ds)["initContainers"] if c["name"] == "nvidia-driver-installer"]
     return init
 
 
@@ -82,6 +83,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     ),
     "no-affinity-ubuntu": ("--flavor", "ubuntu", "--affinity", "none", "--driver-version", "535.183.01"),
     "label-defaults": ("--all", "--affinity", "label", "--image", "example.com/ndi-{flavor}:dev"),
+    # Issue 31: the daemon sidecars, the fabric manager with its own config.
+    "nvswitch-sidecars": ("--flavor", "ubuntu", "--nvswitch", "--fabric-manager-config",
+                          "hgx-fabricmanager", "--persistenced"),
 }
 
 
@@ -153,6 +157,8 @@ def test_kubernetes_validate_strict(version, variant_texts):
     import kubernetes_validate
 
     for label, ds in all_daemonsets(variant_texts):
+        if label.startswith("nvswitch-sidecars/") and version < "1.29":
+            continue  # native sidecars (an init container's restartPolicy): Kubernetes 1.29+
         try:
             kubernetes_validate.validate(ds, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -243,8 +249,9 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
             for path, name in mounts.items()
         }
         assert got == expected, label
-        assert all("hostPath" in v for v in pod["volumes"]), label
-        assert set(volumes) == set(mounts.values()), f"{label}: unused volume"
+        host_paths = {name for name, v in volumes.items() if "hostPath" in v}
+        assert set(volumes) - host_paths <= {"fabric-manager-config"}, label  # a ConfigMap
+        assert host_paths == set(mounts.values()), f"{label}: unused volume"
         assert mounts[env["ROOT_MOUNT_DIR"]] == "root-mount"
         assert volumes[mounts[env["NVIDIA_INSTALL_DIR_CONTAINER"]]]["hostPath"]["path"] == \
             env["NVIDIA_INSTALL_DIR_HOST"]
@@ -279,6 +286,31 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
         for key in ("name", "component", "part-of", "version", "managed-by"):
             assert f"app.kubernetes.io/{key}" in labels, label
         assert ds["metadata"]["labels"] == labels
+
+
+def test_daemon_sidecars_start_first_as_native_sidecars(variant_texts):
+    """Issue 31: each daemon a native sidecar of the installer's own image, started before
+    the install (it waits for the driver), seeing the install dir where the install does."""
+    (ds,) = _docs(variant_texts["nvswitch-sidecars"])
+    inits = _pod(ds)["initContainers"]
+    assert [c["name"] for c in inits] == ["nvidia-fabricmanager", "nvidia-persistenced",
+                                          "nvidia-driver-installer"]
+    install_dir = _env(ds)["NVIDIA_INSTALL_DIR_CONTAINER"]
+    for sidecar, command in zip(inits[:2], ("fabric-manager", "persistenced"), strict=True):
+        assert sidecar["restartPolicy"] == "Always"
+        assert sidecar["image"] == _init(ds)["image"]
+        assert sidecar["args"] == ["sidecar", command]
+        env = {e["name"]: e["value"] for e in sidecar["env"]}
+        assert env["NVIDIA_INSTALL_DIR_CONTAINER"] == install_dir
+        assert {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}[install_dir] == \
+            "nvidia-install-dir-host"
+    fm_env = {e["name"]: e["value"] for e in inits[0]["env"]}
+    config = [m for m in inits[0]["volumeMounts"] if m["name"] == "fabric-manager-config"]
+    assert fm_env["NVIDIA_FABRIC_MANAGER_CONFIG"].startswith(config[0]["mountPath"] + "/")
+    volumes = {v["name"]: v for v in _pod(ds)["volumes"]}
+    assert volumes["fabric-manager-config"]["configMap"]["name"] == "hgx-fabricmanager"
+    (plain,) = _docs(render_cli("--flavor", "ubuntu").stdout)
+    assert [c["name"] for c in _pod(plain)["initContainers"]] == ["nvidia-driver-installer"]
 
 
 def test_committed_defaults():
