@@ -22,8 +22,8 @@ from installer import __version__
 from installer.manifests.validate import (
     parse_image,
     parse_node_label,
-    validate_digest,
     validate_config_map,
+    validate_digest,
     validate_driver_version,
     validate_instance,
     validate_namespace,
