@@ -97,6 +97,12 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _readiness_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """install and verify: the fabric gate (NVSwitch nodes), the CUDA check
     (installer/cuda_check.py) and its way out."""
+    fn = click.option("--require-daemon", "required_daemons", multiple=True,
+                      type=click.Choice(["fabricmanager", "persistenced"]),
+                      envvar="NVIDIA_REQUIRED_DAEMONS", show_envvar=True,
+                      help="A daemon sidecar that must report running before the driver is "
+                      "ready (repeatable; the env var: space-separated). manifests render sets "
+                      "it for the sidecars it adds.")(fn)
     fn = click.option("--fabric-deadline", "fabric_deadline_s", type=Seconds(open_min=True),
                       envvar="NVIDIA_FABRIC_DEADLINE", default=600, show_default=True,
                       show_envvar=True,
@@ -279,7 +285,9 @@ def _exit_codes_epilog() -> str:
               help="NVSwitch nodes: the fabric manager archive's SHA-256 [default: from "
               "redistrib_<V>.json].")
 @click.option("--persistence-mode", is_flag=True, envvar="NVIDIA_PERSISTENCE_MODE",
-              show_envvar=True, help="After verifying, enable persistence mode (nvidia-smi -pm 1).")
+              show_envvar=True, help="After verifying, enable persistence mode (nvidia-smi -pm 1). "
+              "Deprecated by NVIDIA (the 580 driver logs so): prefer nvidia-persistenced as a "
+              "sidecar, `manifests render --persistenced`.")
 @click.option("--metrics-file", envvar="NVIDIA_INSTALLER_METRICS_FILE", show_envvar=True,
               help="Host path of a node_exporter textfile (*.prom) to write the outcome, "
               "duration and driver version to.")

@@ -21,18 +21,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from installer.errors import VerifyError
 from installer.fsutil import write_atomic
 
 log = structlog.get_logger(__name__)
 
 STATE_DIR = "daemons"
-FABRIC_MANAGER, PERSISTENCED = "fabricmanager", "persistenced"
+NAMES = ("fabricmanager", "persistenced")
+FABRIC_MANAGER, PERSISTENCED = NAMES
 RUNNING, EXITED, REFUSED, WAITING, IDLE = "running", "exited", "refused", "waiting", "idle"
 HEARTBEAT_S = 5.0
 STALE_S = 30.0  # a "running" state not refreshed for this long: the sidecar was killed
@@ -75,6 +77,30 @@ def read_state(install_root: Path, name: str, now: float | None = None) -> Daemo
         return DaemonState(name, str(doc["state"]), str(doc.get("detail", "")), age)
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def wait_up(install_root: Path, names: Sequence[str], deadline_s: float, *,
+            clock: Callable[[], float] = time.monotonic,
+            sleep: Callable[[float], None] = time.sleep) -> None:
+    """Every named sidecar says ``running`` (or ``idle``: nothing to run on this node) within
+    ``deadline_s``; VerifyError at once for one that died or refused, with its words."""
+    end = clock() + deadline_s
+    while True:
+        states = {n: read_state(install_root, n) for n in names}
+        for state in states.values():
+            if state is not None and (why := state.down()):
+                raise VerifyError(f"the {state.name} sidecar is not running: {why}",
+                                  hint="read its log (kubectl logs <pod> -c nvidia-"
+                                  f"{state.name}); the install is ready only with it up")
+        pending = [n for n, s in states.items() if s is None or s.state not in (RUNNING, IDLE)]
+        if not pending:
+            return
+        if clock() >= end:
+            raise VerifyError(
+                f"no word from the {', '.join(pending)} sidecar(s) within {deadline_s:g}s",
+                hint="the DaemonSet must run them (manifests render --nvswitch / "
+                "--persistenced), or drop them from NVIDIA_REQUIRED_DAEMONS")
+        sleep(1.0)
 
 
 def run_foreground(install_root: Path, name: str, argv: Sequence[str | os.PathLike[str]],

@@ -190,6 +190,9 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
         persistence_mode=ctx.work.persistence_mode,
         installer_version=__version__,
         module_args=_module_args_in_effect(ctx),
+        cuda_check=ctx.work.cuda_check,
+        nvlink_fabric=ctx.work.fabric,
+        daemons=ctx.settings.required_daemons,
     ))
 
 

@@ -91,10 +91,14 @@ def ready_fields(
     installer_version: str,
     pending_driver_version: str | None = None,
     module_args: tuple[ModuleArg, ...] = (),
+    cuda_check: str = "",
+    nvlink_fabric: str = "",
+    daemons: tuple[str, ...] = (),
 ) -> dict[str, object]:
     """The KEY=VALUE lines: the GPU operator's keys first, then ours. PENDING_DRIVER_VERSION:
     a version staged for the next boot while this one is in use (empty: none);
-    NVIDIA_MODULE_ARGS: the parameters the loaded modules were loaded with."""
+    NVIDIA_MODULE_ARGS: the parameters the loaded modules were loaded with; CUDA_CHECK,
+    NVLINK_FABRIC, DAEMONS: what the verify saw before this file was written (issue 31)."""
     return {
         "IS_HOST_DRIVER": "true",
         "NVIDIA_DRIVER_ROOT": "/",
@@ -110,6 +114,9 @@ def ready_fields(
         "INSTALL_PLAN": plan or "",
         "PENDING_DRIVER_VERSION": pending_driver_version or "",
         "NVIDIA_MODULE_ARGS": " ".join(map(str, module_args)),
+        "CUDA_CHECK": cuda_check,
+        "NVLINK_FABRIC": nvlink_fabric,
+        "DAEMONS": " ".join(daemons),
         "INSTALLER_VERSION": installer_version,
         "READY_AT": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

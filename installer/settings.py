@@ -66,6 +66,9 @@ class Settings:
     fabric_manager_base_url: str = FABRIC_MANAGER_BASE_URL
     fabric_manager_sha256: str | None = None
     fabric_deadline_s: float = 600.0
+    # The daemon sidecars the DaemonSet runs (daemons.NAMES, a click.Choice): ready only
+    # with each up.
+    required_daemons: tuple[str, ...] = ()
     # Also load nvidia-modeset and nvidia-drm (display); by default nvidia and nvidia-uvm only.
     display_modules: bool = False
     kernel_module_type: str = "auto"  # auto | open | proprietary

@@ -469,7 +469,10 @@ def persistence_mode() -> Step:
                         hint="the driver works without it; check nvidia-smi -q for the GPU state")
             return
         ctx.work.persistence_mode = "on"
-        log.info("persistence_mode_enabled")
+        # NVRM on a real 580 node: "Persistence mode is deprecated and will be removed in a
+        # future release. Please use nvidia-persistenced instead." (gpu-node/README.md)
+        log.warning("persistence_mode_enabled", deprecated="NVIDIA replaces nvidia-smi -pm 1 "
+                    "with nvidia-persistenced: manifests render --persistenced runs it")
 
     return Step("persistence_mode", run, "nvidia-smi -pm 1")
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 SMI_TIMEOUT_S = 120
+DAEMON_DEADLINE_S = 120  # a sidecar polls every 5 s once the driver and its files are there
 REQUIRED_NODES = ("nvidiactl", "nvidia-uvm")
 
 
@@ -53,16 +54,17 @@ def check_installed(ctx: Context) -> list[Gpu]:
 
 def cuda_works(ctx: Context, *, lib_dir: Path | None = None) -> None:
     """On an NVSwitch node the fabric gate first; then the CUDA check (cuda_check.py), or a
-    warning naming the risk when it is skipped."""
+    warning naming the risk when it is skipped; then the daemon sidecars the DaemonSet runs."""
     fabric_ready(ctx, lib_dir=lib_dir)
     if ctx.settings.skip_cuda_check:
         ctx.work.cuda_check = "skipped"
         log.warning("cuda_check_skipped", risk="nvidia-smi alone passed: nothing proves a "
                     "CUDA program will run (NVSwitch fabric, UVM files, compute mode)")
-        return
-    cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner,
-                     deadline_s=ctx.settings.cuda_check_deadline_s)
-    ctx.work.cuda_check = "passed"
+    else:
+        cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner,
+                         deadline_s=ctx.settings.cuda_check_deadline_s)
+        ctx.work.cuda_check = "passed"
+    daemons.wait_up(ctx.install.root, ctx.settings.required_daemons, DAEMON_DEADLINE_S)
 
 
 def fabric_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:

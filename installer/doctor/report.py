@@ -34,6 +34,12 @@ from installer.doctor.installed import (
     check_readiness,
 )
 from installer.doctor.node import FAIL, OK, WARN, Finding, Node, load
+from installer.doctor.workload import (
+    check_cuda,
+    check_daemons,
+    check_fabric,
+    check_kernel_log,
+)
 from installer.errors import ExitCode
 from installer.settings import Settings
 
@@ -51,6 +57,10 @@ CHECKS: tuple[tuple[str, Callable[[Node], Finding]], ...] = (
     ("device_nodes", check_device_nodes),
     ("dev_char_symlinks", check_dev_char),
     ("nvidia_smi", check_nvidia_smi),
+    ("daemons", check_daemons),
+    ("nvlink_fabric", check_fabric),
+    ("cuda", check_cuda),
+    ("kernel_log", check_kernel_log),
     ("host_ld_cache", check_host_ld_cache),
     ("readiness", check_readiness),
     ("device_plugin", check_device_plugin),

@@ -114,6 +114,7 @@ def sidecars(opts: RenderOptions) -> list[dict[str, Any]]:
         config = opts.fabric_manager_config and validate_config_map(opts.fabric_manager_config)
         out.append({
             "name": "nvidia-fabricmanager", "command": "fabric-manager", "config_map": config,
+            "daemon": "fabricmanager",
             "env": [("NVIDIA_FABRIC_MANAGER_CONFIG",
                      f"{FABRIC_MANAGER_CONFIG_DIR}/fabricmanager.cfg")] if config else [],
             "why": ("NVIDIA's fabric manager of exactly the installed driver: on NVSwitch",
@@ -121,6 +122,7 @@ def sidecars(opts: RenderOptions) -> list[dict[str, Any]]:
     if opts.persistenced:
         out.append({
             "name": "nvidia-persistenced", "command": "persistenced", "config_map": None,
+            "daemon": "persistenced",
             "env": [], "why": ("nvidia-persistenced keeps the GPUs initialised with no client",
                                "(the 580 driver calls `nvidia-smi -pm 1` deprecated).")})
     return out
@@ -215,6 +217,8 @@ def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
         if key in OWN_ENV and key not in needs.own_env:
             continue  # another distro's setting (COS artifacts mean nothing elsewhere; its pin is refused)
         env[key] = value
+    if required := " ".join(s["daemon"] for s in sidecars(opts)):
+        env["NVIDIA_REQUIRED_DAEMONS"] = required  # ready only with the sidecars up
     return list(env.items())
 
 

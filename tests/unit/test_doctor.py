@@ -26,6 +26,7 @@ from installer.doctor import report as doctor_report
 from tests.fixtures import node as fixture_node
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 from tests.fixtures.kernel import UBUNTU_KERNEL_UPDATE, FakeKernel, fake_ko
+from tests.fixtures.runfile import build_user_space
 
 V = "580.82.07"  # R580: a supported branch (branches.py), so a healthy node is all OK
 INSTALL_HOST = PurePosixPath(fixture_node.INSTALL_HOST)
@@ -46,9 +47,11 @@ def libs(tmp_path_factory):
     out = tmp_path_factory.mktemp("libs")
     src = out / "x.c"
     src.write_text("int nv_fake(void) { return 0; }\n")
-    for stem in ("libcuda", "libnvidia-ml"):
-        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{stem}.so.1", "-o",
-                        str(out / f"{stem}.so.{V}"), str(src)], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o",
+                    str(out / f"libnvidia-ml.so.{V}"), str(src)], check=True)
+    # The fixtures' fake libcuda: doctor's cuda line makes a context with it.
+    build_user_space(V, out / "user")
+    shutil.copy(out / "user" / f"libcuda.so.{V}", out)
     return out
 
 
@@ -593,3 +596,61 @@ def test_a_driver_from_an_ended_branch_is_a_warning_not_a_failure(node, capsys):
         "2026" in f["detail"]
     assert f"R580 (e.g. {branches.RECOMMENDED_VERSION})" in f["detail"]
     assert "NVIDIA_DRIVER_VERSION" in f["fix"]
+
+
+# --- issue 31: the daemons, the fabric, CUDA, the kernel log, each on its own line ------
+
+
+def test_xid_lines_that_need_a_reboot_or_reset_fail_the_kernel_log_line(node, capsys):
+    # The driver's own words (NVIDIA/open-gpu-kernel-modules issues #1151, #1271); the
+    # deprecation line is the real H100 node's, and harmless.
+    node.kernel.kernel_log("NVRM: Persistence mode is deprecated and will be removed in a "
+                           "future release. Please use nvidia-persistenced instead.")
+    node.kernel.kernel_log("NVRM: Xid (PCI:0000:00:04): 13, Graphics Exception")
+    code, found = node.findings(capsys)
+    assert code == 0 and found["kernel_log"]["verdict"] == "ok", found["kernel_log"]
+    assert "1 NVIDIA Xid/GSP line(s), none asking" in found["kernel_log"]["detail"]
+    node.kernel.kernel_log("NVRM: Xid (PCI:0000:00:04): 119, pid=1234, name=python, Timeout "
+                           "after 6s of waiting for RPC response from GPU0 GSP!")
+    code, found = node.findings(capsys)
+    assert code == 9
+    assert found["kernel_log"]["detail"] == "Xid 119 (PCI:0000:00:04): GSP RPC timeout"
+    assert found["kernel_log"]["fix"] == "drain the node, then reset the GPU (nvidia-smi -r) or reboot"
+    node.kernel.kernel_log("NVRM: Xid (PCI:0000:00:04): 79, GPU has fallen off the bus.")
+    _, found = node.findings(capsys)
+    assert "Xid 79 (PCI:0000:00:04): GPU has fallen off the bus" in found["kernel_log"]["detail"]
+    assert found["kernel_log"]["fix"] == "drain the node, then reboot it"
+
+
+def test_xid_154_says_the_recovery_in_words(node, capsys):
+    node.kernel.kernel_log("NVRM: Xid (PCI:0000:00:04): 154, GPU recovery action changed from "
+                           "0x0 (None) to 0x1 (GPU Reset Required)")
+    _, found = node.findings(capsys)
+    assert found["kernel_log"]["verdict"] == "fail"
+    assert "Xid 154 (PCI:0000:00:04): GPU recovery action changed" in found["kernel_log"]["detail"]
+
+
+def test_a_cuda_failure_is_its_own_line_with_the_cause(node, capsys, monkeypatch):
+    monkeypatch.setenv("FAKE_CUDA_FAIL", "cuInit:999")
+    code, found = node.findings(capsys)
+    assert code == 9 and found["nvidia_smi"]["verdict"] == "ok"
+    assert found["cuda"]["detail"].startswith("CUDA check: cuInit returned 999 CUDA_ERROR_UNKNOWN")
+    assert "/dev/nvidia-uvm" in found["cuda"]["fix"]
+
+
+def test_a_dead_daemon_sidecar_and_an_unfinished_fabric_fail_their_lines(node, capsys):
+    from installer import daemons
+
+    daemons.write_state(node.install, daemons.FABRIC_MANAGER, daemons.EXITED,
+                        "fabricmanager exited with status 1: [ERROR] no NVSwitch")
+    node.kernel.add_nvswitch()
+    node.set_smi("00000000:00:04.0, In Progress, N/A")
+    code, found = node.findings(capsys)
+    assert code == 9
+    assert found["daemons"] == {"check": "daemons", "verdict": "fail", "detail": "fabricmanager: "
+                                "fabricmanager exited with status 1: [ERROR] no NVSwitch",
+                                "fix": "read the sidecar's log (kubectl logs <pod> -c "
+                                "nvidia-<daemon>)"}
+    assert found["nvlink_fabric"]["verdict"] == "fail"
+    assert found["nvlink_fabric"]["detail"] == ("1 NVSwitch(es), device files: none; "
+                                                "00000000:00:04.0 In Progress/N/A")

@@ -304,6 +304,7 @@ def test_daemon_sidecars_start_first_as_native_sidecars(variant_texts):
         assert env["NVIDIA_INSTALL_DIR_CONTAINER"] == install_dir
         assert {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}[install_dir] == \
             "nvidia-install-dir-host"
+    assert _env(ds)["NVIDIA_REQUIRED_DAEMONS"] == "fabricmanager persistenced"
     fm_env = {e["name"]: e["value"] for e in inits[0]["env"]}
     config = [m for m in inits[0]["volumeMounts"] if m["name"] == "fabric-manager-config"]
     assert fm_env["NVIDIA_FABRIC_MANAGER_CONFIG"].startswith(config[0]["mountPath"] + "/")

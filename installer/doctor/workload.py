@@ -1,0 +1,80 @@
+"""doctor's lines for what "ready" means beyond nvidia-smi (issue 31): the daemons, the
+NVSwitch fabric, CUDA itself, and the kernel log's GPU faults."""
+
+from __future__ import annotations
+
+from installer import cuda_check, daemons, fabric, xid
+from installer.doctor.node import FAIL, OK, WARN, Finding, Node
+from installer.errors import InstallerError
+from installer.runner import CommandError
+from installer.verify import SMI_TIMEOUT_S
+
+DAEMON_NAMES = (daemons.FABRIC_MANAGER, daemons.PERSISTENCED)
+
+
+def check_daemons(n: Node) -> Finding:
+    states = [s for name in DAEMON_NAMES if (s := daemons.read_state(n.install.root, name))]
+    if not states:
+        return Finding("daemons", OK, "no daemon sidecar reports here (none rendered: "
+                       "manifests render --nvswitch / --persistenced)")
+    down = [f"{s.name}: {why}" for s in states if (why := s.down())]
+    if down:
+        return Finding("daemons", FAIL, "; ".join(down),
+                       "read the sidecar's log (kubectl logs <pod> -c nvidia-<daemon>)")
+    waiting = [s.name for s in states if s.state == daemons.WAITING]
+    shown = ", ".join(f"{s.name} {s.state}" for s in states)
+    if waiting:
+        return Finding("daemons", WARN, shown, "the sidecars wait for the install to finish")
+    return Finding("daemons", OK, shown)
+
+
+def check_fabric(n: Node) -> Finding:
+    switches = fabric.nvswitches(n.kernel.sys_dir)
+    if not switches:
+        return Finding("nvlink_fabric", OK, "no NVSwitch on the PCI bus: no fabric to wait for")
+    files = fabric.nvswitch_device_files(n.kernel.dev_dir)
+    try:
+        res = n.runner.run([n.install.bin / "nvidia-smi", fabric.FABRIC_QUERY,
+                            "--format=csv,noheader"], timeout=SMI_TIMEOUT_S,
+                           env={**n.kernel.seam_env(), "LD_LIBRARY_PATH": str(n.install.lib64)})
+        rows = fabric.parse(res.stdout)
+    except CommandError as exc:
+        return Finding("nvlink_fabric", FAIL, f"nvidia-smi {fabric.FABRIC_QUERY} failed: "
+                       f"{exc.stderr_tail(2)}", "fix nvidia_smi first")
+    seen = ", ".join(r.describe() for r in rows) or "no GPU answered"
+    detail = f"{len(switches)} NVSwitch(es), device files: {', '.join(files) or 'none'}; {seen}"
+    if rows and all(r.done for r in rows):
+        return Finding("nvlink_fabric", OK, detail)
+    return Finding("nvlink_fabric", FAIL, detail, fabric.MANAGER_HINT)
+
+
+def check_cuda(n: Node) -> Finding:
+    if n.loaded_version is None:
+        return Finding("cuda", FAIL, "not run: the nvidia module is not loaded",
+                       "fix kernel_modules first")
+    try:
+        result = cuda_check.check(n.install.lib64, n.kernel, n.runner)
+    except InstallerError as exc:
+        return Finding("cuda", FAIL, exc.message, exc.hint or "")
+    return Finding("cuda", OK, f"{result.count} GPU(s): a context and a memory round trip "
+                   f"each, {result.total_s:.2f}s")
+
+
+def check_kernel_log(n: Node) -> Finding:
+    lines = xid.read_kmsg(n.kernel.dev_dir / "kmsg")
+    if lines is None:
+        try:
+            lines = n.runner.run(["dmesg"], timeout=10).stdout.splitlines()[-xid.MAX_RECORDS:]
+        except CommandError as exc:
+            return Finding("kernel_log", WARN, f"kernel log unreadable (/dev/kmsg, dmesg: "
+                           f"{exc.stderr_tail(1)})", "run doctor privileged to read Xid lines")
+    events = xid.parse(lines)
+    serious = [e for e in events if e.action]
+    if not serious:
+        return Finding("kernel_log", OK, f"{len(events)} NVIDIA Xid/GSP line(s), none asking "
+                       "for a GPU reset or a reboot")
+    reboot = any(e.action == "reboot" for e in serious)
+    shown = "; ".join(dict.fromkeys(e.describe() for e in serious))
+    return Finding("kernel_log", FAIL, shown[:600],
+                   "drain the node, then " + ("reboot it" if reboot else
+                                              "reset the GPU (nvidia-smi -r) or reboot"))

@@ -1,0 +1,67 @@
+"""Issue 31 §3: nvidia-persistenced as a sidecar, and readiness that waits for the daemons the
+DaemonSet runs (NVIDIA_REQUIRED_DAEMONS, set by `manifests render --persistenced`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.pod import last_event, ok
+
+# Stands in for the driver's nvidia-persistenced: stays in the foreground, as
+# `nvidia-persistenced --foreground` does; FAIL=<text> makes it die as the real one does when
+# it cannot open the device files.
+PERSISTENCED = """#!/bin/sh
+case " $* " in *" --foreground "*) ;; *) echo "would daemonize"; exit 0;; esac
+if [ -n "$FAKE_PERSISTENCED_FAIL" ]; then echo "nvidia-persistenced failed to initialize. \
+Check syslog for more details." >&2; echo "$FAKE_PERSISTENCED_FAIL" >&2; exit 1; fi
+echo "Started (pid $$)"
+trap 'exit 0' TERM INT
+while :; do sleep 1; done
+"""
+
+
+@pytest.fixture
+def persistenced(pod, node):
+    ok(pod.run("install"))
+    binary = node.install_dir / "bin/nvidia-persistenced"
+    binary.write_text(PERSISTENCED)
+    binary.chmod(0o755)
+    started = []
+
+    def start(**env):
+        proc = pod.start("sidecar", "persistenced", env=env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def ready(node) -> dict[str, str]:
+    text = (node.root / "run/nvidia/validations/driver-ready").read_text()
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
+def test_ready_waits_for_the_persistenced_sidecar(pod, node, persistenced):
+    persistenced()
+    ok(pod.run("install", env={"NVIDIA_REQUIRED_DAEMONS": "persistenced"}))
+    fields = ready(node)
+    assert fields["DAEMONS"] == "persistenced"
+    assert fields["CUDA_CHECK"] == "passed" and fields["NVLINK_FABRIC"] == "none"
+
+
+def test_a_dead_persistenced_is_not_ready_and_says_why(pod, node, persistenced):
+    persistenced(FAKE_PERSISTENCED_FAIL="open /dev/nvidiactl: Permission denied")
+    proc = pod.run("install", env={"NVIDIA_REQUIRED_DAEMONS": "persistenced"})
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    error = last_event(proc)["error"]
+    assert error.startswith("the persistenced sidecar is not running: persistenced exited "
+                            "with status 1: "), error
+    assert "open /dev/nvidiactl: Permission denied" in error
+    assert not (node.root / "run/nvidia/validations/driver-ready").exists()
