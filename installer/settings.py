@@ -146,9 +146,7 @@ class Settings:
                 and self.download_min_rate_time_s > 0):
             raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
                              "seconds, --download-min-rate >= 0 bytes/s")
-        if not (0 < self.cuda_check_deadline_s < float("inf")
-                and 0 < self.fabric_deadline_s < float("inf")):
-            raise UsageError("--cuda-check-deadline and --fabric-deadline must be > 0 seconds")
+        self._check_readiness_deadlines()
         if self.install_only and (self.preload or self.persistence_mode):
             raise UsageError("--install-only loads nothing: it cannot be combined with "
                              f"{'--preload' if self.preload else '--persistence-mode'}")
@@ -166,6 +164,11 @@ class Settings:
             return self.driver_url
         return run_url(self.driver_base_url or default_base
                        or NVIDIA_BASE_URL.format(branch=self.driver_branch), version)
+
+    def _check_readiness_deadlines(self) -> None:
+        if not (0 < self.cuda_check_deadline_s < float("inf")
+                and 0 < self.fabric_deadline_s < float("inf")):
+            raise UsageError("--cuda-check-deadline and --fabric-deadline must be > 0 seconds")
 
     def _check_driver_url_version(self) -> None:
         """--driver-url's file name and --driver-version naming two drivers: refused now

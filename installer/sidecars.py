@@ -76,9 +76,11 @@ def fabric_config(template: str, fm_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-# NVLink5 (Blackwell HGX): NVIDIA's fabric manager needs its NVLink subnet manager (nvlsm)
-# and the InfiniBand user MAD module (ib_umad, /dev/infiniband/umad*) to reach the switches;
-# NVIDIA starts both with nvidia-fabricmanager-start.sh. Missing, the fabric never completes.
+# NVLink5 (Blackwell HGX): NVIDIA's fabric manager reaches the switches through its NVLink
+# subnet manager (nvlsm) over the switches' InfiniBand management ports: mlx5_core and ib_umad
+# loaded, /dev/infiniband/umad* there. NVIDIA's driver container waits for mlx5_core/ib_umad
+# and starts nvidia-fabricmanager-start.sh with nvlsm (gpu-driver-container nvidia-driver
+# _start_daemons). Missing, the fabric never completes: name it instead of waiting.
 NVLINK5_ARCHS = frozenset({"Blackwell"})
 
 
@@ -88,9 +90,8 @@ def nvlink5_missing(kernel: KernelState, *, which: Callable[[str], str | None] =
     found = gpus.scan(kernel.sys_dir)
     if not any(g.model and g.model.arch in NVLINK5_ARCHS for g in found):
         return []
-    missing = []
-    if not kernel.is_loaded("ib_umad"):
-        missing.append("the ib_umad kernel module (modprobe ib_umad)")
+    missing = [f"the {m} kernel module (modprobe {m})" for m in ("mlx5_core", "ib_umad")
+               if not kernel.is_loaded(m)]
     if not list((kernel.dev_dir / "infiniband").glob("umad*")):
         missing.append("/dev/infiniband/umad* device files")
     if which("nvlsm") is None:

@@ -102,7 +102,8 @@ def test_nvlink5_names_what_is_missing(tmp_path):
     dev.mkdir()
     kernel = KernelState(proc_dir=tmp_path / "proc", sys_dir=sys_dir, dev_dir=dev)
     missing = sidecars.nvlink5_missing(kernel, which=lambda _: None)
-    assert missing == ["the ib_umad kernel module (modprobe ib_umad)",
+    assert missing == ["the mlx5_core kernel module (modprobe mlx5_core)",
+                       "the ib_umad kernel module (modprobe ib_umad)",
                        "/dev/infiniband/umad* device files",
                        "nvlsm (NVIDIA's NVLink subnet manager) on PATH"]
     h100 = KernelState(proc_dir=tmp_path / "proc", sys_dir=tmp_path / "h100", dev_dir=dev)
