@@ -17,6 +17,7 @@ import click
 
 from installer import __version__
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
+from installer.moduleargs import ModuleArg
 from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
 from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
@@ -51,6 +52,22 @@ class Seconds(click.ParamType):
             self.fail(f"{value!r} must be {'>' if self.open_min else '>='} {self.minimum:g} "
                       "seconds", param, ctx)
         return seconds
+
+
+class ModuleArgType(click.ParamType):
+    """``MODULE.PARAM=VALUE`` for a module the installer loads (moduleargs.ModuleArg)."""
+
+    name = "MODULE.PARAM=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from installer.modules import LOAD_ORDER  # start-up time: only with --module-arg
+
+        if isinstance(value, ModuleArg):
+            return value
+        try:
+            return ModuleArg.parse(str(value), LOAD_ORDER)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -189,7 +206,9 @@ def _exit_codes_epilog() -> str:
 @click.option("--allow-insecure-http", is_flag=True, envvar="ALLOW_INSECURE_HTTP",
               show_envvar=True, help="Allow plain http:// URLs.")
 @click.option("--module-arg", "module_args", multiple=True, envvar="NVIDIA_MODULE_ARGS",
-              show_envvar=True, help="MODULE.PARAM=VALUE for insmod, repeatable.")
+              type=ModuleArgType(), show_envvar=True,
+              help="MODULE.PARAM=VALUE for insmod, repeatable (no whitespace in one; the "
+              "env var lists them separated by spaces).")
 @click.option("--install-only", is_flag=True, envvar="INSTALL_ONLY", show_envvar=True,
               help="Put the driver in the install dir and stop: no module is loaded or "
               "unloaded and nothing is verified (for DaemonSets that load the modules "

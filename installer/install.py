@@ -7,15 +7,15 @@ from dataclasses import asdict, replace
 
 import structlog
 
-from installer import __version__, cache, distros, metrics, modules, readiness, rollback, status
+from installer import __version__, cache, distros, metrics, readiness, rollback, status
 from installer.context import Context
 from installer.detect import context
 from installer.diagnostics import failure_details
 from installer.distros import flows
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
-from installer.kernel import module_name
 from installer.lock import HostLock
+from installer.moduleargs import ModuleArg, for_module
 from installer.net.policy import check_url_scheme, scrub
 from installer.outcome import DRY_RUN, ERROR, INTERRUPTED, OK, Outcome
 from installer.plan import StepTiming, execute
@@ -127,10 +127,10 @@ def _dry_run(ctx: Context, distro: distros.Distro) -> Outcome:
     return Outcome(DRY_RUN, plan=plan.kind, dry_run=scrub(doc))
 
 
-def _module_args(args: tuple[str, ...]) -> dict[str, list[str]]:
+def _module_args(args: tuple[ModuleArg, ...]) -> dict[str, list[str]]:
     """--module-arg (NVIDIA_MODULE_ARGS) per kernel module, as insmod will get them."""
-    names = dict.fromkeys(module_name(a.partition(".")[0]) for a in args)
-    return {name: list(modules.params_for(name, args)) for name in names}
+    names = dict.fromkeys(a.module for a in args)
+    return {name: [a.insmod_word for a in for_module(name, args)] for name in names}
 
 
 def _discard(ctx: Context, error: BaseException) -> None:
@@ -193,7 +193,7 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
     ))
 
 
-def _module_args_in_effect(ctx: Context) -> tuple[str, ...]:
+def _module_args_in_effect(ctx: Context) -> tuple[ModuleArg, ...]:
     """The parameters the loaded driver has: this run's when it loaded nvidia (or nothing
     says otherwise), else what this boot's readiness file said."""
     if "nvidia" in ctx.work.changes.loaded or ctx.work.module_args_loaded is None:

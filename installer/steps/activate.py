@@ -198,11 +198,19 @@ def apply_module_args() -> Step:
 
     def run(ctx: Context) -> None:
         before, wanted = ctx.work.module_args_loaded, ctx.settings.module_args
-        if before is None or sorted(before) == sorted(wanted) or not ctx.kernel.is_loaded("nvidia"):
+        if before is None or not ctx.kernel.is_loaded("nvidia"):
+            return  # loaded by someone else (no record this boot): not reloaded on a guess
+        # What the kernel runs with (modules.loaded_params), and what was asked for at the
+        # last load and is not now (its default is the kernel's to know).
+        differ = [f"{m}.{w}" for m in dict.fromkeys(a.module for a in wanted)
+                  for w in modules.params_not_applied(ctx.kernel, m, wanted)]
+        dropped = [str(a) for a in before if a not in wanted]
+        if not differ and not dropped:
             return
         held = modules.holders(ctx.kernel) or modules.why_no_unload(ctx.kernel)
         if held:
-            log.warning("module_args_not_applied", loaded_with=list(before), wanted=list(wanted),
+            log.warning("module_args_not_applied", loaded_with=list(map(str, before)),
+                        wanted=list(map(str, wanted)), not_applied=differ, dropped=dropped,
                         holders=held, message=f"the driver cannot be reloaded now ({held}): it keeps the "
                         "module parameters it was loaded with until it next loads (drain and "
                         "re-run install, or reboot)")
@@ -210,8 +218,8 @@ def apply_module_args() -> Step:
         version = modules.loaded_driver_version(ctx.kernel)
         removed = modules.unload(ctx.kernel, ctx.runner)
         ctx.work.changes.unloaded_version = version
-        log.info("modules_reloading", reason="NVIDIA_MODULE_ARGS changed", loaded_with=list(before),
-                 wanted=list(wanted), modules=removed)
+        log.info("modules_reloading", reason="NVIDIA_MODULE_ARGS changed", not_applied=differ,
+                 dropped=dropped, modules=removed)
 
     return Step("apply_module_args", run, "reload the unused driver if NVIDIA_MODULE_ARGS changed")
 

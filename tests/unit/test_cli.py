@@ -27,7 +27,8 @@ def run_main(capsys, args, monkeypatch=None, env=None):
     ("args", "needle"),
     [
         pytest.param(["--driver-sha256", "abc"], "64 hex digits", id="bad-sha"),
-        pytest.param(["--module-arg", "nvidia"], "bad --module-arg", id="bad-module-arg"),
+        pytest.param(["--module-arg", "nvidia"], "'nvidia' is not MODULE.PARAM=VALUE",
+                     id="bad-module-arg"),
         pytest.param(["--driver-base-url", "http://127.0.0.1:1/x"], "--allow-insecure-http", id="http"),
         pytest.param(["--driver-url", "ftp://x/y.run"], "ftp", id="scheme"),
         pytest.param(["--lock-timeout", "-1"], "lock-timeout", id="negative-timeout"),
