@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 import structlog
 
-from installer import cache, modules, steps
+from installer import cache, modules
 from installer.cache import CacheKey
 from installer.distros.daemonset import DaemonSetNeeds
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
 from installer.settings import DistroOptions, Settings
+from installer.steps import activate, checks, next_boot, staging
 from installer.values import is_driver_version
 from installer.workstate import InUse
 
@@ -144,9 +145,9 @@ def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: st
                 display: dict[str, object]) -> Plan:
     """A cache hit in any distro: check the GPUs, then load and verify what is installed
     (and drop a tree staged for the next boot: this version is the one wanted now)."""
-    loading = () if ctx.settings.install_only else (steps.check_module_loading(version),)
-    return Plan("cached", (check_gpus, *loading, steps.drop_next_boot(version),
-                           *steps.load_cached(ctx, version)),
+    loading = () if ctx.settings.install_only else (checks.check_module_loading(version),)
+    return Plan("cached", (check_gpus, *loading, next_boot.drop_next_boot(version),
+                           *activate.load_cached(ctx, version)),
                 driver_version=version, kernel_module_type=module_type, display=display)
 
 
@@ -172,8 +173,8 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
     early = () if prebuilt else (check_signing,)
     note = " (only without a prebuilt bundle)" if prebuilt else ""
     fill = (
-        steps.prepare_staging(),
-        steps.take_next_boot(key),
+        staging.prepare_staging(),
+        next_boot.take_next_boot(key),
         *((_unless_filled(prebuilt), _unless_filled(check_signing, note)) if prebuilt else ()),
         *(_unless_filled(s, note) for s in (*before_staging, *build)),
     )
@@ -181,14 +182,14 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
              "driver_url": driver_url, "driver_sha256": driver_sha256}
     # A load is needed now, or at the next boot for a staged version: a kernel refusing
     # every load (kernel.modules_disabled=1, usually the node image's) stops both first.
-    loading = () if ctx.settings.install_only else (steps.check_module_loading(version),)
+    loading = () if ctx.settings.install_only else (checks.check_module_loading(version),)
     if in_use is not None:
         return Plan("staged", (
-            check_gpus, *loading, *early, *fill, *steps.stage_for_next_boot(key, in_use),
+            check_gpus, *loading, *early, *fill, *next_boot.stage_for_next_boot(key, in_use),
         ), **typed, display={**display, "running_driver_version": in_use.running_version})
     return Plan("fresh", (
-        check_gpus, *loading, *early, steps.check_loaded_driver(version), *fill,
-        *steps.activate_staged(ctx, version, key),
+        check_gpus, *loading, *early, checks.check_loaded_driver(version), *fill,
+        *activate.activate_staged(ctx, version, key),
     ), **typed, display=display)
 
 

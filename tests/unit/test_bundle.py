@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from installer import archive
+from installer import tarstream
 from installer.bundle import build, index, tree
 from installer.bundle.fetch import unpack
 from installer.bundle.manifest import (
@@ -172,7 +172,7 @@ def test_bundle_is_written_with_its_sha256_and_manifest_first(tmp_path):
     assert written.path.name == NAME
     assert (tmp_path / "out" / f"{NAME}.sha256").read_text() == f"{written.sha256}  {NAME}\n"
     assert written.path.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"  # zstd, whatever the name
-    with written.path.open("rb") as raw, archive.open_stream(raw) as tar:
+    with written.path.open("rb") as raw, tarstream.open_stream(raw) as tar:
         members = list(tar)
         assert members[0].name == "manifest.json"
         assert {m.uid for m in members} == {0}
@@ -259,7 +259,7 @@ def repack(src: Path, dest: Path, edit) -> Path:
     """``src``'s members through ``edit(info, data) -> [(info, data), ...]`` into ``dest``,
     gzip-compressed (as bundles were before zstd) whatever its name says."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with (src.open("rb") as raw, archive.open_stream(raw) as tin,
+    with (src.open("rb") as raw, tarstream.open_stream(raw) as tin,
           tarfile.open(dest, "w:gz") as tout):
         for info in tin:
             data = tin.extractfile(info).read() if info.isreg() else None

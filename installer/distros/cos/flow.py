@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, gpus, headers, signing, steps
+from installer import cache, gpus, headers, signing
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import cached_plan, fresh_plan
 from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
@@ -48,7 +48,8 @@ from installer.gke import mirror
 from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root, check_url_scheme
 from installer.plan import Plan, Step
-from installer.steps import Fetch
+from installer.steps import staging
+from installer.steps.staging import Fetch
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -205,7 +206,7 @@ class CosFlow(Cos):
         if chosen.source is ModuleSource.PREBUILT:
             fetches = [run_fetch, Fetch("prebuilt", prebuilt_url, "prebuilt modules",
                                         arts.pin(prebuilt_url, "prebuilt modules"))]
-            work = [unpack_prebuilt(version), steps.extract_driver(version)]
+            work = [unpack_prebuilt(version), staging.extract_driver(version)]
         else:
             if precompiled:  # the custom .run replaces NVIDIA's (--driver-sha256 names that)
                 run_fetch = Fetch("driver", custom_url, "precompiled driver",
@@ -213,7 +214,7 @@ class CosFlow(Cos):
             fetches, work = self._build_work(ctx, arts, version, precompiled, display)
             fetches = [run_fetch, *fetches]
         # Signed modules come ready: the NVIDIA installer then installs user space only.
-        work.append(steps.build_driver(ctx, version, chosen.compiled_type,
+        work.append(staging.build_driver(ctx, version, chosen.compiled_type,
                                        userspace_only=chosen.signed))
         if chosen.signed:
             work.append(place_prebuilt())
@@ -224,7 +225,7 @@ class CosFlow(Cos):
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
                                   "open" if chosen.source is ModuleSource.PREBUILT
                                   else chosen.compiled_type),
-            check_signing=sign_step, build=(steps.fetch_artifacts(tuple(fetches)), *work))
+            check_signing=sign_step, build=(staging.fetch_artifacts(tuple(fetches)), *work))
         if precompiled:  # v2's fallback: relink the legacy way when the load fails
             relinking = load_or_relink(version, ctx.settings.display_modules)
             plan = dataclasses.replace(plan, steps=tuple(
@@ -257,7 +258,7 @@ class CosFlow(Cos):
             *([unpack_signatures(version)] if precompiled else []),
             prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
             prepare_toolchain(tools, tc_env),
-            steps.extract_driver(version),
+            staging.extract_driver(version),
             *([link_precompiled(tools, tc_env, version)] if precompiled else [])]
         return fetches, work
 
@@ -300,7 +301,7 @@ class CosFlow(Cos):
         fetches = self._tools_fetches(arts, tools, tc_env, tc_url, True)
         plan_steps: list[Step] = []
         if fetches:
-            plan_steps.append(steps.fetch_artifacts(tuple(fetches)))
+            plan_steps.append(staging.fetch_artifacts(tuple(fetches)))
         plan_steps += [
             prepare_kernel_headers(tools, ctx.host_info.kernel_release, None),
             prepare_toolchain(tools, tc_env),
