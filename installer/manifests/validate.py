@@ -31,19 +31,18 @@ def _check_len(value: str, limit: int, what: str) -> None:
     if len(value) > limit:
         raise ValueError(f"{what} {value!r} is longer than {limit} characters")
 
-def validate_namespace(value: str) -> str:
-    _check_len(value, 63, "namespace")
+def _dns_label(value: str, what: str) -> str:
+    _check_len(value, 63, what)
     if not _DNS_LABEL.match(value):
-        raise ValueError(f"namespace {value!r} is not a DNS-1123 label (lower case, digits, '-')")
+        raise ValueError(f"{what} {value!r} is not a DNS-1123 label (lower case, digits, '-')")
     return value
+
+def validate_namespace(value: str) -> str:
+    return _dns_label(value, "namespace")
 
 def validate_config_map(value: str) -> str:
     """A ConfigMap's name: a DNS-1123 label (the stricter form of the subdomain it may be)."""
-    _check_len(value, 63, "ConfigMap name")
-    if not _DNS_LABEL.match(value):
-        raise ValueError(f"ConfigMap name {value!r} is not a DNS-1123 label (lower case, "
-                         "digits, '-')")
-    return value
+    return _dns_label(value, "ConfigMap name")
 
 
 def validate_instance(flavor: str, value: str) -> str:

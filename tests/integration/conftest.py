@@ -4,6 +4,9 @@ The COS tests override node, server and pod with their COS counterparts."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,3 +54,21 @@ def node(tmp_path):
 @pytest.fixture
 def pod(node, kernel, server, tmp_path):
     return pod_on(node, kernel, server, tmp_path / "pod", env={"NVIDIA_DRIVER_VERSION": V1})
+
+
+@pytest.fixture
+def sidecars(pod):
+    """``start(kind, **env)``: ``sidecar <kind>`` in the pod, as the DaemonSet's native
+    sidecars run beside the install (issue 31); each is stopped (SIGTERM) at the end."""
+    started = []
+
+    def start(kind: str, **env: str) -> subprocess.Popen[str]:
+        proc = pod.start("sidecar", kind, env=env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)

@@ -3,9 +3,6 @@ DaemonSet runs (NVIDIA_REQUIRED_DAEMONS, set by `manifests render --persistenced
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
 from tests.pod import last_event, ok
@@ -24,23 +21,12 @@ while :; do sleep 1; done
 
 
 @pytest.fixture
-def persistenced(pod, node):
+def persistenced(pod, node, sidecars):
     ok(pod.run("install"))
     binary = node.install_dir / "bin/nvidia-persistenced"
     binary.write_text(PERSISTENCED)
     binary.chmod(0o755)
-    started = []
-
-    def start(**env):
-        proc = pod.start("sidecar", "persistenced", env=env)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.communicate(timeout=30)
+    return lambda **env: sidecars("persistenced", **env)
 
 
 def ready(node) -> dict[str, str]:

@@ -33,19 +33,8 @@ def nvswitch(kernel, server):
 
 
 @pytest.fixture
-def start_sidecar(pod):
-    started = []
-
-    def start(**env):
-        proc = pod.start("sidecar", "fabric-manager", env=env)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.communicate(timeout=30)
+def start_sidecar(sidecars):
+    return lambda **env: sidecars("fabric-manager", **env)
 
 
 def cuda_init(node, kernel) -> dict:
