@@ -1,4 +1,5 @@
-"""Device nodes and nvidia-smi: proof the driver works."""
+"""Proof the driver works: device nodes, nvidia-smi, and (issue 31) what a workload needs:
+the NVLink fabric where there is one, CUDA itself, the daemon sidecars."""
 
 from __future__ import annotations
 
@@ -48,11 +49,11 @@ def check_installed(ctx: Context) -> list[Gpu]:
     require_device_nodes(ctx.kernel, "on this node",
                          hint="re-run install to load the driver and create them")
     gpus = nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)
-    cuda_works(ctx, lib_dir=ctx.install.lib64)
+    workloads_ready(ctx, lib_dir=ctx.install.lib64)
     return gpus
 
 
-def cuda_works(ctx: Context, *, lib_dir: Path | None = None) -> None:
+def workloads_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
     """On an NVSwitch node the fabric gate first; then the CUDA check (cuda_check.py), or a
     warning naming the risk when it is skipped; then the daemon sidecars the DaemonSet runs."""
     fabric_ready(ctx, lib_dir=lib_dir)

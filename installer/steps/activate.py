@@ -119,7 +119,7 @@ def verify_install(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
         ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
         verify.check_driver_version(ctx.work.gpus, version)
-        verify.cuda_works(ctx)
+        verify.workloads_ready(ctx)
 
     return Step("verify", run, "nvidia-smi, then CUDA: a context and a memory round trip "
                 "on each GPU")
