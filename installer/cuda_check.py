@@ -136,7 +136,7 @@ def check(lib64: Path, kernel: KernelState, runner: Runner, *,
         res = runner.run(argv, timeout=deadline_s, env=kernel.seam_env())
         doc = json.loads(res.stdout.strip().splitlines()[-1])
     except CommandError as exc:
-        if exc.returncode == -9:
+        if exc.reason.startswith("timed out"):  # Runner stopped its process group
             raise VerifyError(
                 f"CUDA check: no answer from libcuda within {deadline_s:g}s (cuInit or a "
                 "context hangs), the check was stopped",
