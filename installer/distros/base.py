@@ -16,6 +16,7 @@ from installer.cache import CacheKey
 from installer.distros.daemonset import DaemonSetNeeds
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
+from installer.settings import DistroOptions, Settings
 from installer.steps import activate, checks, next_boot, staging
 from installer.values import is_driver_version
 from installer.workstate import InUse
@@ -48,9 +49,8 @@ class Distro(abc.ABC):
     # Where this distro gets modules a signature-enforcing kernel accepts, and what to do
     # about it (None: it only builds unsigned modules).
     signed_modules: ClassVar[tuple[str, str] | None] = None
-    # The Settings field pinning this distro's own downloads besides the .run, and how
-    # the unpinned-artifacts warning names it (None: it downloads nothing else).
-    artifact_pin: ClassVar[tuple[str, str] | None] = None
+    # Its own options (Settings.distro_options; None: it has none), e.g. cos/options.py.
+    options: ClassVar[type[DistroOptions] | None] = None
     # When a cached install is stale on this distro's nodes: the likely cause, and what
     # install then does (doctor's advice).
     stale_cache: ClassVar[tuple[str, str]] = ("kernel updated?",
@@ -101,8 +101,18 @@ class Distro(abc.ABC):
                          "(e.g. 550.127.05); it has no aliases")
 
     def check_settings(self, ctx: Context) -> None:
-        """Refuse options that mean nothing on this OS (UsageError), before the lock."""
-        return
+        """Refuse another distro's options that mean nothing on this OS (UsageError),
+        before the lock."""
+        for options in ctx.settings.distro_options:
+            refused = None if isinstance(options, self.options or ()) else options.refused_on(
+                self.title)
+            if refused is not None:
+                raise refused
+
+    def unpinned_artifacts(self, settings: Settings) -> str | None:
+        """What this distro downloads besides the .run that nothing pins (None: all pinned,
+        or nothing else)."""
+        return settings.options(self.options).unpinned() if self.options else None
 
     @abc.abstractmethod
     def driver_version(self, ctx: Context) -> str:

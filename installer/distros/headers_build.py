@@ -16,7 +16,6 @@ from installer.bundle.fetch import prebuilt_step
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import Distro, cached_plan, fresh_plan
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
-from installer.errors import UsageError
 from installer.nvidia_run import check_version, version_from_url
 from installer.plan import Plan, Step
 from installer.steps import checks, staging
@@ -86,20 +85,6 @@ class HeadersBuild(Distro):
     def cache_key(self, ctx: Context, version: str) -> CacheKey:
         return replace(self.node_key(ctx.host_info, version), source=ModuleSource.COMPILED,
                        module_type=self.module_type(ctx, version))
-
-    def check_settings(self, ctx: Context) -> None:
-        settings = ctx.settings
-        if settings.preload:
-            raise UsageError(
-                "--preload is for Container-Optimized OS (it warms the COS toolchain cache)",
-                hint=f"on {self.title}, run a normal install; kernel headers come from the node "
-                "or apt",
-            )
-        if settings.cos_artifacts_sha256:
-            raise UsageError(f"--cos-artifacts-sha256 pins COS artifacts; this node runs "
-                             f"{self.title}",
-                             hint="pin the .run with --driver-sha256 (NVIDIA_DRIVER_SHA256) "
-                             "and drop COS_ARTIFACTS_SHA256")
 
     def plan(self, ctx: Context) -> Plan:
         version = self.driver_version(ctx)

@@ -27,9 +27,9 @@ from installer.bundle.manifest import (
     expand_url,
     index_url,
 )
-from installer.errors import ExitCode, IntegrityError, UsageError
+from installer.cli import main
+from installer.errors import ExitCode, IntegrityError
 from installer.installdir import InstallDir
-from installer.settings import check_prebuilt
 from tests.fixtures.kernel import fake_ko
 
 V, R, OTHER_R = "550.54.14", "5.15.0-1049-gke", "6.8.0-1015-gke"
@@ -155,9 +155,13 @@ def test_template_placeholders_are_filled_and_quoted():
     (None, None, True, "need --prebuilt-url"),
     ("https://b.example/", "xyz", False, "64 hex digits"),
 ])
-def test_bad_prebuilt_options_are_usage_errors(url, sha, only, error):
-    with pytest.raises(UsageError, match=error):
-        check_prebuilt(url, sha, only, allow_insecure_http=False)
+def test_bad_prebuilt_options_are_usage_errors(capsys, tmp_path, url, sha, only, error):
+    args = [*(["--prebuilt-url", url] if url else []), *(["--prebuilt-sha256", sha] if sha else []),
+            *(["--prebuilt-only"] if only else [])]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["install", "--host-root", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == ExitCode.USAGE and error in err and "Traceback" not in err
 
 
 # -- packing and the index ---------------------------------------------------------

@@ -32,6 +32,7 @@ from installer.distros.cos.choice import (
     precompiled_wanted,
 )
 from installer.distros.cos.host import Cos
+from installer.distros.cos.options import CosOptions
 from installer.distros.cos.precompiled import link_precompiled, load_or_relink, unpack_signatures
 from installer.distros.cos.steps import (
     check_gpus,
@@ -66,7 +67,7 @@ class CosFlow(Cos):
     def _base(self, ctx: Context) -> str:
         info = ctx.host_info
         assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
-        return artifacts_base(ctx.settings.cos_artifacts_url, build_id=info.build_id,
+        return artifacts_base(CosOptions.of(ctx.settings).artifacts_url, build_id=info.build_id,
                               board=info.board)
 
     def _artifacts(self, ctx: Context, policy: RetryPolicy | None = None) -> Artifacts:
@@ -78,7 +79,7 @@ class CosFlow(Cos):
 
     def _manifest(self, ctx: Context) -> pins.Manifest | None:
         """--cos-artifacts-sha256, loaded once per run (one CosFlow per run)."""
-        location = ctx.settings.cos_artifacts_sha256
+        location = CosOptions.of(ctx.settings).artifacts_sha256
         if not location:
             return None
         if self._pins is None:
@@ -90,8 +91,9 @@ class CosFlow(Cos):
 
     def _tools(self, ctx: Context) -> BuildTools:
         assert ctx.host_info.build_id is not None
-        tools_dir = toolchain.default_tools_dir(ctx.settings.toolchain_dir, ctx.host,
-                                                str(ctx.settings.toolchain_dir_host))
+        options = CosOptions.of(ctx.settings)
+        tools_dir = toolchain.default_tools_dir(options.toolchain_dir, ctx.host,
+                                                str(options.toolchain_dir_host))
         return BuildTools(tools_dir, ctx.host_info.build_id)
 
     def _mirror(self, ctx: Context) -> str | None:
@@ -120,7 +122,7 @@ class CosFlow(Cos):
     def plan(self, ctx: Context) -> Plan:
         """Probe (version, cache, the build's module sources, the node), decide (a pure
         ``choice.choose``), then list the steps for that choice."""
-        if ctx.settings.preload:
+        if CosOptions.of(ctx.settings).preload:
             return self._preload_plan(ctx)
         resolved = self.resolve(ctx)
         version = resolved.version
@@ -278,7 +280,7 @@ class CosFlow(Cos):
         env = parse_toolchain_env(arts.fetch_text(TOOLCHAIN_ENV_FILE),
                                   arts.url(TOOLCHAIN_ENV_FILE))
         url = toolchain_location(arts.fetch_text(TOOLCHAIN_URL_FILE), arts.base,
-                                 artifacts_root(ctx.settings.cos_artifacts_url))
+                                 artifacts_root(CosOptions.of(ctx.settings).artifacts_url))
         check_url_scheme(url, allow_insecure_http=ctx.settings.allow_insecure_http)
         return env, url
 
