@@ -154,7 +154,8 @@ def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: st
 def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, driver_url: str,
                driver_sha256: str | None = None, display: dict[str, object],
                check_gpus: Step, check_signing: Step, before_staging: Sequence[Step] = (),
-               build: Sequence[Step], prebuilt: Step | None = None) -> Plan:
+               build: Sequence[Step], prebuilt: Step | None = None,
+               load: Step | None = None) -> Plan:
     """A fresh install in any distro: every check before any download, then the distro's
     own steps that fill the staging dir, then load, verify, swap in and record.
 
@@ -166,7 +167,8 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
 
     With ``--when-in-use stage`` and another driver loaded and in use, the plan is
     ``staged``: the same fill and checks, then the tree is kept for the next boot and the
-    running driver verified, untouched (nextboot.py)."""
+    running driver verified, untouched (nextboot.py). ``load``: the distro's own step
+    loading the staged modules (None: the shared one)."""
     in_use = _in_use_to_stage(ctx, version)
     # Without a bundle the signing check goes first, before any download; with one, after
     # it (whether the bundle is signed decides).
@@ -189,7 +191,7 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
         ), **typed, display={**display, "running_driver_version": in_use.running_version})
     return Plan("fresh", (
         check_gpus, *loading, *early, checks.check_loaded_driver(version), *fill,
-        *activate.activate_staged(ctx, version, key),
+        *activate.activate_staged(ctx, version, key, load),
     ), **typed, display=display)
 
 
