@@ -68,7 +68,6 @@ def test_no_module_over_500_lines(files):
     assert graph.long_modules(files) == []
 
 
-@not_yet
 def test_no_function_over_60_lines(files):
     assert [f"{f.module}:{f.line} {f.name} ({f.lines} lines)"
             for f in graph.long_functions(files)] == []
