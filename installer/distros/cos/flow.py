@@ -9,7 +9,6 @@ import structlog
 
 from installer import cache, gpus, headers, signing
 from installer.cache import CacheKey, ModuleSource
-from installer.distros.base import cached_plan, fresh_plan
 from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
@@ -44,6 +43,7 @@ from installer.distros.cos.steps import (
     unpack_prebuilt,
 )
 from installer.distros.cos.toolchain import BuildTools
+from installer.distros.planning import Flow, cached_plan, fresh_plan
 from installer.gke import mirror
 from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root, check_url_scheme
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-class CosFlow(Cos):
+class CosFlow(Flow, Cos):
     def __init__(self) -> None:
         self._pins: pins.Manifest | None = None
 
