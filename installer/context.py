@@ -13,6 +13,7 @@ import requests
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
+from installer.net.policy import UrlPolicy
 from installer.net.retry import NETWORK_DEFAULTS, TransferLimits, with_settings
 from installer.net.session import make_session
 from installer.osinfo import HostInfo
@@ -34,6 +35,8 @@ class Context:
     # What this run made outside the staging dir that is worthless if it fails (the COS
     # tools dir's downloads): removed with the staging dir.
     scratch: list[Path] = field(default_factory=list)
+    # Which URLs this run may fetch: every request through ``http`` follows it.
+    url_policy: UrlPolicy = field(default_factory=UrlPolicy)
     _session: requests.Session | None = None
 
     @property
@@ -49,5 +52,6 @@ class Context:
             self._session = make_session(
                 limits=TransferLimits(s.download_deadline_s, s.download_min_rate,
                                       s.download_min_rate_time_s),
-                policy=with_settings(NETWORK_DEFAULTS, s.download_retries, s.download_timeout_s))
+                policy=with_settings(NETWORK_DEFAULTS, s.download_retries, s.download_timeout_s),
+                url_policy=self.url_policy)
         return self._session

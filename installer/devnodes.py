@@ -174,7 +174,7 @@ def create(modprobe: Path, kernel: KernelState, runner: Runner,
         loaded = ", ".join(p.modules)
         for argv in p.invocations:
             try:
-                runner.run([modprobe, *argv], timeout=TIMEOUT_S, env=kernel.seam_env())
+                runner.run([modprobe, *argv], timeout=TIMEOUT_S)
             except CommandError as exc:
                 raise VerifyError(  # exc.reason: "exited with N" or "timed out after Ns"
                     f"nvidia-modprobe {' '.join(argv)} {exc.reason}"

@@ -26,7 +26,6 @@ class DownloadJob:
     dest: Path
     expected_sha256: str | None = None
     label: str | None = None
-    allow_insecure_http: bool = False
     policy: RetryPolicy | None = None
     min_free_bytes: int = 0
 
@@ -62,7 +61,6 @@ def download_all(
                 job.url,
                 Path(job.dest),
                 expected_sha256=job.expected_sha256,
-                allow_insecure_http=job.allow_insecure_http,
                 policy=job.policy,
                 min_free_bytes=job.min_free_bytes,
                 label=job.label,

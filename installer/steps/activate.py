@@ -85,7 +85,7 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
 def verify_staged(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
-        gpus = verify.nvidia_smi(staging, ctx.kernel, ctx.runner, lib_dir=staging.lib64)
+        gpus = verify.nvidia_smi(staging, ctx.runner, lib_dir=staging.lib64)
         verify.check_driver_version(gpus, version)
 
     return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces the old one")
@@ -116,7 +116,7 @@ def host_ld_cache() -> Step:
 
 def verify_install(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
-        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
+        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.runner)
         verify.check_driver_version(ctx.work.gpus, version)
 
     return Step("verify", run, "nvidia-smi")
@@ -141,8 +141,7 @@ def persistence_mode() -> Step:
     def run(ctx: Context) -> None:
         smi = ctx.install.bin / "nvidia-smi"
         try:
-            ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S,
-                           env=ctx.kernel.seam_env())
+            ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S)
         except CommandError as exc:
             ctx.work.persistence_mode = "failed"
             log.warning("persistence_mode_failed",

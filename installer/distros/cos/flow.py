@@ -46,7 +46,7 @@ from installer.distros.cos.steps import (
 from installer.distros.cos.toolchain import BuildTools
 from installer.gke import mirror
 from installer.net.fetch import fetch_text
-from installer.net.policy import artifacts_root, check_url_scheme
+from installer.net.policy import artifacts_root
 from installer.plan import Plan, Step
 from installer.steps import staging
 from installer.steps.staging import Fetch
@@ -73,8 +73,7 @@ class CosFlow(Cos):
     def _artifacts(self, ctx: Context, policy: RetryPolicy | None = None) -> Artifacts:
         info = ctx.host_info
         assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
-        return Artifacts(self._base(ctx), info.build_id, info.board, ctx.http,
-                         allow_insecure_http=ctx.settings.allow_insecure_http, policy=policy,
+        return Artifacts(self._base(ctx), info.build_id, info.board, ctx.http, policy=policy,
                          manifest=self._manifest(ctx))
 
     def _manifest(self, ctx: Context) -> pins.Manifest | None:
@@ -84,9 +83,8 @@ class CosFlow(Cos):
             return None
         if self._pins is None:
             if "://" in location:
-                check_url_scheme(location, allow_insecure_http=ctx.settings.allow_insecure_http)
-            self._pins = pins.load(location, lambda url: fetch_text(
-                ctx.http, url, allow_insecure_http=ctx.settings.allow_insecure_http))
+                ctx.url_policy.check(location)
+            self._pins = pins.load(location, lambda url: fetch_text(ctx.http, url))
         return self._pins
 
     def _tools(self, ctx: Context) -> BuildTools:
@@ -281,7 +279,7 @@ class CosFlow(Cos):
                                   arts.url(TOOLCHAIN_ENV_FILE))
         url = toolchain_location(arts.fetch_text(TOOLCHAIN_URL_FILE), arts.base,
                                  artifacts_root(CosOptions.of(ctx.settings).artifacts_url))
-        check_url_scheme(url, allow_insecure_http=ctx.settings.allow_insecure_http)
+        ctx.url_policy.check(url)
         return env, url
 
     def _host_headers(self, ctx: Context) -> headers.KernelTree | None:
