@@ -10,6 +10,8 @@ from pathlib import Path
 
 import requests
 
+from installer import gpus
+from installer.gpus import PciGpu
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
@@ -38,11 +40,20 @@ class Context:
     # Which URLs this run may fetch: every request through ``http`` follows it.
     url_policy: UrlPolicy = field(default_factory=UrlPolicy)
     _session: requests.Session | None = None
+    _pci_gpus: tuple[PciGpu, ...] | None = None
 
     @property
     def modprobe_root(self) -> Path | None:
         """``modprobe -d``: in-tree dependencies come from the host's own module tree."""
         return None if self.host.root == Path("/") else self.host.root
+
+    @property
+    def pci_gpus(self) -> tuple[PciGpu, ...]:
+        """The NVIDIA GPUs on the PCI bus, scanned once per run (the plan, its checks and
+        the version choice all read them)."""
+        if self._pci_gpus is None:
+            self._pci_gpus = tuple(gpus.scan(self.kernel.sys_dir))
+        return self._pci_gpus
 
     @property
     def http(self) -> requests.Session:

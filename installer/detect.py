@@ -3,7 +3,7 @@ dir this node has, as a ``Context``; and the ``detect`` command, which prints it
 
 from __future__ import annotations
 
-from installer import distros, gpus, signing
+from installer import distros, signing
 from installer.context import Context
 from installer.errors import UnsupportedHostError, clip
 from installer.hostroot import HostRoot
@@ -75,5 +75,5 @@ def run(settings: Settings) -> dict[str, object]:
         "modules_disabled": ctx.kernel.modules_disabled(),
         "module_unload": ctx.kernel.can_unload(),
         "loaded_driver_version": loaded_driver_version(ctx.kernel),
-        "gpus": [g.to_dict() for g in gpus.scan(ctx.kernel.sys_dir)],
+        "gpus": [g.to_dict() for g in ctx.pci_gpus],
     }

@@ -74,12 +74,13 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
         ctx.work.changes.note_device_files(ctx.kernel.dev_dir)
         devnodes.create(tree.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
-                        ctx.settings.module_args)
+                        ctx.settings.module_args, on_bus=len(ctx.pci_gpus))
 
     # Planned before the load: the files of the modules load_modules loads.
     loads = tuple(module_name(f) for f in modules.load_order(ctx.settings.display_modules))
     return Step("device_nodes", run,
-                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads).describe())
+                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads,
+                              on_bus=len(ctx.pci_gpus)).describe())
 
 
 def verify_staged(version: str | None = None) -> Step:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, gpus, headers, signing
+from installer import cache, headers, signing
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import cached_plan, fresh_plan
 from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
@@ -151,7 +151,7 @@ class CosFlow(Cos):
     def _probe(self, ctx: Context, arts: Artifacts, version: str) -> Probe:
         """The node's GPUs and signature policy, and the build's module sources (the
         precompiled ones only when the choice could use them: two probes saved)."""
-        found = tuple(gpus.scan(ctx.kernel.sys_dir))
+        found = ctx.pci_gpus
         requested = ctx.settings.kernel_module_type
         policy = signing.policy(ctx.kernel)
         prebuilt_available = arts.exists(prebuilt_modules_name(version))
