@@ -17,7 +17,7 @@ from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
 from installer.lock import HostLock
 from installer.moduleargs import ModuleArg, for_module
-from installer.net.policy import check_url_scheme, scrub
+from installer.net.policy import scrub
 from installer.outcome import DRY_RUN, ERROR, INTERRUPTED, OK, Outcome
 from installer.plan import StepTiming, execute
 from installer.settings import Settings
@@ -29,9 +29,6 @@ log = structlog.get_logger(__name__)
 def run(settings: Settings) -> Outcome:
     """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
     started = time.monotonic()
-    for url in filter(None, (settings.driver_url, settings.driver_base_url,
-                             settings.prebuilt_url)):
-        check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
     outcome = _install(settings, started)
     log.info("install_finished", outcome=outcome.outcome, plan=outcome.plan,
              driver_version=outcome.driver_version,

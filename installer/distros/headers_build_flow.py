@@ -65,13 +65,13 @@ class HeadersBuildFlow(Flow, HeadersBuild):
         if ctx.settings.driver_url:
             return version_from_url(ctx.settings.driver_url)
         # The default, or the newest tested branch the GPUs here support (K80: R470).
-        version, why = gpus.pick_default(gpus.scan(ctx.kernel.sys_dir), self.default_version)
+        version, why = gpus.pick_default(list(ctx.pci_gpus), self.default_version)
         if why:
             log.info("driver_version_fallback", driver_version=version, reason=why)
         return version
 
     def module_type(self, ctx: Context, version: str) -> str:
-        found = gpus.scan(ctx.kernel.sys_dir)
+        found = list(ctx.pci_gpus)
         return gpus.choose_module_type(found, version, ctx.settings.kernel_module_type).module_type
 
     def cache_key(self, ctx: Context, version: str) -> CacheKey:

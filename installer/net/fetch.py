@@ -13,9 +13,16 @@ from installer.errors import DownloadError
 from installer.fsutil import UnreadableFile, read_limited
 from installer.net import retry
 from installer.net.pace import Pacer
-from installer.net.policy import check_url_scheme, local_file, redact_url, scrubber
+from installer.net.policy import local_file, redact_url, scrubber
 from installer.net.retry import RetryPolicy
-from installer.net.session import classify, limits_of, policy_of, refuse_encoding, request_error
+from installer.net.session import (
+    classify,
+    limits_of,
+    policy_of,
+    refuse_encoding,
+    request_error,
+    url_policy_of,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -24,7 +31,6 @@ def fetch_text(
     session: requests.Session,
     url: str,
     *,
-    allow_insecure_http: bool = False,
     policy: RetryPolicy | None = None,
     max_bytes: int = 1 << 20,
 ) -> str | None:
@@ -33,7 +39,8 @@ def fetch_text(
     A missing ``file://`` path is None too. Larger than ``max_bytes``, not UTF-8,
     or any other failure: :class:`DownloadError`.
     """
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    url_policy = url_policy_of(session)
+    url_policy.check(url)
     path = local_file(url)
     shown = redact_url(url)
     if path is not None:
@@ -49,8 +56,7 @@ def fetch_text(
         resp = session.get(url, stream=True, timeout=pace.timeout(policy),
                            headers={"Accept-Encoding": "identity"})
         with resp:
-            if not classify(resp, shown, allow_insecure_http=allow_insecure_http,
-                            missing=(404,)):
+            if not classify(resp, shown, url_policy, missing=(404,)):
                 return None
             refuse_encoding(resp, shown)
             buf = bytearray()
@@ -99,11 +105,12 @@ def _decode_text(data: bytes, max_bytes: int, shown: str) -> str:
         raise DownloadError(f"{shown} is not UTF-8 text", url=shown) from exc
 
 
-def url_exists(session: requests.Session, url: str, *, allow_insecure_http: bool,
+def url_exists(session: requests.Session | None, url: str, *,
                policy: RetryPolicy | None = None) -> bool:
     """Whether ``url`` names an object, without fetching it (HEAD; a 1-byte GET if HEAD is
     not allowed). 404/403/410 -> False; transient errors are retried; others raise."""
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    url_policy = url_policy_of(session)
+    url_policy.check(url)
     path = local_file(url)
     if path is not None:
         return path.is_file()
@@ -118,8 +125,7 @@ def url_exists(session: requests.Session, url: str, *, allow_insecure_http: bool
                                timeout=policy.timeout, stream=True)
             resp.close()
         # GCS answers 403 for a missing object in a bucket one cannot list.
-        return classify(resp, shown, allow_insecure_http=allow_insecure_http,
-                        expected=(200, 206), missing=(403, 404, 410))
+        return classify(resp, shown, url_policy, expected=(200, 206), missing=(403, 404, 410))
 
     try:
         found = retry.network_retryer(policy, url=shown, redact=scrub)(attempt)

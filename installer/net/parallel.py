@@ -26,7 +26,6 @@ class DownloadJob:
     dest: Path
     expected_sha256: str | None = None
     label: str | None = None
-    allow_insecure_http: bool = False
     policy: RetryPolicy | None = None
     min_free_bytes: int = 0
 
@@ -53,8 +52,7 @@ def download_all(
             raise Cancelled()
         try:
             return download(session, job.url, Path(job.dest),
-                            expected_sha256=job.expected_sha256,
-                            allow_insecure_http=job.allow_insecure_http, policy=job.policy,
+                            expected_sha256=job.expected_sha256, policy=job.policy,
                             min_free_bytes=job.min_free_bytes, label=job.label, cancel=cancel)
         except Cancelled:
             raise

@@ -74,18 +74,19 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
         ctx.work.changes.note_device_files(ctx.kernel.dev_dir)
         devnodes.create(tree.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
-                        ctx.settings.module_args)
+                        ctx.settings.module_args, on_bus=len(ctx.pci_gpus))
 
     # Planned before the load: the files of the modules load_modules loads.
     loads = tuple(module_name(f) for f in modules.load_order(ctx.settings.display_modules))
     return Step("device_nodes", run,
-                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads).describe())
+                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads,
+                              on_bus=len(ctx.pci_gpus)).describe())
 
 
 def verify_staged(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
-        gpus = verify.nvidia_smi(staging, ctx.kernel, ctx.runner, lib_dir=staging.lib64)
+        gpus = verify.nvidia_smi(staging, ctx.runner, lib_dir=staging.lib64)
         verify.check_driver_version(gpus, version)
 
     return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces the old one")
@@ -116,7 +117,7 @@ def host_ld_cache() -> Step:
 
 def verify_install(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
-        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
+        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.runner)
         verify.check_driver_version(ctx.work.gpus, version)
 
     return Step("verify", run, "nvidia-smi")
@@ -141,8 +142,7 @@ def persistence_mode() -> Step:
     def run(ctx: Context) -> None:
         smi = ctx.install.bin / "nvidia-smi"
         try:
-            ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S,
-                           env=ctx.kernel.seam_env())
+            ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S)
         except CommandError as exc:
             ctx.work.persistence_mode = "failed"
             log.warning("persistence_mode_failed",

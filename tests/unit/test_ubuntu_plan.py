@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from installer import cache
+from installer import cache, gpus
 from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
 from installer.detect import context
@@ -95,6 +95,18 @@ def test_persistence_mode_is_the_last_step_before_the_dev_char_links(env):
     """nvidia-smi -pm 1 may make device files too: the links come after it."""
     assert names(UbuntuFlow().plan(env.ctx(persistence_mode=True)))[-2:] == [
         "persistence_mode", "dev_char_links"]
+
+
+def test_the_pci_bus_is_scanned_once_per_run(env, monkeypatch):
+    """Issue 32 item 8: the default version, the module type, the cache key and the GPU
+    check all read the GPUs; the bus is walked once (Context.pci_gpus)."""
+    scans = []
+    real = gpus.scan
+    monkeypatch.setattr(gpus, "scan", lambda sys_dir: scans.append(sys_dir) or real(sys_dir))
+    ctx = env.ctx()
+    plan = UbuntuFlow().plan(ctx)
+    next(s for s in plan.steps if s.name == "check_gpu_compatibility").run(ctx)
+    assert len(scans) == 1 and ctx.work.kernel_module_type == plan.kernel_module_type
 
 
 @pytest.mark.parametrize("requested", ["open", "proprietary"])

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, gpus, headers, signing
+from installer import cache, headers, signing
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
@@ -46,7 +46,7 @@ from installer.distros.cos.toolchain import BuildTools
 from installer.distros.planning import Flow, cached_plan, fresh_plan
 from installer.gke import mirror
 from installer.net.fetch import fetch_text
-from installer.net.policy import artifacts_root, check_url_scheme
+from installer.net.policy import artifacts_root
 from installer.plan import Plan, Step
 from installer.steps import staging
 from installer.steps.staging import Fetch
@@ -73,8 +73,7 @@ class CosFlow(Flow, Cos):
     def _artifacts(self, ctx: Context, policy: RetryPolicy | None = None) -> Artifacts:
         info = ctx.host_info
         assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
-        return Artifacts(self._base(ctx), info.build_id, info.board, ctx.http,
-                         allow_insecure_http=ctx.settings.allow_insecure_http, policy=policy,
+        return Artifacts(self._base(ctx), info.build_id, info.board, ctx.http, policy=policy,
                          manifest=self._manifest(ctx))
 
     def _manifest(self, ctx: Context) -> pins.Manifest | None:
@@ -84,9 +83,8 @@ class CosFlow(Flow, Cos):
             return None
         if self._pins is None:
             if "://" in location:
-                check_url_scheme(location, allow_insecure_http=ctx.settings.allow_insecure_http)
-            self._pins = pins.load(location, lambda url: fetch_text(
-                ctx.http, url, allow_insecure_http=ctx.settings.allow_insecure_http))
+                ctx.url_policy.check(location)
+            self._pins = pins.load(location, lambda url: fetch_text(ctx.http, url))
         return self._pins
 
     def _tools(self, ctx: Context) -> BuildTools:
@@ -153,7 +151,7 @@ class CosFlow(Flow, Cos):
     def _probe(self, ctx: Context, arts: Artifacts, version: str) -> Probe:
         """The node's GPUs and signature policy, and the build's module sources (the
         precompiled ones only when the choice could use them: two probes saved)."""
-        found = tuple(gpus.scan(ctx.kernel.sys_dir))
+        found = ctx.pci_gpus
         requested = ctx.settings.kernel_module_type
         policy = signing.policy(ctx.kernel)
         prebuilt_available = arts.exists(prebuilt_modules_name(version))
@@ -261,7 +259,7 @@ class CosFlow(Flow, Cos):
                                   arts.url(TOOLCHAIN_ENV_FILE))
         url = toolchain_location(arts.fetch_text(TOOLCHAIN_URL_FILE), arts.base,
                                  artifacts_root(CosOptions.of(ctx.settings).artifacts_url))
-        check_url_scheme(url, allow_insecure_http=ctx.settings.allow_insecure_http)
+        ctx.url_policy.check(url)
         return env, url
 
     def _host_headers(self, ctx: Context) -> headers.KernelTree | None:
