@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,13 +93,13 @@ class CudaResult:
     total_s: float
 
 
-def expected_gpus(kernel: KernelState) -> list[str]:
-    """PCI addresses of the NVIDIA GPUs CUDA must see: those on the bus that the driver did
-    not exclude (NVreg_ExcludedGpus: ``GPU Excluded: Yes`` in
-    /proc/driver/nvidia/gpus/<bus>/information, open-gpu-kernel-modules nv-procfs.c; the real
-    node's file says ``GPU Excluded:\t No``)."""
+def expected_gpus(kernel: KernelState, on_bus: Sequence[gpus.PciGpu]) -> list[str]:
+    """PCI addresses of the NVIDIA GPUs CUDA must see: those on the bus (``on_bus``, the
+    run's one scan: Context.pci_gpus) that the driver did not exclude (NVreg_ExcludedGpus:
+    ``GPU Excluded: Yes`` in /proc/driver/nvidia/gpus/<bus>/information,
+    open-gpu-kernel-modules nv-procfs.c; the real node's file says ``GPU Excluded:\t No``)."""
     wanted = []
-    for gpu in gpus.scan(kernel.sys_dir):
+    for gpu in on_bus:
         info = kernel.proc_dir / "driver/nvidia/gpus" / gpu.address / "information"
         try:
             text = info.read_text(errors="replace")
@@ -123,7 +124,7 @@ def explain(call: str, rc: int | None, name: str = "") -> tuple[str, str]:
     return f"CUDA check: {call} returned {rc} {known.name}: {known.cause}", known.fix
 
 
-def check(lib64: Path, kernel: KernelState, runner: Runner, *,
+def check(lib64: Path, kernel: KernelState, runner: Runner, on_bus: Sequence[gpus.PciGpu], *,
           deadline_s: float = DEFAULT_DEADLINE_S) -> CudaResult:
     """cuInit, the device count, a context and a memory round trip per GPU; VerifyError
     (exit 9) with the cause and its fix, else what CUDA saw."""
@@ -133,7 +134,7 @@ def check(lib64: Path, kernel: KernelState, runner: Runner, *,
                           hint="re-run install to put the driver's libraries back")
     argv = [sys.executable, "-I", cuda_probe.__file__, str(libcuda), str(ROUND_TRIP_BYTES)]
     try:
-        res = runner.run(argv, timeout=deadline_s, env=kernel.seam_env())
+        res = runner.run(argv, timeout=deadline_s)
         doc = json.loads(res.stdout.strip().splitlines()[-1])
     except CommandError as exc:
         if exc.reason.startswith("timed out"):  # Runner stopped its process group
@@ -148,7 +149,7 @@ def check(lib64: Path, kernel: KernelState, runner: Runner, *,
     except (IndexError, ValueError, AttributeError) as exc:
         raise VerifyError("CUDA check: the child printed no result", path=str(libcuda),
                           hint="read the kernel log for NVIDIA Xid lines") from exc
-    return judge(doc, expected_gpus(kernel))
+    return judge(doc, expected_gpus(kernel, on_bus))
 
 
 def judge(doc: dict, expected: list[str]) -> CudaResult:

@@ -23,8 +23,7 @@ def fabric_manager_files(version: str) -> Step:
     def run(ctx: Context) -> None:
         s = ctx.settings
         fabricmanager.fetch_into(ctx.install.root, version, session=ctx.http,
-                                 base_url=s.fabric_manager_base_url, sha256=s.fabric_manager_sha256,
-                                 allow_insecure_http=s.allow_insecure_http)
+                                 base_url=s.fabric_manager_base_url, sha256=s.fabric_manager_sha256)
 
     return Step("fabric_manager", run, f"NVSwitch node: {fabricmanager.archive_name(version)} "
                 "into <install-dir>/fabricmanager (kept for later runs)")

@@ -76,7 +76,7 @@ def installed(install_root: Path, version: str) -> bool:
 
 
 def fetch_into(install_root: Path, version: str, *, session, base_url: str,
-               sha256: str | None, allow_insecure_http: bool) -> Path:
+               sha256: str | None) -> Path:
     """Download, check and unpack the fabric manager of ``version`` into the install dir
     (other versions' trees removed); its directory."""
     target = version_dir(install_root, version)
@@ -84,8 +84,7 @@ def fetch_into(install_root: Path, version: str, *, session, base_url: str,
         log.info("fabric_manager_cached", path=str(target))
         return target
     if sha256 is None:
-        doc = fetch_text(session, redistrib_url(base_url, version),
-                         allow_insecure_http=allow_insecure_http)
+        doc = fetch_text(session, redistrib_url(base_url, version))
         if doc is None:
             raise IntegrityError(f"no redistrib_{version}.json under {base_url}: the fabric "
                                  "manager's digest is unknown",
@@ -98,7 +97,7 @@ def fetch_into(install_root: Path, version: str, *, session, base_url: str,
     try:
         got = download(session, archive_url(base_url, version),
                        work / f"{archive_name(version)}.tar.xz", expected_sha256=sha256,
-                       allow_insecure_http=allow_insecure_http, label="fabric manager")
+                       label="fabric manager")
         unpacked = work / "tree"
         archive.extract(got.path, unpacked, label=got.path.name)
         top = unpacked / archive_name(version)

@@ -48,7 +48,7 @@ def check_installed(ctx: Context) -> list[Gpu]:
     """The ``verify`` command: the installed driver's device nodes, nvidia-smi, CUDA."""
     require_device_nodes(ctx.kernel, "on this node",
                          hint="re-run install to load the driver and create them")
-    gpus = nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)
+    gpus = nvidia_smi(ctx.install, ctx.runner, lib_dir=ctx.install.lib64)
     workloads_ready(ctx, lib_dir=ctx.install.lib64)
     return gpus
 
@@ -62,7 +62,7 @@ def workloads_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
         log.warning("cuda_check_skipped", risk="nvidia-smi alone passed: nothing proves a "
                     "CUDA program will run (NVSwitch fabric, UVM files, compute mode)")
     else:
-        cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner,
+        cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner, ctx.pci_gpus,
                          deadline_s=ctx.settings.cuda_check_deadline_s)
         ctx.work.cuda_check = "passed"
     daemons.wait_up(ctx.install.root, ctx.settings.required_daemons, DAEMON_DEADLINE_S)
@@ -76,9 +76,7 @@ def fabric_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
         ctx.work.fabric = "none"
         return
     smi = ctx.install.bin / "nvidia-smi"
-    env = dict(ctx.kernel.seam_env())
-    if lib_dir is not None:
-        env["LD_LIBRARY_PATH"] = str(lib_dir)
+    env = {"LD_LIBRARY_PATH": str(lib_dir)} if lib_dir is not None else {}
 
     def query() -> list[fabric.GpuFabric]:
         try:
@@ -100,14 +98,10 @@ def fabric_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
     ctx.work.fabric = "completed"
 
 
-def nvidia_smi(
-    tree: Tree, kernel: KernelState, runner: Runner, *, lib_dir: Path | None = None
-) -> list[Gpu]:
+def nvidia_smi(tree: Tree, runner: Runner, *, lib_dir: Path | None = None) -> list[Gpu]:
     """Run nvidia-smi; ``lib_dir`` puts libraries not yet in the ld cache on the path."""
     smi = tree.bin / "nvidia-smi"
-    env = dict(kernel.seam_env())
-    if lib_dir is not None:
-        env["LD_LIBRARY_PATH"] = str(lib_dir)
+    env = {"LD_LIBRARY_PATH": str(lib_dir)} if lib_dir is not None else {}
     try:
         result = runner.run(
             [smi, "--query-gpu=name,driver_version,pci.bus_id", "--format=csv,noheader"],

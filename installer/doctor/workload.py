@@ -36,7 +36,7 @@ def check_fabric(n: Node) -> Finding:
     try:
         res = n.runner.run([n.install.bin / "nvidia-smi", fabric.FABRIC_QUERY,
                             "--format=csv,noheader"], timeout=SMI_TIMEOUT_S,
-                           env={**n.kernel.seam_env(), "LD_LIBRARY_PATH": str(n.install.lib64)})
+                           env={"LD_LIBRARY_PATH": str(n.install.lib64)})
         rows = fabric.parse(res.stdout)
     except CommandError as exc:
         return Finding("nvlink_fabric", FAIL, f"nvidia-smi {fabric.FABRIC_QUERY} failed: "
@@ -53,7 +53,7 @@ def check_cuda(n: Node) -> Finding:
         return Finding("cuda", FAIL, "not run: the nvidia module is not loaded",
                        "fix kernel_modules first")
     try:
-        result = cuda_check.check(n.install.lib64, n.kernel, n.runner)
+        result = cuda_check.check(n.install.lib64, n.kernel, n.runner, n.pci)
     except InstallerError as exc:
         return Finding("cuda", FAIL, exc.message, exc.hint or "")
     return Finding("cuda", OK, f"{result.count} GPU(s): a context and a memory round trip "

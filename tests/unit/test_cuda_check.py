@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from installer import cuda_check
+from installer import cuda_check, gpus
 from installer.kernel import KernelState
 
 
@@ -27,7 +27,9 @@ def test_gpus_the_driver_excluded_are_not_expected(tmp_path):
     for name, value in (("vendor", "0x10de"), ("device", "0x22a3"), ("class", "0x068000")):
         (switch / name).write_text(value + "\n")
     kernel = KernelState(proc_dir=tmp_path / "proc", sys_dir=tmp_path / "sys")
-    assert cuda_check.expected_gpus(kernel) == ["0000:00:06.0", "0000:00:08.0"]
+    on_bus = gpus.scan(kernel.sys_dir)
+    assert [g.address for g in on_bus] == ["0000:00:06.0", "0000:00:07.0", "0000:00:08.0"]
+    assert cuda_check.expected_gpus(kernel, on_bus) == ["0000:00:06.0", "0000:00:08.0"]
 
 
 def test_an_unknown_code_is_named_with_the_way_out():
