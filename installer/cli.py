@@ -16,43 +16,15 @@ from typing import Any
 import click
 
 from installer import __version__
+from installer.clitypes import LOG_FORMATS, Seconds
 from installer.distros import DISTROS
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
 from installer.moduleargs import ModuleArg
-from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL, FABRIC_MANAGER_BASE_URL
+from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
 from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
+from installer.readiness_cli import fabric_manager_options, readiness_options
 from installer.settings import DistroOptions, Settings, retry_env, validate
-
-LOG_FORMATS = click.Choice(["auto", "json", "console"], case_sensitive=False)
-
-
-class Seconds(click.ParamType):
-    """A duration: seconds (``600``, ``0.5``) or with a unit (``90s``, ``10m``, ``1h``), at
-    least ``minimum`` (above it when ``open_min``)."""
-
-    name = "seconds"
-    _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
-
-    def __init__(self, minimum: float = 0.0, *, open_min: bool = False) -> None:
-        self.minimum, self.open_min = minimum, open_min
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, int | float):
-            seconds = float(value)
-        else:
-            text = str(value).strip().lower()
-            number, unit = text.rstrip("smh"), text[len(text.rstrip("smh")):]
-            try:
-                seconds = float(number) * self._UNITS[unit]
-            except (ValueError, KeyError):
-                self.fail(f"{value!r} is not a duration: give seconds (600) or 90s, 10m, 1h",
-                          param, ctx)
-        too_small = seconds <= self.minimum if self.open_min else seconds < self.minimum
-        if too_small or seconds != seconds or seconds == float("inf"):
-            self.fail(f"{value!r} must be {'>' if self.open_min else '>='} {self.minimum:g} "
-                      "seconds", param, ctx)
-        return seconds
 
 
 class ModuleArgType(click.ParamType):
@@ -111,34 +83,6 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ]):
         fn = option(fn)
     return fn
-
-
-def _readiness_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """install and verify: the fabric gate (NVSwitch nodes), the CUDA check
-    (installer/cuda_check.py) and its way out."""
-    fn = click.option("--require-daemon", "required_daemons", multiple=True,
-                      type=click.Choice(["fabricmanager", "persistenced"]),
-                      envvar="NVIDIA_REQUIRED_DAEMONS", show_envvar=True,
-                      help="A daemon sidecar that must report running before the driver is "
-                      "ready (repeatable; the env var: space-separated). manifests render sets "
-                      "it for the sidecars it adds.")(fn)
-    fn = click.option("--fabric-deadline", "fabric_deadline_s", type=Seconds(open_min=True),
-                      envvar="NVIDIA_FABRIC_DEADLINE", default=600, show_default=True,
-                      show_envvar=True,
-                      help="NVSwitch nodes: how long every GPU's NVLink fabric may take to "
-                      "reach Completed (the fabric manager sidecar trains it) before the "
-                      "verify fails (exit 9).")(fn)
-    fn = click.option("--cuda-check-deadline", "cuda_check_deadline_s",
-                      type=Seconds(open_min=True), envvar="NVIDIA_CUDA_CHECK_DEADLINE",
-                      default=60, show_default=True, show_envvar=True,
-                      help="How long the CUDA check may take before it is stopped and the "
-                      "verify fails (exit 9): a hung cuInit cannot hang the installer.")(fn)
-    return click.option("--skip-cuda-check", is_flag=True, envvar="NVIDIA_SKIP_CUDA_CHECK",
-                        show_envvar=True,
-                        help="Verify with nvidia-smi only, making no CUDA context (nodes "
-                        "where one must not be made). Risk: \"verified\" then does not mean a "
-                        "CUDA program runs (an NVSwitch fabric not ready, missing UVM files, "
-                        "a GPU in exclusive mode all pass nvidia-smi).")(fn)
 
 
 def _distro_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -237,7 +181,7 @@ def _exit_codes_epilog() -> str:
 @cli.command(short_help="Install or load the cached driver; verify it (nvidia-smi, CUDA).",
              epilog=_exit_codes_epilog())
 @_host_options
-@_readiness_options
+@readiness_options
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
               help="Driver version, or on COS an alias: default, latest, R535 … "
               "[default: COS: default; Ubuntu: a pinned, tested version]")
@@ -296,14 +240,7 @@ def _exit_codes_epilog() -> str:
               help="Also load nvidia-modeset and nvidia-drm (kernel mode setting, /dev/dri). "
               "CUDA and NVML need neither: by default only nvidia and nvidia-uvm load, as "
               "GKE's Ubuntu installer loads them.")
-@click.option("--fabric-manager-base-url", envvar="NVIDIA_FABRIC_MANAGER_BASE_URL",
-              show_envvar=True, default=FABRIC_MANAGER_BASE_URL, show_default=True,
-              help="NVSwitch nodes: where fabricmanager/linux-x86_64/fabricmanager-linux-"
-              "x86_64-<V>-archive.tar.xz and redistrib_<V>.json are (NVIDIA's redistributable "
-              "area, or a mirror of it).")
-@click.option("--fabric-manager-sha256", envvar="NVIDIA_FABRIC_MANAGER_SHA256", show_envvar=True,
-              help="NVSwitch nodes: the fabric manager archive's SHA-256 [default: from "
-              "redistrib_<V>.json].")
+@fabric_manager_options
 @click.option("--persistence-mode", is_flag=True, envvar="NVIDIA_PERSISTENCE_MODE",
               show_envvar=True, help="After verifying, enable persistence mode (nvidia-smi -pm 1). "
               "Deprecated by NVIDIA (the 580 driver logs so): prefer nvidia-persistenced as a "
@@ -379,7 +316,7 @@ def status(output: str, **opts: Any) -> int:
 
 @cli.command(short_help="Check the device nodes, nvidia-smi and CUDA (exit 9 if broken).")
 @_host_options
-@_readiness_options
+@readiness_options
 @_output_option
 def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes, nvidia-smi, then CUDA on every GPU (a

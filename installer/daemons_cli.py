@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from installer import podcontract
+from installer.clitypes import LOG_FORMATS, Seconds
 
 
 @click.group("sidecar", short_help="Run an NVIDIA daemon as the DaemonSet's sidecar.")
@@ -24,8 +25,6 @@ def sidecar() -> None:
 
 
 def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    from installer.cli import LOG_FORMATS, Seconds  # upward: the CLI's own option types
-
     for option in reversed([
         click.option("--install-dir", type=click.Path(path_type=Path),
                      envvar="NVIDIA_INSTALL_DIR_CONTAINER", show_envvar=True,
