@@ -45,7 +45,7 @@ class StaleCache:
 
 
 class Distro(abc.ABC):
-    # The distro's name: HostInfo.family, ``manifests render --flavor`` (and, unless
+    # The distro's name: HostInfo.distro, ``manifests render --flavor`` (and, unless
     # image_suffix says otherwise, the image's suffix).
     name: ClassVar[str]
     title: ClassVar[str]  # e.g. "Ubuntu", in manifests and messages

@@ -13,7 +13,7 @@ FLOWS: dict[str, type[Distro]] = {d.name: d for d in DISTROS} | {CosFlow.name: C
 
 
 def for_host(info: HostInfo) -> Distro:
-    flow = FLOWS.get(info.family)
+    flow = FLOWS.get(info.distro)
     if flow is None:
         raise UnsupportedHostError(
             f"no installer flow for {info.os_id}",
