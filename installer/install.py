@@ -12,6 +12,7 @@ from installer.context import Context
 from installer.detect import context
 from installer.diagnostics import failure_details
 from installer.distros import flows
+from installer.distros.planning import Flow
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
 from installer.lock import HostLock
@@ -112,7 +113,7 @@ def _install(settings: Settings, started: float) -> Outcome:
             in_use_by=staged.holders if staged else None))
 
 
-def _dry_run(ctx: Context, distro: distros.Distro) -> Outcome:
+def _dry_run(ctx: Context, distro: Flow) -> Outcome:
     """The plan, once its pre-flight checks pass: what the real run refuses, this refuses
     with the same exit code and message (and a plan is printed only if it could work)."""
     plan = distro.plan(ctx)
@@ -140,7 +141,7 @@ def _discard(ctx: Context, error: BaseException) -> None:
         remove_tree(path)
 
 
-def _warn_unpinned(ctx: Context, plan, distro: distros.Distro) -> None:
+def _warn_unpinned(ctx: Context, plan, distro: Flow) -> None:
     """A fresh install runs the NVIDIA .run as root: say so when nothing pins it."""
     if plan.kind != "fresh":
         return

@@ -4,6 +4,8 @@ reading and retries as a download."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import requests
 import structlog
 
@@ -42,20 +44,8 @@ def fetch_text(
     path = local_file(url)
     shown = redact_url(url)
     if path is not None:
-        try:
-            data = read_limited(path, max_bytes)
-        except (FileNotFoundError, NotADirectoryError):
-            log.info("fetch_text_missing", url=shown)
-            return None
-        except UnreadableFile as exc:
-            raise DownloadError(f"{path} {exc.reason} ({shown})", path=str(path),
-                                url=shown) from None
-        except OSError as exc:
-            raise DownloadError(
-                f"cannot read {path}: {exc.strerror or exc}", path=str(path), url=shown
-            ) from exc
-        return _decode_text(data, max_bytes, shown)
-
+        data = _read_local(path, max_bytes, shown)
+        return None if data is None else _decode_text(data, max_bytes, shown)
     policy = policy or policy_of(session)
     scrub = scrubber(url)
     # The same bounds as a download: a trickled metadata file must not stall the plan.
@@ -86,6 +76,22 @@ def fetch_text(
         log.info("fetch_text_missing", url=shown, status=404)
         return None
     return _decode_text(data, max_bytes, shown)
+
+
+def _read_local(path: Path, max_bytes: int, shown: str) -> bytes | None:
+    """A ``file://`` document's bytes (None: no such file)."""
+    try:
+        return read_limited(path, max_bytes)
+    except (FileNotFoundError, NotADirectoryError):
+        log.info("fetch_text_missing", url=shown)
+        return None
+    except UnreadableFile as exc:
+        raise DownloadError(f"{path} {exc.reason} ({shown})", path=str(path),
+                            url=shown) from None
+    except OSError as exc:
+        raise DownloadError(
+            f"cannot read {path}: {exc.strerror or exc}", path=str(path), url=shown
+        ) from exc
 
 
 def _decode_text(data: bytes, max_bytes: int, shown: str) -> str:

@@ -243,15 +243,17 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
     )
 
 
-def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ...]:
-    """A fresh build in any flow: load and verify it from staging, swap it in, record it last."""
+def activate_staged(ctx: Context, version: str, key: CacheKey,
+                    load: Step | None = None) -> tuple[Step, ...]:
+    """A fresh build in any flow: load and verify it from staging, swap it in, record it last.
+    ``load``: the flow's own step loading the staged modules (None: ``load_modules``)."""
     if ctx.settings.install_only:
         return install_only(ctx, version, key)
     return (
         check_staged_modules(),
         unload_other_driver(version),
         gpu_firmware(from_staging=True),
-        load_modules(from_staging=True, display_modules=ctx.settings.display_modules),
+        load or load_modules(from_staging=True, display_modules=ctx.settings.display_modules),
         device_nodes(ctx, from_staging=True),
         verify_staged(version),
         *vulkan_icd.steps_for(ctx),  # reads the extracted .run, which promote() removes
