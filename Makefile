@@ -47,7 +47,7 @@ REGISTRY ?=
 TAG ?=
 push:  ## push the built images to REGISTRY/nvidia-driver-installer-<flavor>:TAG and print the digests to pin (make push REGISTRY=... [TAG=...])
 	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=registry.example.com/team [TAG=0.1.0]" >&2; exit 2; }
-	bash images/push.sh "$(REGISTRY)" $(TAG)
+	@bash images/push.sh "$(REGISTRY)" $(TAG)
 
 # docker-registry: Debian's reference registry (distribution), for the push/pull test.
 IMAGE_DEPS := buildah debootstrap docker-registry
