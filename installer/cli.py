@@ -24,6 +24,7 @@ from installer.settings import (
     DEFAULT_HOST_ROOT,
     DEFAULT_INSTALL_DIR_HOST,
     Settings,
+    default_when_in_use,
     retry_env,
 )
 
@@ -199,13 +200,14 @@ def _exit_codes_epilog() -> str:
               help="Put the driver in the install dir and stop: no module is loaded or "
               "unloaded and nothing is verified (for DaemonSets that load the modules "
               "themselves). Refused while another driver version is loaded.")
-@click.option("--when-in-use", type=click.Choice(["fail", "stage"]), default="fail",
-              envvar="WHEN_IN_USE", show_envvar=True, show_default=True,
+@click.option("--when-in-use", type=click.Choice(["fail", "stage"]),
+              default=lambda: default_when_in_use(os.environ),
+              envvar="WHEN_IN_USE", show_envvar=True,
+              show_default="stage in a pod, where KUBERNETES_SERVICE_HOST is set; fail by hand",
               help="When a different driver version is loaded and in use: fail (exit 8, "
               "naming its holders) or stage (build and check the new version, keep it in "
               "<install-dir>/.next-boot, leave the running driver as it is, exit 0; the next "
-              "run after a reboot installs it with no download or compile). The DaemonSets "
-              "set stage.")
+              "run after a reboot installs it with no download or compile).")
 @click.option("--preload", is_flag=True, envvar="PRELOAD", show_envvar=True,
               help="COS: only fetch and cache the toolchain and kernel headers (no GPU needed).")
 @click.option("--toolchain-dir", type=click.Path(path_type=Path),

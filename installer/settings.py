@@ -195,6 +195,14 @@ def check_prebuilt(url: str | None, sha256: str | None, only: bool, *,
     return normalize_sha256(sha256 or None, "--prebuilt-sha256")
 
 
+def default_when_in_use(environ: Mapping[str, str]) -> str:
+    """--when-in-use when neither the flag nor WHEN_IN_USE is given: ``stage`` in a pod (the
+    kubelet sets KUBERNETES_SERVICE_HOST in every container), so GKE's own DaemonSets, which
+    set no WHEN_IN_USE, keep the pod running instead of crash-looping on exit 8; ``fail`` by
+    hand, where exit 8 naming the holders is the answer a person at the node wants."""
+    return "stage" if environ.get("KUBERNETES_SERVICE_HOST") else "fail"
+
+
 def retry_env(environ: Mapping[str, str]) -> dict[str, Any]:
     """Settings fields from ``DOWNLOAD_RETRIES`` / ``DOWNLOAD_TIMEOUT`` (UsageError naming
     the variable when a value is not valid)."""

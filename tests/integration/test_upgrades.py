@@ -2,8 +2,8 @@
 
 The old driver stays loaded and working, the pod runs (exit 0), the new version is built
 and checked exactly as a fresh install is and kept in <install-dir>/.next-boot; after the
-reboot it is installed with no download and no compile. ``--when-in-use fail`` (the CLI's
-default, DESIGN §4) keeps exit 8 naming the holders; the DaemonSets set ``stage``.
+reboot it is installed with no download and no compile. ``--when-in-use fail`` (the default
+by hand, docs/contract.md §4) keeps exit 8 naming the holders; in a pod the default is ``stage``.
 """
 
 from __future__ import annotations

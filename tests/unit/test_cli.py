@@ -394,3 +394,27 @@ def test_host_os_errors_become_their_exit_codes(code, exit_code, says):
     else:
         assert int(known.exit_code) == exit_code and known.message.startswith(says)
         assert known.hint and known.context["path"] == "/home/kubernetes/bin/nvidia/.cache"
+
+
+@pytest.mark.parametrize(("service_host", "expected"), [("10.0.0.1", "stage"), ("", "fail"),
+                                                        (None, "fail")])
+def test_when_in_use_defaults_to_stage_in_a_pod_and_fail_by_hand(monkeypatch, service_host,
+                                                                 expected):
+    """Issue 34 §1: the kubelet sets KUBERNETES_SERVICE_HOST in every container; GKE's own
+    DaemonSets set no WHEN_IN_USE, so in a pod the default must be stage."""
+    from installer import cli
+
+    monkeypatch.delenv("WHEN_IN_USE", raising=False)
+    if service_host is None:
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    else:
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", service_host)
+    ctx = cli.install.make_context("install", ["--dry-run"])
+    assert ctx.params["when_in_use"] == expected
+    monkeypatch.setenv("WHEN_IN_USE", "fail")  # the variable still wins over the default
+    assert cli.install.make_context("install", []).params["when_in_use"] == "fail"
+
+
+def test_install_help_says_when_in_use_defaults_differ_in_a_pod(capsys):
+    _, out, _ = run_main(capsys, ["install", "--help"])
+    assert "stage in a pod, where KUBERNETES_SERVICE_HOST is set; fail by" in " ".join(out.split())
