@@ -110,8 +110,30 @@ def _settings(**opts: Any) -> Settings:
     if opts.get("metrics_file"):
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
     _register_secrets(opts)
+    _full_url_over_base_url(opts)
     opts.update(retry_env(os.environ))
     return Settings(**{k: v for k, v in opts.items() if v is not None}).resolved()
+
+
+def _full_url_over_base_url(opts: dict[str, Any]) -> None:
+    """A full .run URL and a base URL not both given as flags: the full URL wins, as in GKE's
+    installers (a pool's NVIDIA_DRIVER_DOWNLOAD_URL over a template's NVIDIA_DRIVER_BASE_URL),
+    and the log says the base URL was not used. Two flags that disagree stay a usage error
+    (Settings.resolved)."""
+    if not (opts.get("driver_url") and opts.get("driver_base_url")):
+        return
+    source = click.get_current_context().get_parameter_source
+    given = {name: source(name) is click.core.ParameterSource.COMMANDLINE
+             for name in ("driver_url", "driver_base_url")}
+    if all(given.values()):
+        return
+    import structlog
+
+    structlog.get_logger("installer").info(
+        "driver_base_url_not_used", driver_url=opts["driver_url"],
+        driver_base_url=opts.pop("driver_base_url"),
+        why=f"the full URL ({'--driver-url' if given['driver_url'] else 'NVIDIA_DRIVER_DOWNLOAD_URL'}) "
+        f"wins over the base URL ({'--driver-base-url' if given['driver_base_url'] else 'NVIDIA_DRIVER_BASE_URL'})")
 
 
 def _register_secrets(opts: dict[str, Any]) -> None:

@@ -104,7 +104,8 @@ class Settings:
         self._check_driver_url_version()
         if self.driver_url and self.driver_base_url:
             raise UsageError("--driver-url and --driver-base-url both name where the .run comes "
-                             "from: give one (NVIDIA_DRIVER_DOWNLOAD_URL or NVIDIA_DRIVER_BASE_URL)")
+                             "from: give one (a full URL from NVIDIA_DRIVER_DOWNLOAD_URL wins "
+                             "over a base URL from NVIDIA_DRIVER_BASE_URL)")
         self._check_module_args()
         from installer.nvidia_options import too_old
 
