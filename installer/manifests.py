@@ -623,8 +623,10 @@ def manifests() -> None:
               "(options below; --image, --namespace, --env and --output-dir apply too).")
 @click.option("--target", "targets", metavar="DRIVER@KERNEL", multiple=True,
               help="bundle-job: one bundle to build (repeatable), e.g. 550.127.05@6.8.0-1015-gke.")
-@click.option("--kernel-module-type", type=click.Choice(["open", "proprietary"]),
-              default="proprietary", show_default=True, help="bundle-job: module type built.")
+@click.option("--kernel-module-type", type=click.Choice(["auto", "open", "proprietary"]),
+              default="auto", show_default=True, help="bundle-job: module type built; auto: "
+              "NVIDIA's default for each target's branch (open from R560), as a node with "
+              "Turing or newer GPUs picks it, so its bundles are the ones those nodes look for.")
 @click.option("--parallelism", type=int, default=4, show_default=True,
               help="bundle-job: pods building at once.")
 @click.option("--volume-claim", metavar="PVC", help="bundle-job: keep bundles and index.json "

@@ -5,6 +5,8 @@ A subclass declares who it is (names, OS ids, GKE labels, image) and may overrid
 
 from __future__ import annotations
 
+import re
+
 import shutil
 from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
@@ -59,6 +61,9 @@ class HeadersBuild(Distro):
     # A release of NVIDIA's current long-term branch (branches.py); NVIDIA_DRIVER_VERSION
     # picks another.
     default_version: ClassVar[str] = branches.RECOMMENDED_VERSION
+    # `default` asks for default_version (driver_version below), by install and render alike.
+    version_alias = re.compile("default")
+    version_alias_help = f"default: {branches.RECOMMENDED_VERSION}, or R470 for Kepler GPUs"
     daemonset = DaemonSetNeeds(mounts=(BOOT,))
 
     def headers_step(self) -> Step:
