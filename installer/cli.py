@@ -129,11 +129,12 @@ def _full_url_over_base_url(opts: dict[str, Any]) -> None:
         return
     import structlog
 
+    url_from = "--driver-url" if given["driver_url"] else "NVIDIA_DRIVER_DOWNLOAD_URL"
+    base_from = "--driver-base-url" if given["driver_base_url"] else "NVIDIA_DRIVER_BASE_URL"
     structlog.get_logger("installer").info(
         "driver_base_url_not_used", driver_url=opts["driver_url"],
         driver_base_url=opts.pop("driver_base_url"),
-        why=f"the full URL ({'--driver-url' if given['driver_url'] else 'NVIDIA_DRIVER_DOWNLOAD_URL'}) "
-        f"wins over the base URL ({'--driver-base-url' if given['driver_base_url'] else 'NVIDIA_DRIVER_BASE_URL'})")
+        why=f"the full URL ({url_from}) wins over the base URL ({base_from})")
 
 
 def _register_secrets(opts: dict[str, Any]) -> None:
@@ -151,7 +152,7 @@ def _register_secrets(opts: dict[str, Any]) -> None:
 class _LazyGroup(click.Group):
     """Subcommands whose modules load only when used (jinja2 is slow to import)."""
 
-    lazy = {"manifests": "installer.manifests:manifests", "bundle": "installer.bundle.cli:bundle"}
+    lazy = {"manifests": "installer.manifests.cli:manifests", "bundle": "installer.bundle.cli:bundle"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])
@@ -377,17 +378,6 @@ def uninstall(output: str, **opts: Any) -> None:
     from installer import uninstall as uninstall_mod
 
     click.echo(render(uninstall_mod.run(_settings(**opts)), output), nl=False)
-
-
-def env_vars() -> tuple[str, ...]:
-    """Every environment variable an option of a command reads: the env contract
-    (``manifests`` checks ``--env`` against it, a test against the README)."""
-    names: dict[str, None] = {}
-    for command in cli.commands.values():
-        for param in command.params:
-            envvar = getattr(param, "envvar", None)
-            names.update(dict.fromkeys([envvar] if isinstance(envvar, str) else envvar or ()))
-    return tuple(names)
 
 
 # What to do next, per failure class, when the error carries no hint of its own.

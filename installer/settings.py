@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
 from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
@@ -20,8 +21,6 @@ NVIDIA_BASE_URL = "https://us.download.nvidia.com/{branch}"
 DEFAULT_DRIVER_BASE_URL = NVIDIA_BASE_URL.format(branch="tesla")
 # Read from the environment only (DESIGN.md section 3, no option): every download's
 # retry policy (net/retry.py), which reaches net/ through the Context's session.
-ENV_RETRIES = "DOWNLOAD_RETRIES"
-ENV_TIMEOUT = "DOWNLOAD_TIMEOUT"
 DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
 
 

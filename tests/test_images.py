@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from installer import __version__
-from installer import manifests as m
+from installer.manifests import values
 from tests.pod import events as pod_events
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ def buildah(*args: str, check: bool = True, timeout: float = 300) -> subprocess.
 
 
 def image_name(flavor: str) -> str:
-    return f"localhost/nvidia-driver-installer-{flavor}:{m.image_tag()}"
+    return f"localhost/nvidia-driver-installer-{flavor}:{values.image_tag()}"
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def built() -> dict[str, str]:
                               text=True, timeout=840, env={**os.environ, "NDI_LOCAL_BASE": "1"})
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert "BOTH flavours are built FROM the bookworm base" in proc.stderr
-    return {f: image_name(f) for f in m.IMAGE_FLAVORS}
+    return {f: image_name(f) for f in values.IMAGE_FLAVORS}
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Image:
         return os.path.lexists(self.rootfs / path.lstrip("/"))
 
 
-@pytest.fixture(scope="module", params=m.IMAGE_FLAVORS)
+@pytest.fixture(scope="module", params=values.IMAGE_FLAVORS)
 def image(request, built) -> Image:
     flavor = request.param
     name = built[flavor]
@@ -183,7 +183,7 @@ class ImagePod:
 def committed_daemonset(flavor: str) -> tuple[dict, dict]:
     """(pod spec, init container) of the committed DaemonSet."""
     yaml = pytest.importorskip("yaml")
-    ds = yaml.safe_load((REPO / "manifests" / m.daemonset_filename(flavor)).read_text())
+    ds = yaml.safe_load((REPO / "manifests" / values.daemonset_filename(flavor)).read_text())
     spec = ds["spec"]["template"]["spec"]
     (init,) = spec["initContainers"]
     assert init["command"] == ["nvidia-driver-installer"] and init["args"] == ["install"]
@@ -305,8 +305,8 @@ def test_entrypoint_renders_the_committed_manifests(pod):
     """The packaged templates are the repo's: the image renders what is committed."""
     proc = pod.run("manifests", "render", "--all")
     assert proc.returncode == 0, proc.stderr
-    committed = "".join((REPO / "manifests" / m.daemonset_filename(f)).read_text()
-                        for f in m.FLAVORS)
+    committed = "".join((REPO / "manifests" / values.daemonset_filename(f)).read_text()
+                        for f in values.FLAVORS)
     assert proc.stdout == committed
 
 
@@ -370,6 +370,6 @@ def test_default_cmd_installs_on_the_fixture_node(pod, image, node, kernel, tmp_
         assert [ln for ln in build_log.splitlines()
                 if ln.strip().startswith("LD [M]") and ln.endswith("/nvidia.ko")]
     assert (node.root / "etc/ld.so.conf.d/nvidia.conf").read_text() == \
-        f"{m.INSTALL_DIR_HOST}/lib64\n"
+        f"{values.INSTALL_DIR_HOST}/lib64\n"
     # The image's interpreter did it: nothing of this machine's venv was reachable.
     assert not shutil.which("nvidia-smi")

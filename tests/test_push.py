@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from installer import manifests as m
+from installer.manifests import values
 
 # The image tier's build fixture, and its marks (skipped unless NDI_IMAGE_TESTS=1, root).
 from tests.test_images import REPO, built, pytestmark  # noqa: F401
@@ -99,7 +99,7 @@ def test_push_then_pull_by_digest(built, registry, tmp_path):  # noqa: F811 - th
                              rf"{flavor}:pushed-1@(sha256:[a-f0-9]{{64}})", ref)
         assert match, line
         digests[flavor] = match.group(1)
-    assert sorted(digests) == sorted(m.IMAGE_FLAVORS)  # one image per image flavour
+    assert sorted(digests) == sorted(values.IMAGE_FLAVORS)  # one image per image flavour
 
     pull_root = tmp_path / "pulled"
     for flavor, digest in digests.items():

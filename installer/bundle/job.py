@@ -1,4 +1,4 @@
-"""``manifests render --kind bundle-job``: a Kubernetes Job that builds a fleet's bundles.
+"""``manifests bundle-job``: a Kubernetes Job that builds a fleet's bundles.
 
 An Indexed Job, one pod per ``DRIVER@KERNEL`` target: Kubernetes schedules,
 retries and parallelises; each pod runs ``bundle build`` for its target (the
@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import click
-
-from installer import manifests as m
+from installer import __version__
 from installer.bundle.manifest import BundleError, BundleKey
-from installer.distros import BUNDLE_BUILDER
+from installer.manifests.render import environment
+from installer.manifests.validate import DNS_SUBDOMAIN, parse_image, validate_namespace
+from installer.manifests.values import label_version
 
 JOB_TEMPLATE = "bundle-job.yaml.j2"
 JOB_NAME = "nvidia-driver-bundles"
@@ -68,11 +67,11 @@ def check_targets(targets: Sequence[str], module_type: str) -> list[str]:
 
 def context(opts: JobOptions) -> dict[str, object]:
     targets = check_targets(opts.targets, opts.module_type)
-    m.parse_image(opts.image)
-    m.validate_namespace(opts.namespace)
+    parse_image(opts.image)
+    validate_namespace(opts.namespace)
     if opts.parallelism < 1:
         raise ValueError("--parallelism must be at least 1")
-    if opts.volume_claim is not None and not m._DNS_SUBDOMAIN.match(opts.volume_claim):
+    if opts.volume_claim is not None and not DNS_SUBDOMAIN.match(opts.volume_claim):
         raise ValueError(f"--volume-claim {opts.volume_claim!r} is not a DNS subdomain name")
     if (opts.uploader_image is None) != (opts.upload_command is None):
         raise ValueError("--uploader-image and --upload-command go together")
@@ -80,15 +79,15 @@ def context(opts: JobOptions) -> dict[str, object]:
         raise ValueError("give --volume-claim (bundles and index.json stay there) or "
                          "--uploader-image and --upload-command (each pod uploads its bundle)")
     if opts.uploader_image is not None:
-        m.parse_image(opts.uploader_image, what="uploader image", require_tag=False)
+        parse_image(opts.uploader_image, what="uploader image", require_tag=False)
     env = {"ROOT_MOUNT_DIR": BUILD_ROOT, "NVIDIA_BUNDLE_TARGETS": " ".join(targets),
            "NVIDIA_KERNEL_MODULE_TYPE": opts.module_type, "LOG_FORMAT": "json",
            **opts.extra_env}
     return {
-        "name": JOB_NAME, "namespace": opts.namespace, "version": m.__version__,
+        "name": JOB_NAME, "namespace": opts.namespace, "version": __version__,
         "labels": {"app.kubernetes.io/name": JOB_NAME,
                    "app.kubernetes.io/part-of": "nvidia-driver-installer",
-                   "app.kubernetes.io/version": m.label_version()},
+                   "app.kubernetes.io/version": label_version()},
         "image": opts.image, "targets": targets,
         "parallelism": min(opts.parallelism, len(targets)),
         "env": list(env.items()), "volume_claim": opts.volume_claim,
@@ -97,29 +96,5 @@ def context(opts: JobOptions) -> dict[str, object]:
 
 
 def render(opts: JobOptions) -> str:
-    return m._environment().get_template(JOB_TEMPLATE).render(**context(opts))
+    return environment().get_template(JOB_TEMPLATE).render(**context(opts))
 
-
-def render_command(job: Mapping[str, object], *, image: str | None, namespace: str,
-                   extra_env: Sequence[str], output_dir: Path | None) -> None:
-    """The ``manifests render --kind bundle-job`` part of the CLI (bad values: exit 2)."""
-    try:
-        opts = JobOptions(
-            targets=tuple(job["targets"]),  # type: ignore[arg-type]
-            image=image or m.default_image(BUNDLE_BUILDER.image()), namespace=namespace,
-            module_type=str(job["kernel_module_type"]),
-            parallelism=int(job["parallelism"]),  # type: ignore[call-overload]
-            volume_claim=job.get("volume_claim"),  # type: ignore[arg-type]
-            uploader_image=job.get("uploader_image"),  # type: ignore[arg-type]
-            upload_command=job.get("upload_command"),  # type: ignore[arg-type]
-            extra_env=m.parse_env(extra_env))
-        text = render(opts)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    if output_dir is None:
-        click.echo(text, nl=False)
-        return
-    output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / "bundle-job.yaml"
-    path.write_text(text, encoding="utf-8")
-    click.echo(f"wrote {path}", err=True)

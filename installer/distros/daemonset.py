@@ -1,6 +1,6 @@
 """What a distro's DaemonSet needs besides the pod contract (DESIGN.md section 2): its own
 host mounts, the env naming them, the node's network. Each Distro declares one;
-manifests.py and the template loop over it. Pure data."""
+manifests/render.py and the template loop over it. Pure data."""
 
 from __future__ import annotations
 

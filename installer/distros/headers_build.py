@@ -6,7 +6,6 @@ A subclass declares who it is (names, OS ids, GKE labels, image) and may overrid
 from __future__ import annotations
 
 import re
-
 import shutil
 from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar

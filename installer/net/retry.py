@@ -46,8 +46,8 @@ import structlog
 import tenacity
 import urllib3.exceptions
 
+from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import DownloadError, InstallerError
-from installer.settings import ENV_RETRIES, ENV_TIMEOUT
 
 log = structlog.get_logger(__name__)
 

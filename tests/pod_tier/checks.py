@@ -7,12 +7,12 @@ import os
 import shutil
 from pathlib import Path
 
-from installer import manifests as m
+from installer.manifests import values
 from tests.fixtures.runfile import build_driver_run
 from tests.fixtures.server import ArtifactServer
 from tests.pod_tier.workload import FixtureNode, PodRun, committed_daemonset
 
-HOST_LIB64 = f"{m.INSTALL_DIR_HOST}/lib64"
+HOST_LIB64 = f"{values.INSTALL_DIR_HOST}/lib64"
 
 
 def manifest_env(flavor: str) -> dict[str, str]:
@@ -77,7 +77,7 @@ def assert_ran(node: FixtureNode, pod: PodRun, version: str, plan: str) -> None:
     assert {"nvidia", "nvidia_uvm"} <= loaded and not {"nvidia_modeset", "nvidia_drm"} & loaded
     assert {"nvidiactl", "nvidia0", "nvidia-uvm"} <= set(node.kernel.devices())
     # The container's writes stayed in it: nothing reached this machine's own paths.
-    assert not shutil.which("nvidia-smi") and not Path(m.INSTALL_DIR_HOST).exists()
+    assert not shutil.which("nvidia-smi") and not Path(values.INSTALL_DIR_HOST).exists()
 
 
 def assert_installed(node: FixtureNode, pod: PodRun, version: str, plan: str) -> None:

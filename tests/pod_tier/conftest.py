@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from installer import manifests as m
+from installer.manifests import values
 from tests.pod_tier.podman import GRAPHROOT, RUNROOT, Podman, missing_tools
 from tests.pod_tier.workload import PAUSE, REPO, Kubelet, committed_daemonset, role_images
 
@@ -55,7 +55,7 @@ def built(podman) -> dict[str, str]:
                  "NDI_BUILDAH_RUNROOT": RUNROOT, "NDI_LOCAL_BASE": "1"})  # substitute base
         assert proc.returncode == 0, proc.stderr[-4000:]
     local = {flavor: f"localhost/nvidia-driver-installer-{flavor}:{tag}"
-             for flavor in m.IMAGE_FLAVORS}
+             for flavor in values.IMAGE_FLAVORS}
     yield {**local, PAUSE: podman.pause_image()}
     if not os.environ.get("NDI_IMAGE_TAG"):
         for name in local.values():  # only the names: the layers stay cached
@@ -66,8 +66,8 @@ def built(podman) -> dict[str, str]:
 def images(built) -> dict[str, dict[str, str]]:
     """{flavor: {committed manifest's image: local image}}."""
     return {flavor: role_images(committed_daemonset(flavor),
-                                built[m.DISTROS_BY_FLAVOR[flavor].image()], built[PAUSE])
-            for flavor in m.FLAVORS}
+                                built[values.DISTROS_BY_FLAVOR[flavor].image()], built[PAUSE])
+            for flavor in values.FLAVORS}
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from installer import manifests as m
+from installer.manifests import values
 from tests.fixtures.node import COS_BUILD_ID
 from tests.fixtures.server import ArtifactServer
 from tests.pod_tier.checks import assert_installed, cos_node, manifest_env, pod_name, ubuntu_node
@@ -33,7 +33,7 @@ pytestmark = [
 # --- the images ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flavor", m.IMAGE_FLAVORS)
+@pytest.mark.parametrize("flavor", values.IMAGE_FLAVORS)
 def test_image_rootfs_has_an_empty_dev(podman, images, flavor):
     """As registry images: the pod's /dev comes from the runtime and the hostPath mount."""
     (image,) = [v for k, v in images[flavor].items() if "nvidia-driver-installer" in k]

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from installer import manifests as m
+from installer.manifests import values
 from tests.pod_tier.podman import INIT_TYPE_ANNOTATION
 from tests.pod_tier.podspec import Seams, differences, pod_from_daemonset
 from tests.pod_tier.workload import committed_daemonset
 
 
-@pytest.mark.parametrize("flavor", m.FLAVORS)
+@pytest.mark.parametrize("flavor", values.FLAVORS)
 def test_only_images_host_root_seams_and_podman_settings_change(flavor):
     ds = committed_daemonset(flavor)
     template = ds["spec"]["template"]

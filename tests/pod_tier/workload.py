@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer import manifests as m
+from installer.manifests import values
 from tests.fixtures.kernel import HOOK_DIR, FakeKernel
 from tests.fixtures.node import COS_KERNEL, UBUNTU_KERNEL, Node, build_cos_node, build_ubuntu_node
 from tests.fixtures.server import ArtifactServer
@@ -34,7 +34,7 @@ IMAGE_PYTHON = "/usr/bin/python3.11"
 def committed_daemonset(flavor: str) -> dict:
     import yaml
 
-    return yaml.safe_load((REPO / "manifests" / m.daemonset_filename(flavor)).read_text())
+    return yaml.safe_load((REPO / "manifests" / values.daemonset_filename(flavor)).read_text())
 
 
 def gke_daemonset(flavor: str) -> dict:

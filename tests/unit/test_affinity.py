@@ -12,7 +12,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from installer import manifests as m
+from installer.distros import DISTROS
+from installer.manifests import values
+from installer.manifests.cli import manifests
 
 GKE_OS = ("cos", "cos_containerd", "ubuntu", "ubuntu_containerd", None)
 NFD_OS = ("cos", "ubuntu", "debian", "pop", None)
@@ -27,7 +29,7 @@ def _nodes() -> list[dict[str, str]]:
         if gke_os:
             labels["cloud.google.com/gke-os-distribution"] = gke_os
         if nfd_os:
-            labels[m.OS_ID_LABEL] = nfd_os
+            labels[values.OS_ID_LABEL] = nfd_os
         if gpu:
             labels["cloud.google.com/gke-accelerator"] = "nvidia-l4"
             labels["nvidia.com/gpu.present"] = "true"
@@ -66,7 +68,7 @@ def selects(daemonset: dict, labels: dict[str, str]) -> bool:
 
 
 def _render(*args: str) -> dict[str, dict]:
-    result = CliRunner().invoke(m.manifests, ["render", "--all", *args])
+    result = CliRunner().invoke(manifests, ["render", "--all", *args])
     assert result.exit_code == 0, result.output
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     return {d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in docs}
@@ -85,7 +87,7 @@ MODES = {
 @pytest.mark.parametrize("args", MODES.values(), ids=MODES.keys())
 def test_no_node_is_selected_by_two_flavors(args):
     daemonsets = _render(*args)
-    assert sorted(daemonsets) == sorted(m.FLAVORS)
+    assert sorted(daemonsets) == sorted(values.FLAVORS)
     for a, b in itertools.combinations(daemonsets.values(), 2):
         both = [n for n in _nodes() if selects(a, n) and selects(b, n)]
         assert both == [], (a["metadata"]["name"], b["metadata"]["name"])
@@ -94,8 +96,8 @@ def test_no_node_is_selected_by_two_flavors(args):
 @pytest.mark.parametrize("args", [MODES["gke"], MODES["label-readme"]], ids=["gke", "label"])
 def test_each_flavor_still_selects_its_own_gpu_nodes(args):
     daemonsets = _render(*args)
-    for distro in m.DISTROS:
-        node = _gpu_node(**{m.OS_ID_LABEL: distro.os_ids[0]})
+    for distro in DISTROS:
+        node = _gpu_node(**{values.OS_ID_LABEL: distro.os_ids[0]})
         if distro.gke_os_distributions:  # GKE labels the nodes of its own images only
             node["cloud.google.com/gke-os-distribution"] = distro.gke_os_distributions[0]
         assert selects(daemonsets[distro.name], node), distro.name
@@ -104,27 +106,27 @@ def test_each_flavor_still_selects_its_own_gpu_nodes(args):
 def test_label_mode_adds_the_os_only_when_the_labels_do_not_name_the_flavor():
     readme = _render(*MODES["label-readme"])["cos"]
     exprs = _terms(readme)[0]["matchExpressions"]
-    assert exprs[-1] == {"key": m.OS_ID_LABEL, "operator": "In", "values": ["cos"]}
+    assert exprs[-1] == {"key": values.OS_ID_LABEL, "operator": "In", "values": ["cos"]}
     own = _render(*MODES["label-flavor-value"])["cos"]
     keys = [e["key"] for e in _terms(own)[0]["matchExpressions"]]
-    assert keys == ["pool.example/gpu", *(g["key"] for g in m.GKE_GUARDS)]
+    assert keys == ["pool.example/gpu", *(g["key"] for g in values.GKE_GUARDS)]
 
 
 def test_affinity_none_for_both_flavors_is_refused():
-    result = CliRunner().invoke(m.manifests, ["render", "--all", "--affinity", "none"])
+    result = CliRunner().invoke(manifests, ["render", "--all", "--affinity", "none"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == (
         "Error: --affinity none puts every flavor on every node: render one --flavor, or use "
         "--affinity gke or label")
     assert "Traceback" not in result.output
-    one = CliRunner().invoke(m.manifests, ["render", "--flavor", "cos", "--affinity", "none"])
+    one = CliRunner().invoke(manifests, ["render", "--flavor", "cos", "--affinity", "none"])
     assert one.exit_code == 0 and "nodeAffinity" not in one.output
 
 
 def test_flavor_named_label_keys_exclude_each_other_without_nfd():
     cos = _render("--affinity", "label", "--node-label", "example.com/os-{flavor}")["cos"]
     exprs = _terms(cos)[0]["matchExpressions"]
-    assert exprs == [{"key": "example.com/os-cos", "operator": "Exists"}, *m.GKE_GUARDS,
+    assert exprs == [{"key": "example.com/os-cos", "operator": "Exists"}, *values.GKE_GUARDS,
                      {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"},
                      {"key": "example.com/os-debian", "operator": "DoesNotExist"}]
     assert selects(cos, {"example.com/os-cos": "1"})
@@ -141,9 +143,9 @@ def _gpu_node(**labels: str) -> dict[str, str]:
 def test_label_affinity_selects_every_os_its_flow_serves(args):
     """The flow that serves Debian once required ID=ubuntu: Debian nodes never matched."""
     daemonsets = _render(*args)
-    for distro in m.DISTROS:
+    for distro in DISTROS:
         for os_id in distro.os_ids:
-            node = _gpu_node(**{m.OS_ID_LABEL: os_id})
+            node = _gpu_node(**{values.OS_ID_LABEL: os_id})
             chosen = [f for f, d in daemonsets.items() if selects(d, node)]
             assert chosen == [distro.name], (os_id, chosen)
 
@@ -157,16 +159,16 @@ def test_a_distro_gke_has_no_image_of_renders_no_empty_in(monkeypatch):
     operator is In or NotIn, the values array must be non-empty") and leaving the OS out
     would put the DaemonSet on every GKE GPU node: no GKE OS label and the node's
     os-release ID stand in for it."""
-    monkeypatch.setitem(m.GKE_OS_DISTRIBUTIONS, "ubuntu", ())  # as Debian's
+    monkeypatch.setitem(values.GKE_OS_DISTRIBUTIONS, "ubuntu", ())  # as Debian's
     daemonsets = _render()
     for daemonset in daemonsets.values():
         assert all(e.get("values") for e in _expressions(daemonset) if e["operator"] == "In")
     for flavor in ("ubuntu", "debian"):
         daemonset = daemonsets[flavor]
-        assert {"key": m.OS_ID_LABEL, "operator": "In", "values": [flavor]} in \
+        assert {"key": values.OS_ID_LABEL, "operator": "In", "values": [flavor]} in \
             _expressions(daemonset)
-        assert selects(daemonset, _gpu_node(**{m.OS_ID_LABEL: flavor}))
-        assert not selects(daemonset, _gpu_node(**{m.OS_ID_LABEL: "cos",
+        assert selects(daemonset, _gpu_node(**{values.OS_ID_LABEL: flavor}))
+        assert not selects(daemonset, _gpu_node(**{values.OS_ID_LABEL: "cos",
                                                    "cloud.google.com/gke-os-distribution": "cos"}))
     for a, b in itertools.combinations(daemonsets.values(), 2):
         assert [n for n in _nodes() if selects(a, n) and selects(b, n)] == []

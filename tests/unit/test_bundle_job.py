@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer import manifests as m
 from installer.bundle.cli import pick_target
 from installer.errors import UsageError
+from installer.manifests.cli import manifests
 
 yaml = pytest.importorskip("yaml")
 kv = pytest.importorskip("kubernetes_validate")
@@ -29,7 +29,25 @@ VARIANTS = {
 
 
 def render(*args: str):
-    return CliRunner().invoke(m.manifests, ["render", "--kind", "bundle-job", *args])
+    return CliRunner().invoke(manifests, ["bundle-job", *args])
+
+
+@pytest.mark.parametrize("spelling", [["render", "--kind", "bundle-job"],
+                                      ["render", "--kind=bundle-job"]])
+def test_the_older_spelling_renders_the_same_job(spelling, jobs):
+    """README shows ``manifests render --kind bundle-job`` as an alias of ``bundle-job``."""
+    older = CliRunner().invoke(manifests, [*spelling, *TARGETS, *VARIANTS["volume"]])
+    assert older.exit_code == 0, older.output
+    assert older.stdout == jobs["volume"]
+
+
+def test_kind_daemonset_is_plain_render():
+    spelled = CliRunner().invoke(manifests, ["render", "--kind", "daemonset", "--flavor", "cos"])
+    plain = CliRunner().invoke(manifests, ["render", "--flavor", "cos"])
+    assert spelled.exit_code == plain.exit_code == 0, spelled.output
+    assert spelled.stdout == plain.stdout
+    bad = CliRunner().invoke(manifests, ["render", "--kind", "cronjob"])
+    assert bad.exit_code == 2 and "'cronjob' is not one of" in bad.output
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from installer import manifests as m
 from installer.bundle import build
 from installer.distros import Debian, for_host
 from installer.distros.headers_build import HeadersBuild
 from installer.errors import UnsupportedHostError
+from installer.manifests import values
+from installer.manifests.cli import manifests
 from tests.fixtures.node import COS_113, DEBIAN_12
 from tests.unit.test_ubuntu_plan import FRESH_STEPS, Env, names
 
@@ -47,7 +48,7 @@ def test_bundle_build_refuses_a_distro_it_cannot_compile_for(env, tmp_path):
 
 
 def _render(*args: str) -> dict:
-    result = CliRunner().invoke(m.manifests, ["render", "--flavor", "debian", *args])
+    result = CliRunner().invoke(manifests, ["render", "--flavor", "debian", *args])
     assert result.exit_code == 0, result.output
     return yaml.safe_load(result.stdout)
 
@@ -57,7 +58,7 @@ def test_its_daemonset_requires_a_debian_node(affinity):
     pod = _render("--affinity", affinity)["spec"]["template"]["spec"]
     (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]
-    assert {"key": m.OS_ID_LABEL, "operator": "In", "values": ["debian"]} in \
+    assert {"key": values.OS_ID_LABEL, "operator": "In", "values": ["debian"]} in \
         term["matchExpressions"]
     assert all(e.get("values") for e in term["matchExpressions"] if e["operator"] == "In")
 
@@ -67,7 +68,7 @@ def test_its_daemonset_runs_the_ubuntu_image_with_boot_and_the_pod_network():
     assert ds["metadata"]["name"] == "nvidia-driver-installer-debian"
     pod = ds["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
-    assert init["image"] == m.default_image("ubuntu")
+    assert init["image"] == values.default_image("ubuntu")
     assert {"name": "boot", "mountPath": "/boot"} in init["volumeMounts"]
     assert "hostNetwork" not in pod
     env = {e["name"]: e["value"] for e in init["env"]}

@@ -3,9 +3,10 @@ import sys
 
 import pytest
 
-from installer import distros, manifests
+from installer import distros
 from installer.distros import DISTROS, Cos, Ubuntu, by_name, recognise
 from installer.errors import UnsupportedHostError
+from installer.manifests import values
 from installer.osinfo import parse_env_file
 
 COS = 'ID=cos\nVERSION_ID=113\nBUILD_ID=17801.218.41\nPRETTY_NAME="COS 113"\n'
@@ -47,11 +48,11 @@ def test_unsupported_host_names_every_distro():
 
 
 def test_manifest_flavours_come_from_the_distro_classes():
-    assert manifests.FLAVORS == tuple(d.name for d in DISTROS) == ("cos", "ubuntu", "debian")
-    assert manifests.FLAVOR_TITLES["cos"] == Cos.title
+    assert values.FLAVORS == tuple(d.name for d in DISTROS) == ("cos", "ubuntu", "debian")
+    assert values.FLAVOR_TITLES["cos"] == Cos.title
     assert {"cos": "default", "ubuntu": Ubuntu.default_version,
-            "debian": Ubuntu.default_version} == manifests.DEFAULT_DRIVER_VERSION
-    assert manifests.GKE_OS_DISTRIBUTIONS["ubuntu"] == ("ubuntu", "ubuntu_containerd")
+            "debian": Ubuntu.default_version} == values.DEFAULT_DRIVER_VERSION
+    assert values.GKE_OS_DISTRIBUTIONS["ubuntu"] == ("ubuntu", "ubuntu_containerd")
 
 
 def test_recognising_hosts_does_not_import_the_cos_flow():

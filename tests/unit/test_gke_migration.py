@@ -20,7 +20,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from installer import manifests as m
+from installer.manifests import values
+from installer.manifests.cli import manifests
 
 yaml = pytest.importorskip("yaml")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -30,7 +31,7 @@ GKE_PARTITION_IMAGE = ("gcr.io/gke-release/nvidia-partition-gpu@sha256:"
 
 
 def _render(*args: str):
-    return CliRunner().invoke(m.manifests, ["render", *args])
+    return CliRunner().invoke(manifests, ["render", *args])
 
 
 def _daemonsets(*args: str) -> dict[str, dict]:
@@ -64,7 +65,7 @@ def test_partition_gpus_runs_after_the_install_as_in_gkes_cos_daemonset():
 
 def test_partition_gpus_is_opt_in():
     ds = _daemonsets("--all")
-    for flavor in m.FLAVORS:
+    for flavor in values.FLAVORS:
         assert len(_pod(ds[flavor])["initContainers"]) == 1
         assert "nvidia-config" not in {v["name"] for v in _pod(ds[flavor])["volumes"]}
 

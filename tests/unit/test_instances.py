@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer import manifests as m
+from installer.manifests import values
+from installer.manifests.cli import manifests
+
+REPO = Path(__file__).resolve().parents[2]
 
 yaml = pytest.importorskip("yaml")
 
@@ -21,7 +24,7 @@ POOL_LABEL = "cloud.google.com/gke-nodepool"
 
 
 def _render(*args: str) -> CliRunner:
-    return CliRunner().invoke(m.manifests, ["render", *args])
+    return CliRunner().invoke(manifests, ["render", *args])
 
 
 def _render_pool(out: Path, pool: str | None) -> list[dict]:
@@ -59,11 +62,11 @@ def test_without_a_name_two_pools_collide(tmp_path):
 def test_two_pools_render_side_by_side(tmp_path):
     a, b = _render_pool(tmp_path / "a", "pool-a"), _render_pool(tmp_path / "b", "pool-b")
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
-        *(f"daemonset-{f}-pool-a.yaml" for f in sorted(m.FLAVORS)), "kustomization.yaml"]
+        *(f"daemonset-{f}-pool-a.yaml" for f in sorted(values.FLAVORS)), "kustomization.yaml"]
     ids = [_resource_id(d) for d in a + b]
-    assert len(set(ids)) == len(ids) == 2 * len(m.FLAVORS)
+    assert len(set(ids)) == len(ids) == 2 * len(values.FLAVORS)
     assert {d["metadata"]["name"] for d in a} == {f"nvidia-driver-installer-{f}-pool-a"
-                                                  for f in m.FLAVORS}
+                                                  for f in values.FLAVORS}
     for ds in a + b:
         pool = ds["metadata"]["name"].rsplit("-", 2)[-2:]
         own = ds["spec"]["template"]["metadata"]["labels"]
@@ -88,7 +91,7 @@ def test_kustomize_accepts_two_pools_side_by_side(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     names = sorted(d["metadata"]["name"] for d in yaml.safe_load_all(proc.stdout) if d)
-    assert names == sorted(f"nvidia-driver-installer-{f}-{p}" for f in m.FLAVORS
+    assert names == sorted(f"nvidia-driver-installer-{f}-{p}" for f in values.FLAVORS
                            for p in ("pool-a", "pool-b"))
     # and the same pair without --name is refused, as the issue saw
     _render_pool(tmp_path / "pool-a", None)
@@ -101,11 +104,11 @@ def test_kustomize_accepts_two_pools_side_by_side(tmp_path):
     assert clash.returncode != 0 and "already registered id" in clash.stderr, clash.stderr
 
 
-@pytest.mark.parametrize("flavor", m.FLAVORS)
+@pytest.mark.parametrize("flavor", values.FLAVORS)
 def test_gke_guards_hold_with_label_affinity(tmp_path, flavor):
     (ds,) = [d for d in _render_pool(tmp_path, "pool-a")
              if d["metadata"]["name"] == f"nvidia-driver-installer-{flavor}-pool-a"]
-    for guard in m.GKE_GUARDS:
+    for guard in values.GKE_GUARDS:
         assert guard in _required(ds)
 
 
@@ -113,7 +116,7 @@ def test_no_name_keeps_the_committed_names():
     result = _render("--flavor", "ubuntu")
     (ds,) = [d for d in yaml.safe_load_all(result.stdout) if d]
     assert ds["metadata"]["name"] == "nvidia-driver-installer-ubuntu"
-    assert m.daemonset_filename("ubuntu") == "daemonset-ubuntu.yaml"
+    assert values.daemonset_filename("ubuntu") == "daemonset-ubuntu.yaml"
 
 
 @pytest.mark.parametrize("name, fragment", [
@@ -139,7 +142,7 @@ def test_the_readme_recipe_renders_two_pools(tmp_path):
     import re
     import sys
 
-    readme = (Path(m.__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     section = readme.split("## One DaemonSet per pool", 1)[1].split("\n## ", 1)[0]
     script = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     script = script.split("\nkubectl ", 1)[0]  # up to the apply: no cluster here
@@ -152,7 +155,7 @@ def test_the_readme_recipe_renders_two_pools(tmp_path):
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin",
-                               "PYTHONPATH": str(Path(m.__file__).resolve().parents[1])})
+                               "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     docs = [d for p in sorted((tmp_path / "deploy").rglob("daemonset-*.yaml"))
             for d in yaml.safe_load_all(p.read_text()) if d]

@@ -18,8 +18,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from installer import __version__
-from installer import manifests as m
+from installer import __version__, envvars
+from installer.manifests import render, validate, values
+from installer.manifests.cli import manifests
 
 yaml = pytest.importorskip("yaml")
 
@@ -57,7 +58,7 @@ def _run(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def render_cli(*args: str) -> click.testing.Result:
-    return CliRunner().invoke(m.manifests, ["render", *args], catch_exceptions=False)
+    return CliRunner().invoke(manifests, ["render", *args], catch_exceptions=False)
 
 
 # Variants that exercise every template branch; each must be as valid as the defaults.
@@ -108,7 +109,7 @@ def all_daemonsets(variant_texts: dict[str, str]) -> list[tuple[str, dict]]:
 
 
 def test_committed_manifests_match_a_fresh_render():
-    expected = m.render_files(m.FLAVORS)
+    expected = render.render_files(values.FLAVORS)
     stale = [
         name for name, text in expected.items()
         if not (MANIFESTS / name).exists() or (MANIFESTS / name).read_text() != text
@@ -126,7 +127,7 @@ def test_output_dir_equals_the_rendered_files(tmp_path):
     result = render_cli("--all", "--output-dir", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     written = {p.name: p.read_text() for p in (tmp_path / "out").iterdir()}
-    assert written == m.render_files(m.FLAVORS)
+    assert written == render.render_files(values.FLAVORS)
 
 
 # --- schemas, linters --------------------------------------------------------------
@@ -183,10 +184,10 @@ def test_kubectl_kustomize_offline():
     proc = _run(kubectl, "kustomize", str(MANIFESTS))
     assert proc.returncode == 0, proc.stderr
     names = sorted(d["metadata"]["name"] for d in _docs(proc.stdout))
-    assert names == sorted(f"nvidia-driver-installer-{f}" for f in m.FLAVORS)
+    assert names == sorted(f"nvidia-driver-installer-{f}" for f in values.FLAVORS)
 
 
-@pytest.mark.parametrize("flavor", m.IMAGE_FLAVORS)
+@pytest.mark.parametrize("flavor", values.IMAGE_FLAVORS)
 def test_hadolint_clean(flavor):
     hadolint = VENV_BIN / "hadolint"
     if not hadolint.exists():
@@ -208,7 +209,7 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
         pod = _pod(ds)
         init = _init(ds)
         flavor = ds["metadata"]["name"].rsplit("-", 1)[1]
-        assert flavor in m.FLAVORS, label
+        assert flavor in values.FLAVORS, label
 
         # The init container runs the CLI's install, privileged.
         assert init["name"] == "nvidia-driver-installer", label
@@ -220,9 +221,9 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
         # Env: only names the installer reads; the contract's values exactly.
         env = _env(ds)
         assert len(env) == len(init["env"]), f"{label}: duplicate env names"
-        allowed = set(m.INSTALLER_ENV_VARS) | set(m.PASSTHROUGH_ENV_VARS)
+        allowed = set(envvars.INSTALLER_ENV_VARS) | set(envvars.PASSTHROUGH_ENV_VARS)
         assert set(env) <= allowed, f"{label}: unknown env {set(env) - allowed}"
-        for key, value in m.CONTRACT_ENV.items():
+        for key, value in values.CONTRACT_ENV.items():
             assert env[key] == value, label
         assert all(isinstance(v, str) for v in env.values()), label
         assert env["LOG_FORMAT"] in ("json", "console", "auto")
@@ -233,9 +234,9 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
         # hostPath mounts: exactly the contract, mounted where the env says.
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {vm["mountPath"]: vm["name"] for vm in init["volumeMounts"]}
-        needs = m.DISTROS_BY_FLAVOR[flavor].daemonset
+        needs = values.DISTROS_BY_FLAVOR[flavor].daemonset
         expected = {mt.host_path: (mt.mount_path, mt.type)
-                    for mt in (*m.CONTRACT_MOUNTS, *needs.mounts)}
+                    for mt in (*values.CONTRACT_MOUNTS, *needs.mounts)}
         assert dict(needs.env).items() <= env.items(), label  # e.g. COS's, as GKE's
         got = {
             volumes[name]["hostPath"]["path"]: (path, volumes[name]["hostPath"]["type"])
@@ -284,7 +285,7 @@ def test_committed_defaults():
     cos = _one((MANIFESTS / "daemonset-cos.yaml").read_text())
     ubuntu = _one((MANIFESTS / "daemonset-ubuntu.yaml").read_text())
     assert _env(cos)["NVIDIA_DRIVER_VERSION"] == "default"
-    assert _env(ubuntu)["NVIDIA_DRIVER_VERSION"] == m.DEFAULT_DRIVER_VERSION["ubuntu"]
+    assert _env(ubuntu)["NVIDIA_DRIVER_VERSION"] == values.DEFAULT_DRIVER_VERSION["ubuntu"]
     for flavor, ds in (("cos", cos), ("ubuntu", ubuntu)):
         assert ds["metadata"]["namespace"] == "kube-system"
         assert _env(ds)["LOG_FORMAT"] == "json"
@@ -334,7 +335,7 @@ def test_variant_details(variant_texts):
     assert term["matchExpressions"] == [
         {"key": "example.com/gpu", "operator": "In", "values": ["yes"]},
         {"key": "example.com/os-cos", "operator": "Exists"},
-        *m.GKE_GUARDS,  # issue 26: GKE's guards hold with labels too
+        *values.GKE_GUARDS,  # issue 26: GKE's guards hold with labels too
         # Never two DaemonSets on one node (issue 14): the other flavours' labels are absent.
         {"key": "example.com/os-ubuntu", "operator": "DoesNotExist"},
         {"key": "example.com/os-debian", "operator": "DoesNotExist"},
@@ -355,30 +356,30 @@ def test_variant_details(variant_texts):
      "*alias", "&anchor", "!tag", "%", "@", "`", "'single'"],
 )
 def test_env_values_round_trip(value):
-    opts = m.RenderOptions(extra_env={"NVIDIA_MODULE_ARGS": value})
-    for flavor in m.FLAVORS:
-        assert _env(_one(m.render(flavor, opts)))["NVIDIA_MODULE_ARGS"] == value
+    opts = render.RenderOptions(extra_env={"NVIDIA_MODULE_ARGS": value})
+    for flavor in values.FLAVORS:
+        assert _env(_one(render.render(flavor, opts)))["NVIDIA_MODULE_ARGS"] == value
 
 
 @pytest.mark.parametrize("value", ["yes", "1.10", "true", "a:b", "x:", "on", "#x", "a b"])
 def test_yaml_str_is_never_ambiguous(value):
-    assert yaml.safe_load(f"k: {m.yaml_str(value)}") == {"k": value}
+    assert yaml.safe_load(f"k: {render.yaml_str(value)}") == {"k": value}
 
 
 def test_env_var_list_is_every_option_env_var():
-    """Derived from the click options (plus the retry policy's two), so none can be
-    missing: `manifests render --env` accepts every variable the installer reads."""
-    from installer.cli import cli, env_vars
+    """The table is exactly what the click options read (plus the retry policy's two), so
+    none can be missing: `manifests render --env` accepts every variable the installer reads."""
+    from installer.cli import cli
 
     declared = {p.envvar for c in cli.commands.values() for p in c.params if p.envvar}
-    assert set(m.INSTALLER_ENV_VARS) == declared | {"DOWNLOAD_RETRIES", "DOWNLOAD_TIMEOUT"}
-    assert len(set(m.INSTALLER_ENV_VARS)) == len(m.INSTALLER_ENV_VARS) == len(env_vars()) + 2
-    assert set(m.CONTRACT_ENV) <= set(m.INSTALLER_ENV_VARS)
+    assert set(envvars.INSTALLER_ENV_VARS) == declared | {envvars.ENV_RETRIES, envvars.ENV_TIMEOUT}
+    assert len(set(envvars.INSTALLER_ENV_VARS)) == len(envvars.INSTALLER_ENV_VARS)
+    assert set(values.CONTRACT_ENV) <= set(envvars.INSTALLER_ENV_VARS)
     for name in ("NVIDIA_KERNEL_MODULE_TYPE", "NVIDIA_INSTALLER_METRICS_FILE", "DOWNLOAD_RETRIES"):
-        assert m.parse_env([f"{name}=x"]) == {name: "x"}
+        assert validate.parse_env([f"{name}=x"]) == {name: "x"}
     # Read by the installer, but the manifest sets it to match its own volume mount.
     with pytest.raises(ValueError, match="COS_TOOLS_DIR_CONTAINER is fixed by the pod contract"):
-        m.parse_env(["COS_TOOLS_DIR_CONTAINER=/x"])
+        validate.parse_env(["COS_TOOLS_DIR_CONTAINER=/x"])
 
 
 def _readme_env_paragraph() -> str:
@@ -390,13 +391,13 @@ def _readme_env_paragraph() -> str:
 def test_readme_documents_exactly_the_env_vars_the_installer_reads():
     """Both ways: every variable the README's list names is read, every one read is listed."""
     listed = set(re.findall(r"`([A-Z][A-Z0-9_]{2,})`", _readme_env_paragraph()))
-    assert listed == set(m.INSTALLER_ENV_VARS), (
-        f"in README only: {sorted(listed - set(m.INSTALLER_ENV_VARS))}; "
-        f"read but not in README: {sorted(set(m.INSTALLER_ENV_VARS) - listed)}")
+    assert listed == set(envvars.INSTALLER_ENV_VARS), (
+        f"in README only: {sorted(listed - set(envvars.INSTALLER_ENV_VARS))}; "
+        f"read but not in README: {sorted(set(envvars.INSTALLER_ENV_VARS) - listed)}")
 
 
 def test_committed_manifests_set_only_env_vars_the_installer_reads():
-    allowed = set(m.INSTALLER_ENV_VARS) | set(m.PASSTHROUGH_ENV_VARS)
+    allowed = set(envvars.INSTALLER_ENV_VARS) | set(envvars.PASSTHROUGH_ENV_VARS)
     for path in sorted((REPO / "manifests").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if not doc or doc.get("kind") != "DaemonSet":
@@ -443,7 +444,7 @@ def test_committed_manifests_set_only_env_vars_the_installer_reads():
     ],
 )
 def test_bad_values_are_usage_errors(args, fragment):
-    result = CliRunner().invoke(m.manifests, ["render", *args])
+    result = CliRunner().invoke(manifests, ["render", *args])
     assert result.exit_code == 2, result.output
     assert fragment in result.output, result.output
 
@@ -452,9 +453,9 @@ def test_stdout_is_a_multi_document_stream():
     result = render_cli()
     assert result.exit_code == 0
     names = [d["metadata"]["name"] for d in _docs(result.stdout)]
-    assert names == [f"nvidia-driver-installer-{f}" for f in m.FLAVORS]
-    assert m.FLAVORS[:2] == ("cos", "ubuntu")
-    assert result.stdout == "".join(m.render(f) for f in m.FLAVORS)
+    assert names == [f"nvidia-driver-installer-{f}" for f in values.FLAVORS]
+    assert values.FLAVORS[:2] == ("cos", "ubuntu")
+    assert result.stdout == "".join(render.render(f) for f in values.FLAVORS)
 
 
 def test_one_flavor_to_a_directory(tmp_path):
@@ -466,16 +467,17 @@ def test_one_flavor_to_a_directory(tmp_path):
 
 
 def test_templates_use_strict_undefined():
-    env = m._environment()
+    env = render.environment()
     import jinja2
 
     assert env.undefined is jinja2.StrictUndefined
     with pytest.raises(jinja2.UndefinedError):
-        env.get_template(m.DAEMONSET_TEMPLATE).render(flavor="cos")
+        env.get_template(render.DAEMONSET_TEMPLATE).render(flavor="cos")
 
 
-def test_importing_the_module_does_not_import_jinja2():
-    code = "import sys, installer.manifests; print('jinja2' in sys.modules)"
+def test_the_cli_start_does_not_import_jinja2():
+    """Only the manifests commands pay for jinja2, not ``--help`` or install."""
+    code = "import sys, installer.cli; print('jinja2' in sys.modules)"
     proc = _run(sys.executable, "-c", code, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
@@ -491,11 +493,11 @@ def test_build_script_shellcheck():
 
 def test_an_image_pinned_by_tag_only_is_said_loudly():
     """Issue 22 item 9: a tag can be re-pushed; the DaemonSet runs the image as root."""
-    unpinned = CliRunner().invoke(m.manifests, ["render", "--flavor", "cos"])
+    unpinned = CliRunner().invoke(manifests, ["render", "--flavor", "cos"])
     assert unpinned.exit_code == 0
     assert "warning: the cos image is pinned by tag only" in unpinned.stderr
     assert "# NOT PINNED" in unpinned.stdout and "--image-digest cos=sha256:" in unpinned.stdout
-    pinned = CliRunner().invoke(m.manifests, ["render", "--flavor", "cos", "--image-digest", DIGEST])
+    pinned = CliRunner().invoke(manifests, ["render", "--flavor", "cos", "--image-digest", DIGEST])
     assert pinned.exit_code == 0
     assert "pinned by tag only" not in pinned.stderr and "NOT PINNED" not in pinned.stdout
     assert "@" + DIGEST.partition("=")[2] in pinned.stdout or DIGEST in pinned.stdout

@@ -7,12 +7,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from installer import manifests as m
 from installer.distros import DISTROS
+from installer.manifests.cli import manifests
 
 
 def render(*args: str):
-    return CliRunner().invoke(m.manifests, ["render", *args])
+    return CliRunner().invoke(manifests, ["render", *args])
 
 
 def init_env(result) -> dict[str, str]:

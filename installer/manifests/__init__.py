@@ -1,0 +1,6 @@
+"""Kubernetes manifests: the installer's DaemonSets and the bundle build Job.
+
+``values`` (flavours, the pod contract's env and mounts, defaults), ``validate`` (what a
+user may ask for, pure), ``render`` (the templates) and ``cli`` (the ``manifests``
+commands). Data flows one way: cli -> validate -> render, all reading values.
+"""

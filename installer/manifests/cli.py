@@ -1,0 +1,274 @@
+"""``nvidia-driver-installer manifests``: ``render`` (the DaemonSets) and ``bundle-job``.
+
+Bad values are usage errors (exit 2) naming the flag. ``render --kind bundle-job`` (the
+older spelling) still works: the group reads it as ``bundle-job``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from installer.bundle.job import JobOptions
+from installer.bundle.job import render as render_job
+from installer.distros import BUNDLE_BUILDER, DISTROS
+from installer.manifests.render import (
+    RenderOptions,
+    image_ref,
+    match_expressions,
+    render,
+    render_files,
+)
+from installer.manifests.validate import (
+    parse_env,
+    parse_image,
+    validate_digest,
+    validate_driver_version,
+    validate_instance,
+    validate_namespace,
+)
+from installer.manifests.values import (
+    AFFINITY_MODES,
+    DEFAULT_IMAGE_REPO,
+    DEFAULT_NAMESPACE,
+    DEFAULT_NODE_LABELS,
+    DEFAULT_PAUSE_IMAGE,
+    FLAVORS,
+    PARTITION_GPUS_FLAVORS,
+    default_image,
+)
+
+BUNDLE_JOB_FILE = "bundle-job.yaml"
+
+
+class ManifestsGroup(click.Group):
+    """Reads ``render --kind bundle-job …`` as ``bundle-job …`` and ``--kind daemonset``
+    as plain ``render`` (the spelling before ``bundle-job`` was a command of its own)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args[:1] == ["render"]:
+            rest, kind = _without_kind(args[1:])
+            if kind not in (None, "daemonset", "bundle-job"):
+                raise click.BadParameter(f"{kind!r} is not one of 'daemonset', 'bundle-job'",
+                                         param_hint="--kind")
+            args = ["bundle-job" if kind == "bundle-job" else "render", *rest]
+        return super().parse_args(ctx, args)
+
+
+def _without_kind(args: list[str]) -> tuple[list[str], str | None]:
+    """``args`` without their ``--kind X`` / ``--kind=X``, and X (the last given)."""
+    rest: list[str] = []
+    kind = None
+    items = iter(args)
+    for arg in items:
+        if arg == "--":
+            rest += [arg, *items]
+        elif arg == "--kind":
+            kind = next(items, "")
+        elif arg.startswith("--kind="):
+            kind = arg.partition("=")[2]
+        else:
+            rest.append(arg)
+    return rest, kind
+
+
+@click.group("manifests", cls=ManifestsGroup)
+def manifests() -> None:
+    """Kubernetes manifests: the DaemonSets, the bundle build Job."""
+
+
+def _output_dir_option(what: str) -> Callable[..., Any]:
+    return click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
+                        help=f"Write {what} here instead of stdout.")
+
+
+def _env_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--env", "extra_env", metavar="KEY=VALUE", multiple=True,
+                        help="Extra installer environment variable (repeatable), e.g. "
+                        "FORCE_REINSTALL=1.")(fn)
+
+
+def _bad(param: str, exc: ValueError) -> click.BadParameter:
+    return click.BadParameter(str(exc), param_hint=param)
+
+
+@manifests.command("render")
+@click.option("--flavor", "flavors", type=click.Choice(FLAVORS), multiple=True,
+              help="OS flavour to render (repeatable). Default: all, as with --all.")
+@click.option("--all", "all_flavors", is_flag=True,
+              help=f"Render every flavour ({', '.join(FLAVORS)}).")
+@click.option("--image", metavar="REF",
+              help="Installer image with a tag; '{flavor}' is replaced by the flavour's image "
+              f"(debian: ubuntu). Default: {DEFAULT_IMAGE_REPO}:<package version>.")
+@click.option("--image-digest", "image_digests", metavar="[FLAVOR=]sha256:HEX", multiple=True,
+              help="Pin the image as REF@DIGEST. With several flavours, give FLAVOR=DIGEST each.")
+@click.option("--pause-image", metavar="REF", default=DEFAULT_PAUSE_IMAGE, show_default=True,
+              help="Main (pause) container image.")
+@click.option("--driver-version", metavar="V",
+              help="NVIDIA_DRIVER_VERSION. Default: "
+              + ", ".join(f"{d.default_version} on {d.title}" for d in DISTROS) + ".")
+@click.option("--namespace", metavar="NAME", default=DEFAULT_NAMESPACE, show_default=True)
+@click.option("--partition-gpus", is_flag=True,
+              help="Run GKE's partition-gpus init container after the install, as GKE's COS "
+              "DaemonSets do (COS only): MIG node pools (gpu-partition-size) get their "
+              "partitions; a no-op elsewhere.")
+@click.option("--name", "instance", metavar="NAME",
+              help="Instance name, for one DaemonSet per node pool: nvidia-driver-installer-"
+              "<flavor>-NAME, its own instance label and selector, daemonset-<flavor>-NAME.yaml "
+              "(e.g. the pool's name, with --affinity label --node-label "
+              "cloud.google.com/gke-nodepool=NAME).")
+@click.option("--affinity", type=click.Choice(AFFINITY_MODES), default="gke", show_default=True,
+              help="gke: GKE GPU nodes whose driver GKE does not manage; "
+              "label: nodes with the --node-label labels (and the flavor's OS, "
+              "feature.node.kubernetes.io/system-os_release.ID, unless the labels name it); "
+              "none: no node affinity (one --flavor only).")
+@click.option("--node-label", "node_labels", metavar="KEY[=VALUE]", multiple=True,
+              help="Node label required with --affinity label (repeatable; '{flavor}' is "
+              "replaced). Default: " + ", ".join(DEFAULT_NODE_LABELS) + ".")
+@_env_option
+@_output_dir_option("daemonset-<flavor>.yaml and kustomization.yaml")
+def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: tuple[str, ...],
+                   node_labels: tuple[str, ...], extra_env: tuple[str, ...],
+                   output_dir: Path | None, **given: Any) -> None:
+    """Render the installer DaemonSet(s) as YAML (the bundle build Job: ``bundle-job``)."""
+    if all_flavors and flavors:
+        raise click.UsageError("give --flavor or --all, not both")
+    selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS
+    _check_combinations(selected, node_labels, **given)
+    try:
+        env = parse_env(extra_env)
+    except ValueError as exc:
+        raise _bad("--env", exc) from None
+    opts = RenderOptions(image_digests=_parse_digests(image_digests, selected),
+                         node_labels=node_labels or DEFAULT_NODE_LABELS, extra_env=env, **given)
+    _check_each_option(selected, opts)
+    _warn_unpinned(selected, opts)
+    if output_dir is None:
+        click.echo("".join(render(f, opts) for f in selected), nl=False)
+    else:
+        _write(output_dir, render_files(selected, opts))
+
+
+def _check_combinations(selected: Sequence[str], node_labels: Sequence[str], *, image: str | None,
+                        affinity: str, partition_gpus: bool, **_: Any) -> None:
+    """Options that make no sense together (each alone is checked with the flavours)."""
+    if partition_gpus and not set(selected) & set(PARTITION_GPUS_FLAVORS):
+        raise click.UsageError("--partition-gpus: GKE runs partition-gpus only in its "
+                               f"{'/'.join(PARTITION_GPUS_FLAVORS)} DaemonSets; render that flavor")
+    if node_labels and affinity != "label":
+        raise click.UsageError("--node-label only applies with --affinity label")
+    if affinity == "none" and len(selected) > 1:
+        raise click.UsageError("--affinity none puts every flavor on every node: render one "
+                               "--flavor, or use --affinity gke or label")
+    if image and len(selected) > 1 and "{flavor}" not in image:
+        raise click.BadParameter(
+            "each flavor has its own image: include '{flavor}' in REF or render one --flavor",
+            param_hint="--image")
+
+
+def _check_each_option(selected: Sequence[str], opts: RenderOptions) -> None:
+    """Each option on its own, before rendering, so the error names the flag."""
+    checks: list[tuple[str, Callable[[], object]]] = [
+        ("--namespace", lambda: validate_namespace(opts.namespace)),
+        ("--pause-image",
+         lambda: parse_image(opts.pause_image, what="pause image", require_tag=False)),
+    ]
+    for f in selected:
+        checks.append(("--image", lambda f=f: image_ref(f, opts)))
+        if opts.instance is not None:
+            checks.append(("--name", lambda f=f: validate_instance(f, opts.instance)))
+        if opts.driver_version:
+            checks.append(("--driver-version",
+                           lambda f=f: validate_driver_version(f, opts.driver_version)))
+        checks.append(("--node-label", lambda f=f: match_expressions(f, opts)))
+    for param, check in checks:
+        try:
+            check()
+        except ValueError as exc:
+            raise _bad(param, exc) from None
+
+
+def _warn_unpinned(selected: Sequence[str], opts: RenderOptions) -> None:
+    for f in selected:
+        if f not in opts.image_digests:
+            click.echo(f"warning: the {f} image is pinned by tag only ({image_ref(f, opts)}): a "
+                       "re-pushed tag changes what every GPU node runs as root; pin it with "
+                       f"--image-digest {f}=sha256:<digest of the pushed image>",
+                       err=True)
+
+
+def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, str]:
+    digests: dict[str, str] = {}
+    for item in items:
+        flavor, sep, digest = item.rpartition("=")
+        try:
+            validate_digest(digest)
+        except ValueError as exc:
+            raise _bad("--image-digest", exc) from None
+        if sep and flavor not in flavors:
+            raise click.BadParameter(
+                f"{flavor!r} is not one of the flavors rendered ({', '.join(flavors)})",
+                param_hint="--image-digest")
+        if not sep and len(flavors) > 1:
+            raise click.BadParameter(
+                "each flavor has its own image: give FLAVOR=sha256:... per flavor",
+                param_hint="--image-digest")
+        for f in [flavor] if sep else flavors:
+            if f in digests:
+                raise click.BadParameter(f"digest for {f} given twice", param_hint="--image-digest")
+            digests[f] = digest
+    return digests
+
+
+@manifests.command("bundle-job")
+@click.option("--target", "targets", metavar="DRIVER@KERNEL", multiple=True,
+              help="One bundle to build (repeatable), e.g. 550.127.05@6.8.0-1015-gke.")
+@click.option("--kernel-module-type", "module_type",
+              type=click.Choice(["auto", "open", "proprietary"]), default="auto",
+              show_default=True, help="Module type built; auto: NVIDIA's default for each "
+              "target's branch (open from R560), as a node with Turing or newer GPUs picks it, "
+              "so its bundles are the ones those nodes look for.")
+@click.option("--parallelism", type=int, default=4, show_default=True,
+              help="Pods building at once.")
+@click.option("--volume-claim", metavar="PVC", help="Keep bundles and index.json in this "
+              "PersistentVolumeClaim [default: an emptyDir, for an uploader].")
+@click.option("--uploader-image", metavar="REF",
+              help="Image of the upload hook (with gsutil, oras or curl).")
+@click.option("--upload-command", metavar="SH",
+              help="Shell command uploading $BUNDLE_DIR/* (the bundle, its .sha256, index.json).")
+@click.option("--image", metavar="REF", help="Installer image with a tag. Default: "
+              f"{DEFAULT_IMAGE_REPO.format(flavor=BUNDLE_BUILDER.image())}:<package version>.")
+@click.option("--namespace", metavar="NAME", default=DEFAULT_NAMESPACE, show_default=True)
+@_env_option
+@_output_dir_option(BUNDLE_JOB_FILE)
+def bundle_job_command(image: str | None, extra_env: tuple[str, ...], output_dir: Path | None,
+                       **job: Any) -> None:
+    """Render the Job that builds precompiled driver bundles, one pod per --target."""
+    try:
+        opts = JobOptions(image=image or default_image(BUNDLE_BUILDER.image()),
+                          extra_env=parse_env(extra_env), **job)
+        text = render_job(opts)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if output_dir is None:
+        click.echo(text, nl=False)
+    else:
+        _write(output_dir, {BUNDLE_JOB_FILE: text})
+
+
+def _write(output_dir: Path, files: Mapping[str, str]) -> None:
+    """Each file whole or not at all (written aside, then renamed)."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = output_dir / name
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+            click.echo(f"wrote {path}", err=True)
+    except OSError as exc:  # a path of this machine's, not the node's: say which and why
+        raise click.BadParameter(f"cannot write the manifests to {output_dir}: "
+                                 f"{exc.strerror or exc}", param_hint="--output-dir") from None

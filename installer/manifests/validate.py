@@ -1,0 +1,129 @@
+"""Validation of what a user asks the manifests for: pure, each raising ValueError with a
+one-line reason naming the value, so a bad value is a usage error (exit 2) and never a
+manifest the API server or the installer would reject later."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from installer.envvars import INSTALLER_ENV_VARS, PASSTHROUGH_ENV_VARS
+from installer.manifests.values import DISTROS_BY_FLAVOR, FIXED_ENV, daemonset_name, image_tag
+from installer.nvidia_options import too_old
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
+# A container image reference, as the distribution "reference" grammar has it.
+_REF_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# A registry host: "localhost", a dotted name or any name with a port.
+_REF_DOMAIN = (
+    r"(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::[0-9]+)?|[A-Za-z0-9-]+:[0-9]+)"
+)
+_IMAGE_REF = re.compile(
+    rf"^(?:{_REF_DOMAIN}/)?{_REF_COMPONENT}(?:/{_REF_COMPONENT})*"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
+)
+
+def _check_len(value: str, limit: int, what: str) -> None:
+    if len(value) > limit:
+        raise ValueError(f"{what} {value!r} is longer than {limit} characters")
+
+def validate_namespace(value: str) -> str:
+    _check_len(value, 63, "namespace")
+    if not _DNS_LABEL.match(value):
+        raise ValueError(f"namespace {value!r} is not a DNS-1123 label (lower case, digits, '-')")
+    return value
+
+def validate_instance(flavor: str, value: str) -> str:
+    """``--name``: a DNS-1123 label short enough that the DaemonSet's name, which is also its
+    ``app.kubernetes.io/instance`` label value, stays within 63 characters."""
+    if not _DNS_LABEL.match(value):
+        raise ValueError(f"{value!r} is not a DNS-1123 label (lower case, digits, '-'), e.g. "
+                         "the node pool's name")
+    _check_len(daemonset_name(flavor, value), 63, "the DaemonSet name")
+    return value
+
+def validate_label_key(key: str) -> str:
+    prefix, sep, name = key.rpartition("/")
+    if sep:
+        _check_len(prefix, 253, "label key prefix")
+        if not DNS_SUBDOMAIN.match(prefix):
+            raise ValueError(f"label key prefix {prefix!r} is not a DNS subdomain")
+    _check_len(name, 63, "label name")
+    if not _LABEL_NAME.match(name):
+        raise ValueError(f"label name {name!r} is not a valid Kubernetes label name")
+    return key
+
+def validate_label_value(value: str) -> str:
+    _check_len(value, 63, "label value")
+    if value and not _LABEL_NAME.match(value):
+        raise ValueError(f"label value {value!r} is not a valid Kubernetes label value")
+    return value
+
+def parse_image(ref: str, *, what: str = "image", require_tag: bool = True) -> str:
+    m = _IMAGE_REF.match(ref)
+    if not m:
+        raise ValueError(f"{what} {ref!r} is not a valid image reference")
+    if require_tag:
+        if m.group("digest"):
+            raise ValueError(
+                f"{what} {ref!r}: give the tag here and the digest with --image-digest"
+            )
+        if not m.group("tag"):
+            raise ValueError(f"{what} {ref!r} has no tag (pin it, e.g. ':{image_tag()}')")
+    elif not (m.group("tag") or m.group("digest")):
+        raise ValueError(f"{what} {ref!r} has neither a tag nor a digest")
+    return ref
+
+def validate_digest(value: str) -> str:
+    if not _DIGEST.match(value):
+        raise ValueError(f"digest {value!r} is not 'sha256:' followed by 64 lower-case hex digits")
+    return value
+
+def validate_driver_version(flavor: str, value: str) -> str:
+    if (why := too_old(value)) is not None:  # the rule install applies
+        raise ValueError(why)
+    return DISTROS_BY_FLAVOR[flavor].check_version_request(value)
+
+
+def parse_env(items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings -> an ordered mapping; refuses names the installer
+    does not read and the names fixed by the pod contract."""
+    env: dict[str, str] = {}
+    allowed = set(INSTALLER_ENV_VARS) | set(PASSTHROUGH_ENV_VARS)
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        if key in FIXED_ENV:
+            raise ValueError(
+                f"{key} is fixed by the pod contract (it must match the volume mounts)"
+            )
+        if key == "NVIDIA_DRIVER_VERSION":
+            raise ValueError("set NVIDIA_DRIVER_VERSION with --driver-version")
+        if key not in allowed:
+            raise ValueError(
+                f"{key} is not read by the installer; known: " + ", ".join(sorted(allowed))
+            )
+        if key in env:
+            raise ValueError(f"{key} is given twice")
+        if key == "LOG_FORMAT" and value not in ("auto", "json", "console"):
+            raise ValueError(f"LOG_FORMAT={value!r}: expected auto, json or console")
+        if key == "LOCK_TIMEOUT" and not value.isdigit():
+            raise ValueError(f"LOCK_TIMEOUT={value!r}: expected a whole number of seconds")
+        env[key] = value
+    return env
+
+def parse_node_label(item: str, flavor: str) -> tuple[str, str | None]:
+    """``key=value`` (or bare ``key``: label must exist) with ``{flavor}`` filled in."""
+    key, sep, value = item.partition("=")
+    key = key.replace("{flavor}", flavor)
+    validate_label_key(key)
+    if not sep:
+        return key, None
+    value = value.replace("{flavor}", flavor)
+    validate_label_value(value)
+    return key, value
