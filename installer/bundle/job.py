@@ -67,7 +67,7 @@ def check_targets(targets: Sequence[str], module_type: str) -> list[str]:
 
 def context(opts: JobOptions) -> dict[str, object]:
     targets = check_targets(opts.targets, opts.module_type)
-    parse_image(opts.image)
+    parse_image(opts.image, require_tag=False)  # a digest pins it (REF:TAG@sha256:...)
     validate_namespace(opts.namespace)
     if opts.parallelism < 1:
         raise ValueError("--parallelism must be at least 1")

@@ -26,8 +26,10 @@ from installer.manifests.validate import (
     parse_env,
     parse_image,
     validate_digest,
+    validate_driver_sha256,
     validate_driver_version,
     validate_instance,
+    validate_metrics_file,
     validate_namespace,
 )
 from installer.manifests.values import (
@@ -38,7 +40,11 @@ from installer.manifests.values import (
     DEFAULT_PAUSE_IMAGE,
     FLAVORS,
     PARTITION_GPUS_FLAVORS,
+    PARTITION_GPUS_IMAGE,
+    PLACEHOLDER_REGISTRY,
     default_image,
+    is_pinned,
+    is_placeholder,
 )
 
 BUNDLE_JOB_FILE = "bundle-job.yaml"
@@ -115,6 +121,16 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
               help="Run GKE's partition-gpus init container after the install, as GKE's COS "
               "DaemonSets do (COS only): MIG node pools (gpu-partition-size) get their "
               "partitions; a no-op elsewhere.")
+@click.option("--partition-gpus-image", metavar="REF", default=PARTITION_GPUS_IMAGE,
+              show_default=True, help="The partition-gpus image (a mirror of GKE's, pinned "
+              "by digest) with --partition-gpus.")
+@click.option("--driver-sha256", metavar="HEX", help="NVIDIA_DRIVER_SHA256: the SHA-256 of "
+              "the --driver-version .run; a .run that differs is refused (exit 6).")
+@click.option("--metrics-file", metavar="HOST_PATH",
+              help="NVIDIA_INSTALLER_METRICS_FILE: a *.prom file in node_exporter's textfile "
+              "collector dir on the host, e.g. "
+              "/var/lib/node_exporter/textfile_collector/nvidia_driver_installer.prom "
+              "[default: no metrics].")
 @click.option("--name", "instance", metavar="NAME",
               help="Instance name, for one DaemonSet per node pool: nvidia-driver-installer-"
               "<flavor>-NAME, its own instance label and selector, daemonset-<flavor>-NAME.yaml "
@@ -137,11 +153,11 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
     if all_flavors and flavors:
         raise click.UsageError("give --flavor or --all, not both")
     selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS
-    _check_combinations(selected, node_labels, **given)
     try:
         env = parse_env(extra_env)
     except ValueError as exc:
         raise _bad("--env", exc) from None
+    _check_combinations(selected, node_labels, env, **given)
     opts = RenderOptions(image_digests=_parse_digests(image_digests, selected),
                          node_labels=node_labels or DEFAULT_NODE_LABELS, extra_env=env, **given)
     _check_each_option(selected, opts)
@@ -152,9 +168,15 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
         _write(output_dir, render_files(selected, opts))
 
 
-def _check_combinations(selected: Sequence[str], node_labels: Sequence[str], *, image: str | None,
-                        affinity: str, partition_gpus: bool, **_: Any) -> None:
+def _check_combinations(selected: Sequence[str], node_labels: Sequence[str],
+                        extra_env: Mapping[str, str], *, image: str | None, affinity: str,
+                        partition_gpus: bool, driver_sha256: str | None,
+                        metrics_file: str | None, **_: Any) -> None:
     """Options that make no sense together (each alone is checked with the flavours)."""
+    for flag, value, var in (("--driver-sha256", driver_sha256, "NVIDIA_DRIVER_SHA256"),
+                             ("--metrics-file", metrics_file, "NVIDIA_INSTALLER_METRICS_FILE")):
+        if value and var in extra_env:
+            raise click.UsageError(f"{flag} and --env {var} both set it: give one")
     if partition_gpus and not set(selected) & set(PARTITION_GPUS_FLAVORS):
         raise click.UsageError("--partition-gpus: GKE runs partition-gpus only in its "
                                f"{'/'.join(PARTITION_GPUS_FLAVORS)} DaemonSets; render that flavor")
@@ -175,7 +197,14 @@ def _check_each_option(selected: Sequence[str], opts: RenderOptions) -> None:
         ("--namespace", lambda: validate_namespace(opts.namespace)),
         ("--pause-image",
          lambda: parse_image(opts.pause_image, what="pause image", require_tag=False)),
+        ("--partition-gpus-image", lambda: parse_image(
+            opts.partition_gpus_image, what="partition-gpus image", require_tag=False)),
     ]
+    if opts.driver_sha256:
+        checks.append(("--driver-sha256",
+                       lambda: validate_driver_sha256(opts.driver_sha256, opts.driver_version)))
+    if opts.metrics_file:
+        checks.append(("--metrics-file", lambda: validate_metrics_file(opts.metrics_file)))
     for f in selected:
         checks.append(("--image", lambda f=f: image_ref(f, opts)))
         if opts.instance is not None:
@@ -192,12 +221,33 @@ def _check_each_option(selected: Sequence[str], opts: RenderOptions) -> None:
 
 
 def _warn_unpinned(selected: Sequence[str], opts: RenderOptions) -> None:
+    """Every image the manifests name, pinned by digest or warned about (and a placeholder
+    said to be one)."""
+    if any(is_placeholder(image_ref(f, opts)) for f in selected):
+        warn_placeholder()
     for f in selected:
-        if f not in opts.image_digests:
+        if f not in opts.image_digests and not is_placeholder(image_ref(f, opts)):
             click.echo(f"warning: the {f} image is pinned by tag only ({image_ref(f, opts)}): a "
                        "re-pushed tag changes what every GPU node runs as root; pin it with "
                        f"--image-digest {f}=sha256:<digest of the pushed image>",
                        err=True)
+    warn_tag_only("pause", opts.pause_image, "--pause-image REF@sha256:<digest>")
+    if opts.partition_gpus and set(selected) & set(PARTITION_GPUS_FLAVORS):
+        warn_tag_only("partition-gpus", opts.partition_gpus_image,
+                      "--partition-gpus-image REF@sha256:<digest>")
+
+
+def warn_placeholder() -> None:
+    click.echo(f"warning: no --image: the manifests name the placeholder registry "
+               f"{PLACEHOLDER_REGISTRY}; no image of this project is published. Build and "
+               "push your own (make images; make push REGISTRY=...) and render with the "
+               "command make push prints", err=True)
+
+
+def warn_tag_only(what: str, ref: str, how: str) -> None:
+    if not is_pinned(ref):
+        click.echo(f"warning: the {what} image is pinned by tag only ({ref}): a re-pushed tag "
+                   f"changes what runs on every GPU node; pin it with {how}", err=True)
 
 
 def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, str]:
@@ -239,7 +289,8 @@ def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, st
               help="Image of the upload hook (with gsutil, oras or curl).")
 @click.option("--upload-command", metavar="SH",
               help="Shell command uploading $BUNDLE_DIR/* (the bundle, its .sha256, index.json).")
-@click.option("--image", metavar="REF", help="Installer image with a tag. Default: "
+@click.option("--image", metavar="REF", help="Installer image with a tag, pinned with "
+              "@sha256:<digest>. Default: "
               f"{DEFAULT_IMAGE_REPO.format(flavor=BUNDLE_BUILDER.image())}:<package version>.")
 @click.option("--namespace", metavar="NAME", default=DEFAULT_NAMESPACE, show_default=True)
 @_env_option
@@ -253,6 +304,12 @@ def bundle_job_command(image: str | None, extra_env: tuple[str, ...], output_dir
         text = render_job(opts)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if is_placeholder(opts.image):
+        warn_placeholder()
+    else:
+        warn_tag_only("installer", opts.image, "--image REF@sha256:<digest>")
+    if opts.uploader_image:
+        warn_tag_only("uploader", opts.uploader_image, "--uploader-image REF@sha256:<digest>")
     if output_dir is None:
         click.echo(text, nl=False)
     else:

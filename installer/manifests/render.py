@@ -51,6 +51,7 @@ from installer.manifests.values import (
     daemonset_filename,
     daemonset_name,
     default_image,
+    is_placeholder,
     label_version,
 )
 
@@ -94,6 +95,9 @@ class RenderOptions:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     instance: str | None = None  # --name: one DaemonSet per node pool
     partition_gpus: bool = False  # GKE's MIG partitioner after the install (COS, as GKE)
+    partition_gpus_image: str = PARTITION_GPUS_IMAGE
+    driver_sha256: str | None = None  # pins the .run of driver_version
+    metrics_file: str | None = None  # host path of a node_exporter textfile
 
 
 def match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -132,7 +136,8 @@ def _gke_os_expressions(flavor: str) -> list[dict[str, Any]]:
 
 def _partition_gpus_image(flavor: str, opts: RenderOptions) -> str:
     """GKE's partition-gpus image where GKE runs it (its COS DaemonSets), else ""."""
-    return PARTITION_GPUS_IMAGE if opts.partition_gpus and flavor in PARTITION_GPUS_FLAVORS else ""
+    return (opts.partition_gpus_image
+            if opts.partition_gpus and flavor in PARTITION_GPUS_FLAVORS else "")
 
 
 def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -181,6 +186,10 @@ def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
     env["LOG_FORMAT"] = DEFAULT_LOG_FORMAT
     env["LOCK_TIMEOUT"] = DEFAULT_LOCK_TIMEOUT
     env["WHEN_IN_USE"] = DEFAULT_WHEN_IN_USE
+    if opts.driver_sha256:
+        env["NVIDIA_DRIVER_SHA256"] = opts.driver_sha256.lower()
+    if opts.metrics_file:
+        env["NVIDIA_INSTALLER_METRICS_FILE"] = opts.metrics_file
     for key, value in opts.extra_env.items():
         if key in OWN_ENV and key not in needs.own_env:
             continue  # another distro's setting (COS artifacts mean nothing elsewhere; its pin is refused)
@@ -222,6 +231,7 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "selector": selector,
         "labels": labels,
         "image": image_ref(flavor, opts),
+        "placeholder": is_placeholder(image_ref(flavor, opts)),
         "pause_image": opts.pause_image,
         "partition_gpus_image": _partition_gpus_image(flavor, opts),
         "env": _env(flavor, opts),
