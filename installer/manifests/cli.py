@@ -19,6 +19,7 @@ from installer.manifests.render import (
     RenderOptions,
     image_ref,
     match_expressions,
+    needs_nfd,
     render,
     render_files,
 )
@@ -39,6 +40,7 @@ from installer.manifests.values import (
     DEFAULT_NODE_LABELS,
     DEFAULT_PAUSE_IMAGE,
     FLAVORS,
+    OS_ID_LABEL,
     PARTITION_GPUS_FLAVORS,
     PARTITION_GPUS_IMAGE,
     PLACEHOLDER_REGISTRY,
@@ -162,6 +164,13 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
                          node_labels=node_labels or DEFAULT_NODE_LABELS, extra_env=env, **given)
     _check_each_option(selected, opts)
     _warn_unpinned(selected, opts)
+    if nfd := [f for f in selected if needs_nfd(f, opts)]:
+        click.echo(f"warning: --affinity label: the {', '.join(nfd)} DaemonSet(s) also require "
+                   f"Node Feature Discovery's {OS_ID_LABEL} label (the --node-label labels do "
+                   "not tell the flavours apart): without NFD no node has it and no pod runs. "
+                   "Add a label naming the flavour (e.g. example.com/os={flavor}); with a "
+                   "cloud.google.com/ label (GKE) GKE's own OS label is used instead, for the "
+                   "flavours GKE has node images of", err=True)
     if output_dir is None:
         click.echo("".join(render(f, opts) for f in selected), nl=False)
     else:

@@ -114,9 +114,24 @@ def match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
         only_theirs = [e["key"] for e in theirs if e["key"] not in ours]
         if only_theirs:
             exprs += [{"key": k, "operator": "DoesNotExist"} for k in only_theirs]
-        elif OS_ID_LABEL not in ours:
-            exprs.append(_os_id_expression(flavor))
+        elif not {OS_ID_LABEL, GKE_OS_LABEL} & ours:
+            exprs += _gke_os_expressions(flavor) if _gke_labels(opts) else [_os_id_expression(flavor)]
     return exprs
+
+
+def _gke_labels(opts: RenderOptions) -> bool:
+    """Node labels only GKE sets (cloud.google.com/gke-nodepool, …): there GKE's own OS label
+    tells the flavours apart; Node Feature Discovery, whose label does elsewhere, is rarely
+    installed on GKE."""
+    return any(item.partition("=")[0].startswith("cloud.google.com/") for item in opts.node_labels)
+
+
+def needs_nfd(flavor: str, opts: RenderOptions) -> bool:
+    """The flavour's DaemonSet selects nodes by NFD's os-release label the user did not ask
+    for: on a cluster without Node Feature Discovery it schedules no pod."""
+    asked = {parse_node_label(item, flavor)[0] for item in opts.node_labels}
+    return opts.affinity == "label" and OS_ID_LABEL not in asked and \
+        any(e["key"] == OS_ID_LABEL for e in match_expressions(flavor, opts))
 
 
 def _os_id_expression(flavor: str) -> dict[str, Any]:

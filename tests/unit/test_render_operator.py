@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from installer.distros import DISTROS
 from installer.manifests.cli import manifests
+from installer.manifests.values import OS_ID_LABEL
 
 
 def render(*args: str):
@@ -127,3 +128,40 @@ def test_render_pins_the_run_and_turns_metrics_on():
 def test_bad_pins_and_metrics_paths_are_usage_errors(args, says):
     result = render("--flavor", "ubuntu", *args)
     assert result.exit_code == 2 and says in result.output, result.output
+
+
+def _expressions(result, flavor: str) -> list[dict]:
+    (ds,) = [d for d in yaml.safe_load_all(result.stdout)
+             if d and d["kind"] == "DaemonSet" and d["metadata"]["name"].endswith(flavor)]
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    (term,) = terms
+    return term["matchExpressions"]
+
+
+def test_a_gke_node_pool_label_alone_selects_by_gke_s_own_os_label():
+    """Issue 34 §4: a node-pool label only used to require NFD's os-release label, which GKE
+    nodes lack: zero pods. GKE's cloud.google.com/gke-os-distribution tells them apart."""
+    result = render("--flavor", "cos", "--flavor", "ubuntu", "--affinity", "label",
+                    "--node-label", "cloud.google.com/gke-nodepool=gpu-a",
+                    "--image", "registry.example/ndi-{flavor}:1")
+    assert result.exit_code == 0, result.output
+    for flavor, os_values in (("cos", ["cos", "cos_containerd"]),
+                              ("ubuntu", ["ubuntu", "ubuntu_containerd"])):
+        exprs = _expressions(result, flavor)
+        assert {"key": "cloud.google.com/gke-os-distribution", "operator": "In",
+                "values": os_values} in exprs
+        assert not [e for e in exprs if e["key"] == OS_ID_LABEL]
+    assert "Node Feature Discovery" not in result.stderr
+
+
+def test_a_label_that_leaves_the_os_to_nfd_is_warned_about():
+    result = render("--flavor", "cos", "--flavor", "ubuntu", "--affinity", "label",
+                    "--node-label", "example.com/gpu-pool=a",
+                    "--image", "registry.example/ndi-{flavor}:1")
+    assert result.exit_code == 0, result.output
+    assert "the cos, ubuntu DaemonSet(s) also require Node Feature Discovery's" in result.stderr
+    named = render("--flavor", "cos", "--flavor", "ubuntu", "--affinity", "label",
+                   "--node-label", "example.com/os-{flavor}",
+                   "--image", "registry.example/ndi-{flavor}:1")
+    assert "Node Feature Discovery" not in named.stderr
