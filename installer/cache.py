@@ -2,14 +2,15 @@
 
 Shell-style lines, as GKE's installers write them, so a node cached by them is
 recognised (``CACHE_BUILD_ID=`` / ``CACHE_KERNEL_VERSION=`` and
-``CACHE_NVIDIA_DRIVER_VERSION=``; cos_gpu_installer v2's ``BUILD_ID=`` and
-``DRIVER_VERSION=`` too, its flavour told by distros/cos/v2_cache) and a GKE
-installer sourcing ours still parses it. Which fields key an install on a node
-is the distro's to say (Distro.node_key).
+``CACHE_NVIDIA_DRIVER_VERSION=``; cos-gpu-installer v2's ``BUILD_ID=``,
+``DRIVER_VERSION=`` and ``KERNEL_OPEN=`` too) and a GKE installer sourcing ours still
+parses it. ``read`` is the one reader of every one of them. Which fields key an install
+on a node is the distro's to say (Distro.node_key).
 """
 
 from __future__ import annotations
 
+import enum
 import errno
 import os
 import stat
@@ -44,6 +45,43 @@ MAX_HASHED_BYTES = 4 << 30  # all of a record's files together (a real install: 
 REQUIRED_FILES = ("drivers/nvidia.ko", "bin/nvidia-smi", "lib64/libnvidia-ml.so.1")
 
 
+class ModuleSource(enum.Enum):
+    """Where an install's kernel modules came from."""
+
+    PREBUILT = "prebuilt"  # the COS build's signed open modules (nvidia-drivers-<V>.tgz)
+    # NVIDIA's precompiled proprietary interfaces linked on the node, Google-signed (COS)
+    PRECOMPILED = "precompiled"
+    COMPILED = "compiled"  # built by nvidia-installer (here, or in a fleet's bundle)
+
+
+# CACHE_FLAVOR, the record's one word for (source, module type): the spelling every
+# record written so far uses, so older installers and ours read each other's records.
+_FLAVORS = {
+    (ModuleSource.PREBUILT, "open"): "prebuilt-open",
+    (ModuleSource.PRECOMPILED, "proprietary"): "precompiled-signed",
+    (ModuleSource.COMPILED, "open"): "compiled-open",
+    (ModuleSource.COMPILED, "proprietary"): "compiled-proprietary",
+}
+_FROM_FLAVOR = {word: pair for pair, word in _FLAVORS.items()}
+
+# cos-gpu-installer v2 (cos/tools src/cmd/cos_gpu_installer/internal/installer/cache.go
+# L14-20, L73-85) writes BUILD_ID=, DRIVER_VERSION= and, for the open modules,
+# KERNEL_OPEN=Y. Its open modules come only as the build's signed prebuilt ones, its
+# proprietary ones as Google's precompiled .run.
+V2_KERNEL_OPEN_KEY = "KERNEL_OPEN"
+
+
+def _modules_of(f: Mapping[str, str]) -> tuple[ModuleSource | None, str | None]:
+    """(source, module type) a record names: ours in CACHE_FLAVOR, v2's by its keys."""
+    if "CACHE_FLAVOR" in f:
+        return _FROM_FLAVOR.get(f["CACHE_FLAVOR"], (None, None))
+    if "BUILD_ID" in f:
+        if f.get(V2_KERNEL_OPEN_KEY) == "Y":
+            return ModuleSource.PREBUILT, "open"
+        return ModuleSource.PRECOMPILED, "proprietary"
+    return None, None
+
+
 def stat_signature(path: Path) -> tuple[int, int, int, int]:
     return _signature(os.stat(path))
 
@@ -60,7 +98,8 @@ class CacheKey:
     driver_version: str
     kernel_release: str | None = None  # Ubuntu
     build_id: str | None = None  # COS
-    flavor: str | None = None  # e.g. "compiled-proprietary", "prebuilt-open"
+    source: ModuleSource | None = None  # None: any source is a hit
+    module_type: str | None = None  # "open" | "proprietary"; None: any
     # Lines another installer reads (COS: cos-gpu-installer v2's keys), from the distro.
     compat_lines: tuple[str, ...] = field(default=(), compare=False)
 
@@ -74,7 +113,8 @@ class CacheRecord:
     driver_version: str | None
     kernel_release: str | None
     build_id: str | None
-    flavor: str | None
+    source: ModuleSource | None
+    module_type: str | None  # "open" | "proprietary"
     file_hashes: dict[str, str] = field(default_factory=dict)
     fields: dict[str, str] = field(default_factory=dict)
     # The stat signature of each hashed file when the record was written, and the
@@ -95,11 +135,13 @@ class CacheRecord:
             parts = item.rsplit(":", 4)
             if len(parts) == 5 and parts[0] and all(p.isdigit() for p in parts[1:]):
                 stats[parts[0]] = tuple(int(p) for p in parts[1:])
+        source, module_type = _modules_of(f)
         return cls(
             driver_version=f.get("CACHE_NVIDIA_DRIVER_VERSION") or f.get("DRIVER_VERSION"),
             kernel_release=f.get("CACHE_KERNEL_VERSION"),
             build_id=f.get("CACHE_BUILD_ID") or f.get("BUILD_ID"),
-            flavor=f.get("CACHE_FLAVOR"),
+            source=source,
+            module_type=module_type,
             file_hashes=hashes,
             fields=f,
             file_stats=stats,
@@ -113,9 +155,19 @@ class CacheRecord:
             return f"cached for build {self.build_id}, the node runs build {key.build_id}"
         if key.kernel_release is not None and self.kernel_release != key.kernel_release:
             return f"cached for kernel {self.kernel_release}, the node runs kernel {key.kernel_release}"
-        if key.flavor and self.flavor and self.flavor != key.flavor:
-            return f"cached flavour {self.flavor}, want {key.flavor}"
+        if "CACHE_FLAVOR" in self.fields and self.source is None:
+            return f"cached modules of an unknown kind ({self.fields['CACHE_FLAVOR']!r})"
+        if key.source and self.source and self.source != key.source:
+            return f"cached {self.source.value} modules, want {key.source.value}"
+        if key.module_type and self.module_type and self.module_type != key.module_type:
+            return f"cached {self.module_type} modules, want {key.module_type}"
         return None
+
+    def describe_modules(self) -> str:
+        """E.g. "precompiled proprietary modules"."""
+        if self.source is None:
+            return "modules of an unrecorded kind"
+        return f"{self.source.value} {self.module_type} modules"
 
 
 def hashed_files(install_dir: Path) -> list[str]:
@@ -220,7 +272,7 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
         return sha if size == signatures[rel][0] else sha256_file(install_dir / rel)
 
     hashes = " ".join(f"{rel}:{digest(rel)}" for rel in rels)
-    flavor = key.flavor or "compiled-proprietary"
+    flavor = _FLAVORS[(key.source or ModuleSource.COMPILED, key.module_type or "proprietary")]
     # No comment line: cos-gpu-installer v2's reader rejects lines without '='.
     lines = [
         f"CACHE_WRITTEN_BY=nvidia-driver-installer-{installer_version}",

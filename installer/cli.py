@@ -17,12 +17,11 @@ import click
 
 from installer import __version__
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
+from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
+from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
 from installer.settings import (
     DEFAULT_COS_ARTIFACTS_URL,
-    DEFAULT_DRIVER_BASE_URL,
-    DEFAULT_HOST_ROOT,
-    DEFAULT_INSTALL_DIR_HOST,
     Settings,
     default_when_in_use,
     retry_env,
@@ -63,10 +62,10 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every command shares: where the host and the install dir are, log format."""
     for option in reversed([
         click.option("--host-root", type=click.Path(path_type=Path), envvar="ROOT_MOUNT_DIR",
-                     default=DEFAULT_HOST_ROOT, show_default=True, show_envvar=True,
+                     default=HOST_ROOT, show_default=True, show_envvar=True,
                      help="Where the host's / is mounted in this container."),
         click.option("--install-dir-host", envvar="NVIDIA_INSTALL_DIR_HOST",
-                     default=str(DEFAULT_INSTALL_DIR_HOST), show_default=True, show_envvar=True,
+                     default=str(INSTALL_DIR_HOST), show_default=True, show_envvar=True,
                      help="The install dir as the host sees it."),
         click.option("--install-dir", type=click.Path(path_type=Path),
                      envvar="NVIDIA_INSTALL_DIR_CONTAINER", show_envvar=True,
@@ -321,10 +320,10 @@ def status(output: str, **opts: Any) -> int:
     """Print the last run's status.json and the .cache record; exit with its exit code
     (12 when the installer has not run on this node)."""
     from installer import status as status_mod
-    from installer.context import Context
+    from installer.installdir import InstallDir
 
-    # Any host OS will do: only the install dir is read.
-    doc = status_mod.report(Context.from_settings(_settings(**opts), strict=False).install)
+    settings = _settings(**opts)  # any host OS will do: only the install dir is read
+    doc = status_mod.report(InstallDir(settings.install_dir, settings.install_dir_host))
     click.echo(render(doc, output), nl=False)
     return status_mod.exit_code(doc)
 
@@ -335,9 +334,9 @@ def status(output: str, **opts: Any) -> int:
 def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
     from installer import verify as verify_mod
-    from installer.context import Context
+    from installer.detect import context
 
-    gpus = verify_mod.check_installed(Context.from_settings(_settings(**opts)))
+    gpus = verify_mod.check_installed(context(_settings(**opts)))
     click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 

@@ -1,15 +1,58 @@
-"""The ``detect`` command: what the installer sees on this node, without changing it."""
+"""Host detection, the step between settings and the plan: what OS, kernel and install
+dir this node has, as a ``Context``; and the ``detect`` command, which prints it."""
 
 from __future__ import annotations
 
 from installer import distros, gpus, signing
 from installer.context import Context
+from installer.errors import UnsupportedHostError, clip
+from installer.hostroot import HostRoot
+from installer.installdir import InstallDir
+from installer.kernel import KernelState
 from installer.modules import loaded_driver_version
+from installer.osinfo import HostInfo
+from installer.runner import Runner
 from installer.settings import Settings
+from installer.values import is_kernel_release
+
+
+def context(settings: Settings, kernel: KernelState | None = None, runner: Runner | None = None,
+            *, strict: bool = True) -> Context:
+    """The one way every command (and every test) builds its context.
+
+    ``kernel`` and ``runner`` are the seams tests replace. Not ``strict``: a host whose OS
+    cannot be told gets ``HostInfo.unknown`` instead of an error (doctor and uninstall
+    still work there).
+    """
+    assert settings.install_dir is not None, "settings must be resolved"
+    host = HostRoot(settings.host_root)
+    kernel = kernel or KernelState()
+    release = settings.kernel_release or kernel.release()
+    try:
+        host_info = _host_info(host, kernel, release)
+    except UnsupportedHostError:
+        if strict:
+            raise
+        host_info = HostInfo.unknown(release)
+    return Context(settings=settings, host=host, kernel=kernel, runner=runner or Runner(),
+                   install=InstallDir(settings.install_dir, settings.install_dir_host),
+                   host_info=host_info)
+
+
+def _host_info(host: HostRoot, kernel: KernelState, release: str) -> HostInfo:
+    if not is_kernel_release(release):  # --kernel-release is checked in settings
+        raise UnsupportedHostError(
+            f"the running kernel's release {clip(release)!r} (uname -r) is not a "
+            "kernel release: it names the headers, modules and cache to use",
+            hint="pass the node's real release with --kernel-release (KERNEL_RELEASE), "
+            f"or check {kernel.proc_dir}/sys/kernel/osrelease",
+            kernel_release=clip(release))
+    return distros.detect(host, release)
 
 
 def run(settings: Settings) -> dict[str, object]:
-    ctx = Context.from_settings(settings)
+    """The ``detect`` command's report."""
+    ctx = context(settings)
     info = ctx.host_info
     host = {k: v for k, v in info.to_dict().items() if k != "family"}  # "flow" says it
     return {

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
+from installer.installdir import InstallDir
 from installer.runner import CommandError, Runner
-
-if TYPE_CHECKING:
-    from installer.context import Context
 
 # Failure classes where the kernel's own log usually says why.
 KERNEL_LOG_CLASSES = {"module_load", "verify", "secure_boot", "build", "internal"}
@@ -17,9 +14,8 @@ KERNEL_LOG_PATTERN = re.compile(
 TAIL_LINES = 20
 
 
-def installer_log_tail(ctx: Context, since_wall: float) -> list[str]:
+def installer_log_tail(install: InstallDir, since_wall: float) -> list[str]:
     """Last lines of the nvidia-installer.log this run wrote (not an older run's)."""
-    install = ctx.install
     candidates = [install.staging_dir / "nvidia-installer.log",
                   install.installer_log.with_name("nvidia-installer.failed.log"),
                   install.installer_log,
@@ -53,12 +49,13 @@ def kernel_log_tail(runner: Runner) -> list[str]:
     return relevant[-TAIL_LINES:] or ["(no NVIDIA or kernel module lines in the kernel log)"]
 
 
-def failure_details(ctx: Context, error_class: str, since_wall: float) -> dict[str, list[str]]:
+def failure_details(install: InstallDir, runner: Runner, error_class: str,
+                    since_wall: float) -> dict[str, list[str]]:
     """What goes into the final event and status.json next to the error itself."""
     details: dict[str, list[str]] = {}
-    tail = installer_log_tail(ctx, since_wall)
+    tail = installer_log_tail(install, since_wall)
     if tail:
         details["installer_log_tail"] = tail
     if error_class in KERNEL_LOG_CLASSES:
-        details["kernel_log_tail"] = kernel_log_tail(ctx.runner)
+        details["kernel_log_tail"] = kernel_log_tail(runner)
     return details

@@ -31,14 +31,16 @@ from installer import (
     signing,
 )
 from installer import status as status_file
-from installer.context import UNKNOWN_FAMILY, Context, detect
+from installer.context import Context
+from installer.detect import context
 from installer.distros.base import Distro
 from installer.errors import ExitCode, InstallerError
 from installer.fsutil import UnreadableFile
+from installer.gpus import Gpu
 from installer.osinfo import HostInfo
 from installer.runner import CommandError
 from installer.settings import Settings
-from installer.verify import Gpu, check_driver_version, nvidia_smi
+from installer.verify import check_driver_version, nvidia_smi
 from installer.workstate import InUse
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -81,7 +83,7 @@ class Node:
 
     @property
     def host_info(self) -> HostInfo | None:
-        return None if self.ctx.host_info.family == UNKNOWN_FAMILY else self.ctx.host_info
+        return self.ctx.host_info if self.ctx.host_info.known else None
 
     @property
     def distro(self) -> type[Distro] | None:
@@ -129,13 +131,12 @@ class Node:
 
 
 def _load(settings: Settings) -> Node:
-    node = Node(Context.from_settings(settings, strict=False))
+    node = Node(context(settings, strict=False))
     try:
         node.status = status_file.read(node.install.status_file)
     except UnreadableFile as exc:  # reported by check_installer_status, never a hang
         node.status = {"outcome": "unreadable", "message": f"status.json {exc.reason}"}
-    distro = node.distro
-    node.record = (distro.read_cache if distro else cache.read)(node.install.cache_file)
+    node.record = cache.read(node.install.cache_file)
     node.pci = gpus.scan(node.kernel.sys_dir)
     return node
 
@@ -146,7 +147,7 @@ def _load(settings: Settings) -> Node:
 def check_host(n: Node) -> Finding:
     if n.host_info is None:
         try:
-            detect(n.host, n.kernel_release)
+            distros.detect(n.host, n.kernel_release)
             error = "unknown"
         except InstallerError as exc:
             error = exc.message
@@ -294,7 +295,7 @@ def check_cache(n: Node) -> Finding:
                        "verified install here",
                        "run install (a killed or failed run leaves no record on purpose)")
     target = (f"build {r.build_id}" if r.build_id else f"kernel {r.kernel_release}")
-    what = f"driver {r.driver_version} for {target} ({r.flavor or 'flavour not recorded'})"
+    what = f"driver {r.driver_version} for {target} ({r.describe_modules()})"
     # The record's driver, keyed as this node's distro keys installs (COS: its build,
     # else the kernel); an unknown host's is not judged (check_host says why).
     distro, info = n.distro, n.host_info

@@ -293,3 +293,12 @@ def choose_module_type(gpus: list[PciGpu], version: str, requested: str = "auto"
     if branch is not None and branch >= OPEN_DEFAULT_SINCE:
         return ModuleChoice("open", f"NVIDIA's default from R{OPEN_DEFAULT_SINCE}")
     return ModuleChoice("proprietary", f"NVIDIA's default before R{OPEN_DEFAULT_SINCE}")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU as nvidia-smi reports it (verify), beside the PCI view above."""
+
+    name: str
+    driver_version: str
+    bus_id: str

@@ -10,6 +10,7 @@ import structlog
 
 from installer import __version__, cache, distros, metrics, modules, readiness, rollback, status
 from installer.context import Context
+from installer.detect import context
 from installer.diagnostics import failure_details
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
@@ -55,7 +56,7 @@ def _success_message(outcome: dict[str, Any]) -> str:
 
 
 def _install(settings: Settings, started: float) -> dict[str, Any]:
-    ctx = Context.from_settings(settings)
+    ctx = context(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
     distro = distros.for_host(ctx.host_info)
@@ -86,7 +87,8 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
             if ctx.work.gpus is not None:  # set by the verify step: no readiness for --preload
                 _write_ready(ctx, plan, len(ctx.work.gpus))
         except InstallerError as exc:
-            exc.context.update(failure_details(ctx, exc.error_class, started_wall))
+            exc.context.update(failure_details(ctx.install, ctx.runner, exc.error_class,
+                                               started_wall))
             _discard(ctx, exc)
             _record(ctx, started, timings, plan, outcome="error", error_class=exc.error_class,
                     exit_code=int(exc.exit_code), message=exc.message, hint=exc.hint,
@@ -177,7 +179,7 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
     staged = ctx.work.staged_for_boot
     if staged is not None:
         record = cache.read(ctx.install.cache_file)
-        module_type = record.flavor.rpartition("-")[2] if record and record.flavor else None
+        module_type = record.module_type if record else None
     readiness.write(ctx.host, readiness.ready_fields(
         driver_version=staged.running_version if staged else plan.driver_version,
         pending_driver_version=plan.driver_version if staged else None,

@@ -23,9 +23,9 @@ from installer.fsutil import remove_tree
 from installer.headers import KernelTree
 from installer.installdir import BUILD_LOG, Tree
 from installer.nvidia_options import LOG_FILE, check_loads_nothing, too_old
+from installer.nvidia_urls import named_version, run_file_name
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
-from installer.settings import NVIDIA_BASE_URL, Settings
 from installer.values import is_driver_version
 
 log = structlog.get_logger(__name__)
@@ -37,23 +37,6 @@ KBUILD_LOG = BUILD_LOG  # make's output, in the staging dir, then beside the ins
 FAILED_LOG = "nvidia-installer.failed.log"  # the failed build's log, beside the install
 
 
-_RUN_NAME = re.compile(r"NVIDIA-Linux-x86_64-(\d[\d.]*\d)(?:-[\w.]+)?\.run$")
-
-
-def run_file_name(version: str) -> str:
-    return f"NVIDIA-Linux-x86_64-{version}.run"
-
-
-def driver_url(settings: Settings, version: str, default_base: str | None = None) -> str:
-    """--driver-url as given, else <base>/<V>/NVIDIA-Linux-x86_64-<V>.run; the base is
-    --driver-base-url, else the distro's ``default_base``, else NVIDIA's for the branch."""
-    if settings.driver_url:
-        return settings.driver_url
-    base = (settings.driver_base_url or default_base
-            or NVIDIA_BASE_URL.format(branch=settings.driver_branch))
-    return f"{base.rstrip('/')}/{version}/{run_file_name(version)}"
-
-
 def check_version(version: str) -> str:
     if not is_driver_version(version):
         raise UsageError(
@@ -63,12 +46,6 @@ def check_version(version: str) -> str:
     if (why := too_old(version)) is not None:  # before anything is downloaded
         raise UsageError(why, hint="use R470 or newer", driver_version=version)
     return version
-
-
-def named_version(url: str) -> str | None:
-    """The driver version a .run URL's file name names, if it does."""
-    match = _RUN_NAME.search(url.split("?", 1)[0])
-    return match.group(1) if match else None
 
 
 def check_extracted_version(extract_dir: Path, wanted: str, url: str | None) -> None:
@@ -90,13 +67,13 @@ def check_extracted_version(extract_dir: Path, wanted: str, url: str | None) -> 
 
 def version_from_url(url: str) -> str:
     """The driver version named by a .run URL (NVIDIA-Linux-x86_64-<V>.run)."""
-    match = _RUN_NAME.search(url.split("?", 1)[0])
-    if not match:
+    named = named_version(url)
+    if named is None:
         raise UsageError(
             f"cannot tell the driver version from --driver-url {url}",
             hint="also pass --driver-version (NVIDIA_DRIVER_VERSION)",
         )
-    return check_version(match.group(1))
+    return check_version(named)
 
 
 # Extracted payload plus what nvidia-installer writes is about this many times the .run.

@@ -68,6 +68,9 @@ _SHELL_TOKEN = re.compile(
 _DQ_ESCAPE = re.compile(r'\\(["\\])')
 
 
+UNKNOWN_FAMILY = "unknown"
+
+
 @dataclass(frozen=True)
 class HostInfo:
     os_id: str  # "cos", "ubuntu", "debian"
@@ -80,6 +83,15 @@ class HostInfo:
 
     def to_dict(self) -> dict[str, str | None]:
         return asdict(self)
+
+    @classmethod
+    def unknown(cls, kernel_release: str) -> HostInfo:
+        """A host whose OS cannot be told (doctor and uninstall still work there)."""
+        return cls(UNKNOWN_FAMILY, UNKNOWN_FAMILY, "", UNKNOWN_FAMILY, kernel_release)
+
+    @property
+    def known(self) -> bool:
+        return self.family != UNKNOWN_FAMILY
 
 
 def os_release_fields(os_release: str | None, os_release_path: str) -> dict[str, str]:

@@ -8,17 +8,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from installer import podcontract
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
+from installer.nvidia_urls import NVIDIA_BASE_URL, named_version, run_url
 from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
 
-DEFAULT_HOST_ROOT = Path("/root")
-DEFAULT_INSTALL_DIR_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
-DEFAULT_INSTALL_DIR_CONTAINER = Path("/usr/local/nvidia")
 # NVIDIA's download host; --driver-branch picks the path under it.
-NVIDIA_BASE_URL = "https://us.download.nvidia.com/{branch}"
-DEFAULT_DRIVER_BASE_URL = NVIDIA_BASE_URL.format(branch="tesla")
 # Read from the environment only (DESIGN.md section 3, no option): every download's
 # retry policy (net/retry.py), which reaches net/ through the Context's session.
 DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
@@ -26,12 +23,12 @@ DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}
 
 @dataclass(frozen=True)
 class Settings:
-    host_root: Path = DEFAULT_HOST_ROOT
-    install_dir_host: PurePosixPath = DEFAULT_INSTALL_DIR_HOST
+    host_root: Path = podcontract.HOST_ROOT
+    install_dir_host: PurePosixPath = podcontract.INSTALL_DIR_HOST
     install_dir: Path | None = None  # this process's view; None: derived (see resolve)
     driver_version: str | None = None  # None: the distro's default
     driver_url: str | None = None
-    driver_base_url: str | None = None  # None: the distro's default (nvidia_run.driver_url)
+    driver_base_url: str | None = None  # None: the distro's default (Settings.driver_run_url)
     driver_branch: str = "tesla"  # the path segment under NVIDIA's download host
     driver_sha256: str | None = None
     cos_artifacts_url: str = DEFAULT_COS_ARTIFACTS_URL
@@ -84,8 +81,8 @@ class Settings:
                 f". - _ + ~, at most {KERNEL_RELEASE_MAX} characters)",
             )
         install_dir = self.install_dir
-        if install_dir is None and DEFAULT_INSTALL_DIR_CONTAINER.is_dir():
-            install_dir = DEFAULT_INSTALL_DIR_CONTAINER
+        if install_dir is None and podcontract.INSTALL_DIR_CONTAINER.is_dir():
+            install_dir = podcontract.INSTALL_DIR_CONTAINER
         elif install_dir is None:
             from installer.hostroot import HostRoot  # CLI start-up time: secrets, hmac
 
@@ -142,11 +139,17 @@ class Settings:
         return replace(self, install_dir=install_dir, driver_sha256=sha,
                        prebuilt_sha256=prebuilt_sha)
 
+    def driver_run_url(self, version: str, default_base: str | None = None) -> str:
+        """--driver-url as given, else <base>/<V>/NVIDIA-Linux-x86_64-<V>.run; the base is
+        --driver-base-url, else the distro's ``default_base``, else NVIDIA's for the branch."""
+        if self.driver_url:
+            return self.driver_url
+        return run_url(self.driver_base_url or default_base
+                       or NVIDIA_BASE_URL.format(branch=self.driver_branch), version)
+
     def _check_driver_url_version(self) -> None:
         """--driver-url's file name and --driver-version naming two drivers: refused now
         (the .run's own version is checked once extracted, before anything is unloaded)."""
-        from installer.nvidia_run import named_version
-
         named = named_version(self.driver_url) if self.driver_url else None
         wanted = self.driver_version
         if named and wanted and wanted[:1].isdigit() and named != wanted:

@@ -13,7 +13,7 @@ import time
 import structlog
 
 from installer import devchar, firmware, ldcache, modules, readiness, status
-from installer.context import Context
+from installer.detect import context
 from installer.errors import UsageError
 from installer.installdir import LAYOUT_DIRS, InstallDir
 from installer.lock import HostLock
@@ -45,7 +45,7 @@ def _is_ours(install: InstallDir) -> bool:
 def run(settings: Settings) -> dict[str, object]:
     assert settings.install_dir is not None, "settings must be resolved"
     started = time.monotonic()
-    ctx = Context.from_settings(settings, strict=False)  # the OS does not matter here
+    ctx = context(settings, strict=False)  # the OS does not matter here
     host, kernel, runner, install = ctx.host, ctx.kernel, ctx.runner, ctx.install
     done: dict[str, object] = {}
     if install.root.is_dir():

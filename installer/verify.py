@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
 from installer.errors import VerifyError
+from installer.gpus import Gpu
 from installer.installdir import Tree
 from installer.kernel import KernelState
 from installer.runner import CommandError, Runner
@@ -21,12 +21,6 @@ log = structlog.get_logger(__name__)
 SMI_TIMEOUT_S = 120
 REQUIRED_NODES = ("nvidiactl", "nvidia-uvm")
 
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    driver_version: str
-    bus_id: str
 
 
 def parse_query_gpu(text: str) -> list[Gpu]:

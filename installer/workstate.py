@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Literal
 from installer import readiness
 
 if TYPE_CHECKING:
-    from installer.bundle.build import Written
-    from installer.bundle.manifest import Manifest
+    from installer.bundle.manifest import Manifest, Written
+    from installer.gpus import Gpu
     from installer.headers import KernelTree
     from installer.installdir import Tree
     from installer.net.transfer import Downloaded
-    from installer.verify import Gpu
 
 # What a fetch step downloads (the plan's Fetch.artifact).
 Artifact = Literal["driver", "prebuilt", "signatures", "headers", "toolchain"]

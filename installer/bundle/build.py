@@ -27,6 +27,7 @@ from installer.bundle.manifest import (
     BundleError,
     BundleKey,
     Manifest,
+    Written,
     check_link,
 )
 from installer.distros import for_host
@@ -36,7 +37,6 @@ from installer.fsutil import sha256_file, write_atomic
 from installer.installdir import LAYOUT_DIRS
 from installer.modinfo import read_modinfo, vermagic_release
 from installer.modsign import MAGIC
-from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.runner import CommandError
 
@@ -58,13 +58,6 @@ class Signing:
     cert: Path  # X.509 certificate enrolled on the nodes (MOK / db)
 
 
-@dataclass(frozen=True)
-class Written:
-    path: Path
-    sha256: str
-    manifest: Manifest
-
-
 def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
     distro = for_host(ctx.host_info)  # its version, module type and kernel headers
     if not isinstance(distro, HeadersBuild):
@@ -73,7 +66,7 @@ def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
             hint="run it where the headers-built distros run (e.g. the bundle-job's image)")
     version = distro.driver_version(ctx)
     key = BundleKey(version, ctx.host_info.kernel_release, distro.module_type(ctx, version))
-    url = driver_url(ctx.settings, version)
+    url = ctx.settings.driver_run_url(version)
     return Plan("bundle", (
         distro.headers_step(),
         steps.prepare_staging(),

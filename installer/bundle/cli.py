@@ -12,7 +12,8 @@ import click
 import structlog
 
 from installer.errors import UsageError
-from installer.settings import DEFAULT_DRIVER_BASE_URL, DEFAULT_HOST_ROOT
+from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
+from installer.podcontract import HOST_ROOT
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +43,7 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
               envvar="NVIDIA_BUNDLE_OUTPUT_DIR", show_envvar=True,
               help="Where the bundle, its .sha256 (and index.json, with `bundle index`) go.")
 @click.option("--host-root", type=click.Path(path_type=Path), envvar="ROOT_MOUNT_DIR",
-              default=DEFAULT_HOST_ROOT, show_default=True, show_envvar=True,
+              default=HOST_ROOT, show_default=True, show_envvar=True,
               help="Root whose kernel headers are used ('/' on a CI machine or in a Job).")
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
               help="Driver version [default: Ubuntu's pinned version].")
@@ -80,7 +81,7 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
                   verbose: bool, **opts: Any) -> None:
     """Compile the driver for a kernel (nothing is loaded) and write one bundle."""
     from installer.bundle import build
-    from installer.context import Context
+    from installer.detect import context
     from installer.fsutil import remove_tree
     from installer.log import configure
     from installer.plan import execute
@@ -99,7 +100,7 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
     try:
         settings = Settings(install_dir=work, **retry_env(os.environ),
                             **{k: v for k, v in opts.items() if v is not None}).resolved()
-        ctx = Context.from_settings(settings)
+        ctx = context(settings)
         signing = build.Signing(signing_key, signing_cert) if signing_key and signing_cert else None
         plan = build.plan(ctx, output_dir.resolve(), signing)
         log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],

@@ -21,6 +21,7 @@ import posixpath
 import re
 import string
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from installer import safejson
@@ -220,3 +221,12 @@ def index_url(bundle_url: str) -> str:
     parts = urlsplit(bundle_url)
     directory = parts.path.rsplit("/", 1)[0]
     return urlunsplit((parts.scheme, parts.netloc, f"{directory}/{INDEX_NAME}", "", ""))
+
+
+@dataclass(frozen=True)
+class Written:
+    """A bundle ``bundle build`` wrote: its file, the file's sha256 and its manifest."""
+
+    path: Path
+    sha256: str
+    manifest: Manifest

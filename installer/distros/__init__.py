@@ -3,11 +3,16 @@ distros own their OS-family membership the same way)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from installer import podcontract
 from installer.distros.base import Distro
 from installer.distros.cos import Cos
 from installer.distros.debian import Debian
 from installer.distros.ubuntu import Ubuntu
 from installer.errors import UnsupportedHostError
+from installer.hostroot import HostRoot
 from installer.osinfo import HostInfo, os_release_fields
 
 # Every distro, in the order they are tried (and rendered: one DaemonSet each).
@@ -56,3 +61,32 @@ def for_host(info: HostInfo) -> Distro:
             hint=f"supported: {', '.join(d.name for d in DISTROS)}",
         )
     return distro.create()
+
+
+def detect(host: HostRoot, kernel_release: str) -> HostInfo:
+    """The host's OS from its os-release and lsb-release (UnsupportedHostError: not one
+    of ours)."""
+    os_release = host.read_text("/etc/os-release")
+    if os_release is None and _run_by_hand_on_the_node(host):
+        raise UnsupportedHostError(
+            f"cannot read {host.path('/etc/os-release')}: --host-root is {host.root}, but this "
+            "runs on the node itself, not in the installer's pod",
+            hint="pass --host-root / (or ROOT_MOUNT_DIR=/) when running on the node by hand",
+            path=str(host.path("/etc/os-release")))
+    return host_info_from_text(
+        os_release,
+        host.read_text("/etc/lsb-release"),
+        kernel_release,
+        os_release_path=str(host.path("/etc/os-release")),
+    )
+
+
+# Files container runtimes create in every container (docker, podman / CRI-O).
+CONTAINER_MARKERS = (Path("/.dockerenv"), Path("/run/.containerenv"))
+
+
+def _run_by_hand_on_the_node(host: HostRoot) -> bool:
+    """The default --host-root /root, outside any container (so / is the host's own)."""
+    return (host.root == podcontract.HOST_ROOT and Path("/etc/os-release").is_file()
+            and not any(m.exists() for m in CONTAINER_MARKERS)
+            and "KUBERNETES_SERVICE_HOST" not in os.environ)

@@ -1,5 +1,5 @@
 """What every distro declares (how it is recognised, its default driver version, its
-title and manifest flavour) and provides (a driver version, a cache key and a plan), and
+title and image) and provides (a driver version, a cache key and a plan), and
 the plan skeleton all of them share."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import abc
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import structlog
@@ -27,8 +26,8 @@ log = structlog.get_logger(__name__)
 
 
 class Distro(abc.ABC):
-    # The family name: HostInfo.family, the manifest flavour (and, unless image_flavor
-    # says otherwise, the image's suffix).
+    # The distro's name: HostInfo.family, ``manifests render --flavor`` (and, unless
+    # image_suffix says otherwise, the image's suffix).
     name: ClassVar[str]
     title: ClassVar[str]  # e.g. "Ubuntu", in manifests and messages
     # os-release ID (or one of ID_LIKE) values this distro handles.
@@ -42,9 +41,9 @@ class Distro(abc.ABC):
     # image-type spellings GKE has also used).
     gke_os_distributions: ClassVar[tuple[str, ...]]
     # Its DaemonSet's own mounts, env and network; its image is
-    # nvidia-driver-installer-<image_flavor> (None: its own name).
+    # nvidia-driver-installer-<image_suffix> (None: its own name).
     daemonset: ClassVar[DaemonSetNeeds] = DaemonSetNeeds()
-    image_flavor: ClassVar[str | None] = None
+    image_suffix: ClassVar[str | None] = None
     # Where this distro gets modules a signature-enforcing kernel accepts, and what to do
     # about it (None: it only builds unsigned modules).
     signed_modules: ClassVar[tuple[str, str] | None] = None
@@ -84,14 +83,9 @@ class Distro(abc.ABC):
         return CacheKey(driver_version, kernel_release=info.kernel_release)
 
     @classmethod
-    def read_cache(cls, cache_file: Path) -> cache.CacheRecord | None:
-        """The node's ``.cache`` record, as this distro reads it."""
-        return cache.read(cache_file)
-
-    @classmethod
     def image(cls) -> str:
         """The suffix of its image's name (``{flavor}`` in ``manifests render --image``)."""
-        return cls.image_flavor or cls.name
+        return cls.image_suffix or cls.name
 
     @classmethod
     def check_version_request(cls, value: str) -> str:
@@ -129,7 +123,7 @@ class Distro(abc.ABC):
         if ctx.settings.force:
             log.info("cache_skipped", reason="--force")
             return False
-        record = self.read_cache(ctx.install.cache_file)
+        record = cache.read(ctx.install.cache_file)
         if record is None:
             log.info("cache_miss", reason="no .cache record", path=str(ctx.install.cache_file))
             return False

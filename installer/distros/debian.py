@@ -16,4 +16,4 @@ class Debian(HeadersBuild):
     gke_os_distributions = ()
     # The Ubuntu image serves Debian nodes (its build tools and apt; the headers usually
     # come from the node, as apt there holds Ubuntu's kernels only).
-    image_flavor = "ubuntu"
+    image_suffix = "ubuntu"

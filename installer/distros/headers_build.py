@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, ClassVar
 import structlog
 
 from installer import branches, gpus, headers, steps
-from installer.cache import CacheKey
+from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import Distro, cached_plan, fresh_plan
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UsageError
-from installer.nvidia_run import check_version, driver_url, version_from_url
+from installer.nvidia_run import check_version, version_from_url
 from installer.plan import Plan, Step
 
 if TYPE_CHECKING:
@@ -86,8 +86,8 @@ class HeadersBuild(Distro):
         return gpus.choose_module_type(found, version, ctx.settings.kernel_module_type).module_type
 
     def cache_key(self, ctx: Context, version: str) -> CacheKey:
-        flavor = f"compiled-{self.module_type(ctx, version)}"
-        return replace(self.node_key(ctx.host_info, version), flavor=flavor)
+        return replace(self.node_key(ctx.host_info, version), source=ModuleSource.COMPILED,
+                       module_type=self.module_type(ctx, version))
 
     def check_settings(self, ctx: Context) -> None:
         settings = ctx.settings
@@ -106,13 +106,14 @@ class HeadersBuild(Distro):
     def plan(self, ctx: Context) -> Plan:
         version = self.driver_version(ctx)
         key = self.cache_key(ctx, version)
-        module_type = key.flavor.removeprefix("compiled-") if key.flavor else "proprietary"
+        module_type = key.module_type
+        assert module_type is not None, "cache_key names the module type"
         display: dict[str, object] = {"kernel_release": ctx.host_info.kernel_release}
         check_gpus = steps.check_gpus(version, ctx.settings.kernel_module_type)
         if self.cache_hit(ctx, key):
             return cached_plan(ctx, version, check_gpus, module_type=module_type,
                                display=display)
-        url = driver_url(ctx.settings, version)
+        url = ctx.settings.driver_run_url(version)
         prebuilt = None
         if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
             # Start-up time: bundle.fetch pulls in the archive code (tarfile) for this only.

@@ -338,6 +338,29 @@ def test_precompiled_signed_on_an_enforcing_node_for_a_v100(node, pod, kernel, s
     assert kernel.loaded()["nvidia"].version == DEFAULT_V
 
 
+def test_staged_on_google_precompiled_modules_readiness_names_the_running_module_type(
+        node, pod, kernel, server, bucket, cos_custom_run, tmp_path):
+    """Issue 32 item 1: a V100 running Google's signed precompiled (proprietary) modules,
+    another version staged for the next boot: driver-ready describes the running driver,
+    whose modules are proprietary (the cache's "precompiled-signed" is no module type)."""
+    kernel.add_gpu(device="0x1db4")  # Tesla V100: proprietary modules only
+    kernel.set_sig_enforce(True)
+    bucket.prebuilt_versions = (DEFAULT_V,)  # open modules: unusable for a V100
+    bucket.custom_runs = {DEFAULT_V: cos_custom_run,
+                          LATEST_V: custom_run(tmp_path / "custom-latest", LATEST_V, COS_KERNEL)}
+    bucket.signature_versions = (DEFAULT_V, LATEST_V)
+    ok(pod.run("install"))
+    kernel.hold("nvidia")
+    proc = ok(pod.run("install", env={"NVIDIA_DRIVER_VERSION": "latest",
+                                      "WHEN_IN_USE": "stage"}))
+    assert last_event(proc)["plan"] == "staged"
+    ready = dict(line.split("=", 1) for line in
+                 (node.root / "run/nvidia/validations/driver-ready").read_text().splitlines())
+    assert ready["NVIDIA_DRIVER_VERSION"] == DEFAULT_V
+    assert ready["PENDING_DRIVER_VERSION"] == LATEST_V
+    assert ready["NVIDIA_KERNEL_MODULE_TYPE"] == "proprietary"
+
+
 def test_precompiled_without_signatures_is_exit_10_before_big_downloads(
         node, pod, kernel, server, bucket, cos_custom_run):
     kernel.add_gpu(device="0x1db4")

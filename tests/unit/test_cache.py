@@ -1,8 +1,9 @@
 from installer import cache
-from installer.cache import CacheKey, CacheRecord
+from installer.cache import CacheKey, CacheRecord, ModuleSource
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 
-KEY = CacheKey("550.54.14", kernel_release=RELEASE, flavor="compiled-proprietary")
+KEY = CacheKey("550.54.14", kernel_release=RELEASE, source=ModuleSource.COMPILED,
+               module_type="proprietary")
 
 
 def _install(tmp_path):

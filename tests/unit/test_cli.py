@@ -247,9 +247,9 @@ def test_a_read_only_host_root(tmp_path):
                     reason="needs this machine's /etc/os-release and no /root/etc/os-release")
 def test_default_host_root_by_hand_on_a_node_says_pass_host_root_slash(capsys, monkeypatch,
                                                                         tmp_path):
-    from installer import context
+    from installer import distros
 
-    monkeypatch.setattr(context, "CONTAINER_MARKERS", ())  # as on a node, outside containers
+    monkeypatch.setattr(distros, "CONTAINER_MARKERS", ())  # as on a node, outside containers
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     message, _ = failed(capsys, ["detect", "--install-dir", str(tmp_path)], 3)
     assert message == (

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from installer.distros.cos.choice import FLAVOR_PRECOMPILED, Probe, choose, precompiled_wanted
+from installer import cache
+from installer.cache import CacheKey, ModuleSource
+from installer.distros.cos.choice import Probe, choose, precompiled_wanted
 from installer.gpus import MODELS, PciGpu
 from installer.signing import SigningPolicy
 
@@ -23,7 +25,7 @@ def _probe(device: str, policy: SigningPolicy, *, prebuilt: bool, precompiled: b
 
 
 @pytest.mark.parametrize(("device", "policy", "prebuilt", "precompiled", "requested",
-                          "way", "module_type", "blocked"), [
+                          "source", "module_type", "blocked"), [
     # The build's signed open modules whenever the GPUs can use them.
     (L4, OPEN, True, False, "auto", "prebuilt", "open", False),
     (L4, ENFORCED, True, True, "auto", "prebuilt", "open", False),
@@ -38,23 +40,36 @@ def _probe(device: str, policy: SigningPolicy, *, prebuilt: bool, precompiled: b
     # LoadPin blocks every module from the install dir, signed or not.
     (L4, LOADPIN, True, False, "auto", "prebuilt", "open", True),
 ])
-def test_choose(device, policy, prebuilt, precompiled, requested, way, module_type, blocked):
+def test_choose(device, policy, prebuilt, precompiled, requested, source, module_type, blocked):
     chosen = choose(_probe(device, policy, prebuilt=prebuilt, precompiled=precompiled,
                            requested=requested), V)
-    assert (chosen.way, chosen.module_type, chosen.blocked) == (way, module_type, blocked)
-    assert chosen.signed is (way != "compiled")
+    assert (chosen.source.value, chosen.module_type, chosen.blocked) == (source, module_type,
+                                                                         blocked)
+    assert chosen.signed is (source != "compiled")
 
 
-def test_flavors_name_the_way_and_the_compiled_type():
-    assert choose(_probe(V100, ENFORCED, prebuilt=False, precompiled=True), V).flavor == \
-        FLAVOR_PRECOMPILED
-    assert choose(_probe(V100, OPEN, prebuilt=False), V).flavor == "compiled-proprietary"
-    assert choose(_probe(L4, OPEN, prebuilt=True), V).flavor == "prebuilt-open"
+def test_the_module_source_and_type_are_what_the_cache_records(tmp_path):
+    """The record's CACHE_FLAVOR spelling, as every earlier version wrote it."""
+
+    def recorded(probe: Probe) -> str:
+        chosen = choose(probe, V)
+        key = CacheKey(V, build_id="18244.151.14", source=chosen.source,
+                       module_type=chosen.module_type)
+        cache.write(tmp_path / ".cache", key, tmp_path, "test")
+        text = (tmp_path / ".cache").read_text()
+        assert (cache.CacheRecord.parse(text).source, cache.CacheRecord.parse(text).module_type
+                ) == (chosen.source, chosen.module_type)
+        return next(ln for ln in text.splitlines() if ln.startswith("CACHE_FLAVOR="))
+
+    assert recorded(_probe(V100, ENFORCED, prebuilt=False, precompiled=True)) == \
+        "CACHE_FLAVOR=precompiled-signed"
+    assert recorded(_probe(V100, OPEN, prebuilt=False)) == "CACHE_FLAVOR=compiled-proprietary"
+    assert recorded(_probe(L4, OPEN, prebuilt=True)) == "CACHE_FLAVOR=prebuilt-open"
 
 
 def test_notes_say_why_prebuilt_modules_were_not_used():
     chosen = choose(_probe(V100, ENFORCED, prebuilt=True, precompiled=True), V)
-    assert chosen.way == "precompiled" and any("V100" in n for n in chosen.notes)
+    assert chosen.source is ModuleSource.PRECOMPILED and any("V100" in n for n in chosen.notes)
 
 
 def test_the_precompiled_driver_is_probed_for_only_when_it_could_be_used():

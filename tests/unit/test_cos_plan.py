@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from installer import cache
-from installer.cache import CacheKey
+from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
+from installer.detect import context
 from installer.distros import for_host
 from installer.distros.cos import Cos
 from installer.distros.cos.choice import decide_modules
@@ -63,7 +64,7 @@ class Env:
             **settings,
         ).resolved()
         kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)
-        return Context.from_settings(s, kernel)
+        return context(s, kernel)
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def test_compile_plan(env):
     s = plan.summary
     assert s["driver_version"] == DEFAULT_V and s["version_alias"] == "default"
     assert s["version_source"] == f"{base}/gpu_default_version"
-    assert s["flavor"] == "compiled-proprietary"
+    assert s["module_source"] == "compiled"
     assert s["artifacts_url"] == base
     assert s["driver_url"] == f"file://{env.tesla}/{DEFAULT_V}/NVIDIA-Linux-x86_64-{DEFAULT_V}.run"
     assert s["kernel_headers_url"] == f"{base}/kernel-headers.tgz"
@@ -143,7 +144,7 @@ def test_prebuilt_plan_is_preferred(env):
     plan = CosFlow().plan(env.ctx(driver_version="latest"))
     assert names(plan) == PREBUILT_STEPS
     s = plan.summary
-    assert s["driver_version"] == LATEST_V and s["flavor"] == "prebuilt-open"
+    assert s["driver_version"] == LATEST_V and s["module_source"] == "prebuilt"
     assert s["prebuilt_modules_used"] is True
     assert "toolchain_url" not in s  # no toolchain needed
     fetch = step(plan, "fetch_artifacts").detail
@@ -155,7 +156,7 @@ def test_proprietary_request_skips_prebuilt_open_modules(env):
     env.bucket.prebuilt_versions = (LATEST_V,)
     plan = CosFlow().plan(env.ctx(driver_version="latest", kernel_module_type="proprietary"))
     assert names(plan) == COMPILE_STEPS
-    assert plan.summary["flavor"] == "compiled-proprietary"
+    assert plan.summary["module_source"] == "compiled"
     assert any("proprietary" in n for n in plan.summary["kernel_module_notes"])
 
 
@@ -206,13 +207,15 @@ def test_cached_plan_needs_build_and_version(env):
     ctx = env.ctx()
     _install_files(env.node.install_dir, DEFAULT_V)
     cache.write(ctx.install.cache_file, CacheKey(DEFAULT_V, build_id=COS_BUILD_ID,
-                                                 flavor="prebuilt-open"),
+                                                 source=ModuleSource.PREBUILT,
+                                                 module_type="open"),
                 ctx.install.root, "test")
     text = ctx.install.cache_file.read_text()
     assert f"CACHE_BUILD_ID={COS_BUILD_ID}" in text and "CACHE_FLAVOR=prebuilt-open" in text
     plan = CosFlow().plan(ctx)
     assert plan.kind == "cached" and names(plan) == CACHED_STEPS
-    assert plan.summary["flavor"] == "prebuilt-open"
+    assert plan.summary["module_source"] == "prebuilt"
+    assert plan.kernel_module_type == "open"
     # Another version: fresh.
     assert CosFlow().plan(env.ctx(driver_version="latest")).kind == "fresh"
     # --force: fresh.
@@ -283,7 +286,7 @@ def test_enforced_signatures_with_prebuilt_pass(env):
     env.bucket.prebuilt_versions = (DEFAULT_V,)
     ctx = env.ctx()
     plan = CosFlow().plan(ctx)
-    assert plan.summary["flavor"] == "prebuilt-open" and "blocked" not in plan.summary
+    assert plan.summary["module_source"] == "prebuilt" and "blocked" not in plan.summary
     plan.steps[0].run(ctx)
     plan.steps[1].run(ctx)  # no error
     assert ctx.work.kernel_module_type == "open"

@@ -89,6 +89,6 @@ def test_the_readme_recipe_names_files_that_exist():
     assert "installer/distros/headers_build.py" in named and len(named) >= 5
     assert all((repo / path).is_file() for path in named), named
     for distro in DISTROS:  # and the recipe's attribute names are the classes' own
-        for attr in ("name", "title", "os_ids", "gke_os_distributions", "image_flavor",
+        for attr in ("name", "title", "os_ids", "gke_os_distributions", "image_suffix",
                      "daemonset", "version_alias"):
             assert hasattr(distro, attr) and f"`{attr}`" in section

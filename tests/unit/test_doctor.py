@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from installer import branches, cache, cli, doctor, kernel, signing
-from installer.cache import CacheKey
+from installer.cache import CacheKey, ModuleSource
 from tests.fixtures import node as fixture_node
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 from tests.fixtures.kernel import UBUNTU_KERNEL_UPDATE, FakeKernel, fake_ko
@@ -83,7 +83,8 @@ class FakeNode:
         (self.install / "drivers/nvidia.ko").write_bytes(fake_ko("nvidia", RELEASE, version=V))
         self.ldconfig()
         cache.write(self.install / ".cache", CacheKey(V, kernel_release=RELEASE,
-                                                      flavor="compiled-proprietary"),
+                                                      source=ModuleSource.COMPILED,
+                                                      module_type="proprietary"),
                     self.install, "test")
         self.set_status(outcome="ok", exit_code=0, driver_version=V, plan="fresh",
                         duration_s=42.0)
@@ -491,7 +492,7 @@ def test_a_cos_record_is_judged_by_the_cos_build(node, capsys, build):
     f = found["cache"]
     if build == fixture_node.COS_BUILD_ID:
         assert f["verdict"] == "ok", f
-        assert f["detail"] == f"driver {V} for build {build} (prebuilt-open)"
+        assert f["detail"] == f"driver {V} for build {build} (prebuilt open modules)"
     else:
         assert f["verdict"] == "fail"
         assert f["detail"] == (f"stale: cached for build {build}, the node runs build "

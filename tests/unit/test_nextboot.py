@@ -8,11 +8,11 @@ import pytest
 import structlog
 
 from installer import nextboot
-from installer.cache import CacheKey
+from installer.cache import CacheKey, ModuleSource
 from installer.installdir import InstallDir
 
 KERNEL, UPDATED = "5.15.0-1049-gke", "5.15.0-1050-gke"
-KEY = CacheKey("535.183.01", kernel_release=KERNEL, flavor="compiled-open")
+KEY = CacheKey("535.183.01", kernel_release=KERNEL, source=ModuleSource.COMPILED, module_type="open")
 
 
 @pytest.fixture
@@ -39,12 +39,13 @@ def test_a_staged_tree_for_this_key_fills_the_staging_dir(install):
 
 
 @pytest.mark.parametrize("key, why", [
-    (CacheKey("535.183.01", kernel_release=UPDATED, flavor="compiled-open"),
+    (CacheKey("535.183.01", kernel_release=UPDATED, source=ModuleSource.COMPILED, module_type="open"),
      f"cached for kernel {KERNEL}, the node runs kernel {UPDATED}"),
-    (CacheKey("550.54.14", kernel_release=KERNEL, flavor="compiled-open"),
+    (CacheKey("550.54.14", kernel_release=KERNEL, source=ModuleSource.COMPILED, module_type="open"),
      "cached driver 535.183.01, want 550.54.14"),
-    (CacheKey("535.183.01", kernel_release=KERNEL, flavor="compiled-proprietary"),
-     "cached flavour compiled-open, want compiled-proprietary"),
+    (CacheKey("535.183.01", kernel_release=KERNEL, source=ModuleSource.COMPILED,
+              module_type="proprietary"),
+     "cached open modules, want proprietary"),
 ])
 def test_a_tree_staged_for_anything_else_is_discarded_saying_why(install, key, why):
     _stage(install)
@@ -70,7 +71,8 @@ def test_nothing_staged_is_no_fill(install):
 
 
 def test_staging_again_replaces_the_older_tree(install):
-    _stage(install, CacheKey("550.54.14", kernel_release=KERNEL, flavor="compiled-open"))
+    _stage(install, CacheKey("550.54.14", kernel_release=KERNEL, source=ModuleSource.COMPILED,
+                             module_type="open"))
     _stage(install)
     assert nextboot.record(install).driver_version == KEY.driver_version
     assert [p.name for p in Path(install.next_boot_dir, "lib64").iterdir()] == [

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from installer import cache
-from installer.cache import CacheKey
+from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
+from installer.detect import context
 from installer.distros import for_host
 from installer.distros.headers_build import find_kernel_headers
 from installer.distros.ubuntu import Ubuntu
@@ -49,7 +50,7 @@ class Env:
         """The context the install command builds (the release read from the fake kernel)."""
         if "driver_url" not in settings:  # the two are refused together
             settings["driver_base_url"] = f"file://{self.tesla}"
-        return Context.from_settings(Settings(host_root=self.node.root, install_dir=self.node.install_dir,
+        return context(Settings(host_root=self.node.root, install_dir=self.node.install_dir,
                                      **settings).resolved())
 
 
@@ -99,7 +100,8 @@ def test_persistence_mode_is_the_last_step_before_the_dev_char_links(env):
 def test_requested_module_type_is_planned_and_keyed(env, requested):
     ctx = env.ctx(kernel_module_type=requested)
     assert Ubuntu().plan(ctx).summary["kernel_module_type"] == requested
-    assert Ubuntu().cache_key(ctx, DEFAULT_DRIVER_VERSION).flavor == f"compiled-{requested}"
+    key = Ubuntu().cache_key(ctx, DEFAULT_DRIVER_VERSION)
+    assert (key.source, key.module_type) == (ModuleSource.COMPILED, requested)
 
 
 def test_explicit_version_is_pinned(env):
@@ -161,7 +163,7 @@ def _install_files(root: Path, version: str) -> None:
         (root / rel).write_bytes(data)
 
 
-def test_cache_hit_needs_version_kernel_and_flavour(env):
+def test_cache_hit_needs_version_kernel_and_module_type(env):
     ctx = env.ctx()
     _install_files(ctx.install.root, DEFAULT_DRIVER_VERSION)
     cache.write(ctx.install.cache_file, Ubuntu().cache_key(ctx, DEFAULT_DRIVER_VERSION),
@@ -173,7 +175,7 @@ def test_cache_hit_needs_version_kernel_and_flavour(env):
     assert Ubuntu().plan(env.ctx(driver_version="535.183.01")).kind == "fresh"
     assert Ubuntu().plan(env.ctx(kernel_module_type="proprietary")).kind == "fresh"
     other_kernel = CacheKey(DEFAULT_DRIVER_VERSION, kernel_release="5.15.0-1050-gke",
-                            flavor="compiled-open")
+                            source=ModuleSource.COMPILED, module_type="open")
     cache.write(ctx.install.cache_file, other_kernel, ctx.install.root, "test")
     assert Ubuntu().plan(env.ctx()).kind == "fresh"
 

@@ -8,18 +8,18 @@ parallel, only after the signature policy allowed it.
 
 - **prebuilt** (``nvidia-drivers-<V>.tgz`` exists, preferred): its signed (open)
   modules go into ``drivers/`` and the NVIDIA installer runs for user space
-  only (``--no-kernel-module``). Flavour ``prebuilt-open``.
+  only (``--no-kernel-module``). Module source ``prebuilt``, open modules.
 - **precompiled-signed** (signatures enforced, no usable prebuilt modules, and the
   build has ``extensions/gpu/NVIDIA-Linux-x86_64-<V>-custom.run`` and
   ``nvidia-drivers-<V>-signature.tar.gz``): as Google's installer, link
   ``nvidia.ko``/``nvidia-modeset.ko`` from NVIDIA's precompiled kernel interfaces
   with the toolchain's ``ld.lld -T module.lds``, append Google's PKCS#7
   signatures, user space with ``--no-kernel-module``. Proprietary modules
-  (pre-Turing GPUs: P4, P100, V100, K80). Flavour ``precompiled-signed``.
+  (pre-Turing GPUs: P4, P100, V100, K80). Module source ``precompiled``.
 - **compiled**: ``kernel-headers.tgz`` and the toolchain, cached on the host
   under the tools dir, then the shared nvidia-installer build with
-  ``--kernel-source-path`` and the toolchain's CC/CXX/PATH. Flavour
-  ``compiled-proprietary``. Refused with exit 10 before any big download if
+  ``--kernel-source-path`` and the toolchain's CC/CXX/PATH. Module source
+  ``compiled``. Refused with exit 10 before any big download if
   the kernel only loads signed modules.
 - **cached**: same build, version and intact files: load and verify.
 - **preload** (``--preload``): fetch and cache the toolchain and headers only.
@@ -29,17 +29,13 @@ parallel, only after the signature policy allowed it.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
-from pathlib import Path
 
-from installer import cache
+from installer import podcontract
 from installer.cache import CacheKey
 from installer.distros.base import Distro
-from installer.distros.cos.v2_cache import v2_flavor
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo, parse_env_file
-from installer.settings import DEFAULT_INSTALL_DIR_HOST
 
 # The build's driver version aliases (its gpu_<alias>_version files): default, latest and a
 # branch, R535 (r535 and 535 name it too). ``manifests render`` and ``install`` both read
@@ -48,11 +44,13 @@ VERSION_ALIAS = re.compile(r"(?i:(?P<name>default|latest)|r?(?P<branch>[0-9]{3,}
 
 
 # As GKE's COS DaemonSets: the toolchain cache and the Vulkan ICD dir, named in env too.
-TOOLS_DIR = HostMount("cos-tools", "/var/lib/cos-tools", "/build/cos-tools", "DirectoryOrCreate",
+TOOLS_DIR = HostMount("cos-tools", str(podcontract.COS_TOOLS_DIR_HOST),
+                      str(podcontract.COS_TOOLS_DIR_CONTAINER), "DirectoryOrCreate",
                       "COS toolchain cache: kept across pod restarts and reinstalls.")
 VULKAN_ICD_DIR = HostMount(
-    "vulkan-icd-mount", f"{DEFAULT_INSTALL_DIR_HOST}/vulkan/icd.d", "/etc/vulkan/icd.d",
-    "DirectoryOrCreate", "NVIDIA's Vulkan ICD file (nvidia_icd.json), as GKE's COS DaemonSet.")
+    "vulkan-icd-mount", str(podcontract.VULKAN_ICD_DIR_HOST),
+    str(podcontract.VULKAN_ICD_DIR_CONTAINER), "DirectoryOrCreate",
+    "NVIDIA's Vulkan ICD file (nvidia_icd.json), as GKE's COS DaemonSet.")
 DAEMONSET = DaemonSetNeeds(
     mounts=(TOOLS_DIR, VULKAN_ICD_DIR),
     env=(("COS_TOOLS_DIR_HOST", TOOLS_DIR.host_path),
@@ -92,14 +90,6 @@ class Cos(Distro):
     def node_key(cls, info: HostInfo, driver_version: str) -> CacheKey:
         """COS installs are keyed by the OS build (its kernel and signing keys come with it)."""
         return CacheKey(driver_version, build_id=info.build_id)
-
-    @classmethod
-    def read_cache(cls, cache_file: Path) -> cache.CacheRecord | None:
-        """Ours, or cos-gpu-installer v2's (no CACHE_FLAVOR: its keys tell the flavour)."""
-        record = cache.read(cache_file)
-        if record is not None and record.flavor is None:
-            record = replace(record, flavor=v2_flavor(record.fields))
-        return record
 
     @classmethod
     def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,

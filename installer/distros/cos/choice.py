@@ -4,14 +4,12 @@ proprietary) or compiled. Pure: CosFlow probes the node and the build (``Probe``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
 
 from installer import gpus
+from installer.cache import ModuleSource
 from installer.signing import SigningPolicy
-
-FLAVOR_PREBUILT = "prebuilt-open"
-FLAVOR_PRECOMPILED = "precompiled-signed"  # proprietary modules linked here, Google-signed
 
 
 @dataclass(frozen=True)
@@ -24,7 +22,7 @@ class ModuleDecision:
 def decide_modules(gpus_found: list, version: str, requested: str,
                    prebuilt_available: bool) -> ModuleDecision:
     """Prebuilt (open, signed) modules when the build has them, every GPU here can use
-    the open modules and the open flavour was not refused; else what a compile builds
+    the open modules and they were not refused; else what a compile builds
     (the shared choice: the GPUs' needs, then NVIDIA's default for the branch).
 
     COS prefers its prebuilt modules whenever they can work, as Google's
@@ -50,12 +48,6 @@ def proprietary_allowed(gpus_found: list, requested: str) -> bool:
         g.model and g.model.open_modules == "required" for g in gpus_found)
 
 
-def flavor_module_type(flavor: str | None) -> str | None:
-    if flavor == FLAVOR_PRECOMPILED:
-        return "proprietary"
-    return flavor.rsplit("-", 1)[-1] if flavor and flavor.count("-") == 1 else None
-
-
 @dataclass(frozen=True)
 class Probe:
     """What the decision reads: this node's GPUs and signature policy, what was asked
@@ -72,7 +64,7 @@ class Probe:
 
 @dataclass(frozen=True)
 class Choice:
-    way: Literal["prebuilt", "precompiled", "compiled"]
+    source: ModuleSource
     compiled_type: str  # what nvidia-installer builds or installs user space for
     notes: tuple[str, ...] = ()
     blocked: bool = False  # refused with exit 10 by the signing check
@@ -80,18 +72,13 @@ class Choice:
     @property
     def signed(self) -> bool:
         """Modules that come signed: the NVIDIA installer installs user space only."""
-        return self.way != "compiled"
+        return self.source is not ModuleSource.COMPILED
 
     @property
     def module_type(self) -> str:
         """The type of the modules that load."""
-        return {"prebuilt": "open", "precompiled": "proprietary"}.get(self.way,
-                                                                      self.compiled_type)
-
-    @property
-    def flavor(self) -> str:
-        return {"prebuilt": FLAVOR_PREBUILT, "precompiled": FLAVOR_PRECOMPILED}.get(
-            self.way, f"compiled-{self.compiled_type}")
+        return {ModuleSource.PREBUILT: "open", ModuleSource.PRECOMPILED: "proprietary"}.get(
+            self.source, self.compiled_type)
 
 
 def precompiled_wanted(found: tuple[gpus.PciGpu, ...], requested: str, policy: SigningPolicy,
@@ -115,8 +102,8 @@ def choose(probe: Probe, version: str) -> Choice:
                               probe.prebuilt_available)
     precompiled = probe.precompiled_available and precompiled_wanted(
         probe.gpus, probe.requested_type, probe.policy, decision.use_prebuilt)
-    way: Literal["prebuilt", "precompiled", "compiled"] = (
-        "prebuilt" if decision.use_prebuilt else "precompiled" if precompiled else "compiled")
-    signed = way != "compiled"
-    blocked = probe.policy.loadpin_blocks or (probe.policy.enforced and not signed)
-    return Choice(way, decision.compiled_type, decision.notes, blocked)
+    source = (ModuleSource.PREBUILT if decision.use_prebuilt
+              else ModuleSource.PRECOMPILED if precompiled else ModuleSource.COMPILED)
+    chosen = Choice(source, decision.compiled_type, decision.notes)
+    blocked = probe.policy.loadpin_blocks or (probe.policy.enforced and not chosen.signed)
+    return dataclasses.replace(chosen, blocked=blocked)

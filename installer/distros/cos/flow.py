@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import gpus, headers, signing, steps
-from installer.cache import CacheKey
+from installer import cache, gpus, headers, signing, steps
+from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import cached_plan, fresh_plan
 from installer.distros.cos import Cos, pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
@@ -29,7 +29,6 @@ from installer.distros.cos.choice import (
     Probe,
     choose,
     decide_modules,
-    flavor_module_type,
     precompiled_wanted,
 )
 from installer.distros.cos.precompiled import link_precompiled, load_or_relink, unpack_signatures
@@ -46,7 +45,6 @@ from installer.distros.cos.toolchain import BuildTools
 from installer.gke import mirror
 from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root, check_url_scheme
-from installer.nvidia_run import driver_url
 from installer.plan import Plan, Step
 from installer.steps import Fetch
 
@@ -107,8 +105,12 @@ class CosFlow(Cos):
     def driver_version(self, ctx: Context) -> str:
         return self.resolve(ctx).version
 
-    def cache_key(self, ctx: Context, version: str, flavor: str | None = None) -> CacheKey:
-        key = dataclasses.replace(self.node_key(ctx.host_info, version), flavor=flavor)
+    def cache_key(self, ctx: Context, version: str, chosen: Choice | None = None) -> CacheKey:
+        """Keyed by the build and version; a fresh install's key also names its modules
+        (None: any intact install of them is a hit)."""
+        key = self.node_key(ctx.host_info, version)
+        if chosen is not None:
+            key = dataclasses.replace(key, source=chosen.source, module_type=chosen.module_type)
         return v2_cache.with_v2_lines(key)
 
     # -- plans
@@ -128,14 +130,15 @@ class CosFlow(Cos):
             "artifacts_url": self._base(ctx),
         }
         # Any intact install of this build and version is a hit, whatever its
-        # flavour: no network needed to restart a node.
+        # module source: no network needed to restart a node.
         if self.cache_hit(ctx, self.cache_key(ctx, version)):
-            record = self.read_cache(ctx.install.cache_file)
-            flavor = record.flavor if record else None
-            cached_type = flavor_module_type(flavor)
+            record = cache.read(ctx.install.cache_file)
+            source = record.source if record else None
+            cached_type = record.module_type if record else None
             return cached_plan(
                 ctx, version, check_gpus(version, ctx.settings.kernel_module_type, cached_type),
-                module_type=cached_type, display={**display, "flavor": flavor})
+                module_type=cached_type,
+                display={**display, "module_source": source.value if source else None})
         arts = self._artifacts(ctx)
         probe = self._probe(ctx, arts, version)
         chosen = choose(probe, version)
@@ -160,16 +163,16 @@ class CosFlow(Cos):
     def _fresh_plan(self, ctx: Context, arts: Artifacts, version: str, probe: Probe,
                     chosen: Choice, display: dict[str, object]) -> Plan:
         """The steps for ``chosen``: fetch, prepare, build (or user space only), load."""
-        run_url = driver_url(ctx.settings, version, self._mirror(ctx))
+        run_url = ctx.settings.driver_run_url(version, self._mirror(ctx))
         prebuilt_url = arts.url(prebuilt_modules_name(version))
         signatures_url = arts.url(signatures_name(version))
         custom_url = arts.url(custom_run_name(version))
         policy = probe.policy
-        precompiled = chosen.way == "precompiled"
+        precompiled = chosen.source is ModuleSource.PRECOMPILED
         display.update({
-            "flavor": chosen.flavor,
+            "module_source": chosen.source.value,
             "prebuilt_modules_url": prebuilt_url,
-            "prebuilt_modules_used": chosen.way == "prebuilt",
+            "prebuilt_modules_used": chosen.source is ModuleSource.PREBUILT,
             "gpus": [g.describe() for g in probe.gpus],
             "signatures_enforced": policy.enforced,
             "signature_enforcement": list(policy.reasons),
@@ -181,10 +184,10 @@ class CosFlow(Cos):
                             "signatures_url": signatures_url})
         if chosen.blocked:
             display["blocked"] = "module signature policy: the install would stop with exit 10"
-        note = {"prebuilt": "signed prebuilt modules: allowed",
-                "precompiled": "precompiled modules with Google's signatures: allowed",
-                "compiled": "compiled modules are unsigned: refused if signatures are enforced",
-                }[chosen.way]
+        note = {ModuleSource.PREBUILT: "signed prebuilt modules: allowed",
+                ModuleSource.PRECOMPILED: "precompiled modules with Google's signatures: allowed",
+                ModuleSource.COMPILED: "compiled modules are unsigned: refused if signatures "
+                "are enforced"}[chosen.source]
         sign_step = check_signing(
             note, prebuilt=chosen.signed, version=version, build_id=arts.build_id,
             prebuilt_url=prebuilt_url,
@@ -196,7 +199,7 @@ class CosFlow(Cos):
         # With a manifest NVIDIA's .run is pinned like the build's files: listed, or exit 6.
         run_fetch = Fetch("driver", run_url, "driver",
                           ctx.settings.driver_sha256 or arts.pin(run_url, "driver"))
-        if chosen.way == "prebuilt":
+        if chosen.source is ModuleSource.PREBUILT:
             fetches = [run_fetch, Fetch("prebuilt", prebuilt_url, "prebuilt modules",
                                         arts.pin(prebuilt_url, "prebuilt modules"))]
             work = [unpack_prebuilt(version), steps.extract_driver(version)]
@@ -212,11 +215,12 @@ class CosFlow(Cos):
         if chosen.signed:
             work.append(place_prebuilt())
         plan = fresh_plan(
-            ctx, version, self.cache_key(ctx, version, chosen.flavor),
+            ctx, version, self.cache_key(ctx, version, chosen),
             module_type=chosen.module_type, driver_url=run_fetch.url,
             driver_sha256=run_fetch.sha256, display=display,
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
-                                  "open" if chosen.way == "prebuilt" else chosen.compiled_type),
+                                  "open" if chosen.source is ModuleSource.PREBUILT
+                                  else chosen.compiled_type),
             check_signing=sign_step, build=(steps.fetch_artifacts(tuple(fetches)), *work))
         if precompiled:  # v2's fallback: relink the legacy way when the load fails
             relinking = load_or_relink(version, ctx.settings.display_modules)

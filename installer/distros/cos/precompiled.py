@@ -1,4 +1,4 @@
-"""The precompiled-signed flavour: NVIDIA's precompiled kernel interfaces linked with
+"""Modules of the precompiled source: NVIDIA's precompiled kernel interfaces linked with
 the build's toolchain, and Google's PKCS#7 signatures appended (as Google's installer)."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ log = structlog.get_logger(__name__)
 
 
 def check_gpus(version: str, requested: str, module_type: str | None) -> Step:
-    """The shared GPU check; the module type we know (prebuilt or cached flavour) is what
+    """The shared GPU check; the module type we know (prebuilt, or what the .cache records) is what
     gets reported, not the one a compile would pick."""
     inner = steps.check_gpus(version, requested)
 

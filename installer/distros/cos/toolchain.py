@@ -25,7 +25,7 @@ from pathlib import Path
 
 import structlog
 
-from installer import __version__, archive, safejson
+from installer import __version__, archive, podcontract, safejson
 from installer.errors import BuildError, IntegrityError
 from installer.fsutil import UnreadableFile, read_limited, remove_tree, write_atomic
 from installer.hostroot import HostRoot
@@ -34,8 +34,8 @@ from installer.runner import CommandError, Runner
 
 log = structlog.get_logger(__name__)
 
-TOOLS_DIR_CONTAINER = Path("/build/cos-tools")
-TOOLS_DIR_HOST = "/var/lib/cos-tools"
+TOOLS_DIR_CONTAINER = podcontract.COS_TOOLS_DIR_CONTAINER
+TOOLS_DIR_HOST = str(podcontract.COS_TOOLS_DIR_HOST)
 MARKER = ".nvidia-driver-installer.json"
 # Rust parts of the COS toolchain are large and never needed for modules
 # (Google's installers skip them too).

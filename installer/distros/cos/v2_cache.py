@@ -10,12 +10,9 @@ line without ``=``, so our record must have no comment line.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 
-from installer.cache import CacheKey
-
-KERNEL_OPEN_KEY = "KERNEL_OPEN"
+from installer.cache import V2_KERNEL_OPEN_KEY, CacheKey
 
 
 def v2_lines(build_id: str | None, driver_version: str, module_type: str | None) -> list[str]:
@@ -24,20 +21,13 @@ def v2_lines(build_id: str | None, driver_version: str, module_type: str | None)
         return []
     lines = [f"BUILD_ID={build_id}", f"DRIVER_VERSION={driver_version}"]
     if module_type == "open":
-        lines.append(f"{KERNEL_OPEN_KEY}=Y")
+        lines.append(f"{V2_KERNEL_OPEN_KEY}=Y")
     return lines
 
 
 def with_v2_lines(key: CacheKey) -> CacheKey:
-    """``key`` writing v2's lines too, so v2 takes our install as its own cache hit."""
-    module_type = (key.flavor or "compiled-proprietary").rsplit("-", 1)[-1]
+    """``key`` writing v2's lines too, so v2 takes our install as its own cache hit
+    (v2's records are read by cache.read)."""
     return replace(key, compat_lines=tuple(v2_lines(key.build_id, key.driver_version,
-                                                     module_type)))
+                                                     key.module_type)))
 
-
-def v2_flavor(fields: Mapping[str, str]) -> str | None:
-    """The flavour of a record v2 wrote (no CACHE_FLAVOR): its open modules come only as
-    the build's signed prebuilt ones, its proprietary ones as Google's precompiled .run."""
-    if "BUILD_ID" not in fields or "CACHE_FLAVOR" in fields:
-        return None
-    return "prebuilt-open" if fields.get(KERNEL_OPEN_KEY) == "Y" else "precompiled-signed"

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import structlog
 
 from installer import cache, gpus
-from installer.distros.cos import Cos
 from installer.distros.cos.artifacts import (
     DEFAULT_ALIAS,
     LATEST_ALIAS,
@@ -40,7 +39,7 @@ def usable_cache(ctx: Context) -> cache.CacheRecord | None:
     """The .cache record of an intact install for this build, if any."""
     if ctx.settings.force:
         return None
-    record = Cos.read_cache(ctx.install.cache_file)
+    record = cache.read(ctx.install.cache_file)
     if (record is None or record.build_id != ctx.host_info.build_id
             or not record.driver_version
             or cache.check_files(record, ctx.install.root) is not None):

@@ -9,7 +9,6 @@ import threading
 import pytest
 
 from installer.gke import mirror
-from installer.nvidia_run import driver_url
 from installer.settings import Settings
 
 V = "535.216.03"
@@ -30,19 +29,19 @@ def test_zone_picks_the_mirror_bucket(zone, location):
 
 def test_v2_url_shape_for_its_own_test_version():
     # installer_test.go L49-57: the us mirror URL for 525.125.06
-    assert driver_url(Settings(), "525.125.06", mirror.mirror_base_url(None)) == (
+    assert Settings().driver_run_url("525.125.06", mirror.mirror_base_url(None)) == (
         "https://storage.googleapis.com/nvidia-drivers-us-public/tesla/525.125.06/"
         "NVIDIA-Linux-x86_64-525.125.06.run")
 
 
 def test_base_url_and_branch_override_the_mirror():
     gke = mirror.mirror_base_url("europe-west1-b")
-    assert driver_url(Settings(driver_base_url="https://m.test/nv"), V, gke) == (
+    assert Settings(driver_base_url="https://m.test/nv").driver_run_url(V, gke) == (
         f"https://m.test/nv/{V}/NVIDIA-Linux-x86_64-{V}.run")
-    assert driver_url(Settings(), V) == (
+    assert Settings().driver_run_url(V) == (
         f"https://us.download.nvidia.com/tesla/{V}/NVIDIA-Linux-x86_64-{V}.run")
     # GKE's Ubuntu entrypoint.sh L21-23: NVIDIA_DRIVER_BRANCH is the path segment
-    assert driver_url(Settings(driver_branch="XFree86/Linux-x86_64"), V).startswith(
+    assert Settings(driver_branch="XFree86/Linux-x86_64").driver_run_url(V).startswith(
         "https://us.download.nvidia.com/XFree86/Linux-x86_64/")
 
 

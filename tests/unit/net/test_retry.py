@@ -13,7 +13,7 @@ import urllib3.exceptions
 from structlog.testing import capture_logs
 from werkzeug import Response
 
-from installer.context import Context
+from installer.detect import context
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
 from installer.net import retry
 from installer.net.retry import (
@@ -197,7 +197,7 @@ def test_give_up_on_total_timeout_before_sleeping_past_it():
 def test_download_retries_and_timeout_reach_the_policy_through_settings(tmp_path):
     fields = retry_env({"DOWNLOAD_RETRIES": "2", "DOWNLOAD_TIMEOUT": "45.5"})
     settings = Settings(install_dir=tmp_path, **fields).resolved()
-    p = policy_of(Context.from_settings(settings, strict=False).http)
+    p = policy_of(context(settings, strict=False).http)
     assert (p.attempts, p.total_timeout) == (2, 45.5)
     assert p.read_timeout == NETWORK_DEFAULTS.read_timeout
     assert retry_env({}) == {}
