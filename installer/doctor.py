@@ -58,6 +58,10 @@ SWITCH_FROM_GKE = ("keep one installer: delete GKE's DaemonSet (kubectl -n kube-
                    "gpu-driver-version=disabled (README, \"Switching from GKE's installer\")")
 DRAIN = ("drain GPU workloads from the node (kubectl drain <node> --ignore-daemonsets "
          "--delete-emptydir-data), then re-run install")
+# The README's runbook for a staged version: nothing to re-run, the reboot installs it.
+REBOOT_STAGED = ("drain the node (kubectl drain <node> --ignore-daemonsets "
+                 "--delete-emptydir-data), reboot it, then kubectl uncordon <node>")
+INSTALL_AGAIN = "run install to install it again"
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,14 @@ class Node:
                  else f"nvidia-smi fails ({smi.message})")
         return (f"driver {self.loaded_version} loaded by the node image; not installed by "
                 f"this tool; {works}")
+
+    @property
+    def uninstalled(self) -> str | None:
+        """When `uninstall` removed the install (its status.json says so), else None."""
+        s = self.status or {}
+        if s.get("outcome") == "uninstalled" and self.record is None:
+            return str(s.get("finished_at", "?"))
+        return None
 
     @property
     def never_installed(self) -> bool:
@@ -253,7 +265,7 @@ def check_installer_status(n: Node) -> Finding:
                        f"last run ok at {when}: driver {staged.running_version} keeps running "
                        f"(in use: {staged.holders}); {s.get('driver_version')} is staged for "
                        f"the next boot, {where_kept}",
-                       f"{DRAIN}, then reboot the node: the next run installs "
+                       f"{REBOOT_STAGED}: at boot the installer puts in "
                        f"{s.get('driver_version')} with no download or compile (or let it "
                        "wait for the node's next reboot)")
     if s.get("outcome") == "ok":
@@ -261,7 +273,7 @@ def check_installer_status(n: Node) -> Finding:
                        f"{s.get('driver_version')} ({s.get('plan')} plan, {s.get('duration_s')}s)")
     if s.get("outcome") == "uninstalled":
         return Finding("installer_status", WARN, f"the driver was uninstalled at {when}",
-                       "run install to install it again")
+                       INSTALL_AGAIN)
     ctx = s.get("context") or {}
     step = f" in step {ctx['step']}" if ctx.get("step") else ""
     upgrade = _failed_upgrade(n)
@@ -287,6 +299,9 @@ def check_cache(n: Node) -> Finding:
     if r is None and n.never_installed:
         return Finding("cache", FAIL, "no .cache record: install has never run on this node",
                        INSTALL_FIRST)
+    if r is None and n.uninstalled:
+        return Finding("cache", FAIL, f"no .cache record: the driver was uninstalled at "
+                       f"{n.uninstalled}", INSTALL_AGAIN)
     if r is None and n.node_image_driver:
         return Finding("cache", OK, f"no .cache record in {n.install.root}: this tool has not "
                        "installed a driver here (the loaded one is the node image's)")
@@ -332,6 +347,9 @@ def check_install_dir(n: Node) -> Finding:
     if missing and n.never_installed:
         return Finding("install_dir", FAIL, f"{n.install.host_path} is empty: install has never "
                        "run on this node", INSTALL_FIRST)
+    if missing and n.uninstalled:
+        return Finding("install_dir", FAIL, f"{n.install.host_path} holds no driver: it was "
+                       f"uninstalled at {n.uninstalled}", INSTALL_AGAIN)
     if missing and n.node_image_driver:
         return Finding("install_dir", FAIL, f"{root} holds no usable user space of the loaded "
                        f"driver {n.loaded_version}: missing {', '.join(missing)} ({counts})",
@@ -456,6 +474,11 @@ def _failed_upgrade(n: Node) -> FailedUpgrade | None:
 
 
 def check_gpu_firmware(n: Node) -> Finding:
+    if n.record is None and n.loaded_version is None:
+        # No driver here, so no firmware of one: not "ok" (the install's checks say why).
+        return Finding("gpu_firmware", FAIL, f"no driver installed in {n.install.host_path}: "
+                       "no GSP firmware for the kernel to find",
+                       INSTALL_AGAIN if n.uninstalled else INSTALL_FIRST)
     ok, detail = firmware.findable(n.kernel, n.host, n.install)
     if ok:
         return Finding("gpu_firmware", OK, detail)
@@ -759,7 +782,7 @@ def run(settings: Settings) -> Report:
             findings.append(Finding(name, FAIL, f"the check itself failed: "
                                     f"{type(exc).__name__}: {exc}",
                                     "report this as an installer bug; check by hand meanwhile"))
-    if node.never_installed:  # nothing to re-run yet
+    if node.never_installed or node.uninstalled:  # nothing to re-run yet
         findings = [replace(f, fix=f.fix.replace("re-run install", "run install"))
                     for f in findings]
     info = node.host_info
