@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from installer import __version__
+from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
 from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
@@ -169,18 +170,22 @@ class _LazyGroup(click.Group):
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="nvidia-driver-installer")
 def cli() -> None:
-    """Install NVIDIA GPU drivers on Kubernetes nodes (Container-Optimized OS, Ubuntu)."""
+    """Install NVIDIA GPU drivers on Kubernetes nodes (Container-Optimized OS, Ubuntu,
+    Debian)."""
 
 
 def _exit_codes_epilog() -> str:
     """The exit codes table (DESIGN §3) and two examples, kept as typed (``\\b``)."""
     rows = "\n".join(f"  {int(code):>3}  {meaning}" for code, meaning in EXIT_CODE_MEANINGS.items())
     return (f"\b\nExit codes:\n{rows}\n\n"
+            "\b\nEnvironment only (no option):\n"
+            f"  {ENV_RETRIES}  attempts per download (1: no retry)\n"
+            f"  {ENV_TIMEOUT}  seconds after which no new download attempt starts\n\n"
             "\b\nExamples:\n"
             "  # on the node itself, by hand: print the plan, change nothing\n"
             "  sudo nvidia-driver-installer install --host-root / --dry-run\n"
             "  # a pinned driver, waiting up to 10 minutes for another installer\n"
-            "  nvidia-driver-installer install --driver-version 550.127.05 \\\n"
+            "  nvidia-driver-installer install --driver-version 580.82.07 \\\n"
             "      --driver-sha256 <sha256 of the .run> --lock-timeout 600")
 
 

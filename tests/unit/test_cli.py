@@ -418,3 +418,32 @@ def test_when_in_use_defaults_to_stage_in_a_pod_and_fail_by_hand(monkeypatch, se
 def test_install_help_says_when_in_use_defaults_differ_in_a_pod(capsys):
     _, out, _ = run_main(capsys, ["install", "--help"])
     assert "stage in a pod, where KUBERNETES_SERVICE_HOST is set; fail by" in " ".join(out.split())
+
+
+def test_top_level_help_names_every_supported_os(capsys):
+    from installer.distros import DISTROS
+
+    _, out, _ = run_main(capsys, ["--help"])
+    for distro in DISTROS:
+        assert distro.title in " ".join(out.split()), distro.title
+
+
+def test_install_help_lists_the_environment_only_variables(capsys):
+    from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
+
+    _, out, _ = run_main(capsys, ["install", "--help"])
+    assert ENV_RETRIES in out and ENV_TIMEOUT in out
+
+
+def test_every_variable_the_source_reads_is_in_the_readme():
+    """Issue 34 §5: GCE_METADATA_HOST, CC, CURL_CA_BUNDLE were read but documented nowhere."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    read = set()
+    for path in (root / "installer").rglob("*.py"):
+        read |= set(re.findall(r"""(?:environ\.get\(|environ\[|getenv\()["']([A-Z][A-Z0-9_]+)["']""",
+                               path.read_text()))
+    assert {"GCE_METADATA_HOST", "CC", "CURL_CA_BUNDLE"} <= read  # the pattern finds them
+    readme = (root / "README.md").read_text()
+    assert not {v for v in read if f"`{v}`" not in readme}
