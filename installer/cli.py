@@ -7,6 +7,7 @@ stay inside the commands so ``--help`` and cache hits start fast.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -442,20 +443,26 @@ def main(argv: list[str] | None = None) -> None:
             click.echo("aborted", err=True)
             sys.exit(int(ExitCode.INTERNAL))
         except click.ClickException as exc:
+            from installer.errors import UsageError
+
             if isinstance(exc, click.UsageError) and _json_requested(argv):
-                from installer.errors import UsageError
                 from installer.log import configure
 
                 configure("json")  # tools reading JSON lines get this one too (issue 26)
                 _report_failure(UsageError(exc.format_message()), command)
             else:
                 exc.show()
+            if isinstance(exc, click.UsageError):
+                _failure_json(command, argv, UsageError(exc.format_message()))
             sys.exit(exc.exit_code)
         except InstallerError as exc:
             _report_failure(exc, command)
+            _failure_json(command, argv, exc)
             sys.exit(int(exc.exit_code))
         except signals.Interrupted as exc:
             _report_interrupt(exc, command)
+            _failure_json(command, argv, None, outcome="interrupted", error_class="interrupted",
+                          exit_code=exc.exit_code, message=f"interrupted by {exc.name}")
             sys.exit(exc.exit_code)
         except Exception as exc:  # noqa: BLE001 - the one boundary
             from installer.errors import from_os_error
@@ -463,8 +470,11 @@ def main(argv: list[str] | None = None) -> None:
             known = from_os_error(exc) if isinstance(exc, OSError) else None
             if known is not None:  # no privileges, a read-only host: one line, no traceback
                 _report_failure(known, command)
+                _failure_json(command, argv, known)
                 sys.exit(int(known.exit_code))
             _report_bug(exc, command)
+            _failure_json(command, argv, None, outcome="error", error_class="internal", exit_code=1,
+                          message=f"{type(exc).__name__}: {exc}")
             sys.exit(int(ExitCode.INTERNAL))
     sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -480,6 +490,37 @@ def _json_requested(argv: list[str] | None) -> bool:
         if arg == "--log-format" and i + 1 < len(args):
             return args[i + 1].lower() == "json"
     return os.environ.get("LOG_FORMAT", "").strip().lower() == "json"
+
+
+def _failure_json(command: str, argv: list[str] | None, exc: InstallerError | None,
+                  **doc: Any) -> None:
+    """``install -o json``: a failed run's outcome on stdout as a successful one's is (issue
+    34), so a tool reading stdout gets one JSON document whatever happened, dry runs
+    included. (The other commands print their document before they fail.)"""
+    args = sys.argv[1:] if argv is None else argv
+    if command != "install" or not _output_json_requested(args):
+        return
+    if exc is not None:
+        doc = {"outcome": "error", "error_class": exc.error_class, "exit_code": int(exc.exit_code),
+               "message": exc.message, "hint": exc.hint,
+               **{k: v for k, v in exc.context.items() if k not in TAIL_FIELDS}}
+    if "--dry-run" in args:
+        doc["dry_run"] = True
+    from installer.net.policy import scrub_text
+
+    click.echo(scrub_text(json.dumps(doc, indent=2, default=str)))
+
+
+def _output_json_requested(args: list[str]) -> bool:
+    """``-o json``, ``-ojson``, ``--output json`` or ``--output=json`` among the arguments,
+    read without click (which may have failed to parse them)."""
+    for i, arg in enumerate(args):
+        if arg in ("-o", "--output") and i + 1 < len(args):
+            if args[i + 1] == "json":
+                return True
+        elif arg in ("-ojson", "--output=json"):
+            return True
+    return False
 
 
 @contextlib.contextmanager
