@@ -116,6 +116,17 @@ def _settings(**opts: Any) -> Settings:
     return Settings(**{k: v for k, v in opts.items() if v is not None}).resolved()
 
 
+def _follow_output(output: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """A read-only report's log lines (detect, status, verify, doctor) in the format of the
+    report itself (-o), not JSON on stderr beside text on stdout (issue 34): unless
+    --log-format was given on the command line, LOG_FORMAT (a pod's env sets json) and auto
+    give way to -o."""
+    source = click.get_current_context().get_parameter_source("log_format")
+    if source is not click.core.ParameterSource.COMMANDLINE:
+        opts["log_format"] = "json" if output == "json" else "console"
+    return opts
+
+
 def _full_url_over_base_url(opts: dict[str, Any]) -> None:
     """A full .run URL and a base URL not both given as flags: the full URL wins, as in GKE's
     installers (a pool's NVIDIA_DRIVER_DOWNLOAD_URL over a template's NVIDIA_DRIVER_BASE_URL),
@@ -316,7 +327,8 @@ def detect(output: str, **opts: Any) -> None:
 
     if output == "auto":
         output = "text" if sys.stdout.isatty() else "json"
-    click.echo(render(detect_mod.run(_settings(**opts)), output), nl=False)
+    click.echo(render(detect_mod.run(_settings(**_follow_output(output, opts))), output),
+               nl=False)
 
 
 @cli.command(short_help="Print status.json and the .cache record; exit with its code.")
@@ -328,7 +340,7 @@ def status(output: str, **opts: Any) -> int:
     from installer import status as status_mod
     from installer.installdir import InstallDir
 
-    settings = _settings(**opts)  # any host OS will do: only the install dir is read
+    settings = _settings(**_follow_output(output, opts))  # any OS: only the install dir
     doc = status_mod.report(InstallDir(settings.install_dir, settings.install_dir_host))
     click.echo(render(doc, output), nl=False)
     return status_mod.exit_code(doc)
@@ -342,7 +354,7 @@ def verify(output: str, **opts: Any) -> None:
     from installer import verify as verify_mod
     from installer.detect import context
 
-    gpus = verify_mod.check_installed(context(_settings(**opts)))
+    gpus = verify_mod.check_installed(context(_settings(**_follow_output(output, opts))))
     click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 
@@ -358,11 +370,12 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
     from installer import doctor as doctor_mod
     from installer.log import configure
 
+    as_json = as_json or output == "json"
+    _follow_output("json" if as_json else "text", opts)
     log_format, verbose = opts.get("log_format", "auto"), opts.get("verbose", False)
     settings = _settings(**opts)
     configure(log_format, "debug" if verbose else "warning")  # the report is the output
     report = doctor_mod.run(settings)
-    as_json = as_json or output == "json"
     click.echo(doctor_mod.render_json(report) if as_json else doctor_mod.render_text(report),
                nl=False)
     return report.exit_code

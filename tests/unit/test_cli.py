@@ -447,3 +447,18 @@ def test_every_variable_the_source_reads_is_in_the_readme():
     assert {"GCE_METADATA_HOST", "CC", "CURL_CA_BUNDLE"} <= read  # the pattern finds them
     readme = (root / "README.md").read_text()
     assert not {v for v in read if f"`{v}`" not in readme}
+
+
+@pytest.mark.parametrize("command", ["status", "verify", "doctor", "detect"])
+def test_a_report_s_log_lines_follow_its_output_format(capsys, monkeypatch, tmp_path, command):
+    """Issue 34 §5: text on stdout and JSON on stderr (LOG_FORMAT=json from a pod's env, or
+    auto with stderr not a terminal) mixed two formats. -o picks both; --log-format wins."""
+    monkeypatch.setenv("LOG_FORMAT", "json")
+    args = [command, "--host-root", str(tmp_path), "--install-dir", str(tmp_path)]
+    _, _, err = run_main(capsys, [*args, "-o", "text"])
+    assert not [line for line in err.splitlines() if line.startswith("{")], err
+    logs = bool(err.strip())  # doctor logs nothing here: its findings are its output
+    assert logs or command == "doctor"
+    for chosen in (["-o", "json"], ["-o", "text", "--log-format", "json"]):
+        _, _, err = run_main(capsys, [*args, *chosen])
+        assert not logs or err.strip().splitlines()[-1].startswith("{"), err
