@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 SMI_TIMEOUT_S = 120
-REQUIRED_NODES = ("nvidiactl", "nvidia-uvm")
 
 
 
@@ -34,8 +33,11 @@ def parse_query_gpu(text: str) -> list[Gpu]:
 
 
 def require_device_nodes(kernel: KernelState, when: str, *, hint: str) -> None:
-    """The nodes CUDA needs (``/dev/nvidiactl``, ``/dev/nvidia-uvm``) exist, or exit 9."""
-    missing = [n for n in REQUIRED_NODES if not kernel.device_node(n).exists()]
+    """The device files a working driver has (devnodes.missing_nodes, as doctor checks
+    them) exist, or exit 9."""
+    from installer.devnodes import missing_nodes
+
+    missing = missing_nodes(kernel)
     if missing:
         raise VerifyError(f"device nodes missing {when}: "
                           f"{', '.join('/dev/' + m for m in missing)}", hint=hint)

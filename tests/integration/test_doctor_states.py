@@ -9,7 +9,7 @@ import pytest
 
 from tests.integration.conftest import V2
 from tests.integration.test_operator import doctor
-from tests.pod import ok
+from tests.pod import events, ok
 
 pytestmark = pytest.mark.chroot
 
@@ -50,3 +50,25 @@ def test_a_staged_version_s_fix_is_the_runbook(pod, kernel):
     assert fix.startswith("drain the node (kubectl drain <node> --ignore-daemonsets "
                           "--delete-emptydir-data), reboot it, then kubectl uncordon <node>")
     assert "re-run install" not in fix
+
+
+def _verify_missing(pod) -> str:
+    proc = pod.run("verify", "-o", "json")
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    (line,) = [e for e in events(proc.stderr) if e.get("event") == "verify_failed"]
+    return line["error"].split(": ", 1)[1]
+
+
+@pytest.mark.parametrize("case", ["a GPU's file removed", "after a reboot"])
+def test_verify_and_doctor_name_the_same_missing_device_files(pod, kernel, case):
+    ok(pod.run("install"))
+    if case == "after a reboot":
+        kernel.unload_all()
+    else:
+        (kernel.dev_dir / "nvidia0").unlink()
+    named = _verify_missing(pod)
+    _, found = doctor(pod)
+    assert found["device_nodes"]["verdict"] == "fail"
+    assert found["device_nodes"]["detail"].startswith(f"missing: {named} (present:"), (
+        named, found["device_nodes"]["detail"])
+    assert "/dev/nvidia0" in named
