@@ -52,7 +52,13 @@ def _success_message(outcome: dict[str, Any]) -> str:
         return (f"NVIDIA driver {outcome.get('driver_version')} is in the install dir; "
                 "--install-only: nothing loaded or verified")
     how = "loaded from the cache" if outcome.get("plan") == "cached" else "installed"
-    return f"NVIDIA driver {outcome.get('driver_version')} {how} and verified"
+    done = f"NVIDIA driver {outcome.get('driver_version')} {how} and verified"
+    waiting = outcome.get("module_args_waiting")
+    if waiting:
+        done += (f"; it keeps the module parameters it was loaded with (in use: "
+                 f"{waiting['holders']}): {' '.join(waiting['wanted']) or 'none'} apply at its "
+                 "next load")
+    return done
 
 
 def _install(settings: Settings, started: float) -> dict[str, Any]:
@@ -110,6 +116,9 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
         extra: dict[str, Any] = {"install_only": True} if settings.install_only else {}
         if ctx.work.staged_for_boot is not None:
             extra["staged_for_next_boot"] = asdict(ctx.work.staged_for_boot)
+        if ctx.work.module_args_waiting is not None:
+            extra["module_args_waiting"] = {"wanted": list(settings.module_args),
+                                            "holders": ctx.work.module_args_waiting}
         outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
                           gpus=[asdict(g) for g in gpus], **extra)
     return outcome

@@ -86,6 +86,11 @@ def check_vermagic(path: Path, kernel_release: str) -> None:
         )
 
 
+# What to do when a loaded driver keeps parameters other than the ones asked for.
+WAIT_ADVICE = ("drain its GPU work and re-run install (an unused driver is reloaded with "
+               "them), or reboot")
+
+
 def load(
     loads: list[ModuleLoad],
     kernel: KernelState,
@@ -93,20 +98,21 @@ def load(
     *,
     modprobe_root: Path | None,
     loaded_now: list[str] | None = None,
+    warn_params: bool = True,
 ) -> list[str]:
     """insmod each module not already loaded; returns (and fills ``loaded_now`` with) the
-    names loaded now, so a caller can undo a half-done load."""
+    names loaded now, so a caller can undo a half-done load. ``warn_params``: say when a
+    loaded module has other parameters (False: the caller said it already)."""
     loaded_now = [] if loaded_now is None else loaded_now
     release = kernel.release()
     lockdown = signing.policy(kernel).lockdown
     for item in loads:
         if kernel.is_loaded(item.name):
             log.info("module_already_loaded", module=item.name)
-            differ = params_not_applied(kernel, item)
+            differ = params_not_applied(kernel, item) if warn_params else None
             if differ:
                 log.warning("module_params_not_applied", module=item.name, params=differ,
-                            hint="the module is already loaded: run uninstall then install "
-                            "(or reboot) to load it with these parameters")
+                            hint=f"the module is already loaded: {WAIT_ADVICE}")
             continue
         check_vermagic(item.path, release)
         for dep in item.in_tree_deps:

@@ -184,4 +184,11 @@ def test_changed_module_args_wait_while_the_driver_is_in_use(node, pod, kernel, 
     assert _module_calls(kernel, calls) == []
     (warning,) = [e for e in events(proc.stderr) if e.get("event") == "module_args_not_applied"]
     assert "nvidia: 1 reference(s)" in warning["message"]
+    # One message, not a second warning with other advice (issue 34 §5), and the final line
+    # says the new parameters wait.
+    assert [e for e in events(proc.stderr) if e.get("level") == "warning"
+            and e.get("event", "").startswith("module_")] == [warning]
+    assert last_event(proc)["message"].endswith(
+        "it keeps the module parameters it was loaded with (in use: nvidia: 1 reference(s)): "
+        "nvidia.NVreg_EnableGpuFirmware=0 apply at its next load")
     assert ready(node)["NVIDIA_MODULE_ARGS"] == ""  # still what the loaded driver has
