@@ -19,6 +19,7 @@ import click
 from installer import __version__
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
+from installer.moduleargs import ModuleArg
 from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
 from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
@@ -58,6 +59,22 @@ class Seconds(click.ParamType):
             self.fail(f"{value!r} must be {'>' if self.open_min else '>='} {self.minimum:g} "
                       "seconds", param, ctx)
         return seconds
+
+
+class ModuleArgType(click.ParamType):
+    """``MODULE.PARAM=VALUE`` for a module the installer loads (moduleargs.ModuleArg)."""
+
+    name = "MODULE.PARAM=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from installer.modules import LOAD_ORDER  # start-up time: only with --module-arg
+
+        if isinstance(value, ModuleArg):
+            return value
+        try:
+            return ModuleArg.parse(str(value), LOAD_ORDER)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,7 +251,9 @@ def _exit_codes_epilog() -> str:
 @click.option("--allow-insecure-http", is_flag=True, envvar="ALLOW_INSECURE_HTTP",
               show_envvar=True, help="Allow plain http:// URLs.")
 @click.option("--module-arg", "module_args", multiple=True, envvar="NVIDIA_MODULE_ARGS",
-              show_envvar=True, help="MODULE.PARAM=VALUE for insmod, repeatable.")
+              type=ModuleArgType(), show_envvar=True,
+              help="MODULE.PARAM=VALUE for insmod, repeatable (no whitespace in one; the "
+              "env var lists them separated by spaces).")
 @click.option("--install-only", is_flag=True, envvar="INSTALL_ONLY", show_envvar=True,
               help="Put the driver in the install dir and stop: no module is loaded or "
               "unloaded and nothing is verified (for DaemonSets that load the modules "
@@ -311,10 +330,10 @@ def install(output: str, **opts: Any) -> None:
     from installer import install as install_flow
 
     outcome = install_flow.run(_settings(**opts))
-    if "dry_run" in outcome:
-        click.echo(render(outcome["dry_run"], output, text=plan_text), nl=False)
+    if outcome.dry_run is not None:
+        click.echo(render(outcome.dry_run, output, text=plan_text), nl=False)
     elif output == "json":  # as status.json records it; people read the log's last line
-        click.echo(render(outcome, output), nl=False)
+        click.echo(render(outcome.to_status_json(), output), nl=False)
 
 
 @cli.command(short_help="Print the detected host: OS, kernel, flow, GPUs, loaded driver.")
@@ -341,9 +360,9 @@ def status(output: str, **opts: Any) -> int:
     from installer.installdir import InstallDir
 
     settings = _settings(**_follow_output(output, opts))  # any OS: only the install dir
-    doc = status_mod.report(InstallDir(settings.install_dir, settings.install_dir_host))
-    click.echo(render(doc, output), nl=False)
-    return status_mod.exit_code(doc)
+    report = status_mod.report(InstallDir(settings.install_dir, settings.install_dir_host))
+    click.echo(render(report.to_json(), output), nl=False)
+    return report.exit_code()
 
 
 @cli.command(short_help="Check the device nodes and nvidia-smi (exit 9 if broken).")
@@ -367,7 +386,7 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
 
     Exit 0 when no check fails (warnings allowed), 9 when any fails.
     """
-    from installer import doctor as doctor_mod
+    from installer.doctor import report as doctor_mod
     from installer.log import configure
 
     as_json = as_json or output == "json"
@@ -395,7 +414,7 @@ def uninstall(output: str, **opts: Any) -> None:
     """
     from installer import uninstall as uninstall_mod
 
-    click.echo(render(uninstall_mod.run(_settings(**opts)), output), nl=False)
+    click.echo(render(uninstall_mod.run(_settings(**opts)).to_status_json(), output), nl=False)
 
 
 # What to do next, per failure class, when the error carries no hint of its own.

@@ -37,6 +37,7 @@ import structlog
 from installer import devchar, gpus, modules
 from installer.errors import VerifyError
 from installer.kernel import KernelState
+from installer.moduleargs import ModuleArg, for_module
 from installer.runner import CommandError, Runner
 
 log = structlog.get_logger(__name__)
@@ -62,14 +63,13 @@ def parse_params(text: str) -> dict[str, int]:
     return out
 
 
-def modify_allowed(params_text: str | None, module_args: tuple[str, ...]) -> bool:
+def modify_allowed(params_text: str | None, module_args: tuple[ModuleArg, ...]) -> bool:
     """ModifyDeviceFiles as the loaded driver reports it, else as we would load it (default 1)."""
     if params_text is not None:
         return parse_params(params_text).get("ModifyDeviceFiles", 1) == 1
-    for param in modules.params_for("nvidia", module_args):
-        key, _, value = param.partition("=")
-        if key == "NVreg_ModifyDeviceFiles":
-            return value.strip() == "1"
+    for arg in for_module("nvidia", module_args):
+        if arg.param == "NVreg_ModifyDeviceFiles":
+            return arg.value == "1"
     return True
 
 
@@ -154,7 +154,7 @@ def gpu_minors(kernel: KernelState) -> list[int]:
     return list(range(max(1, len(gpus.scan(kernel.sys_dir)))))
 
 
-def plan(kernel: KernelState, module_args: tuple[str, ...],
+def plan(kernel: KernelState, module_args: tuple[ModuleArg, ...],
          loaded: tuple[str, ...] | None = None) -> Plan:
     """``loaded``: the modules whose files to make (None: those loaded now)."""
     params = _read(kernel.proc_dir / "driver/nvidia/params")
@@ -164,7 +164,7 @@ def plan(kernel: KernelState, module_args: tuple[str, ...],
 
 
 def create(modprobe: Path, kernel: KernelState, runner: Runner,
-           module_args: tuple[str, ...]) -> list[str]:
+           module_args: tuple[ModuleArg, ...]) -> list[str]:
     """Make the device files of the loaded modules (unless the driver forbids it), check
     they all exist and link them in /dev/char."""
     p = plan(kernel, module_args)

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, replace
 
 import structlog
 
-from installer import __version__, cache, distros, metrics, modules, readiness, rollback, status
+from installer import __version__, cache, distros, metrics, readiness, rollback, status
 from installer.context import Context
 from installer.detect import context
 from installer.diagnostics import failure_details
+from installer.distros import flows
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
-from installer.kernel import module_name
 from installer.lock import HostLock
-from installer.net.policy import scrub
+from installer.moduleargs import ModuleArg, for_module
+from installer.net.policy import check_url_scheme, scrub
+from installer.outcome import DRY_RUN, ERROR, INTERRUPTED, OK, Outcome
 from installer.plan import StepTiming, execute
 from installer.settings import Settings
 from installer.signals import Interrupted
@@ -24,48 +25,45 @@ from installer.signals import Interrupted
 log = structlog.get_logger(__name__)
 
 
-def run(settings: Settings) -> dict[str, object]:
+def run(settings: Settings) -> Outcome:
     """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
-    from installer.net.policy import check_url_scheme  # no requests import: cache hits stay fast
-
     started = time.monotonic()
     for url in filter(None, (settings.driver_url, settings.driver_base_url)):
         check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
     outcome = _install(settings, started)
-    log.info("install_finished", outcome=outcome.get("outcome"), plan=outcome.get("plan"),
-             driver_version=outcome.get("driver_version"),
+    log.info("install_finished", outcome=outcome.outcome, plan=outcome.plan,
+             driver_version=outcome.driver_version,
+             staged_driver_version=outcome.staged_driver_version,
              duration_s=round(time.monotonic() - started, 3), message=_success_message(outcome))
     return outcome
 
 
-def _success_message(outcome: dict[str, Any]) -> str:
-    staged = outcome.get("staged_for_next_boot")
-    if staged:
-        return (f"NVIDIA driver {staged['running_version']} keeps running (in use: "
-                f"{staged['holders']}) and verified; {outcome.get('driver_version')} is "
+def _success_message(outcome: Outcome) -> str:
+    if outcome.staged:
+        return (f"NVIDIA driver {outcome.driver_version} keeps running (in use: "
+                f"{outcome.in_use_by}) and verified; {outcome.staged_driver_version} is "
                 "staged and installs at the next boot (drain and reboot the node to switch)")
-    if outcome.get("outcome") == "dry_run":
-        return f"dry run: printed the {outcome.get('plan')} plan, changed nothing"
-    if outcome.get("plan") == "preload":
+    if outcome.outcome == DRY_RUN:
+        return f"dry run: printed the {outcome.plan} plan, changed nothing"
+    if outcome.plan == "preload":
         return "preload done: COS toolchain and kernel headers cached; no driver installed"
-    if outcome.get("install_only"):
-        return (f"NVIDIA driver {outcome.get('driver_version')} is in the install dir; "
+    if outcome.install_only:
+        return (f"NVIDIA driver {outcome.driver_version} is in the install dir; "
                 "--install-only: nothing loaded or verified")
-    how = "loaded from the cache" if outcome.get("plan") == "cached" else "installed"
-    done = f"NVIDIA driver {outcome.get('driver_version')} {how} and verified"
-    waiting = outcome.get("module_args_waiting")
-    if waiting:
+    how = "loaded from the cache" if outcome.plan == "cached" else "installed"
+    done = f"NVIDIA driver {outcome.driver_version} {how} and verified"
+    if outcome.module_args_waiting:
         done += (f"; it keeps the module parameters it was loaded with (in use: "
-                 f"{waiting['holders']}): {' '.join(waiting['wanted']) or 'none'} apply at its "
+                 f"{outcome.in_use_by}): {' '.join(outcome.module_args_waiting)} apply at its "
                  "next load")
     return done
 
 
-def _install(settings: Settings, started: float) -> dict[str, Any]:
+def _install(settings: Settings, started: float) -> Outcome:
     ctx = context(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
                                            kernel_release=ctx.host_info.kernel_release)
-    distro = distros.for_host(ctx.host_info)
+    distro = flows.for_host(ctx.host_info)
     distro.check_settings(ctx)
     ctx.install.check_writable()  # before the lock and readiness: nothing changed yet
     # os and kernel_release are bound to every event above; family is what "flow" says.
@@ -96,35 +94,33 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
             exc.context.update(failure_details(ctx.install, ctx.runner, exc.error_class,
                                                started_wall))
             _discard(ctx, exc)
-            _record(ctx, started, timings, plan, outcome="error", error_class=exc.error_class,
-                    exit_code=int(exc.exit_code), message=exc.message, hint=exc.hint,
-                    context=exc.context)
+            _record(ctx, started, timings, plan, Outcome(
+                ERROR, int(exc.exit_code), error_class=exc.error_class, message=exc.message,
+                hint=exc.hint, context=exc.context))
             raise
         except Interrupted as exc:  # SIGTERM/SIGINT: the live install stays as it was
             _discard(ctx, exc)
-            _record(ctx, started, timings, plan, outcome="interrupted", error_class="interrupted",
-                    exit_code=exc.exit_code, message=f"interrupted by {exc.name}",
-                    hint="re-run install to finish")
+            _record(ctx, started, timings, plan, Outcome(
+                INTERRUPTED, exc.exit_code, error_class="interrupted",
+                message=f"interrupted by {exc.name}", hint="re-run install to finish"))
             raise
         except Exception as exc:  # a bug: the node back as it was, and a status to find
             _discard(ctx, exc)
-            _record(ctx, started, timings, plan, outcome="error", error_class="internal",
-                    exit_code=1, message=f"{type(exc).__name__}: {exc}",
-                    hint="this is a bug in the installer: report it with the traceback")
+            _record(ctx, started, timings, plan, Outcome(
+                ERROR, 1, error_class="internal", message=f"{type(exc).__name__}: {exc}",
+                hint="this is a bug in the installer: report it with the traceback"))
             raise
-        gpus = ctx.work.gpus or []
-        extra: dict[str, Any] = {"install_only": True} if settings.install_only else {}
-        if ctx.work.staged_for_boot is not None:
-            extra["staged_for_next_boot"] = asdict(ctx.work.staged_for_boot)
-        if ctx.work.module_args_waiting is not None:
-            extra["module_args_waiting"] = {"wanted": list(settings.module_args),
-                                            "holders": ctx.work.module_args_waiting}
-        outcome = _record(ctx, started, timings, plan, outcome="ok", exit_code=0,
-                          gpus=[asdict(g) for g in gpus], **extra)
-    return outcome
+        staged, waiting = ctx.work.staged_for_boot, ctx.work.module_args_waiting
+        return _record(ctx, started, timings, plan, Outcome(
+            OK, 0, install_only=settings.install_only,
+            gpus=tuple(asdict(g) for g in ctx.work.gpus or ()),
+            driver_version=staged.running_version if staged else None,
+            staged_driver_version=plan.driver_version if staged else None,
+            in_use_by=staged.holders if staged else waiting,
+            module_args_waiting=tuple(map(str, settings.module_args)) if waiting else None))
 
 
-def _dry_run(ctx: Context, distro: distros.Distro) -> dict[str, Any]:
+def _dry_run(ctx: Context, distro: distros.Distro) -> Outcome:
     """The plan, once its pre-flight checks pass: what the real run refuses, this refuses
     with the same exit code and message (and a plan is printed only if it could work)."""
     plan = distro.plan(ctx)
@@ -134,13 +130,13 @@ def _dry_run(ctx: Context, distro: distros.Distro) -> dict[str, Any]:
            "install_dir": str(ctx.install.root), **plan.describe(),
            "module_args": _module_args(ctx.settings.module_args),
            "readiness_file": str(readiness.READY_HOST_PATH)}
-    return {"outcome": "dry_run", "plan": plan.kind, "dry_run": scrub(doc)}
+    return Outcome(DRY_RUN, plan=plan.kind, dry_run=scrub(doc))
 
 
-def _module_args(args: tuple[str, ...]) -> dict[str, list[str]]:
+def _module_args(args: tuple[ModuleArg, ...]) -> dict[str, list[str]]:
     """--module-arg (NVIDIA_MODULE_ARGS) per kernel module, as insmod will get them."""
-    names = dict.fromkeys(module_name(a.partition(".")[0]) for a in args)
-    return {name: list(modules.params_for(name, args)) for name in names}
+    names = dict.fromkeys(a.module for a in args)
+    return {name: [a.insmod_word for a in for_module(name, args)] for name in names}
 
 
 def _discard(ctx: Context, error: BaseException) -> None:
@@ -203,7 +199,7 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
     ))
 
 
-def _module_args_in_effect(ctx: Context) -> tuple[str, ...]:
+def _module_args_in_effect(ctx: Context) -> tuple[ModuleArg, ...]:
     """The parameters the loaded driver has: this run's when it loaded nvidia (or nothing
     says otherwise), else what this boot's readiness file said."""
     if "nvidia" in ctx.work.changes.loaded or ctx.work.module_args_loaded is None:
@@ -211,24 +207,23 @@ def _module_args_in_effect(ctx: Context) -> tuple[str, ...]:
     return ctx.work.module_args_loaded
 
 
-def _record(ctx: Context, started: float, timings: list[StepTiming], plan, **fields) -> dict:
-    doc = {
-        **fields,
-        "plan": plan.kind if plan else None,
-        "driver_version": plan.driver_version if plan else None,
-        "host": ctx.host_info.to_dict(),
-        "install_dir_host": str(ctx.install.host_path),
-        "steps": [asdict(t) for t in timings],
-        "duration_s": round(time.monotonic() - started, 3),
-        "external_commands_s": round(ctx.runner.total_s, 3),
-    }
+def _record(ctx: Context, started: float, timings: list[StepTiming], plan,
+            outcome: Outcome) -> Outcome:
+    """``outcome`` completed with what every run records, written to status.json and the
+    metrics textfile. Its driver version, unless set: the plan's."""
+    outcome = replace(
+        outcome,
+        plan=plan.kind if plan else None,
+        driver_version=outcome.driver_version or (plan.driver_version if plan else None),
+        host=ctx.host_info.to_dict(),
+        install_dir_host=str(ctx.install.host_path),
+        steps=tuple(asdict(t) for t in timings),
+        duration_s=round(time.monotonic() - started, 3),
+        external_commands_s=round(ctx.runner.total_s, 3),
+    )
     if ctx.install.root.is_dir():
-        status.write(ctx.install.status_file, **doc)
+        outcome = status.write(ctx.install.status_file, outcome)
     if ctx.settings.metrics_file is not None:
         metrics.write_metrics(ctx.host, ctx.settings.metrics_file, metrics.format_metrics(
-            outcome=doc["outcome"], exit_code=doc["exit_code"], duration_s=doc["duration_s"],
-            driver_version=doc["driver_version"], plan=doc["plan"],
-            kernel_release=ctx.host_info.kernel_release, error_class=doc.get("error_class"),
-            staged_version=doc["driver_version"] if doc.get("staged_for_next_boot") else None,
-        ))
-    return doc
+            outcome, kernel_release=ctx.host_info.kernel_release))
+    return outcome

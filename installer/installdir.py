@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from installer import signals
+from installer.errors import UnsupportedHostError
 from installer.fsutil import fsync_dir, remove_tree
 
 log = structlog.get_logger(__name__)
@@ -106,8 +107,6 @@ class InstallDir(Tree):
         """Exit 3 naming this dir and its mount when it (or, not made yet, the dir it will be
         made in) is on a read-only mount: checked before the lock, so nothing has changed
         yet. (Missing privileges are the lock's to name: exit 2.)"""
-        from installer.errors import UnsupportedHostError
-
         existing = next(p for p in (self.root, *self.root.parents) if p.exists())
         try:
             if os.access(existing, os.W_OK) or not os.statvfs(existing).f_flag & os.ST_RDONLY:

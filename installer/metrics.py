@@ -10,6 +10,7 @@ import structlog
 
 from installer.errors import InstallerError
 from installer.hostroot import HostRoot
+from installer.outcome import OK, Outcome
 
 log = structlog.get_logger(__name__)
 
@@ -20,37 +21,30 @@ def _label(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def format_metrics(
-    *,
-    outcome: str,
-    exit_code: int,
-    duration_s: float,
-    driver_version: str | None,
-    plan: str | None,
-    kernel_release: str,
-    error_class: str | None,
-    finished_at: float | None = None,
-    staged_version: str | None = None,
-) -> str:
-    """node_exporter textfile: HELP/TYPE lines, one sample per metric."""
-    labels = (f'driver_version="{_label(driver_version or "")}",plan="{_label(plan or "")}",'
-              f'kernel_release="{_label(kernel_release)}",outcome="{_label(outcome)}",'
-              f'error_class="{_label(error_class or "")}"')
+def format_metrics(outcome: Outcome, *, kernel_release: str,
+                   finished_at: float | None = None) -> str:
+    """node_exporter textfile: HELP/TYPE lines, one sample per metric. ``_info`` names the
+    driver that runs; a version staged for the next boot has a metric of its own."""
+    labels = (f'driver_version="{_label(outcome.driver_version or "")}",'
+              f'plan="{_label(outcome.plan or "")}",'
+              f'kernel_release="{_label(kernel_release)}",outcome="{_label(outcome.outcome)}",'
+              f'error_class="{_label(outcome.error_class or "")}"')
+    staged_version = outcome.staged_driver_version if outcome.staged else None
     p = METRIC_PREFIX
     samples = [
         ("info", "gauge", "The last run: driver version, plan, kernel, outcome (always 1).",
          f"{p}_info{{{labels}}} 1"),
         ("success", "gauge", "1 if the last run installed and verified the driver (or, with "
          "a version staged for the next boot, verified the running one), else 0.",
-         f"{p}_success {1 if outcome == 'ok' else 0}"),
+         f"{p}_success {1 if outcome.outcome == OK else 0}"),
         ("staged_for_next_boot", "gauge", "1 while a driver version waits for the next boot "
          "(the running one is in use; drain and reboot to switch), else 0.",
          f'{p}_staged_for_next_boot{{driver_version="{_label(staged_version or "")}"}} '
          f'{1 if staged_version else 0}'),
         ("exit_code", "gauge", "Exit code of the last run (0 ok; see the README).",
-         f"{p}_exit_code {int(exit_code)}"),
+         f"{p}_exit_code {outcome.exit_code}"),
         ("duration_seconds", "gauge", "Wall time of the last run.",
-         f"{p}_duration_seconds {duration_s:.3f}"),
+         f"{p}_duration_seconds {outcome.duration_s or 0:.3f}"),
         ("last_run_timestamp_seconds", "gauge", "When the last run finished (Unix time).",
          f"{p}_last_run_timestamp_seconds {finished_at if finished_at is not None else time.time():.0f}"),
     ]

@@ -13,6 +13,7 @@ from installer.diagnostics import kernel_log_tail
 from installer.errors import ModuleLoadError, SecureBootError
 from installer.kernel import KernelState, module_name
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
+from installer.moduleargs import ModuleArg, for_module
 from installer.runner import CommandError, Runner
 from installer.workstate import InUse
 
@@ -47,21 +48,11 @@ REQUIRED_MODULES = tuple(module_name(f) for f in COMPUTE_MODULES)
 class ModuleLoad:
     name: str  # kernel name, e.g. nvidia_uvm
     path: Path
-    params: tuple[str, ...]
+    params: tuple[ModuleArg, ...]
     in_tree_deps: tuple[str, ...]  # e.g. drm_kms_helper for nvidia_drm
 
 
-def params_for(module: str, module_args: tuple[str, ...]) -> tuple[str, ...]:
-    """``nvidia.NVreg_X=1`` style args -> the ``NVreg_X=1`` params of ``module``."""
-    out = []
-    for arg in module_args:
-        mod, _, kv = arg.partition(".")
-        if module_name(mod) == module:
-            out.append(kv)
-    return tuple(out)
-
-
-def plan_loads(drivers_dir: Path, module_args: tuple[str, ...], *,
+def plan_loads(drivers_dir: Path, module_args: tuple[ModuleArg, ...], *,
                display_modules: bool = False) -> list[ModuleLoad]:
     ours = {module_name(f) for f in LOAD_ORDER}
     loads = []
@@ -71,7 +62,7 @@ def plan_loads(drivers_dir: Path, module_args: tuple[str, ...], *,
             continue
         name = module_name(file_stem)
         deps = tuple(d for d in module_depends(read_modinfo(path)) if d not in ours)
-        loads.append(ModuleLoad(name, path, params_for(name, module_args), deps))
+        loads.append(ModuleLoad(name, path, for_module(name, module_args), deps))
     return loads
 
 
@@ -86,7 +77,8 @@ def check_vermagic(path: Path, kernel_release: str) -> None:
         )
 
 
-# What to do when a loaded driver keeps parameters other than the ones asked for.
+# What to do when the driver this run loaded at the last boot is held with other parameters
+# than the ones asked for (apply_module_args reloads it once it is unused).
 WAIT_ADVICE = ("drain its GPU work and re-run install (an unused driver is reloaded with "
                "them), or reboot")
 
@@ -109,19 +101,21 @@ def load(
     for item in loads:
         if kernel.is_loaded(item.name):
             log.info("module_already_loaded", module=item.name)
-            differ = params_not_applied(kernel, item) if warn_params else None
+            differ = params_not_applied(kernel, item.name, item.params) if warn_params else None
             if differ:
                 log.warning("module_params_not_applied", module=item.name, params=differ,
-                            hint=f"the module is already loaded: {WAIT_ADVICE}")
+                            hint="the module is already loaded: run uninstall then install "
+                            "(or reboot) to load it with these parameters")
             continue
         check_vermagic(item.path, release)
         for dep in item.in_tree_deps:
             if not kernel.module_present(dep):
                 argv = ["modprobe"] + (["-d", str(modprobe_root)] if modprobe_root else []) + [dep]
                 _run_load(runner, argv, dep, release, lockdown)
-        _run_load(runner, ["insmod", str(item.path), *item.params], item.name, release, lockdown)
+        words = [p.insmod_word for p in item.params]
+        _run_load(runner, ["insmod", str(item.path), *words], item.name, release, lockdown)
         loaded_now.append(item.name)
-        log.info("module_loaded", module=item.name, path=str(item.path), params=list(item.params))
+        log.info("module_loaded", module=item.name, path=str(item.path), params=words)
     return loaded_now
 
 
@@ -193,15 +187,13 @@ def _same_value(want: str, have: str) -> bool:
         return False
 
 
-def params_not_applied(kernel: KernelState, item: ModuleLoad) -> list[str]:
-    """Requested ``key=value`` params the loaded module does not run with (loaded_params)."""
-    have = loaded_params(kernel, item.name) or {}
-    differ = []
-    for param in item.params:
-        key, _, want = param.partition("=")
-        if key not in have or not _same_value(want, have[key]):
-            differ.append(param)
-    return differ
+def params_not_applied(kernel: KernelState, module: str,
+                       wanted: tuple[ModuleArg, ...]) -> list[str]:
+    """``PARAM=VALUE`` of the ``wanted`` args of ``module`` the loaded module does not run
+    with (as the kernel says: loaded_params)."""
+    have = loaded_params(kernel, module) or {}
+    return [a.insmod_word for a in for_module(module, wanted)
+            if a.param not in have or not _same_value(a.value, have[a.param])]
 
 
 def _run_load(runner: Runner, argv: list[str], name: str, release: str, lockdown: str) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from installer.hostroot import HostRoot
+from installer.moduleargs import ModuleArg, parse_listed
 
 log = structlog.get_logger(__name__)
 
@@ -89,7 +90,7 @@ def ready_fields(
     persistence_mode: str,
     installer_version: str,
     pending_driver_version: str | None = None,
-    module_args: tuple[str, ...] = (),
+    module_args: tuple[ModuleArg, ...] = (),
 ) -> dict[str, object]:
     """The KEY=VALUE lines: the GPU operator's keys first, then ours. PENDING_DRIVER_VERSION:
     a version staged for the next boot while this one is in use (empty: none);
@@ -108,15 +109,16 @@ def ready_fields(
         "PERSISTENCE_MODE": persistence_mode,
         "INSTALL_PLAN": plan or "",
         "PENDING_DRIVER_VERSION": pending_driver_version or "",
-        "NVIDIA_MODULE_ARGS": " ".join(module_args),
+        "NVIDIA_MODULE_ARGS": " ".join(map(str, module_args)),
         "INSTALLER_VERSION": installer_version,
         "READY_AT": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def loaded_module_args(fields: Mapping[str, str] | None) -> tuple[str, ...] | None:
-    """The module parameters a readiness file says the loaded driver has (None: it does
-    not say, e.g. no file this boot, or one an older installer wrote)."""
+def loaded_module_args(fields: Mapping[str, str] | None) -> tuple[ModuleArg, ...] | None:
+    """The module arguments a readiness file says the loaded driver was loaded with (None:
+    it does not say, e.g. no file this boot, one an older installer wrote, or a list that
+    is not of arguments)."""
     if not fields or "NVIDIA_MODULE_ARGS" not in fields:
         return None
-    return tuple(fields["NVIDIA_MODULE_ARGS"].split())
+    return parse_listed(fields["NVIDIA_MODULE_ARGS"])

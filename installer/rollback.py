@@ -25,6 +25,7 @@ import structlog
 
 from installer import cache, devnodes, firmware, ldcache, modules, readiness
 from installer.errors import InstallerError
+from installer.moduleargs import ModuleArg
 from installer.workstate import NodeChanges, device_files
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def _reload_previous(ctx: Context, version: str) -> bool:
     return True
 
 
-def _previous_module_args(ctx: Context) -> tuple[str, ...]:
+def _previous_module_args(ctx: Context) -> tuple[ModuleArg, ...]:
     """The parameters the unloaded driver had: this boot's readiness file says (install
     read it first); when it does not, this run's."""
     loaded_with = ctx.work.module_args_loaded

@@ -11,6 +11,7 @@ from typing import Any
 from installer import podcontract
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import UsageError
+from installer.moduleargs import ModuleArg
 from installer.net.integrity import normalize_sha256
 from installer.nvidia_urls import NVIDIA_BASE_URL, named_version, run_url
 from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
@@ -49,7 +50,7 @@ class Settings:
     toolchain_dir_host: PurePosixPath = PurePosixPath("/var/lib/cos-tools")
     vulkan_icd_dir: Path | None = None  # this process's view; None: via the host root
     vulkan_icd_dir_host: PurePosixPath | None = None  # None: no Vulkan ICD file written
-    module_args: tuple[str, ...] = ()
+    module_args: tuple[ModuleArg, ...] = ()  # checked when parsed (cli.ModuleArgType)
     persistence_mode: bool = False
     # Also load nvidia-modeset and nvidia-drm (display); by default nvidia and nvidia-uvm only.
     display_modules: bool = False
@@ -102,7 +103,6 @@ class Settings:
             raise UsageError("--driver-url and --driver-base-url both name where the .run comes "
                              "from: give one (a full URL from NVIDIA_DRIVER_DOWNLOAD_URL wins "
                              "over a base URL from NVIDIA_DRIVER_BASE_URL)")
-        self._check_module_args()
         from installer.nvidia_options import too_old
 
         if self.driver_version and (why := too_old(self.driver_version)):
@@ -157,22 +157,6 @@ class Settings:
                              f"(NVIDIA-Linux-x86_64-{named}.run), --driver-version {wanted}",
                              hint="give the URL of the version you want, or drop "
                              "--driver-version (it is read from the URL's file name)")
-
-    def _check_module_args(self) -> None:
-        from installer.kernel import module_name
-        from installer.modules import LOAD_ORDER
-
-        loaded = [module_name(m) for m in LOAD_ORDER]
-        for arg in self.module_args:
-            mod, dot, kv = arg.partition(".")
-            if not (dot and mod and "=" in kv and kv.index("=") > 0):
-                raise UsageError(
-                    f"bad --module-arg {arg!r}",
-                    hint="use MODULE.PARAM=VALUE, e.g. nvidia.NVreg_EnableGpuFirmware=0",
-                )
-            if module_name(mod) not in loaded:
-                raise UsageError(f"--module-arg {arg!r} is for module {mod!r}, which the "
-                                 f"installer never loads: use one of {', '.join(loaded)}")
 
 
 def check_prebuilt(url: str | None, sha256: str | None, only: bool, *,

@@ -38,7 +38,9 @@ from installer.gke import vulkan_icd
 from installer.headers import KernelTree
 from installer.installdir import Tree
 from installer.kernel import module_name
+from installer.net.parallel import DownloadJob, download_all
 from installer.net.policy import file_name
+from installer.net.transfer import download
 from installer.plan import Step
 from installer.runner import CommandError
 from installer.workstate import Artifact, InUse
@@ -158,8 +160,6 @@ def drop_next_boot(version: str) -> Step:
 
 def download_driver(url: str, sha256: str | None) -> Step:
     def run(ctx: Context) -> None:
-        from installer.net.transfer import download  # requests: not on a cache hit
-
         staging = ctx.work.staged()
         dest = staging.root / "downloads" / file_name(url, "driver.run")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -187,8 +187,6 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
     cancels the rest)."""
 
     def run(ctx: Context) -> None:
-        from installer.net.parallel import DownloadJob, download_all  # requests, as above
-
         for into in sorted({f.into for f in fetches if f.into is not None}):
             # Archives a killed run left (what is extracted from them is kept only when
             # complete); a failing run removes its own.
@@ -518,20 +516,28 @@ def apply_module_args() -> Step:
 
     def run(ctx: Context) -> None:
         before, wanted = ctx.work.module_args_loaded, ctx.settings.module_args
-        if before is None or sorted(before) == sorted(wanted) or not ctx.kernel.is_loaded("nvidia"):
+        if before is None or not ctx.kernel.is_loaded("nvidia"):
+            return  # loaded by someone else (no record this boot): not reloaded on a guess
+        # What the kernel runs with (modules.loaded_params), and what was asked for at the
+        # last load and is not now (its default is the kernel's to know).
+        differ = [f"{m}.{w}" for m in dict.fromkeys(a.module for a in wanted)
+                  for w in modules.params_not_applied(ctx.kernel, m, wanted)]
+        dropped = [str(a) for a in before if a not in wanted]
+        if not differ and not dropped:
             return
         held = modules.holders(ctx.kernel) or modules.why_no_unload(ctx.kernel)
         if held:
             ctx.work.module_args_waiting = held  # said once, here (load_modules stays quiet)
-            log.warning("module_args_not_applied", loaded_with=list(before), wanted=list(wanted),
+            log.warning("module_args_not_applied", loaded_with=list(map(str, before)),
+                        wanted=list(map(str, wanted)), not_applied=differ, dropped=dropped,
                         holders=held, message=f"the driver cannot be reloaded now ({held}): it keeps the "
                         f"module parameters it was loaded with until it next loads: {modules.WAIT_ADVICE}")
             return
         version = modules.loaded_driver_version(ctx.kernel)
         removed = modules.unload(ctx.kernel, ctx.runner)
         ctx.work.changes.unloaded_version = version
-        log.info("modules_reloading", reason="NVIDIA_MODULE_ARGS changed", loaded_with=list(before),
-                 wanted=list(wanted), modules=removed)
+        log.info("modules_reloading", reason="NVIDIA_MODULE_ARGS changed", not_applied=differ,
+                 dropped=dropped, modules=removed)
 
     return Step("apply_module_args", run, "reload the unused driver if NVIDIA_MODULE_ARGS changed")
 

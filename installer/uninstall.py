@@ -17,6 +17,7 @@ from installer.detect import context
 from installer.errors import UsageError
 from installer.installdir import LAYOUT_DIRS, InstallDir
 from installer.lock import HostLock
+from installer.outcome import UNINSTALLED, Outcome
 from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -42,7 +43,7 @@ def _is_ours(install: InstallDir) -> bool:
     return ours
 
 
-def run(settings: Settings) -> dict[str, object]:
+def run(settings: Settings) -> Outcome:
     assert settings.install_dir is not None, "settings must be resolved"
     started = time.monotonic()
     ctx = context(settings, strict=False)  # the OS does not matter here
@@ -70,13 +71,14 @@ def run(settings: Settings) -> dict[str, object]:
         done["ld_conf_changed"] = ldcache.remove_host(
             host, runner, install.lib64_host(), refresh=bool(done["install_dir_removed"]))
         nothing = not any(done.values())
-        doc = {"outcome": "uninstalled", "exit_code": 0, "previous_driver_version": loaded,
-               "install_dir_host": str(install.host_path), "changes": done,
-               "duration_s": round(time.monotonic() - started, 3)}
+        outcome = Outcome(UNINSTALLED, previous_driver_version=loaded,
+                          install_dir_host=str(install.host_path), changes=done,
+                          duration_s=round(time.monotonic() - started, 3))
         if ours or done["install_dir_removed"]:
-            status.write(install.status_file, **doc)
+            status.write(install.status_file, outcome)
+    driver = f"NVIDIA driver {loaded}" if loaded else "NVIDIA driver"
     log.info("uninstall_finished", **done, previous_driver_version=loaded,
              message="nothing to remove: no NVIDIA driver was installed or loaded" if nothing
-             else f"NVIDIA driver {loaded or ''} unloaded and removed; logs and status.json "
-             f"kept in {install.host_path}".replace("driver  ", "driver "))
-    return doc
+             else f"{driver} unloaded and removed; logs and status.json kept in "
+             f"{install.host_path}")
+    return outcome

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from installer import readiness
+from installer.moduleargs import ModuleArg
 
 if TYPE_CHECKING:
     from installer.bundle.manifest import Manifest, Written
@@ -93,9 +94,11 @@ class WorkState:
     readiness_before: str | None = None
 
     @property
-    def module_args_loaded(self) -> tuple[str, ...] | None:
-        """The NVIDIA_MODULE_ARGS the loaded driver got, per this boot's readiness file
-        (None: unknown). apply_module_args and the rollback read it."""
+    def module_args_loaded(self) -> tuple[ModuleArg, ...] | None:
+        """The NVIDIA_MODULE_ARGS the loaded driver was loaded with, per this boot's
+        readiness file (None: unknown, e.g. loaded by someone else). What the kernel runs
+        with is modules.loaded_params; this says which of those were asked for:
+        apply_module_args (an argument dropped since) and the rollback read it."""
         if self.readiness_before is None:
             return None
         return readiness.loaded_module_args(readiness.parse(self.readiness_before))

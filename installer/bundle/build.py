@@ -30,7 +30,7 @@ from installer.bundle.manifest import (
     Written,
     check_link,
 )
-from installer.distros import for_host
+from installer.distros.flows import for_host
 from installer.distros.headers_build import HeadersBuild, compile_steps
 from installer.errors import BuildError, UnsupportedHostError
 from installer.fsutil import sha256_file, write_atomic

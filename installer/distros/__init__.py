@@ -8,7 +8,7 @@ from pathlib import Path
 
 from installer import podcontract
 from installer.distros.base import Distro
-from installer.distros.cos import Cos
+from installer.distros.cos.host import Cos
 from installer.distros.debian import Debian
 from installer.distros.ubuntu import Ubuntu
 from installer.errors import UnsupportedHostError
@@ -51,16 +51,6 @@ def support(info: HostInfo) -> str:
     """How the host is served: "supported", "not tested: pop follows the Ubuntu flow …"."""
     distro = by_name(info.family)
     return distro.support(info) if distro else "unsupported"
-
-
-def for_host(info: HostInfo) -> Distro:
-    distro = by_name(info.family)
-    if distro is None:
-        raise UnsupportedHostError(
-            f"no installer flow for {info.os_id}",
-            hint=f"supported: {', '.join(d.name for d in DISTROS)}",
-        )
-    return distro.create()
 
 
 def detect(host: HostRoot, kernel_release: str) -> HostInfo:

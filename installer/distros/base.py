@@ -99,11 +99,6 @@ class Distro(abc.ABC):
         raise ValueError(f"driver version {value!r} for {cls.name} must be an explicit version "
                          "(e.g. 550.127.05); it has no aliases")
 
-    @classmethod
-    def create(cls) -> Distro:
-        """The instance that plans installs (a subclass may live in a heavier module)."""
-        return cls()
-
     def check_settings(self, ctx: Context) -> None:
         """Refuse options that mean nothing on this OS (UsageError), before the lock."""
         return

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 import structlog
 
 from installer import branches, gpus, headers, steps
+from installer.bundle.fetch import prebuilt_step
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import Distro, cached_plan, fresh_plan
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
@@ -116,9 +117,6 @@ class HeadersBuild(Distro):
         url = ctx.settings.driver_run_url(version)
         prebuilt = None
         if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
-            # Start-up time: bundle.fetch pulls in the archive code (tarfile) for this only.
-            from installer.bundle.fetch import prebuilt_step
-
             prebuilt = prebuilt_step(ctx, version, module_type)
         return fresh_plan(
             ctx, version, key, module_type=module_type, driver_url=url,

@@ -21,6 +21,7 @@ from installer import verify
 from installer.errors import ExitCode, VerifyError
 from installer.installdir import Tree
 from installer.kernel import KernelState
+from installer.outcome import Outcome
 from installer.runner import CommandError, CommandResult
 from tests.gpu.conftest import report_dir
 from tests.gpu.node import GpuNode, cli, in_namespace, norm_bus_id
@@ -110,7 +111,7 @@ def legitimate_warnings(gpu_node: GpuNode) -> dict[str, str]:
         ok["disk_space"] = "under 2 GiB free on a writable install dir"
     status = gpu_node.install_dir / "status.json"
     try:
-        if json.loads(status.read_text()).get("staged_for_next_boot"):
+        if Outcome.from_status_json(json.loads(status.read_text())).staged:
             ok["installer_status"] = "a driver is staged for the next boot"
     except (OSError, ValueError, AttributeError):
         pass

@@ -206,16 +206,17 @@ def test_module_args_read_back_as_applied_from_proc_params(node, monkeypatch):
     options with permission 0); the values are in /proc/driver/nvidia/params, unprefixed."""
     from installer import modules
     from installer.kernel import KernelState
+    from installer.moduleargs import ModuleArg
 
     node.activate(monkeypatch)
     kernel = KernelState()
     assert not (node.sys_dir / "module/nvidia/parameters").exists()
-    as_loaded = modules.ModuleLoad("nvidia", Path("/nonexistent"), (
+    as_loaded = tuple(ModuleArg.parse(f"nvidia.{w}") for w in (
         "NVreg_EnableGpuFirmware=18", "NVreg_DeviceFileMode=438", "NVreg_ModifyDeviceFiles=1",
-        'NVreg_RegistryDwords=""', "NVreg_ResmanDebugLevel=-1"), ())
-    assert modules.params_not_applied(kernel, as_loaded) == []
-    other = modules.ModuleLoad("nvidia", Path("/nonexistent"), ("NVreg_EnableGpuFirmware=0",), ())
-    assert modules.params_not_applied(kernel, other) == ["NVreg_EnableGpuFirmware=0"]
+        'NVreg_RegistryDwords=""', "NVreg_ResmanDebugLevel=-1"))
+    assert modules.params_not_applied(kernel, "nvidia", as_loaded) == []
+    other = (ModuleArg.parse("nvidia.NVreg_EnableGpuFirmware=0"),)
+    assert modules.params_not_applied(kernel, "nvidia", other) == ["NVreg_EnableGpuFirmware=0"]
 
 
 def test_the_device_file_step_makes_the_loaded_modules_files_in_an_empty_dev(

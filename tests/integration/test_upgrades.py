@@ -19,7 +19,9 @@ from tests.pod import events, last_event, ok
 
 pytestmark = pytest.mark.chroot
 
-STAGE = {"NVIDIA_DRIVER_VERSION": V2, "WHEN_IN_USE": "stage"}
+METRICS = "/var/lib/node_exporter/textfile_collector/nvidia.prom"
+STAGE = {"NVIDIA_DRIVER_VERSION": V2, "WHEN_IN_USE": "stage",
+         "NVIDIA_INSTALLER_METRICS_FILE": METRICS}
 
 
 def _live(install) -> dict[str, str]:
@@ -61,9 +63,16 @@ def test_in_use_driver_keeps_running_and_the_new_one_is_staged(node, pod, kernel
     # Told everywhere: the status, readiness (the running driver, plus what is pending),
     # doctor (a warning with the way forward, no library-mismatch alarm).
     status = json.loads((node.install_dir / "status.json").read_text())
-    assert status["outcome"] == "ok" and status["driver_version"] == V2
-    assert status["staged_for_next_boot"] == {"running_version": V1,
-                                              "holders": "nvidia: 1 reference(s)"}
+    # The running and the staged version are two fields (issue 34 §4): status.json, the
+    # final log line, and below readiness and doctor.
+    assert status["outcome"] == "ok" and status["driver_version"] == V1
+    assert status["staged_driver_version"] == V2
+    assert status["in_use_by"] == "nvidia: 1 reference(s)"
+    assert "staged_for_next_boot" not in status
+    assert (final["driver_version"], final["staged_driver_version"]) == (V1, V2)
+    prom = (node.root / METRICS.lstrip("/")).read_text()
+    assert f'nvidia_driver_installer_info{{driver_version="{V1}",plan="staged"' in prom
+    assert f'nvidia_driver_installer_staged_for_next_boot{{driver_version="{V2}"}} 1' in prom
     r = ready(node)
     assert r["NVIDIA_DRIVER_VERSION"] == V1 and r["PENDING_DRIVER_VERSION"] == V2
     assert r["INSTALL_PLAN"] == "staged"

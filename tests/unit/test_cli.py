@@ -27,7 +27,8 @@ def run_main(capsys, args, monkeypatch=None, env=None):
     ("args", "needle"),
     [
         pytest.param(["--driver-sha256", "abc"], "64 hex digits", id="bad-sha"),
-        pytest.param(["--module-arg", "nvidia"], "bad --module-arg", id="bad-module-arg"),
+        pytest.param(["--module-arg", "nvidia"], "'nvidia' is not MODULE.PARAM=VALUE",
+                     id="bad-module-arg"),
         pytest.param(["--driver-base-url", "http://127.0.0.1:1/x"], "--allow-insecure-http", id="http"),
         pytest.param(["--driver-url", "ftp://x/y.run"], "ftp", id="scheme"),
         pytest.param(["--lock-timeout", "-1"], "lock-timeout", id="negative-timeout"),
@@ -355,9 +356,11 @@ def test_readme_exit_codes_table_lists_every_exit_code():
 def test_durations_and_log_format_spellings_are_accepted(capsys, monkeypatch, tmp_path):
     """Issue 26: LOCK_TIMEOUT=10m and LOG_FORMAT=JSON were refused."""
     from installer import install as install_mod
+    from installer.outcome import Outcome
 
     seen = {}
-    monkeypatch.setattr(install_mod, "run", lambda settings: seen.setdefault("s", settings) and {})
+    monkeypatch.setattr(install_mod, "run",
+                        lambda settings: seen.setdefault("s", settings) and Outcome("ok"))
     code, _, err = run_main(capsys, ["install", "--host-root", str(tmp_path)], monkeypatch,
                             env={"LOCK_TIMEOUT": "10m", "LOG_FORMAT": "JSON",
                                  "DOWNLOAD_DEADLINE": "1h", "DOWNLOAD_MIN_RATE_TIME": "90s"})

@@ -13,10 +13,10 @@ from installer import cache
 from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
 from installer.detect import context
-from installer.distros import for_host
-from installer.distros.cos import Cos
 from installer.distros.cos.choice import decide_modules
 from installer.distros.cos.flow import CosFlow
+from installer.distros.cos.host import Cos
+from installer.distros.flows import for_host
 from installer.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
 from installer.kernel import KernelState
 from installer.settings import Settings

@@ -8,7 +8,8 @@ import yaml
 from click.testing import CliRunner
 
 from installer.bundle import build
-from installer.distros import Debian, for_host
+from installer.distros import Debian
+from installer.distros.flows import for_host
 from installer.distros.headers_build import HeadersBuild
 from installer.errors import UnsupportedHostError
 from installer.manifests import values

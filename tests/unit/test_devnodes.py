@@ -1,4 +1,5 @@
 from installer import devnodes
+from installer.moduleargs import ModuleArg
 
 INFO = ("Model: \t\t NVIDIA L4\nIRQ:   \t\t 35\nBus Location: \t 0000:00:05.0\n"
         "Device Minor: \t 3\nGPU Excluded:\t No\n")
@@ -16,10 +17,13 @@ def test_parse_params():
 
 def test_modify_allowed_prefers_the_loaded_driver_then_the_module_args():
     assert devnodes.modify_allowed("ModifyDeviceFiles: 0\n", ()) is False
+    def args(text):
+        return (ModuleArg.parse(text),)
+
     assert devnodes.modify_allowed("ModifyDeviceFiles: 1\n",
-                                   ("nvidia.NVreg_ModifyDeviceFiles=0",)) is True
-    assert devnodes.modify_allowed(None, ("nvidia.NVreg_ModifyDeviceFiles=0",)) is False
-    assert devnodes.modify_allowed(None, ("nvidia_uvm.NVreg_ModifyDeviceFiles=0",)) is True
+                                   args("nvidia.NVreg_ModifyDeviceFiles=0")) is True
+    assert devnodes.modify_allowed(None, args("nvidia.NVreg_ModifyDeviceFiles=0")) is False
+    assert devnodes.modify_allowed(None, args("nvidia_uvm.NVreg_ModifyDeviceFiles=0")) is True
     assert devnodes.modify_allowed(None, ()) is True
 
 

@@ -19,8 +19,10 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import branches, cache, cli, doctor, kernel, signing
+from installer import branches, cache, cli, kernel, signing
 from installer.cache import CacheKey, ModuleSource
+from installer.doctor import host as doctor_host
+from installer.doctor import report as doctor_report
 from tests.fixtures import node as fixture_node
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 from tests.fixtures.kernel import UBUNTU_KERNEL_UPDATE, FakeKernel, fake_ko
@@ -139,7 +141,7 @@ class FakeNode:
 def node(tmp_path, libs, monkeypatch):
     n = FakeNode(tmp_path, libs).build()
     monkeypatch.setattr(kernel, "_roots", kernel.KernelRoots(n.proc, n.sys, n.dev))
-    monkeypatch.setattr(doctor.shutil, "disk_usage",
+    monkeypatch.setattr(doctor_host.shutil, "disk_usage",
                         lambda p: shutil._ntuple_diskusage(100 << 30, 50 << 30, 50 << 30))
     yield n
     n.sock.close()
@@ -148,7 +150,7 @@ def node(tmp_path, libs, monkeypatch):
 def test_healthy_node_passes_every_check(node, capsys):
     code, found = node.findings(capsys)
     assert code == 0
-    assert {k: f["verdict"] for k, f in found.items()} == {k: "ok" for k, _ in doctor.CHECKS}
+    assert {k: f["verdict"] for k, f in found.items()} == {k: "ok" for k, _ in doctor_report.CHECKS}
     assert "NVIDIA L4 at 0000:00:04.0" in found["gpus"]["detail"]
     assert f"libcuda.so.1 => {INSTALL_HOST}/lib64/libcuda.so.1" in found["host_ld_cache"]["detail"]
     assert "5 link(s)" in found["dev_char_symlinks"]["detail"]
@@ -221,6 +223,25 @@ def test_loaded_version_differs_and_in_use(node, capsys):
     assert "driver 535.183.01" in f["detail"] and f"the install dir holds {V}" in f["detail"]
     assert "in use by nvidia: 2 reference(s)" in f["detail"]
     assert "kubectl drain" in f["fix"]
+
+
+@pytest.mark.parametrize("written_by", ["this version", "the previous version"])
+def test_a_staged_version_is_told_apart_from_the_running_one(node, capsys, written_by):
+    """Issue 34 §4: the running and the staged version are two fields; a status.json the
+    previous version wrote (the staged one as driver_version) reads the same."""
+    if written_by == "this version":
+        node.set_status(outcome="ok", exit_code=0, plan="staged", driver_version=V,
+                        staged_driver_version="590.44.01", in_use_by="nvidia: 1 reference(s)")
+    else:
+        node.set_status(outcome="ok", exit_code=0, plan="staged", driver_version="590.44.01",
+                        staged_for_next_boot={"running_version": V,
+                                              "holders": "nvidia: 1 reference(s)"})
+    code, found = node.findings(capsys)
+    f = found["installer_status"]
+    assert f["verdict"] == "warn"
+    assert f"driver {V} keeps running (in use: nvidia: 1 reference(s)); 590.44.01 is staged" \
+        in f["detail"]
+    assert found["kernel_modules"]["verdict"] == "ok", found["kernel_modules"]
 
 
 def test_loaded_version_differs_not_in_use(node, capsys):
@@ -412,7 +433,7 @@ def test_nvidia_smi_failure_is_explained(node, capsys):
 
 @pytest.mark.parametrize(("free", "verdict"), [(100 << 20, "fail"), (1 << 30, "warn")])
 def test_low_disk(node, capsys, monkeypatch, free, verdict):
-    monkeypatch.setattr(doctor.shutil, "disk_usage",
+    monkeypatch.setattr(doctor_host.shutil, "disk_usage",
                         lambda p: shutil._ntuple_diskusage(100 << 30, 100 << 30, free))
     code, found = node.findings(capsys)
     assert found["disk_space"]["verdict"] == verdict
@@ -423,7 +444,7 @@ def test_a_crashing_check_does_not_hide_the_others(node, capsys, monkeypatch):
     def boom(n):
         raise RuntimeError("unexpected layout")
 
-    monkeypatch.setattr(doctor, "CHECKS", (("gpus", boom), *doctor.CHECKS[2:]))
+    monkeypatch.setattr(doctor_report, "CHECKS", (("gpus", boom), *doctor_report.CHECKS[2:]))
     code, found = node.findings(capsys)
     assert code == 9
     assert found["gpus"]["detail"] == "the check itself failed: RuntimeError: unexpected layout"

@@ -44,7 +44,6 @@ def test_the_graph_sees_type_only_and_function_level_imports(tmp_path):
     assert [e.reason for e in found if e.importer == "installer.c"] == [True]
 
 
-@not_yet
 def test_no_import_circle(edges):
     assert graph.circles(edges) == []
 

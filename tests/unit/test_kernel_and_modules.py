@@ -6,10 +6,10 @@ import pytest
 
 from installer.kernel import KernelState, module_name, parse_proc_modules
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
+from installer.moduleargs import ModuleArg, for_module
 from installer.modules import (
     ModuleLoad,
     loaded_params,
-    params_for,
     params_not_applied,
     plan_loads,
     users,
@@ -84,15 +84,16 @@ def test_plan_loads_order_params_and_in_tree_deps(tmp_path):
     for stem, deps in (("nvidia-drm", ("nvidia-modeset", "drm_kms_helper")), ("nvidia", ()),
                        ("nvidia-uvm", ("nvidia",)), ("nvidia-modeset", ("nvidia",))):
         (tmp_path / f"{stem}.ko").write_bytes(fake_ko(module_name(stem), "5.15", depends=deps))
-    args = ("nvidia.NVreg_EnableGpuFirmware=0", "nvidia-uvm.uvm_perf=1")
+    args = tuple(map(ModuleArg.parse, ("nvidia.NVreg_EnableGpuFirmware=0", "nvidia-uvm.uvm_perf=1")))
     # By default what CUDA needs, as GKE's Ubuntu installer loads (modules.COMPUTE_MODULES).
     assert [m.name for m in plan_loads(tmp_path, args)] == ["nvidia", "nvidia_uvm"]
     loads = plan_loads(tmp_path, args, display_modules=True)
     assert [m.name for m in loads] == ["nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]
-    assert loads[0].params == ("NVreg_EnableGpuFirmware=0",)
-    assert loads[1].params == ("uvm_perf=1",)
+    assert [a.insmod_word for a in loads[0].params] == ["NVreg_EnableGpuFirmware=0"]
+    assert [a.insmod_word for a in loads[1].params] == ["uvm_perf=1"]
     assert loads[3].in_tree_deps == ("drm_kms_helper",)
-    assert params_for("nvidia_drm", ("nvidia-drm.modeset=1",)) == ("modeset=1",)
+    assert for_module("nvidia_drm", (ModuleArg.parse("nvidia-drm.modeset=1"),)) == (
+        ModuleArg("nvidia_drm", "modeset", "1"),)
 
 
 def _tool(bin_dir, name, script):
@@ -108,7 +109,7 @@ def test_no_gpu_enodev_is_said_exactly(tmp_path, monkeypatch):
     import pytest
 
     from installer.errors import ModuleLoadError
-    from installer.modules import ModuleLoad, load
+    from installer.modules import load
     from installer.runner import Runner
 
     bin_dir = tmp_path / "bin"
@@ -180,15 +181,15 @@ def test_module_args_read_back_as_applied_on_a_node_without_nvidia_sysfs_params(
     every nvidia option was reported as not applied."""
     kernel = _loaded_node(tmp_path, ["NVreg_EnableGpuFirmware=0", "NVreg_ResmanDebugLevel=-1",
                                      'NVreg_RegistryDwords="A=1"'])
-    applied = ModuleLoad("nvidia", tmp_path / "nvidia.ko",
-                         ("NVreg_EnableGpuFirmware=0", "NVreg_ResmanDebugLevel=-1",
-                          "NVreg_RegistryDwords=A=1", 'NVreg_RmMsg=""', "NVreg_DeviceFileMode=0x1b6"),
-                         ())
-    assert params_not_applied(kernel, applied) == []
-    differ = ModuleLoad("nvidia", tmp_path / "nvidia.ko",
-                        ("NVreg_EnableGpuFirmware=1", "NVreg_NoSuchOption=1"), ())
-    assert params_not_applied(kernel, differ) == ["NVreg_EnableGpuFirmware=1",
-                                                  "NVreg_NoSuchOption=1"]
-    uvm = ModuleLoad("nvidia_uvm", tmp_path / "nvidia-uvm.ko",
-                     ("uvm_disable_hmm=1", "uvm_perf=1"), ())
-    assert params_not_applied(kernel, uvm) == ["uvm_perf=1"]  # bool Y is 1
+    def args(module, *words):
+        return tuple(ModuleArg.parse(f"{module}.{w}") for w in words)
+
+    applied = args("nvidia", "NVreg_EnableGpuFirmware=0", "NVreg_ResmanDebugLevel=-1",
+                   "NVreg_RegistryDwords=A=1", 'NVreg_RmMsg=""', "NVreg_DeviceFileMode=0x1b6")
+    assert params_not_applied(kernel, "nvidia", applied) == []
+    differ = args("nvidia", "NVreg_EnableGpuFirmware=1", "NVreg_NoSuchOption=1")
+    assert params_not_applied(kernel, "nvidia", differ) == ["NVreg_EnableGpuFirmware=1",
+                                                            "NVreg_NoSuchOption=1"]
+    uvm = args("nvidia-uvm", "uvm_disable_hmm=1", "uvm_perf=1")
+    assert params_not_applied(kernel, "nvidia_uvm", uvm) == ["uvm_perf=1"]  # bool Y is 1
+    assert params_not_applied(kernel, "nvidia", uvm) == []  # another module's

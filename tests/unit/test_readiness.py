@@ -10,6 +10,7 @@ import pytest
 from installer import diagnostics, install, kernel, metrics, readiness
 from installer.errors import BuildError
 from installer.hostroot import HostRoot
+from installer.outcome import Outcome
 from installer.plan import Plan, Step
 from installer.settings import Settings
 from tests.fixtures.kernel import UBUNTU_KERNEL
@@ -64,9 +65,9 @@ def test_clear_reports_whether_there_was_a_file(host):
 
 
 def test_metrics_text_format():
-    text = metrics.format_metrics(outcome="error", exit_code=7, duration_s=12.5,
-                                    driver_version='5"50', plan="fresh", kernel_release="5.15",
-                                    error_class="build", finished_at=1700000000)
+    text = metrics.format_metrics(Outcome("error", 7, duration_s=12.5, driver_version='5"50',
+                                          plan="fresh", error_class="build"),
+                                  kernel_release="5.15", finished_at=1700000000)
     assert "nvidia_driver_installer_success 0" in text
     assert "nvidia_driver_installer_exit_code 7" in text
     assert "nvidia_driver_installer_duration_seconds 12.500" in text
@@ -74,12 +75,13 @@ def test_metrics_text_format():
     assert "nvidia_driver_installer_last_run_timestamp_seconds 1700000000" in text
     assert 'nvidia_driver_installer_staged_for_next_boot{driver_version=""} 0' in text
     assert text.count("# TYPE") == 6
-    staged = metrics.format_metrics(outcome="ok", exit_code=0, duration_s=1.0,
-                                    driver_version="580.82.07", plan="staged",
-                                    kernel_release="5.15", error_class=None,
-                                    staged_version="580.82.07")
+    staged = metrics.format_metrics(Outcome("ok", 0, duration_s=1.0, driver_version="580.65.06",
+                                            staged_driver_version="580.82.07", plan="staged"),
+                                    kernel_release="5.15")
     assert 'nvidia_driver_installer_staged_for_next_boot{driver_version="580.82.07"} 1' in staged
     assert "nvidia_driver_installer_success 1" in staged
+    # _info names the driver that runs, not the staged one (issue 34 §4).
+    assert 'nvidia_driver_installer_info{driver_version="580.65.06",plan="staged"' in staged
 
 
 def test_metrics_write_failure_is_not_fatal(host):
@@ -103,7 +105,7 @@ class FakeDistro:
 
 
 def run_with(monkeypatch, host, steps, kind="fresh", **kw):
-    monkeypatch.setattr(install.distros, "for_host", lambda info: FakeDistro(steps, kind))
+    monkeypatch.setattr(install.flows, "for_host", lambda info: FakeDistro(steps, kind))
     return install.run(settings_for(host, **kw))
 
 

@@ -12,7 +12,7 @@ from installer import cache
 from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
 from installer.detect import context
-from installer.distros import for_host
+from installer.distros.flows import for_host
 from installer.distros.headers_build import find_kernel_headers
 from installer.distros.ubuntu import Ubuntu
 from installer.errors import ExitCode, InstallerError, SecureBootError, UsageError

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from installer.distros.cos import VERSION_ALIAS
+from installer.distros.cos.host import VERSION_ALIAS
 from installer.distros.cos.pins import Manifest
 from installer.distros.cos.toolchain import check_toolchain_env
 from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError

@@ -10,7 +10,7 @@ import structlog
 from installer import cache, gpus, headers, signing, steps
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import cached_plan, fresh_plan
-from installer.distros.cos import Cos, pins, toolchain, v2_cache, v2_tools, versions
+from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
     TOOLCHAIN_ENV_FILE,
@@ -31,6 +31,7 @@ from installer.distros.cos.choice import (
     decide_modules,
     precompiled_wanted,
 )
+from installer.distros.cos.host import Cos
 from installer.distros.cos.precompiled import link_precompiled, load_or_relink, unpack_signatures
 from installer.distros.cos.steps import (
     check_gpus,
