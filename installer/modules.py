@@ -77,12 +77,6 @@ def check_vermagic(path: Path, kernel_release: str) -> None:
         )
 
 
-# What to do when the driver this run loaded at the last boot is held with other parameters
-# than the ones asked for (apply_module_args reloads it once it is unused).
-WAIT_ADVICE = ("drain its GPU work and re-run install (an unused driver is reloaded with "
-               "them), or reboot")
-
-
 def load(
     loads: list[ModuleLoad],
     kernel: KernelState,

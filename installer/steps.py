@@ -530,8 +530,10 @@ def apply_module_args() -> Step:
             ctx.work.module_args_waiting = held  # said once, here (load_modules stays quiet)
             log.warning("module_args_not_applied", loaded_with=list(map(str, before)),
                         wanted=list(map(str, wanted)), not_applied=differ, dropped=dropped,
-                        holders=held, message=f"the driver cannot be reloaded now ({held}): it keeps the "
-                        f"module parameters it was loaded with until it next loads: {modules.WAIT_ADVICE}")
+                        holders=held, message=f"the driver cannot be reloaded now ({held}): it "
+                        "keeps the module parameters it was loaded with until it next loads: "
+                        "drain its GPU work and re-run install (an unused driver is reloaded "
+                        "with them), or reboot")
             return
         version = modules.loaded_driver_version(ctx.kernel)
         removed = modules.unload(ctx.kernel, ctx.runner)
