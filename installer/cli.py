@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from installer import __version__
+from installer.distros import DISTROS
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
 from installer.moduleargs import ModuleArg
@@ -24,10 +25,11 @@ from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
 from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
 from installer.settings import (
-    DEFAULT_COS_ARTIFACTS_URL,
+    DistroOptions,
     Settings,
     default_when_in_use,
     retry_env,
+    validate,
 )
 
 LOG_FORMATS = click.Choice(["auto", "json", "console"], case_sensitive=False)
@@ -77,6 +79,24 @@ class ModuleArgType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class PrebuiltUrl(click.ParamType):
+    """A bundle URL template (bundle.manifest.check_template)."""
+
+    name = "URL"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        # Start-up time: the bundle code only with --prebuilt-url.
+        from installer.bundle.manifest import BundleError, check_template
+
+        try:
+            check_template(str(value))
+        except BundleError as exc:
+            self.fail(f"{exc} (e.g. https://bundles.example.com/nvidia/ or file:///mnt/bundles/"
+                      "nvidia-driver-{driver_version}-{module_type}-{kernel_release}.tar.zst)",
+                      param, ctx)
+        return str(value)
+
+
 def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every command shares: where the host and the install dir are, log format."""
     for option in reversed([
@@ -101,6 +121,14 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _distro_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Each distro's own options (Distro.options), declared by the distro."""
+    for distro in DISTROS:
+        if distro.options is not None:
+            fn = distro.options.click_options(fn)
+    return fn
+
+
 def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("-o", "--output", type=click.Choice(FORMATS), default="text",
                         show_default=True,
@@ -121,16 +149,19 @@ def _settings(**opts: Any) -> Settings:
     from installer.log import configure
 
     configure(opts.pop("log_format", "auto"), "debug" if opts.pop("verbose", False) else "info")
+    # Each distro's own options, where the command has them (install).
+    distro_options = tuple(d.options.from_cli(opts) for d in DISTROS
+                           if d.options is not None and d.options.given(opts))
     opts["install_dir_host"] = PurePosixPath(opts["install_dir_host"])
-    for key in ("toolchain_dir_host", "vulkan_icd_dir_host"):
-        if opts.get(key):
-            opts[key] = PurePosixPath(opts[key])
+    if opts.get("vulkan_icd_dir_host"):
+        opts["vulkan_icd_dir_host"] = PurePosixPath(opts["vulkan_icd_dir_host"])
     if opts.get("metrics_file"):
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
-    _register_secrets(opts)
+    _register_secrets(opts, distro_options)
     _full_url_over_base_url(opts)
     opts.update(retry_env(os.environ))
-    return Settings(**{k: v for k, v in opts.items() if v is not None}).resolved()
+    return validate(Settings(distro_options=distro_options,
+                             **{k: v for k, v in opts.items() if v is not None}))
 
 
 def _follow_output(output: str, opts: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +179,7 @@ def _full_url_over_base_url(opts: dict[str, Any]) -> None:
     """A full .run URL and a base URL not both given as flags: the full URL wins, as in GKE's
     installers (a pool's NVIDIA_DRIVER_DOWNLOAD_URL over a template's NVIDIA_DRIVER_BASE_URL),
     and the log says the base URL was not used. Two flags that disagree stay a usage error
-    (Settings.resolved)."""
+    (settings.validate)."""
     if not (opts.get("driver_url") and opts.get("driver_base_url")):
         return
     source = click.get_current_context().get_parameter_source
@@ -166,13 +197,15 @@ def _full_url_over_base_url(opts: dict[str, Any]) -> None:
         why=f"the full URL ({url_from}) wins over the base URL ({base_from})")
 
 
-def _register_secrets(opts: dict[str, Any]) -> None:
+def _register_secrets(opts: dict[str, Any], distro_options: tuple[DistroOptions, ...]) -> None:
     """Credentials in the URLs we were given (and in proxy settings) never reach output."""
     from installer.net.policy import register_url
 
-    for key in ("driver_url", "driver_base_url", "cos_artifacts_url", "cos_artifacts_sha256",
-                "prebuilt_url"):
+    for key in ("driver_url", "driver_base_url", "prebuilt_url"):
         register_url(opts.get(key))
+    for options in distro_options:
+        for secret in options.secrets():
+            register_url(secret)
     for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
                 "all_proxy"):
         register_url(os.environ.get(var))
@@ -236,9 +269,6 @@ def _exit_codes_epilog() -> str:
               "variable).")
 @click.option("--driver-sha256", envvar="NVIDIA_DRIVER_SHA256", show_envvar=True,
               help="Expected SHA-256 of the .run (its own checksum is checked anyway).")
-@click.option("--cos-artifacts-url", envvar="COS_DOWNLOAD_GCS", show_envvar=True,
-              default=DEFAULT_COS_ARTIFACTS_URL, show_default=True,
-              help="COS artifacts of the build; {build_id} and {board} are filled in.")
 @click.option("--kernel-source-path", type=click.Path(path_type=Path),
               envvar="KERNEL_SOURCE_PATH", show_envvar=True,
               help="Kernel headers to build against [default: found on the host, else apt].")
@@ -266,15 +296,6 @@ def _exit_codes_epilog() -> str:
               "naming its holders) or stage (build and check the new version, keep it in "
               "<install-dir>/.next-boot, leave the running driver as it is, exit 0; the next "
               "run after a reboot installs it with no download or compile).")
-@click.option("--preload", is_flag=True, envvar="PRELOAD", show_envvar=True,
-              help="COS: only fetch and cache the toolchain and kernel headers (no GPU needed).")
-@click.option("--toolchain-dir", type=click.Path(path_type=Path),
-              envvar="COS_TOOLS_DIR_CONTAINER", show_envvar=True,
-              help="COS: where the toolchain and kernel headers are cached [default: "
-              "/build/cos-tools if it exists, else <host-root>/<toolchain-dir-host>].")
-@click.option("--toolchain-dir-host", envvar="COS_TOOLS_DIR_HOST", show_envvar=True,
-              default="/var/lib/cos-tools", show_default=True,
-              help="COS: the tools cache as the host sees it.")
 @click.option("--vulkan-icd-dir", type=click.Path(path_type=Path),
               envvar="VULKAN_ICD_DIR_CONTAINER", show_envvar=True,
               help="This process's view of the Vulkan ICD dir [default: "
@@ -297,11 +318,6 @@ def _exit_codes_epilog() -> str:
 @click.option("--metrics-file", envvar="NVIDIA_INSTALLER_METRICS_FILE", show_envvar=True,
               help="Host path of a node_exporter textfile (*.prom) to write the outcome, "
               "duration and driver version to.")
-@click.option("--cos-artifacts-sha256", envvar="COS_ARTIFACTS_SHA256", show_envvar=True,
-              help="COS: a sha256sum-style manifest (file path or URL) pinning every file the "
-              "install reads (version aliases, toolchain_env, toolchain_url, toolchain, kernel "
-              "headers, the .run, prebuilt modules, custom .run, signatures); each must match, "
-              "and one it does not list is refused before any download (exit 6).")
 @click.option("--download-deadline", "download_deadline_s", type=Seconds(open_min=True),
               envvar="DOWNLOAD_DEADLINE", default=3600, show_default=True,
               show_envvar=True, help="Seconds one download may take in all, retries included "
@@ -315,6 +331,7 @@ def _exit_codes_epilog() -> str:
               default=60, show_default=True, show_envvar=True,
               help="The window (seconds) --download-min-rate is measured over.")
 @click.option("--prebuilt-url", envvar="NVIDIA_PREBUILT_URL", show_envvar=True,
+              type=PrebuiltUrl(),
               help="Install a prebuilt bundle (`bundle build`) before compiling: a URL template "
               "(https:// or file://) with {driver_version}, {kernel_release}, {module_type}, or a "
               "directory ending in '/'. Missing (404): compile; bad digest or kernel: exit 6.")
@@ -325,6 +342,7 @@ def _exit_codes_epilog() -> str:
 @click.option("--dry-run", is_flag=True, help="Run the pre-flight checks, print the plan; "
               "change nothing.")
 @_output_option
+@_distro_options
 def install(output: str, **opts: Any) -> None:
     """Install (or load the cached) driver, then verify it with nvidia-smi."""
     from installer import install as install_flow
@@ -357,10 +375,11 @@ def status(output: str, **opts: Any) -> int:
     """Print the last run's status.json and the .cache record; exit with its exit code
     (12 when the installer has not run on this node)."""
     from installer import status as status_mod
-    from installer.installdir import InstallDir
+    from installer.installdir import locate
 
     settings = _settings(**_follow_output(output, opts))  # any OS: only the install dir
-    report = status_mod.report(InstallDir(settings.install_dir, settings.install_dir_host))
+    report = status_mod.report(locate(settings.host_root, settings.install_dir,
+                                      settings.install_dir_host))
     click.echo(render(report.to_json(), output), nl=False)
     return report.exit_code()
 

@@ -7,7 +7,7 @@ from installer import distros, gpus, signing
 from installer.context import Context
 from installer.errors import UnsupportedHostError, clip
 from installer.hostroot import HostRoot
-from installer.installdir import InstallDir
+from installer.installdir import locate
 from installer.kernel import KernelState
 from installer.modules import loaded_driver_version
 from installer.osinfo import HostInfo
@@ -24,7 +24,6 @@ def context(settings: Settings, kernel: KernelState | None = None, runner: Runne
     cannot be told gets ``HostInfo.unknown`` instead of an error (doctor and uninstall
     still work there).
     """
-    assert settings.install_dir is not None, "settings must be resolved"
     host = HostRoot(settings.host_root)
     kernel = kernel or KernelState()
     release = settings.kernel_release or kernel.release()
@@ -35,7 +34,8 @@ def context(settings: Settings, kernel: KernelState | None = None, runner: Runne
             raise
         host_info = HostInfo.unknown(release)
     return Context(settings=settings, host=host, kernel=kernel, runner=runner or Runner(),
-                   install=InstallDir(settings.install_dir, settings.install_dir_host),
+                   install=locate(settings.host_root, settings.install_dir,
+                                  settings.install_dir_host),
                    host_info=host_info)
 
 

@@ -28,7 +28,8 @@ log = structlog.get_logger(__name__)
 def run(settings: Settings) -> Outcome:
     """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
     started = time.monotonic()
-    for url in filter(None, (settings.driver_url, settings.driver_base_url)):
+    for url in filter(None, (settings.driver_url, settings.driver_base_url,
+                             settings.prebuilt_url)):
         check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
     outcome = _install(settings, started)
     log.info("install_finished", outcome=outcome.outcome, plan=outcome.plan,
@@ -155,8 +156,8 @@ def _warn_unpinned(ctx: Context, plan, distro: distros.Distro) -> None:
     unpinned = []
     if not (ctx.settings.driver_sha256 or plan.driver_sha256):
         unpinned.append("the NVIDIA .run (--driver-sha256)")
-    if distro.artifact_pin and not getattr(ctx.settings, distro.artifact_pin[0]):
-        unpinned.append(distro.artifact_pin[1])
+    if (artifacts := distro.unpinned_artifacts(ctx.settings)) is not None:
+        unpinned.append(artifacts)
     if unpinned:
         log.warning("artifacts_unpinned", unpinned=unpinned,
                     driver_url=plan.driver_url,

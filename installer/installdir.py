@@ -16,9 +16,10 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from installer import signals
-from installer.errors import UnsupportedHostError
+from installer import podcontract, signals
+from installer.errors import UnsupportedHostError, UsageError
 from installer.fsutil import fsync_dir, remove_tree
+from installer.hostroot import HostRoot
 
 log = structlog.get_logger(__name__)
 
@@ -222,6 +223,24 @@ class InstallDir(Tree):
             remove_tree(self.root / name)
         remove_tree(self.next_boot_dir)  # nothing is to be installed at the next boot either
         self.clear_leftovers()
+
+
+def locate(host_root: Path, install_dir: Path | None, install_dir_host: PurePosixPath) -> InstallDir:
+    """The install dir as this process sees it: ``install_dir`` (--install-dir), else the
+    pod contract's mount if there is one, else the host's dir through the host root,
+    resolved on the host (kubectl debug: a symlinked /home must not send us into this
+    container's own /home). UsageError when it is not a directory."""
+    found = install_dir
+    if found is None and podcontract.INSTALL_DIR_CONTAINER.is_dir():
+        found = podcontract.INSTALL_DIR_CONTAINER
+    elif found is None:
+        found = HostRoot(host_root).resolve(install_dir_host)
+    if found.exists() and not found.is_dir():
+        named = "--install-dir" if install_dir else "<host-root>/<install-dir-host>"
+        raise UsageError(f"{named} {found} is not a directory",
+                         hint="name the driver's install dir (NVIDIA_INSTALL_DIR_CONTAINER / "
+                         "NVIDIA_INSTALL_DIR_HOST), not a file in it")
+    return InstallDir(found, install_dir_host)
 
 
 def _move(src: Path, dst: Path) -> None:

@@ -6,48 +6,61 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 from installer import podcontract
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import UsageError
 from installer.moduleargs import ModuleArg
 from installer.net.integrity import normalize_sha256
+from installer.nvidia_options import too_old
 from installer.nvidia_urls import NVIDIA_BASE_URL, named_version, run_url
 from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
 
-# NVIDIA's download host; --driver-branch picks the path under it.
-# Read from the environment only (DESIGN.md section 3, no option): every download's
-# retry policy (net/retry.py), which reaches net/ through the Context's session.
-DEFAULT_COS_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
+
+class DistroOptions:
+    """A distro's own options (e.g. distros/cos/options.py), held in Settings.distro_options:
+    generic code names none of their fields. A subclass is a frozen dataclass whose every
+    field has a default (what applies when the CLI did not add its options)."""
+
+    def check(self, settings: Settings) -> None:
+        """Refuse combinations with the other settings (UsageError). Pure."""
+
+    def refused_on(self, title: str) -> UsageError | None:
+        """Why these options cannot be used on another distro's host (titled ``title``)."""
+        return None
+
+    def unpinned(self) -> str | None:
+        """What the distro downloads besides the .run that these options leave unpinned."""
+        return None
+
+    def secrets(self) -> tuple[str | None, ...]:
+        """Values that may carry credentials (URLs): never shown."""
+        return ()
 
 
 @dataclass(frozen=True)
 class Settings:
     host_root: Path = podcontract.HOST_ROOT
     install_dir_host: PurePosixPath = podcontract.INSTALL_DIR_HOST
-    install_dir: Path | None = None  # this process's view; None: derived (see resolve)
+    install_dir: Path | None = None  # this process's view; None: installdir.locate finds it
     driver_version: str | None = None  # None: the distro's default
     driver_url: str | None = None
     driver_base_url: str | None = None  # None: the distro's default (Settings.driver_run_url)
     driver_branch: str = "tesla"  # the path segment under NVIDIA's download host
     driver_sha256: str | None = None
-    cos_artifacts_url: str = DEFAULT_COS_ARTIFACTS_URL
     kernel_release: str | None = None
     kernel_source_path: Path | None = None
     force: bool = False
     lock_timeout_s: float = 0.0
     dry_run: bool = False
     allow_insecure_http: bool = False
-    preload: bool = False
     # Put the driver in the install dir and stop: nothing loaded, unloaded or verified (for
     # DaemonSets that load the modules themselves: cos-gpu-installer v2's -no-verify).
     install_only: bool = False
     # A different driver loaded and in use: "fail" (exit 8 naming the holders, DESIGN §4)
     # or "stage" (build and check the new one, keep it for the next boot: nextboot.py).
     when_in_use: str = "fail"
-    toolchain_dir: Path | None = None  # COS tools cache; None: /build/cos-tools or the host's
-    toolchain_dir_host: PurePosixPath = PurePosixPath("/var/lib/cos-tools")
     vulkan_icd_dir: Path | None = None  # this process's view; None: via the host root
     vulkan_icd_dir_host: PurePosixPath | None = None  # None: no Vulkan ICD file written
     module_args: tuple[ModuleArg, ...] = ()  # checked when parsed (cli.ModuleArgType)
@@ -56,7 +69,6 @@ class Settings:
     display_modules: bool = False
     kernel_module_type: str = "auto"  # auto | open | proprietary
     metrics_file: PurePosixPath | None = None  # host path of a node_exporter textfile
-    cos_artifacts_sha256: str | None = None  # COS manifest (file or URL): pins every artifact
     download_deadline_s: float = 3600.0  # one download, all attempts (retry.TransferLimits)
     download_min_rate: float = 10240.0  # bytes/s over each rate window; 0: no floor
     download_min_rate_time_s: float = 60.0
@@ -66,78 +78,12 @@ class Settings:
     prebuilt_url: str | None = None
     prebuilt_sha256: str | None = None
     prebuilt_only: bool = False
+    # Each distro's own options (Distro.options), one object per distro that has some.
+    distro_options: tuple[DistroOptions, ...] = ()
 
-    def resolved(self) -> Settings:
-        """Fill in derived defaults and check combinations (UsageError on bad input)."""
-        if not self.install_dir_host.is_absolute() or ".." in self.install_dir_host.parts:
-            raise UsageError(
-                f"--install-dir-host must be an absolute host path without '..', got "
-                f"{str(self.install_dir_host)!r}"
-            )
-        release = self.kernel_release
-        if release is not None and not is_kernel_release(release):
-            raise UsageError(
-                f"--kernel-release {release!r} is not a kernel release",
-                hint="give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and "
-                f". - _ + ~, at most {KERNEL_RELEASE_MAX} characters)",
-            )
-        install_dir = self.install_dir
-        if install_dir is None and podcontract.INSTALL_DIR_CONTAINER.is_dir():
-            install_dir = podcontract.INSTALL_DIR_CONTAINER
-        elif install_dir is None:
-            from installer.hostroot import HostRoot  # CLI start-up time: secrets, hmac
-
-            # Resolved on the host (kubectl debug: a symlinked /home must not send us into
-            # this container's own /home).
-            install_dir = HostRoot(self.host_root).resolve(self.install_dir_host)
-        if install_dir.exists() and not install_dir.is_dir():
-            named = "--install-dir" if self.install_dir else "<host-root>/<install-dir-host>"
-            raise UsageError(f"{named} {install_dir} is not a directory",
-                             hint="name the driver's install dir (NVIDIA_INSTALL_DIR_CONTAINER / "
-                             "NVIDIA_INSTALL_DIR_HOST), not a file in it")
-        sha = normalize_sha256(self.driver_sha256 or None, "--driver-sha256")
-        if self.lock_timeout_s < 0:
-            raise UsageError("--lock-timeout must be >= 0 seconds")
-        self._check_driver_url_version()
-        if self.driver_url and self.driver_base_url:
-            raise UsageError("--driver-url and --driver-base-url both name where the .run comes "
-                             "from: give one (a full URL from NVIDIA_DRIVER_DOWNLOAD_URL wins "
-                             "over a base URL from NVIDIA_DRIVER_BASE_URL)")
-        from installer.nvidia_options import too_old
-
-        if self.driver_version and (why := too_old(self.driver_version)):
-            raise UsageError(f"--driver-version: {why}", hint="use R470 or newer")
-        if self.kernel_module_type not in ("auto", "open", "proprietary"):
-            raise UsageError(
-                f"bad --kernel-module-type {self.kernel_module_type!r}",
-                hint="use auto, open or proprietary",
-            )
-        if not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", self.driver_branch) or \
-                ".." in self.driver_branch.split("/"):
-            raise UsageError(f"bad --driver-branch {self.driver_branch!r}",
-                             hint="a path under NVIDIA's download host, e.g. tesla")
-        for name, host_path in (("--toolchain-dir-host", self.toolchain_dir_host),
-                                ("--vulkan-icd-dir-host", self.vulkan_icd_dir_host)):
-            if host_path is not None and (not host_path.is_absolute() or ".." in host_path.parts):
-                raise UsageError(f"{name} must be an absolute host path without '..', got "
-                                 f"{str(host_path)!r}")
-        if self.metrics_file is not None and not PurePosixPath(self.metrics_file).is_absolute():
-            raise UsageError(
-                f"--metrics-file must be an absolute host path, got {str(self.metrics_file)!r}",
-                hint="e.g. /var/lib/node_exporter/textfile_collector/nvidia_driver.prom",
-            )
-        if not (self.download_deadline_s > 0 and self.download_min_rate >= 0
-                and self.download_min_rate_time_s > 0):
-            raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
-                             "seconds, --download-min-rate >= 0 bytes/s")
-        if self.install_only and (self.preload or self.persistence_mode):
-            raise UsageError("--install-only loads nothing: it cannot be combined with "
-                             f"{'--preload' if self.preload else '--persistence-mode'}")
-        prebuilt_sha = check_prebuilt(self.prebuilt_url, self.prebuilt_sha256,
-                                      self.prebuilt_only,
-                                      allow_insecure_http=self.allow_insecure_http)
-        return replace(self, install_dir=install_dir, driver_sha256=sha,
-                       prebuilt_sha256=prebuilt_sha)
+    def options(self, kind: type[OptionsT]) -> OptionsT:
+        """The ``kind`` options given, else its defaults."""
+        return next((o for o in self.distro_options if isinstance(o, kind)), None) or kind()
 
     def driver_run_url(self, version: str, default_base: str | None = None) -> str:
         """--driver-url as given, else <base>/<V>/NVIDIA-Linux-x86_64-<V>.run; the base is
@@ -147,39 +93,88 @@ class Settings:
         return run_url(self.driver_base_url or default_base
                        or NVIDIA_BASE_URL.format(branch=self.driver_branch), version)
 
-    def _check_driver_url_version(self) -> None:
-        """--driver-url's file name and --driver-version naming two drivers: refused now
-        (the .run's own version is checked once extracted, before anything is unloaded)."""
-        named = named_version(self.driver_url) if self.driver_url else None
-        wanted = self.driver_version
-        if named and wanted and wanted[:1].isdigit() and named != wanted:
-            raise UsageError(f"--driver-url names driver {named} "
-                             f"(NVIDIA-Linux-x86_64-{named}.run), --driver-version {wanted}",
-                             hint="give the URL of the version you want, or drop "
-                             "--driver-version (it is read from the URL's file name)")
+
+OptionsT = TypeVar("OptionsT", bound=DistroOptions)
 
 
-def check_prebuilt(url: str | None, sha256: str | None, only: bool, *,
-                   allow_insecure_http: bool) -> str | None:
-    """The --prebuilt-* options (issue 15), checked together; the sha256 normalised."""
-    if url is None:
-        if sha256 or only:
+def check_host_path(name: str, value: str | PurePosixPath) -> PurePosixPath:
+    """A host path option: absolute, no '..' (UsageError naming the option)."""
+    path = PurePosixPath(value)
+    if not path.is_absolute() or ".." in path.parts:
+        raise UsageError(f"{name} must be an absolute host path without '..', got {str(value)!r}")
+    return path
+
+
+def validate(settings: Settings) -> Settings:
+    """``settings`` checked as a whole and normalised (UsageError on bad input). Pure: no
+    file is read (where the install dir is: installdir.locate)."""
+    s = settings
+    check_host_path("--install-dir-host", s.install_dir_host)
+    release = s.kernel_release
+    if release is not None and not is_kernel_release(release):
+        raise UsageError(
+            f"--kernel-release {release!r} is not a kernel release",
+            hint="give the node's `uname -r`, e.g. 5.15.0-1049-gke (letters, digits and "
+            f". - _ + ~, at most {KERNEL_RELEASE_MAX} characters)",
+        )
+    sha = normalize_sha256(s.driver_sha256 or None, "--driver-sha256")
+    if s.lock_timeout_s < 0:
+        raise UsageError("--lock-timeout must be >= 0 seconds")
+    _check_driver_url_version(s)
+    if s.driver_url and s.driver_base_url:
+        raise UsageError("--driver-url and --driver-base-url both name where the .run comes "
+                         "from: give one (a full URL from NVIDIA_DRIVER_DOWNLOAD_URL wins "
+                         "over a base URL from NVIDIA_DRIVER_BASE_URL)")
+    if s.driver_version and (why := too_old(s.driver_version)):
+        raise UsageError(f"--driver-version: {why}", hint="use R470 or newer")
+    if s.kernel_module_type not in ("auto", "open", "proprietary"):
+        raise UsageError(f"bad --kernel-module-type {s.kernel_module_type!r}",
+                         hint="use auto, open or proprietary")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", s.driver_branch) or \
+            ".." in s.driver_branch.split("/"):
+        raise UsageError(f"bad --driver-branch {s.driver_branch!r}",
+                         hint="a path under NVIDIA's download host, e.g. tesla")
+    if s.vulkan_icd_dir_host is not None:
+        check_host_path("--vulkan-icd-dir-host", s.vulkan_icd_dir_host)
+    if s.metrics_file is not None and not PurePosixPath(s.metrics_file).is_absolute():
+        raise UsageError(
+            f"--metrics-file must be an absolute host path, got {str(s.metrics_file)!r}",
+            hint="e.g. /var/lib/node_exporter/textfile_collector/nvidia_driver.prom",
+        )
+    if not (s.download_deadline_s > 0 and s.download_min_rate >= 0
+            and s.download_min_rate_time_s > 0):
+        raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
+                         "seconds, --download-min-rate >= 0 bytes/s")
+    if s.install_only and s.persistence_mode:
+        raise UsageError("--install-only loads nothing: it cannot be combined with "
+                         "--persistence-mode")
+    for options in s.distro_options:
+        options.check(s)
+    prebuilt_sha = _check_prebuilt(s)
+    return replace(s, driver_sha256=sha, prebuilt_sha256=prebuilt_sha)
+
+
+def _check_driver_url_version(s: Settings) -> None:
+    """--driver-url's file name and --driver-version naming two drivers: refused now
+    (the .run's own version is checked once extracted, before anything is unloaded)."""
+    named = named_version(s.driver_url) if s.driver_url else None
+    wanted = s.driver_version
+    if named and wanted and wanted[:1].isdigit() and named != wanted:
+        raise UsageError(f"--driver-url names driver {named} "
+                         f"(NVIDIA-Linux-x86_64-{named}.run), --driver-version {wanted}",
+                         hint="give the URL of the version you want, or drop "
+                         "--driver-version (it is read from the URL's file name)")
+
+
+def _check_prebuilt(s: Settings) -> str | None:
+    """The --prebuilt-* options (issue 15), checked together (the URL template itself when
+    parsed: cli.PrebuiltUrl); the sha256 normalised."""
+    if s.prebuilt_url is None:
+        if s.prebuilt_sha256 or s.prebuilt_only:
             raise UsageError("--prebuilt-sha256 and --prebuilt-only need --prebuilt-url "
                              "(NVIDIA_PREBUILT_URL)")
         return None
-    # CLI start-up time: these pull in structlog and urllib.request (~100 ms), needed only
-    # with --prebuilt-url.
-    from installer.bundle.manifest import BundleError, check_template
-    from installer.net.policy import check_url_scheme
-
-    try:
-        check_template(url)
-    except BundleError as exc:
-        raise UsageError(str(exc), hint="e.g. https://bundles.example.com/nvidia/ or "
-                         "file:///mnt/bundles/nvidia-driver-{driver_version}-{module_type}-"
-                         "{kernel_release}.tar.zst") from None
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
-    return normalize_sha256(sha256 or None, "--prebuilt-sha256")
+    return normalize_sha256(s.prebuilt_sha256 or None, "--prebuilt-sha256")
 
 
 def default_when_in_use(environ: Mapping[str, str]) -> str:

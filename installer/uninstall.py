@@ -44,7 +44,6 @@ def _is_ours(install: InstallDir) -> bool:
 
 
 def run(settings: Settings) -> Outcome:
-    assert settings.install_dir is not None, "settings must be resolved"
     started = time.monotonic()
     ctx = context(settings, strict=False)  # the OS does not matter here
     host, kernel, runner, install = ctx.host, ctx.kernel, ctx.runner, ctx.install

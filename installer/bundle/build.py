@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import structlog
 import zstandard
 
-from installer import __version__, steps
+from installer import __version__
 from installer.bundle import tree
 from installer.bundle.manifest import (
     MANIFEST_NAME,
@@ -39,6 +39,7 @@ from installer.modinfo import read_modinfo, vermagic_release
 from installer.modsign import MAGIC
 from installer.plan import Plan, Step
 from installer.runner import CommandError
+from installer.steps import staging
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -69,7 +70,7 @@ def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
     url = ctx.settings.driver_run_url(version)
     return Plan("bundle", (
         distro.headers_step(),
-        steps.prepare_staging(),
+        staging.prepare_staging(),
         *compile_steps(ctx, url, version, key.module_type),
         *((sign_modules(signing),) if signing else ()),
         write_bundle(key, output_dir, signed=signing is not None),

@@ -85,7 +85,7 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
     from installer.fsutil import remove_tree
     from installer.log import configure
     from installer.plan import execute
-    from installer.settings import Settings, retry_env
+    from installer.settings import Settings, retry_env, validate
 
     configure(log_format, "debug" if verbose else "info")
     if (signing_key is None) != (signing_cert is None):
@@ -98,8 +98,8 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
     output_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".bundle-build-", dir=output_dir))
     try:
-        settings = Settings(install_dir=work, **retry_env(os.environ),
-                            **{k: v for k, v in opts.items() if v is not None}).resolved()
+        settings = validate(Settings(install_dir=work, **retry_env(os.environ),
+                                     **{k: v for k, v in opts.items() if v is not None}))
         ctx = context(settings)
         signing = build.Signing(signing_key, signing_cert) if signing_key and signing_cert else None
         plan = build.plan(ctx, output_dir.resolve(), signing)

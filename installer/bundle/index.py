@@ -23,7 +23,6 @@ from pathlib import Path
 import structlog
 
 from installer import safejson
-from installer.archive import UnreadableArchive, read_first_member
 from installer.bundle.manifest import (
     FORMAT,
     INDEX_NAME,
@@ -36,6 +35,7 @@ from installer.bundle.manifest import (
     check_sha256,
 )
 from installer.fsutil import sha256_file, write_atomic
+from installer.tarstream import UnreadableArchive, read_first_member
 
 log = structlog.get_logger(__name__)
 

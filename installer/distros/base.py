@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 import structlog
 
-from installer import cache, modules, steps
+from installer import cache, modules
 from installer.cache import CacheKey
 from installer.distros.daemonset import DaemonSetNeeds
 from installer.osinfo import HostInfo
 from installer.plan import Plan, Step
+from installer.settings import DistroOptions, Settings
+from installer.steps import activate, checks, next_boot, staging
 from installer.values import is_driver_version
 from installer.workstate import InUse
 
@@ -47,9 +49,8 @@ class Distro(abc.ABC):
     # Where this distro gets modules a signature-enforcing kernel accepts, and what to do
     # about it (None: it only builds unsigned modules).
     signed_modules: ClassVar[tuple[str, str] | None] = None
-    # The Settings field pinning this distro's own downloads besides the .run, and how
-    # the unpinned-artifacts warning names it (None: it downloads nothing else).
-    artifact_pin: ClassVar[tuple[str, str] | None] = None
+    # Its own options (Settings.distro_options; None: it has none), e.g. cos/options.py.
+    options: ClassVar[type[DistroOptions] | None] = None
     # When a cached install is stale on this distro's nodes: the likely cause, and what
     # install then does (doctor's advice).
     stale_cache: ClassVar[tuple[str, str]] = ("kernel updated?",
@@ -100,8 +101,18 @@ class Distro(abc.ABC):
                          "(e.g. 550.127.05); it has no aliases")
 
     def check_settings(self, ctx: Context) -> None:
-        """Refuse options that mean nothing on this OS (UsageError), before the lock."""
-        return
+        """Refuse another distro's options that mean nothing on this OS (UsageError),
+        before the lock."""
+        for options in ctx.settings.distro_options:
+            refused = None if isinstance(options, self.options or ()) else options.refused_on(
+                self.title)
+            if refused is not None:
+                raise refused
+
+    def unpinned_artifacts(self, settings: Settings) -> str | None:
+        """What this distro downloads besides the .run that nothing pins (None: all pinned,
+        or nothing else)."""
+        return settings.options(self.options).unpinned() if self.options else None
 
     @abc.abstractmethod
     def driver_version(self, ctx: Context) -> str:
@@ -134,9 +145,9 @@ def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: st
                 display: dict[str, object]) -> Plan:
     """A cache hit in any distro: check the GPUs, then load and verify what is installed
     (and drop a tree staged for the next boot: this version is the one wanted now)."""
-    loading = () if ctx.settings.install_only else (steps.check_module_loading(version),)
-    return Plan("cached", (check_gpus, *loading, steps.drop_next_boot(version),
-                           *steps.load_cached(ctx, version)),
+    loading = () if ctx.settings.install_only else (checks.check_module_loading(version),)
+    return Plan("cached", (check_gpus, *loading, next_boot.drop_next_boot(version),
+                           *activate.load_cached(ctx, version)),
                 driver_version=version, kernel_module_type=module_type, display=display)
 
 
@@ -162,8 +173,8 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
     early = () if prebuilt else (check_signing,)
     note = " (only without a prebuilt bundle)" if prebuilt else ""
     fill = (
-        steps.prepare_staging(),
-        steps.take_next_boot(key),
+        staging.prepare_staging(),
+        next_boot.take_next_boot(key),
         *((_unless_filled(prebuilt), _unless_filled(check_signing, note)) if prebuilt else ()),
         *(_unless_filled(s, note) for s in (*before_staging, *build)),
     )
@@ -171,14 +182,14 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
              "driver_url": driver_url, "driver_sha256": driver_sha256}
     # A load is needed now, or at the next boot for a staged version: a kernel refusing
     # every load (kernel.modules_disabled=1, usually the node image's) stops both first.
-    loading = () if ctx.settings.install_only else (steps.check_module_loading(version),)
+    loading = () if ctx.settings.install_only else (checks.check_module_loading(version),)
     if in_use is not None:
         return Plan("staged", (
-            check_gpus, *loading, *early, *fill, *steps.stage_for_next_boot(key, in_use),
+            check_gpus, *loading, *early, *fill, *next_boot.stage_for_next_boot(key, in_use),
         ), **typed, display={**display, "running_driver_version": in_use.running_version})
     return Plan("fresh", (
-        check_gpus, *loading, *early, steps.check_loaded_driver(version), *fill,
-        *steps.activate_staged(ctx, version, key),
+        check_gpus, *loading, *early, checks.check_loaded_driver(version), *fill,
+        *activate.activate_staged(ctx, version, key),
     ), **typed, display=display)
 
 

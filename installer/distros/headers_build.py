@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import structlog
 
-from installer import branches, gpus, headers, steps
+from installer import branches, gpus, headers
 from installer.bundle.fetch import prebuilt_step
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import Distro, cached_plan, fresh_plan
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
-from installer.errors import UsageError
 from installer.nvidia_run import check_version, version_from_url
 from installer.plan import Plan, Step
+from installer.steps import checks, staging
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -52,9 +52,9 @@ def find_kernel_headers() -> Step:
 def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tuple[Step, ...]:
     """The NVIDIA .run downloaded, extracted and built in the sandbox: install's build and
     ``bundle build``'s are this one sequence."""
-    return (steps.download_driver(url, ctx.settings.driver_sha256),
-            steps.extract_driver(version),
-            steps.build_driver(ctx, version, module_type))
+    return (staging.download_driver(url, ctx.settings.driver_sha256),
+            staging.extract_driver(version),
+            staging.build_driver(ctx, version, module_type))
 
 
 class HeadersBuild(Distro):
@@ -90,27 +90,13 @@ class HeadersBuild(Distro):
         return replace(self.node_key(ctx.host_info, version), source=ModuleSource.COMPILED,
                        module_type=self.module_type(ctx, version))
 
-    def check_settings(self, ctx: Context) -> None:
-        settings = ctx.settings
-        if settings.preload:
-            raise UsageError(
-                "--preload is for Container-Optimized OS (it warms the COS toolchain cache)",
-                hint=f"on {self.title}, run a normal install; kernel headers come from the node "
-                "or apt",
-            )
-        if settings.cos_artifacts_sha256:
-            raise UsageError(f"--cos-artifacts-sha256 pins COS artifacts; this node runs "
-                             f"{self.title}",
-                             hint="pin the .run with --driver-sha256 (NVIDIA_DRIVER_SHA256) "
-                             "and drop COS_ARTIFACTS_SHA256")
-
     def plan(self, ctx: Context) -> Plan:
         version = self.driver_version(ctx)
         key = self.cache_key(ctx, version)
         module_type = key.module_type
         assert module_type is not None, "cache_key names the module type"
         display: dict[str, object] = {"kernel_release": ctx.host_info.kernel_release}
-        check_gpus = steps.check_gpus(version, ctx.settings.kernel_module_type)
+        check_gpus = checks.check_gpus(version, ctx.settings.kernel_module_type)
         if self.cache_hit(ctx, key):
             return cached_plan(ctx, version, check_gpus, module_type=module_type,
                                display=display)
@@ -121,7 +107,7 @@ class HeadersBuild(Distro):
         return fresh_plan(
             ctx, version, key, module_type=module_type, driver_url=url,
             driver_sha256=ctx.settings.driver_sha256, display=display, check_gpus=check_gpus,
-            check_signing=steps.check_module_signing("this flow builds unsigned modules"),
+            check_signing=checks.check_module_signing("this flow builds unsigned modules"),
             before_staging=(self.headers_step(),),
             build=compile_steps(ctx, url, version, module_type),
             prebuilt=prebuilt)

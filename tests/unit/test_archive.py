@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from installer import archive
+from installer import archive, tarstream
 from installer.errors import ExitCode, IntegrityError
 
 # --------------------------------------------------------------------------- helpers
@@ -264,20 +264,20 @@ def test_header_bomb_is_refused_before_it_is_read(area):
         archive.extract(tgz, area / "work/t")
     assert err.value.exit_code == ExitCode.INTEGRITY
     assert not (area / "work/t").exists()
-    with pytest.raises(archive.UnreadableArchive, match="extended header"):
-        archive.read_first_member(tgz, "manifest.json", 1 << 20)
+    with pytest.raises(tarstream.UnreadableArchive, match="extended header"):
+        tarstream.read_first_member(tgz, "manifest.json", 1 << 20)
 
 
 def test_read_first_member_reads_only_the_named_bounded_first_file(area):
     tgz = make_tar(area / "work/a.tgz", [("m.json", b"{}"), ("rest", b"x" * 4096)])
-    assert archive.read_first_member(tgz, "m.json", 2) == b"{}"
-    with pytest.raises(archive.UnreadableArchive, match="larger than 1 bytes"):
-        archive.read_first_member(tgz, "m.json", 1)
-    with pytest.raises(archive.UnreadableArchive, match="first member is not rest"):
-        archive.read_first_member(tgz, "rest", 1 << 20)
+    assert tarstream.read_first_member(tgz, "m.json", 2) == b"{}"
+    with pytest.raises(tarstream.UnreadableArchive, match="larger than 1 bytes"):
+        tarstream.read_first_member(tgz, "m.json", 1)
+    with pytest.raises(tarstream.UnreadableArchive, match="first member is not rest"):
+        tarstream.read_first_member(tgz, "rest", 1 << 20)
     (area / "work/bad.tgz").write_bytes(b"not gzip")
-    with pytest.raises(archive.UnreadableArchive, match="not a readable tar archive"):
-        archive.read_first_member(area / "work/bad.tgz", "m.json", 2)
+    with pytest.raises(tarstream.UnreadableArchive, match="not a readable tar archive"):
+        tarstream.read_first_member(area / "work/bad.tgz", "m.json", 2)
 
 
 def test_member_count_and_path_length_limits(area):
@@ -414,7 +414,7 @@ def test_a_refused_head_stops_before_the_rest_is_read(area):
     with pytest.raises(IntegrityError, match="another kernel"):
         archive.extract(source, area / "work/t", head=archive.Head("m.json", 10, refuse))
     # What the inflate thread had read ahead (its queue, a chunk in hand, one in the making).
-    assert source.taken <= (archive._ReadAhead.DEPTH + 3) * archive.STREAM_BUFSIZE < len(data)
+    assert source.taken <= (tarstream.ReadAhead.DEPTH + 3) * tarstream.STREAM_BUFSIZE < len(data)
     assert not (area / "work/t").exists() and not (area / "work/.t.extracting").exists()
 
 
@@ -433,7 +433,7 @@ def test_a_stream_is_inflated_to_its_end_crc_and_trailing_bytes_checked(area):
     bad_crc = good[:-8] + bytes(b ^ 0xFF for b in good[-8:-4]) + good[-4:]
     with pytest.raises(IntegrityError, match="corrupt archive"):
         archive.extract(io.BytesIO(bad_crc), area / "work/t")
-    padded = gzip.compress(tar + bytes(2 * archive.MAX_TRAILING_BYTES))
+    padded = gzip.compress(tar + bytes(2 * tarstream.MAX_TRAILING_BYTES))
     with pytest.raises(IntegrityError, match="bytes after the archive's end"):
         archive.extract(io.BytesIO(padded), area / "work/t")
     assert not (area / "work/t").exists() and not (area / "work/.t.extracting").exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from installer import archive
+from installer import tarstream
 from installer.bundle import build, index, tree
 from installer.bundle.fetch import unpack
 from installer.bundle.manifest import (
@@ -27,9 +27,9 @@ from installer.bundle.manifest import (
     expand_url,
     index_url,
 )
-from installer.errors import ExitCode, IntegrityError, UsageError
+from installer.cli import main
+from installer.errors import ExitCode, IntegrityError
 from installer.installdir import InstallDir
-from installer.settings import check_prebuilt
 from tests.fixtures.kernel import fake_ko
 
 V, R, OTHER_R = "550.54.14", "5.15.0-1049-gke", "6.8.0-1015-gke"
@@ -155,9 +155,13 @@ def test_template_placeholders_are_filled_and_quoted():
     (None, None, True, "need --prebuilt-url"),
     ("https://b.example/", "xyz", False, "64 hex digits"),
 ])
-def test_bad_prebuilt_options_are_usage_errors(url, sha, only, error):
-    with pytest.raises(UsageError, match=error):
-        check_prebuilt(url, sha, only, allow_insecure_http=False)
+def test_bad_prebuilt_options_are_usage_errors(capsys, tmp_path, url, sha, only, error):
+    args = [*(["--prebuilt-url", url] if url else []), *(["--prebuilt-sha256", sha] if sha else []),
+            *(["--prebuilt-only"] if only else [])]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["install", "--host-root", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == ExitCode.USAGE and error in err and "Traceback" not in err
 
 
 # -- packing and the index ---------------------------------------------------------
@@ -168,7 +172,7 @@ def test_bundle_is_written_with_its_sha256_and_manifest_first(tmp_path):
     assert written.path.name == NAME
     assert (tmp_path / "out" / f"{NAME}.sha256").read_text() == f"{written.sha256}  {NAME}\n"
     assert written.path.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"  # zstd, whatever the name
-    with written.path.open("rb") as raw, archive.open_stream(raw) as tar:
+    with written.path.open("rb") as raw, tarstream.open_stream(raw) as tar:
         members = list(tar)
         assert members[0].name == "manifest.json"
         assert {m.uid for m in members} == {0}
@@ -255,7 +259,7 @@ def repack(src: Path, dest: Path, edit) -> Path:
     """``src``'s members through ``edit(info, data) -> [(info, data), ...]`` into ``dest``,
     gzip-compressed (as bundles were before zstd) whatever its name says."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with (src.open("rb") as raw, archive.open_stream(raw) as tin,
+    with (src.open("rb") as raw, tarstream.open_stream(raw) as tin,
           tarfile.open(dest, "w:gz") as tout):
         for info in tin:
             data = tin.extractfile(info).read() if info.isreg() else None

@@ -16,10 +16,11 @@ from installer.detect import context
 from installer.distros.cos.choice import decide_modules
 from installer.distros.cos.flow import CosFlow
 from installer.distros.cos.host import Cos
+from installer.distros.cos.options import CosOptions
 from installer.distros.flows import for_host
 from installer.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
 from installer.kernel import KernelState
-from installer.settings import Settings
+from installer.settings import Settings, validate
 from tests.cosbucket import CC, CXX, DEFAULT_V, LATEST_V, TRIPLE, Bucket
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, build_cos_node
@@ -52,17 +53,19 @@ class Env:
         self.tools_dir = tmp_path / "tools"
         self.tesla = tmp_path / "tesla"
 
-    def ctx(self, **settings) -> Context:
+    def ctx(self, *, artifacts_url: str | None = None, preload: bool = False,
+            **settings) -> Context:
         self.bucket.write()
-        s = Settings(
+        cos = CosOptions(artifacts_url=artifacts_url or self.bucket.file_url(),
+                         toolchain_dir=self.tools_dir, preload=preload)
+        s = validate(Settings(
             host_root=self.node.root,
             install_dir=self.node.install_dir,
-            cos_artifacts_url=self.bucket.file_url(),
-            toolchain_dir=self.tools_dir,
+            distro_options=(cos,),
             # the two are refused together
             **({} if "driver_url" in settings else {"driver_base_url": f"file://{self.tesla}"}),
             **settings,
-        ).resolved()
+        ))
         kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)
         return context(s, kernel)
 
@@ -239,8 +242,7 @@ def test_alias_falls_back_to_cache_when_artifacts_unreachable(env):
     cache.write(ctx.install.cache_file, CacheKey(DEFAULT_V, build_id=COS_BUILD_ID),
                 ctx.install.root, "test")
     # Nothing listens on port 9: connection refused, fast.
-    ctx = env.ctx()
-    object.__setattr__(ctx.settings, "cos_artifacts_url", "https://127.0.0.1:9/{build_id}")
+    ctx = env.ctx(artifacts_url="https://127.0.0.1:9/{build_id}")
     plan = CosFlow().plan(ctx)
     assert plan.kind == "cached" and plan.summary["driver_version"] == DEFAULT_V
     assert "cached install" in plan.summary["version_source"]
@@ -250,8 +252,7 @@ def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
     import installer.distros.cos.versions as cos_mod
     from installer.net.retry import RetryPolicy
 
-    ctx = env.ctx()
-    object.__setattr__(ctx.settings, "cos_artifacts_url", "https://127.0.0.1:9/{build_id}")
+    ctx = env.ctx(artifacts_url="https://127.0.0.1:9/{build_id}")
     object.__setattr__(ctx.settings, "download_retries", 1)
     monkeypatch.setattr(cos_mod, "quick_policy", lambda: RetryPolicy(1, 0, 0, 5, 2, 2))
     with pytest.raises(DownloadError) as err:

@@ -101,12 +101,13 @@ def test_the_final_step_links_the_caps_files_nvml_made_after_device_nodes(dev):
     last step of every plan that verifies, links them; it leaves the modes as NVIDIA made them."""
     from types import SimpleNamespace
 
-    from installer import devnodes, steps
+    from installer import devnodes
+    from installer.steps import activate
 
     devnodes.link_char_devices(dev)  # what device_nodes did
     mknod(dev / "nvidia-caps/nvidia-cap2", 237, 2, 0o444)  # what NVML made afterwards
     assert [s.link.name for s in devchar.check(dev) if s.problem] == ["237:2"]
-    step = steps.dev_char_links()
+    step = activate.dev_char_links()
     step.run(SimpleNamespace(kernel=SimpleNamespace(dev_dir=dev)))
     assert all(s.problem is None for s in devchar.check(dev))
     assert os.readlink(dev / "char/237:2") == "../nvidia-caps/nvidia-cap2"
@@ -118,9 +119,9 @@ def test_dev_char_links_only_warns_when_it_cannot_link(dev, tmp_path):
 
     from structlog.testing import capture_logs
 
-    from installer import steps
+    from installer.steps import activate
 
     (dev / "char").write_text("")  # not a directory: mkdir fails
     with capture_logs() as logs:
-        steps.dev_char_links().run(SimpleNamespace(kernel=SimpleNamespace(dev_dir=dev)))
+        activate.dev_char_links().run(SimpleNamespace(kernel=SimpleNamespace(dev_dir=dev)))
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["dev_char_links_failed"]

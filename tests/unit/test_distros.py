@@ -64,16 +64,23 @@ def test_recognising_hosts_does_not_import_the_cos_flow():
     assert out == ["False", "False"]
 
 
-def test_artifact_pins_name_a_settings_field_and_its_option():
+def test_distro_options_live_with_their_distro_and_name_their_pin_option():
+    """Issue 32 item 4: Settings has no COS field; COS declares its own options, and the
+    unpinned-artifacts warning names the option that pins them."""
     from dataclasses import fields
 
+    from installer.cli import cli
     from installer.settings import Settings
 
-    names = {f.name for f in fields(Settings)}
-    pins = {d.name: d.artifact_pin for d in DISTROS if d.artifact_pin}
-    assert set(pins) == {"cos"}  # Ubuntu downloads nothing but the .run
-    for field, shown in pins.values():
-        assert field in names and f"--{field.replace('_', '-')}" in shown
+    assert not [f.name for f in fields(Settings)
+                if "cos" in f.name or "toolchain" in f.name or f.name == "preload"]
+    with_options = {d.name: d.options for d in DISTROS if d.options}
+    assert set(with_options) == {"cos"}  # Ubuntu downloads nothing but the .run
+    install_options = {o for p in cli.commands["install"].params for o in p.opts}
+    unpinned = with_options["cos"]().unpinned()
+    assert unpinned is not None and "--cos-artifacts-sha256" in unpinned
+    assert "--cos-artifacts-sha256" in install_options
+    assert with_options["cos"](artifacts_sha256="/pins").unpinned() is None
 
 
 def test_the_readme_recipe_names_files_that_exist():

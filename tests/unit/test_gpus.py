@@ -12,7 +12,7 @@ from installer import gpus
 from installer.errors import ExitCode, UsageError
 from installer.kernel import KernelState
 from installer.settings import Settings
-from installer.steps import check_gpus
+from installer.steps.checks import check_gpus
 from installer.workstate import WorkState
 
 

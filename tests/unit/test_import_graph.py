@@ -60,7 +60,6 @@ def test_the_layers_contract_names_every_module(files):
     assert graph.unlayered(files, graph.layers()) == []
 
 
-@not_yet
 def test_no_function_level_import_outside_the_cli_start_up(files):
     assert graph.function_level_imports(files) == []
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from installer import modules, steps
+from installer import modules
 from installer.errors import ExitCode, ModuleLoadError
 from installer.kernel import KernelState, parse_proc_modules
+from installer.steps import checks
 
 # grep -E "^nvidia|^drm" /proc/modules on the H100 node: refcount and users are "-".
 REAL_NODE_MODULES = """nvidia_uvm 1830912 - - Live 0xffffffffc080c000 (O)
@@ -129,12 +130,12 @@ def test_the_module_loading_check_refuses_only_a_run_that_must_load(tmp_path):
     one whose driver is loaded already has nothing to load and goes on."""
     nothing = _node(tmp_path / "a", "", modules_disabled="1")
     with pytest.raises(ModuleLoadError) as exc:
-        steps.check_module_loading("580.159.04").run(_Ctx(nothing))
+        checks.check_module_loading("580.159.04").run(_Ctx(nothing))
     assert exc.value.exit_code == ExitCode.MODULE_LOAD
     assert "kernel.modules_disabled=1" in exc.value.message
     loaded = _node(tmp_path / "b", REAL_NODE_MODULES, modules_disabled="1")
-    steps.check_module_loading("580.159.04").run(_Ctx(loaded))  # nothing to load
+    checks.check_module_loading("580.159.04").run(_Ctx(loaded))  # nothing to load
     with pytest.raises(ModuleLoadError, match="modules_disabled"):
-        steps.check_module_loading("580.82.07").run(_Ctx(loaded))  # another version
+        checks.check_module_loading("580.82.07").run(_Ctx(loaded))  # another version
     enabled = _node(tmp_path / "c", "")
-    steps.check_module_loading("580.159.04").run(_Ctx(enabled))
+    checks.check_module_loading("580.159.04").run(_Ctx(enabled))

@@ -12,7 +12,7 @@ from installer.errors import BuildError
 from installer.hostroot import HostRoot
 from installer.outcome import Outcome
 from installer.plan import Plan, Step
-from installer.settings import Settings
+from installer.settings import Settings, validate
 from tests.fixtures.kernel import UBUNTU_KERNEL
 
 INSTALL_HOST = PurePosixPath("/home/kubernetes/bin/nvidia")
@@ -33,7 +33,7 @@ def host(tmp_path, monkeypatch):
 
 
 def settings_for(host: HostRoot, **kw) -> Settings:
-    return Settings(host_root=host.root, kernel_release=UBUNTU_KERNEL, **kw).resolved()
+    return validate(Settings(host_root=host.root, kernel_release=UBUNTU_KERNEL, **kw))
 
 
 def test_fields_round_trip(host):
@@ -91,13 +91,15 @@ def test_metrics_write_failure_is_not_fatal(host):
 
 class FakeDistro:
     name = "fake"
-    artifact_pin = None
 
     def __init__(self, steps, kind="fresh"):
         self.steps, self.kind = steps, kind
 
     def check_settings(self, ctx):
         pass
+
+    def unpinned_artifacts(self, settings):
+        return None
 
     def plan(self, ctx):
         return Plan(self.kind, tuple(self.steps), driver_version="550.54.14",

@@ -12,11 +12,12 @@ from installer import cache
 from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
 from installer.detect import context
+from installer.distros.cos.options import CosOptions
 from installer.distros.flows import for_host
 from installer.distros.headers_build import find_kernel_headers
 from installer.distros.ubuntu import Ubuntu
 from installer.errors import ExitCode, InstallerError, SecureBootError, UsageError
-from installer.settings import Settings
+from installer.settings import Settings, validate
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import UBUNTU_KERNEL, build_ubuntu_node
 from tests.fixtures.plans import ACTIVATE_STAGED, LOAD_CACHED
@@ -50,8 +51,8 @@ class Env:
         """The context the install command builds (the release read from the fake kernel)."""
         if "driver_url" not in settings:  # the two are refused together
             settings["driver_base_url"] = f"file://{self.tesla}"
-        return context(Settings(host_root=self.node.root, install_dir=self.node.install_dir,
-                                     **settings).resolved())
+        return context(validate(Settings(host_root=self.node.root,
+                                         install_dir=self.node.install_dir, **settings)))
 
 
 @pytest.fixture
@@ -145,13 +146,14 @@ def test_enforced_signatures_are_the_one_exit_10_refusal(env):
 
 def test_preload_is_refused_on_ubuntu(env):
     with pytest.raises(UsageError) as err:
-        Ubuntu().check_settings(env.ctx(preload=True))
+        Ubuntu().check_settings(env.ctx(distro_options=(CosOptions(preload=True),)))
     assert err.value.exit_code == ExitCode.USAGE and "Container-Optimized OS" in err.value.message
 
 
 def test_a_cos_artifacts_pin_is_refused_on_ubuntu(env):
     with pytest.raises(UsageError) as err:
-        Ubuntu().check_settings(env.ctx(cos_artifacts_sha256="/pins.sha256"))
+        Ubuntu().check_settings(env.ctx(
+            distro_options=(CosOptions(artifacts_sha256="/pins.sha256"),)))
     assert "--cos-artifacts-sha256" in err.value.message and "Ubuntu" in err.value.message
     assert "--driver-sha256" in err.value.hint
 

@@ -12,7 +12,7 @@ from installer.bundle.manifest import BundleError, BundleKey, check_sha256
 from installer.distros.cos.pins import Manifest as PinManifest
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
-from installer.settings import Settings
+from installer.settings import Settings, validate
 
 HEX = hashlib.sha256(b"driver").hexdigest()
 LONGEST = "6." + "1" * (values.KERNEL_RELEASE_MAX - 2)  # utsname's release holds 64
@@ -21,12 +21,12 @@ LONGEST = "6." + "1" * (values.KERNEL_RELEASE_MAX - 2)  # utsname's release hold
 def test_kernel_release_limit_is_utsnames_in_settings_and_bundles(tmp_path):
     assert len(LONGEST) == 64 and values.is_kernel_release(LONGEST)
     BundleKey("550.54.14", LONGEST, "open")  # accepted by both
-    Settings(kernel_release=LONGEST, install_dir=tmp_path).resolved()
+    validate(Settings(kernel_release=LONGEST, install_dir=tmp_path))
     too_long = LONGEST + "1"
     with pytest.raises(BundleError, match="not a uname -r value"):
         BundleKey("550.54.14", too_long, "open")
     with pytest.raises(UsageError, match="is not a kernel release") as info:
-        Settings(kernel_release=too_long, install_dir=tmp_path).resolved()
+        validate(Settings(kernel_release=too_long, install_dir=tmp_path))
     assert "at most 64 characters" in (info.value.hint or "")
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, gpus, headers, signing, steps
+from installer import cache, gpus, headers, signing
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import cached_plan, fresh_plan
 from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
@@ -32,6 +32,7 @@ from installer.distros.cos.choice import (
     precompiled_wanted,
 )
 from installer.distros.cos.host import Cos
+from installer.distros.cos.options import CosOptions
 from installer.distros.cos.precompiled import link_precompiled, load_or_relink, unpack_signatures
 from installer.distros.cos.steps import (
     check_gpus,
@@ -47,7 +48,8 @@ from installer.gke import mirror
 from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root, check_url_scheme
 from installer.plan import Plan, Step
-from installer.steps import Fetch
+from installer.steps import staging
+from installer.steps.staging import Fetch
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -65,7 +67,7 @@ class CosFlow(Cos):
     def _base(self, ctx: Context) -> str:
         info = ctx.host_info
         assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
-        return artifacts_base(ctx.settings.cos_artifacts_url, build_id=info.build_id,
+        return artifacts_base(CosOptions.of(ctx.settings).artifacts_url, build_id=info.build_id,
                               board=info.board)
 
     def _artifacts(self, ctx: Context, policy: RetryPolicy | None = None) -> Artifacts:
@@ -77,7 +79,7 @@ class CosFlow(Cos):
 
     def _manifest(self, ctx: Context) -> pins.Manifest | None:
         """--cos-artifacts-sha256, loaded once per run (one CosFlow per run)."""
-        location = ctx.settings.cos_artifacts_sha256
+        location = CosOptions.of(ctx.settings).artifacts_sha256
         if not location:
             return None
         if self._pins is None:
@@ -89,8 +91,9 @@ class CosFlow(Cos):
 
     def _tools(self, ctx: Context) -> BuildTools:
         assert ctx.host_info.build_id is not None
-        tools_dir = toolchain.default_tools_dir(ctx.settings.toolchain_dir, ctx.host,
-                                                str(ctx.settings.toolchain_dir_host))
+        options = CosOptions.of(ctx.settings)
+        tools_dir = toolchain.default_tools_dir(options.toolchain_dir, ctx.host,
+                                                str(options.toolchain_dir_host))
         return BuildTools(tools_dir, ctx.host_info.build_id)
 
     def _mirror(self, ctx: Context) -> str | None:
@@ -119,7 +122,7 @@ class CosFlow(Cos):
     def plan(self, ctx: Context) -> Plan:
         """Probe (version, cache, the build's module sources, the node), decide (a pure
         ``choice.choose``), then list the steps for that choice."""
-        if ctx.settings.preload:
+        if CosOptions.of(ctx.settings).preload:
             return self._preload_plan(ctx)
         resolved = self.resolve(ctx)
         version = resolved.version
@@ -203,7 +206,7 @@ class CosFlow(Cos):
         if chosen.source is ModuleSource.PREBUILT:
             fetches = [run_fetch, Fetch("prebuilt", prebuilt_url, "prebuilt modules",
                                         arts.pin(prebuilt_url, "prebuilt modules"))]
-            work = [unpack_prebuilt(version), steps.extract_driver(version)]
+            work = [unpack_prebuilt(version), staging.extract_driver(version)]
         else:
             if precompiled:  # the custom .run replaces NVIDIA's (--driver-sha256 names that)
                 run_fetch = Fetch("driver", custom_url, "precompiled driver",
@@ -211,7 +214,7 @@ class CosFlow(Cos):
             fetches, work = self._build_work(ctx, arts, version, precompiled, display)
             fetches = [run_fetch, *fetches]
         # Signed modules come ready: the NVIDIA installer then installs user space only.
-        work.append(steps.build_driver(ctx, version, chosen.compiled_type,
+        work.append(staging.build_driver(ctx, version, chosen.compiled_type,
                                        userspace_only=chosen.signed))
         if chosen.signed:
             work.append(place_prebuilt())
@@ -222,7 +225,7 @@ class CosFlow(Cos):
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
                                   "open" if chosen.source is ModuleSource.PREBUILT
                                   else chosen.compiled_type),
-            check_signing=sign_step, build=(steps.fetch_artifacts(tuple(fetches)), *work))
+            check_signing=sign_step, build=(staging.fetch_artifacts(tuple(fetches)), *work))
         if precompiled:  # v2's fallback: relink the legacy way when the load fails
             relinking = load_or_relink(version, ctx.settings.display_modules)
             plan = dataclasses.replace(plan, steps=tuple(
@@ -255,7 +258,7 @@ class CosFlow(Cos):
             *([unpack_signatures(version)] if precompiled else []),
             prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
             prepare_toolchain(tools, tc_env),
-            steps.extract_driver(version),
+            staging.extract_driver(version),
             *([link_precompiled(tools, tc_env, version)] if precompiled else [])]
         return fetches, work
 
@@ -277,7 +280,7 @@ class CosFlow(Cos):
         env = parse_toolchain_env(arts.fetch_text(TOOLCHAIN_ENV_FILE),
                                   arts.url(TOOLCHAIN_ENV_FILE))
         url = toolchain_location(arts.fetch_text(TOOLCHAIN_URL_FILE), arts.base,
-                                 artifacts_root(ctx.settings.cos_artifacts_url))
+                                 artifacts_root(CosOptions.of(ctx.settings).artifacts_url))
         check_url_scheme(url, allow_insecure_http=ctx.settings.allow_insecure_http)
         return env, url
 
@@ -298,7 +301,7 @@ class CosFlow(Cos):
         fetches = self._tools_fetches(arts, tools, tc_env, tc_url, True)
         plan_steps: list[Step] = []
         if fetches:
-            plan_steps.append(steps.fetch_artifacts(tuple(fetches)))
+            plan_steps.append(staging.fetch_artifacts(tuple(fetches)))
         plan_steps += [
             prepare_kernel_headers(tools, ctx.host_info.kernel_release, None),
             prepare_toolchain(tools, tc_env),

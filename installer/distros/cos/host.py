@@ -9,6 +9,7 @@ import re
 from installer import podcontract
 from installer.cache import CacheKey
 from installer.distros.base import Distro
+from installer.distros.cos.options import CosOptions
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo, parse_env_file
@@ -58,7 +59,7 @@ class Cos(Distro):
         "run install: it fetches the signed modules for this COS build; if there are none "
         "for the driver version, pick one that has them (default/latest)",
     )
-    artifact_pin = ("cos_artifacts_sha256", "the COS artifacts (--cos-artifacts-sha256)")
+    options = CosOptions
     stale_cache = ("node image upgraded?", "reinstalls for this build")
 
     @classmethod

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import archive, modsign, steps
+from installer import archive, modsign
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import custom_run_name, signatures_name
 from installer.distros.cos.toolchain import BuildTools
@@ -18,6 +18,7 @@ from installer.errors import BuildError, IntegrityError, ModuleLoadError, Secure
 from installer.modinfo import read_modinfo
 from installer.plan import Step
 from installer.runner import CommandError
+from installer.steps import activate
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -153,8 +154,8 @@ def load_or_relink(version: str, display_modules: bool) -> Step:
     Both failing is exit 8 naming both attempts: the modules were signed by Google for
     this build, so a refused key here is a module that does not match, not a policy."""
 
-    load = steps.load_modules(from_staging=True, display_modules=display_modules)
-    unload_other = steps.unload_other_driver(version)
+    load = activate.load_modules(from_staging=True, display_modules=display_modules)
+    unload_other = activate.unload_other_driver(version)
 
     def run(ctx: Context) -> None:
         try:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import archive, headers, signing, steps
+from installer import archive, headers, signing
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import KERNEL_HEADERS, prebuilt_modules_name
 from installer.distros.cos.toolchain import BuildTools
@@ -18,6 +18,7 @@ from installer.fsutil import remove_tree
 from installer.modinfo import read_modinfo
 from installer.plan import Step
 from installer.sandbox import SANDBOX_PATH
+from installer.steps import checks
 from installer.workstate import BuildToolchain
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ log = structlog.get_logger(__name__)
 def check_gpus(version: str, requested: str, module_type: str | None) -> Step:
     """The shared GPU check; the module type we know (prebuilt, or what the .cache records) is what
     gets reported, not the one a compile would pick."""
-    inner = steps.check_gpus(version, requested)
+    inner = checks.check_gpus(version, requested)
 
     def run(ctx: Context) -> None:
         inner.run(ctx)

@@ -10,7 +10,7 @@ import pytest
 from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
 from installer.net.transfer import download
-from installer.settings import Settings
+from installer.settings import Settings, validate
 
 HEX = hashlib.sha256(b"driver").hexdigest()
 
@@ -37,8 +37,8 @@ def test_the_flag_and_a_download_accept_the_same_forms(tmp_path):
     """Settings once refused ``sha256:<hex>`` that a download accepted."""
     src = tmp_path / "NVIDIA.run"
     src.write_bytes(b"driver")
-    settings = Settings(driver_sha256=f"sha256:{HEX.upper()}",
-                        install_dir=tmp_path / "install").resolved()
+    settings = validate(Settings(driver_sha256=f"sha256:{HEX.upper()}",
+                        install_dir=tmp_path / "install"))
     assert settings.driver_sha256 == HEX
     got = download(None, src.as_uri(), tmp_path / "out" / "NVIDIA.run",
                    expected_sha256=f"sha256:{HEX}")

@@ -15,6 +15,7 @@ from installer.net import policy
 from installer.net.policy import check_url_scheme
 from installer.net.session import make_session
 from installer.net.transfer import download
+from installer.steps import staging
 from tests.unit.net.kit import FAST, PAYLOAD_SHA, ranged
 
 # --------------------------------------------------------------------------- schemes
@@ -126,11 +127,10 @@ def test_file_name_never_leaves_the_download_dir(url, name):
 
 
 def test_the_ubuntu_driver_download_is_named_by_the_same_rule(tmp_path):
-    """steps.download_driver (the Ubuntu path) once took the raw last URL segment: a
+    """staging.download_driver (the Ubuntu path) once took the raw last URL segment: a
     ``..`` there or a signed URL's query ended up in the file name."""
     from types import SimpleNamespace
 
-    from installer import steps
     from installer.installdir import Tree
     from installer.workstate import WorkState
 
@@ -139,10 +139,10 @@ def test_the_ubuntu_driver_download_is_named_by_the_same_rule(tmp_path):
     src.write_bytes(b"#!/bin/sh\n")
     ctx = SimpleNamespace(work=WorkState(staging=Tree(tmp_path / "staging")), http=None,
                           settings=SimpleNamespace(allow_insecure_http=False))
-    steps.download_driver(src.as_uri() + "?sig=secretvalue", None).run(ctx)
+    staging.download_driver(src.as_uri() + "?sig=secretvalue", None).run(ctx)
     assert ctx.work.run_file == tmp_path / "staging/downloads" / src.name
     ctx.work = WorkState(staging=Tree(tmp_path / "staging2"))
     (src.parent / "sub").mkdir()
-    steps.download_driver(src.parent.as_uri() + "/sub/..%2F" + src.name, None).run(ctx)
+    staging.download_driver(src.parent.as_uri() + "/sub/..%2F" + src.name, None).run(ctx)
     assert ctx.work.run_file == tmp_path / "staging2/downloads" / src.name
     assert policy.file_name(src.parent.as_uri() + "/..", "driver.run") == "driver.run"

@@ -1,0 +1,268 @@
+"""Steps that put a driver in service: unload, load, device files, verify, promote,
+record; and the sequences plans share (load a cached install, activate a staged one)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+
+from installer import (
+    __version__,
+    cache,
+    devnodes,
+    firmware,
+    ldcache,
+    modules,
+    verify,
+)
+from installer.cache import CacheKey
+from installer.errors import VerifyError
+from installer.gke import vulkan_icd
+from installer.installdir import Tree
+from installer.kernel import module_name
+from installer.plan import Step
+from installer.runner import CommandError
+from installer.steps.checks import check_loaded_driver
+from installer.steps.staging import check_staged_modules, clear_leftovers
+
+if TYPE_CHECKING:
+    from installer.context import Context
+
+log = structlog.get_logger(__name__)
+
+
+def unload_other_driver(version: str) -> Step:
+    def run(ctx: Context) -> None:
+        loaded = modules.loaded_driver_version(ctx.kernel)
+        if loaded is not None and loaded != version:
+            modules.ensure_replaceable(ctx.kernel, version)
+            removed = modules.unload(ctx.kernel, ctx.runner)
+            ctx.work.changes.unloaded_version = loaded
+            log.info("old_driver_unloaded", version=loaded, modules=removed)
+
+    return Step("unload_other_driver", run, "rmmod a different, unused driver version")
+
+
+def gpu_firmware(from_staging: bool) -> Step:
+    def run(ctx: Context) -> None:
+        tree: Tree = ctx.work.staged() if from_staging else ctx.install
+        ctx.work.changes.note_firmware_path(firmware.read_search_path(ctx.kernel))
+        firmware.make_findable(ctx.kernel, ctx.host, ctx.install, tree)
+
+    where = "<install-dir-host>/.staging/firmware" if from_staging else "<install-dir-host>/firmware"
+    return Step("gpu_firmware", run, f"firmware_class.path = {where} when unset or ours, "
+                "else copy to the host's /lib/firmware/updates")
+
+
+def load_modules(from_staging: bool, display_modules: bool = False) -> Step:
+    def run(ctx: Context) -> None:
+        tree: Tree = ctx.work.staged() if from_staging else ctx.install
+        loads = modules.plan_loads(tree.drivers, ctx.settings.module_args,
+                                   display_modules=display_modules)
+        # What it loads before a failure is unloaded again by rollback.undo.
+        modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=ctx.modprobe_root,
+                     loaded_now=ctx.work.changes.loaded,
+                     warn_params=ctx.work.module_args_waiting is None)
+
+    where = "<staging>/drivers" if from_staging else "<install-dir>/drivers"
+    files = modules.load_order(display_modules)
+    return Step("load_modules", run, f"insmod {', '.join(files)} from {where}")
+
+
+def device_nodes(ctx: Context, from_staging: bool) -> Step:
+    def run(ctx: Context) -> None:
+        tree: Tree = ctx.work.staged() if from_staging else ctx.install
+        ctx.work.changes.note_device_files(ctx.kernel.dev_dir)
+        devnodes.create(tree.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
+                        ctx.settings.module_args)
+
+    # Planned before the load: the files of the modules load_modules loads.
+    loads = tuple(module_name(f) for f in modules.load_order(ctx.settings.display_modules))
+    return Step("device_nodes", run,
+                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads).describe())
+
+
+def verify_staged(version: str | None = None) -> Step:
+    def run(ctx: Context) -> None:
+        staging = ctx.work.staged()
+        gpus = verify.nvidia_smi(staging, ctx.kernel, ctx.runner, lib_dir=staging.lib64)
+        verify.check_driver_version(gpus, version)
+
+    return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces the old one")
+
+
+def promote() -> Step:
+    def run(ctx: Context) -> None:
+        ctx.install.promote(ctx.work.staged())
+        ctx.work.changes.promoted = True
+        log.info("install_promoted", install_dir=str(ctx.install.root))
+
+    return Step("promote", run, "swap the staged bin/ lib64/ drivers/ firmware/ into place")
+
+
+def container_ld_cache() -> Step:
+    def run(ctx: Context) -> None:
+        ldcache.update_container(ctx.runner, ctx.install.lib64)
+
+    return Step("container_ld_cache", run, "/etc/ld.so.conf.d/nvidia.conf + ldconfig")
+
+
+def host_ld_cache() -> Step:
+    def run(ctx: Context) -> None:
+        ldcache.update_host(ctx.host, ctx.runner, ctx.install.lib64_host())
+
+    return Step("host_ld_cache", run, "one ld.so.conf entry for <install-dir-host>/lib64 + ldconfig -r")
+
+
+def verify_install(version: str | None = None) -> Step:
+    def run(ctx: Context) -> None:
+        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
+        verify.check_driver_version(ctx.work.gpus, version)
+
+    return Step("verify", run, "nvidia-smi")
+
+
+def record_cache(key: CacheKey) -> Step:
+    def run(ctx: Context) -> None:
+        bundle = ctx.work.bundle  # its files were verified against the tree: hash once
+        known = {rel: (e.sha256, e.size) for rel, e in bundle.files.items()} if bundle else None
+        cache.write(ctx.install.cache_file, key, ctx.install.root, __version__, known)
+        ctx.install.commit()
+        ctx.work.changes.promoted = False
+        ctx.work.changes.committed = True  # from here on a failure keeps the new driver
+        log.info("cache_recorded", path=str(ctx.install.cache_file), key=key.describe())
+
+    return Step("record_cache", run, f"write .cache for {key.describe()} (last, atomically)")
+
+
+def persistence_mode() -> Step:
+    """nvidia-smi -pm 1: keeps the driver initialised with no client (optional)."""
+
+    def run(ctx: Context) -> None:
+        smi = ctx.install.bin / "nvidia-smi"
+        try:
+            ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S,
+                           env=ctx.kernel.seam_env())
+        except CommandError as exc:
+            ctx.work.persistence_mode = "failed"
+            log.warning("persistence_mode_failed",
+                        error=exc.stderr_tail(2) or exc.stdout.strip()[-300:],
+                        hint="the driver works without it; check nvidia-smi -q for the GPU state")
+            return
+        ctx.work.persistence_mode = "on"
+        log.info("persistence_mode_enabled")
+
+    return Step("persistence_mode", run, "nvidia-smi -pm 1")
+
+
+def dev_char_links() -> Step:
+    """/dev/char links for every NVIDIA device file there at the end of the run: NVML (the
+    verify's nvidia-smi, as root) makes /dev/nvidia-caps/nvidia-cap1 and -cap2 on MIG-capable
+    GPUs after device_nodes linked its files (a real H100 node, transcript section D). Only
+    links; a failure is a warning (the driver works; doctor's dev_char check names it)."""
+
+    def run(ctx: Context) -> None:
+        try:
+            devnodes.link_char_devices(ctx.kernel.dev_dir)
+        except VerifyError as exc:
+            log.warning("dev_char_links_failed", error=exc.message, hint=exc.hint)
+
+    return Step("dev_char_links", run, "/dev/char/<major>:<minor> links for every NVIDIA "
+                "device file, the nvidia-caps ones nvidia-smi made included")
+
+
+def after_verify(ctx: Context) -> tuple[Step, ...]:
+    """What follows the final nvidia-smi: optional persistence mode, then the /dev/char links
+    of every device file made by then."""
+    return (*((persistence_mode(),) if ctx.settings.persistence_mode else ()), dev_char_links())
+
+
+def install_only(ctx: Context, version: str, key: CacheKey | None) -> tuple[Step, ...]:
+    """--install-only: the files in place, findable (firmware path, ld caches), recorded.
+    Whoever loads the modules runs nvidia-modprobe and nvidia-smi (GKE's confidential-node
+    DaemonSets: insmod <install-dir>/drivers/*.ko, then nvidia-modprobe -c0 -u -m)."""
+    staged = (check_staged_modules(), *vulkan_icd.steps_for(ctx), promote()) if key else ()
+    return (
+        *staged,
+        gpu_firmware(from_staging=False),
+        container_ld_cache(),
+        host_ld_cache(),
+        *((record_cache(key),) if key else ()),
+    )
+
+
+def apply_module_args() -> Step:
+    """A cache hit whose NVIDIA_MODULE_ARGS changed since the driver was loaded this boot:
+    unload it (when nothing uses it) so load_modules loads it with the new ones; in use,
+    it keeps the old ones until it next loads, and the log says so."""
+
+    def run(ctx: Context) -> None:
+        before, wanted = ctx.work.module_args_loaded, ctx.settings.module_args
+        if before is None or not ctx.kernel.is_loaded("nvidia"):
+            return  # loaded by someone else (no record this boot): not reloaded on a guess
+        # What the kernel runs with (modules.loaded_params), and what was asked for at the
+        # last load and is not now (its default is the kernel's to know).
+        differ = [f"{m}.{w}" for m in dict.fromkeys(a.module for a in wanted)
+                  for w in modules.params_not_applied(ctx.kernel, m, wanted)]
+        dropped = [str(a) for a in before if a not in wanted]
+        if not differ and not dropped:
+            return
+        held = modules.holders(ctx.kernel) or modules.why_no_unload(ctx.kernel)
+        if held:
+            ctx.work.module_args_waiting = held  # said once, here (load_modules stays quiet)
+            log.warning("module_args_not_applied", loaded_with=list(map(str, before)),
+                        wanted=list(map(str, wanted)), not_applied=differ, dropped=dropped,
+                        holders=held, message=f"the driver cannot be reloaded now ({held}): it "
+                        "keeps the module parameters it was loaded with until it next loads: "
+                        "drain its GPU work and re-run install (an unused driver is reloaded "
+                        "with them), or reboot")
+            return
+        version = modules.loaded_driver_version(ctx.kernel)
+        removed = modules.unload(ctx.kernel, ctx.runner)
+        ctx.work.changes.unloaded_version = version
+        log.info("modules_reloading", reason="NVIDIA_MODULE_ARGS changed", not_applied=differ,
+                 dropped=dropped, modules=removed)
+
+    return Step("apply_module_args", run, "reload the unused driver if NVIDIA_MODULE_ARGS changed")
+
+
+def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
+    """A cache hit in any flow: load what is installed, ld caches, verify."""
+    if ctx.settings.install_only:
+        return (clear_leftovers(), check_loaded_driver(version), *install_only(ctx, version, None))
+    return (
+        clear_leftovers(),
+        check_loaded_driver(version),
+        unload_other_driver(version),
+        apply_module_args(),
+        gpu_firmware(from_staging=False),
+        load_modules(from_staging=False, display_modules=ctx.settings.display_modules),
+        device_nodes(ctx, from_staging=False),
+        container_ld_cache(),
+        host_ld_cache(),
+        verify_install(version),
+        *after_verify(ctx),
+    )
+
+
+def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ...]:
+    """A fresh build in any flow: load and verify it from staging, swap it in, record it last."""
+    if ctx.settings.install_only:
+        return install_only(ctx, version, key)
+    return (
+        check_staged_modules(),
+        unload_other_driver(version),
+        gpu_firmware(from_staging=True),
+        load_modules(from_staging=True, display_modules=ctx.settings.display_modules),
+        device_nodes(ctx, from_staging=True),
+        verify_staged(version),
+        *vulkan_icd.steps_for(ctx),  # reads the extracted .run, which promote() removes
+        promote(),
+        gpu_firmware(from_staging=False),
+        container_ld_cache(),
+        host_ld_cache(),
+        verify_install(version),
+        record_cache(key),
+        *after_verify(ctx),
+    )

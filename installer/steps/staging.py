@@ -1,0 +1,166 @@
+"""Steps that fill the staging dir: clear it, download, extract, build, check the built modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from installer import cgroup_memory, cpus, module_build, modules, nvidia_options, nvidia_run
+from installer.errors import BuildError
+from installer.fsutil import remove_tree
+from installer.headers import KernelTree
+from installer.net.parallel import DownloadJob, download_all
+from installer.net.policy import file_name
+from installer.net.transfer import download
+from installer.plan import Step
+from installer.workstate import Artifact
+
+if TYPE_CHECKING:
+    from installer.context import Context
+
+
+def prepare_staging() -> Step:
+    def run(ctx: Context) -> None:
+        ctx.install.clear_leftovers()
+        ctx.work.staging = ctx.install.new_staging()
+
+    return Step("prepare_staging", run, "build aside in <install-dir>/.staging")
+
+
+def clear_leftovers() -> Step:
+    return Step("clear_leftovers", lambda ctx: ctx.install.clear_leftovers(),
+                "remove what a killed run left behind")
+
+
+def download_driver(url: str, sha256: str | None) -> Step:
+    def run(ctx: Context) -> None:
+        staging = ctx.work.staged()
+        dest = staging.root / "downloads" / file_name(url, "driver.run")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        result = download(
+            ctx.http, url, dest, expected_sha256=sha256,
+            allow_insecure_http=ctx.settings.allow_insecure_http, label="driver",
+        )
+        ctx.work.downloads["driver"] = result
+        ctx.work.run_file = result.path
+
+    return Step("download_driver", run, url)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    artifact: Artifact  # where the result goes: ctx.work.downloads[artifact]
+    url: str
+    label: str
+    sha256: str | None = None
+    into: Path | None = None  # a download dir outside staging (None: <staging>/downloads)
+
+
+def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
+    """Download everything the plan needs at once (download_all: parallel, first failure
+    cancels the rest)."""
+
+    def run(ctx: Context) -> None:
+        for into in sorted({f.into for f in fetches if f.into is not None}):
+            # Archives a killed run left (what is extracted from them is kept only when
+            # complete); a failing run removes its own.
+            remove_tree(into, ignore_errors=True)
+            ctx.scratch.append(into)
+        jobs = []
+        for f in fetches:
+            base = f.into or ctx.work.staged().root / "downloads"
+            jobs.append(DownloadJob(
+                url=f.url, dest=base / file_name(f.url, f.label), expected_sha256=f.sha256,
+                label=f.label, allow_insecure_http=ctx.settings.allow_insecure_http,
+            ))
+        results = download_all(ctx.http, jobs)
+        for f, result in zip(fetches, results, strict=True):
+            ctx.work.downloads[f.artifact] = result
+        if "driver" in ctx.work.downloads:
+            ctx.work.run_file = ctx.work.downloads["driver"].path
+
+    detail = "in parallel: " + ", ".join(f.url for f in fetches)
+    return Step("fetch_artifacts", run, detail)
+
+EXTRACT_DIR = "extract"  # under the staging dir
+
+
+def extract_driver(version: str) -> Step:
+    def run(ctx: Context) -> None:
+        staging = ctx.work.staged()
+        # The test seams (empty in production), as for the build: build_driver says why.
+        seams = [(path, path) for path in ctx.kernel.seam_env().values()]
+        ctx.work.extract_dir = nvidia_run.extract(
+            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams
+        )
+        # A --driver-url naming another driver: refused before anything is unloaded.
+        nvidia_run.check_extracted_version(ctx.work.extract_dir, version,
+                                           ctx.settings.driver_url)
+
+    argv = nvidia_run.extract_argv("<driver>.run", EXTRACT_DIR)
+    return Step("extract_driver", run, f"{' '.join(argv)} (in a sandbox; the staging dir's "
+                f"downloads and {EXTRACT_DIR}/ bound in)")
+
+
+def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
+                 userspace_only: bool = False) -> Step:
+    """NVIDIA's Makefile builds the modules (unless ``userspace_only``: COS prebuilt),
+    then nvidia-installer --no-kernel-module installs user space; both in the sandbox.
+    Neither loads anything: module_build.py."""
+
+    release = ctx.host_info.kernel_release
+    tree_dir = "" if userspace_only else module_build.build_dir(version, module_type)
+    installer_argv = nvidia_options.installer_args(version=version)
+
+    def make_argv(tree: KernelTree) -> list[str]:
+        jobs = cgroup_memory.jobs_for(cpus.usable_cpus(), cgroup_memory.memory_limit())
+        return module_build.make_argv(f"{nvidia_run.EXTRACT_IN_CHROOT}/{tree_dir}", tree, jobs)
+
+    def run(ctx: Context) -> None:
+        staging = ctx.work.staged()
+        # What the jail shows besides the image's system dirs, read-only (container
+        # path, jail path): the kernel headers (not the host root they sit in) and the
+        # COS toolchain dir.
+        binds: list[tuple[str, str]] = []
+        if not userspace_only and ctx.work.kernel_tree is not None:
+            binds += nvidia_run.kernel_tree_binds(ctx.work.kernel_tree)
+        toolchain = ctx.work.toolchain
+        binds += toolchain.binds if toolchain else ()
+        # A kernel-state seam (tests only; empty in production) must mean the same fake
+        # kernel inside the jail: the stand-ins record their calls there and would
+        # test-load through it if our flow let them (tests/fixtures/README.md).
+        seams = ctx.kernel.seam_env()
+        env = {**seams, **(toolchain.env if toolchain else {})}
+        sandboxed = {"extract_dir": ctx.work.extract_dir, "staging": staging,
+                     "kernel_release": release, "binds": binds, "env": env,
+                     "rw_binds": [(path, path) for path in seams.values()]}
+        try:
+            if not userspace_only:
+                assert ctx.work.kernel_tree is not None, "the kernel headers are found first"
+                nvidia_run.build_modules(ctx.runner, argv=make_argv(ctx.work.kernel_tree),
+                                         tree_dir=tree_dir, **sandboxed)
+            nvidia_run.install_userspace(ctx.runner, argv=installer_argv, **sandboxed)
+        except Exception as exc:
+            kept = nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
+            if kept is not None and isinstance(exc, BuildError):  # the node's name for it
+                exc.hint = f"see {ctx.install.host_view(kept)} on the node for the full log"
+            raise
+
+    # What --dry-run shows: both commands, with the headers a later step finds.
+    headers = KernelTree(Path("<kernel-source>"), Path("<kernel-output>"))
+    make = "" if userspace_only else f"{' '.join(make_argv(headers))}; then "
+    return Step("build_driver", run, f"{make}{' '.join(installer_argv)} (NVIDIA {version}, "
+                "in the build jail: docs/jail.md)")
+
+
+def check_staged_modules() -> Step:
+    """Every built module must match the running kernel before the working driver goes."""
+
+    def run(ctx: Context) -> None:
+        staging = ctx.work.staged()
+        release = ctx.kernel.release()
+        for ko in sorted(staging.drivers.glob("*.ko")):
+            modules.check_vermagic(ko, release)
+
+    return Step("check_staged_modules", run, "vermagic of every built module = running kernel")
