@@ -436,54 +436,15 @@ def uninstall(output: str, **opts: Any) -> None:
     click.echo(render(uninstall_mod.run(_settings(**opts)).to_status_json(), output), nl=False)
 
 
-# What to do next, per failure class, when the error carries no hint of its own.
-NEXT_STEP = {
-    "usage": "fix the option or environment variable named above and re-run",
-    "unsupported_host": "run this installer on Container-Optimized OS or Ubuntu nodes",
-    "locked": "another installer is running on this node: let it finish, or raise --lock-timeout",
-    "download": "check the node can reach the URL above (proxy, firewall, version exists), "
-                "then re-run",
-    "integrity": "re-run to download again; if it persists, check the mirror and --driver-sha256",
-    "build": "read the nvidia-installer.log lines above; check the headers match the kernel",
-    "module_load": "read the kernel log lines above; drain GPU workloads if the driver is in use",
-    "verify": "run `nvidia-driver-installer doctor` on the node for a full check",
-    "secure_boot": "disable Secure Boot / module.sig_enforce on the node pool, or use signed modules",
-    "disk_space": "free disk space on the node and re-run",
-    "not_installed": "run install on this node",
-}
-TAIL_FIELDS = ("installer_log_tail", "kernel_log_tail")
-
-
-def failure_message(exc: InstallerError) -> str:
-    """The last line, in words: what happened and what to do next."""
-    step = exc.context.get("step")
-    where = f" in step {step}" if step else ""
-    nxt = exc.hint or NEXT_STEP.get(exc.error_class, "see the log above")
-    return (f"FAILED{where} ({exc.error_class}, exit {int(exc.exit_code)}): "
-            f"{_sentence(exc.message)} What to do: {_sentence(nxt)}")
-
-
-def _sentence(text: str) -> str:
-    """``text`` ending in one full stop (a message may already end in one)."""
-    text = text.rstrip()
-    return text if text.endswith((".", "!", "?")) else text + "."
-
-
 def _command_name(argv: list[str] | None) -> str:
     args = sys.argv[1:] if argv is None else argv
     names = set(cli.list_commands(click.Context(cli)))
     return next((a for a in args if a in names), "command")
 
 
-def _json_logging() -> bool:
-    import structlog
-
-    processors = structlog.get_config().get("processors") or []
-    return bool(processors) and isinstance(processors[-1], structlog.processors.JSONRenderer)
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Run a command; the only place outcomes become exit codes (DESIGN §3)."""
+    """Run a command; the only place outcomes become exit codes (DESIGN §3). The failure
+    reports (``exits``) load only when a command fails: ``--help`` stays fast."""
     from installer import signals
 
     command = _command_name(argv)
@@ -497,33 +458,39 @@ def main(argv: list[str] | None = None) -> None:
             from installer.errors import UsageError
 
             if isinstance(exc, click.UsageError) and _json_requested(argv):
+                from installer import exits
                 from installer.log import configure
 
                 configure("json")  # tools reading JSON lines get this one too (issue 26)
-                _report_failure(UsageError(exc.format_message()), command)
+                exits.report_failure(UsageError(exc.format_message()), command)
             else:
                 exc.show()
             if isinstance(exc, click.UsageError):
                 _failure_json(command, argv, UsageError(exc.format_message()))
             sys.exit(exc.exit_code)
         except InstallerError as exc:
-            _report_failure(exc, command)
+            from installer import exits
+
+            exits.report_failure(exc, command)
             _failure_json(command, argv, exc)
             sys.exit(int(exc.exit_code))
         except signals.Interrupted as exc:
-            _report_interrupt(exc, command)
+            from installer import exits
+
+            exits.report_interrupt(exc, command)
             _failure_json(command, argv, None, outcome="interrupted", error_class="interrupted",
                           exit_code=exc.exit_code, message=f"interrupted by {exc.name}")
             sys.exit(exc.exit_code)
         except Exception as exc:  # noqa: BLE001 - the one boundary
+            from installer import exits
             from installer.errors import from_os_error
 
             known = from_os_error(exc) if isinstance(exc, OSError) else None
             if known is not None:  # no privileges, a read-only host: one line, no traceback
-                _report_failure(known, command)
+                exits.report_failure(known, command)
                 _failure_json(command, argv, known)
                 sys.exit(int(known.exit_code))
-            _report_bug(exc, command)
+            exits.report_bug(exc, command)
             _failure_json(command, argv, None, outcome="error", error_class="internal", exit_code=1,
                           message=f"{type(exc).__name__}: {exc}")
             sys.exit(int(ExitCode.INTERNAL))
@@ -551,13 +518,15 @@ def _failure_json(command: str, argv: list[str] | None, exc: InstallerError | No
     args = sys.argv[1:] if argv is None else argv
     if command != "install" or not _output_json_requested(args):
         return
+    from installer import exits
+    from installer.net.policy import scrub_text
+
     if exc is not None:
         doc = {"outcome": "error", "error_class": exc.error_class, "exit_code": int(exc.exit_code),
                "message": exc.message, "hint": exc.hint,
-               **{k: v for k, v in exc.context.items() if k not in TAIL_FIELDS}}
+               **{k: v for k, v in exc.context.items() if k not in exits.TAIL_FIELDS}}
     if "--dry-run" in args:
         doc["dry_run"] = True
-    from installer.net.policy import scrub_text
 
     click.echo(scrub_text(json.dumps(doc, indent=2, default=str)))
 
@@ -597,67 +566,3 @@ def _guarded_output() -> Iterator[None]:
     finally:
         sys.stdout.flush()
         sys.stdout, sys.stderr = saved
-
-
-def _report_bug(exc: Exception, command: str) -> None:
-    """A bug: the traceback (secrets scrubbed), then one final ``internal`` event."""
-    import traceback
-
-    from installer.net.policy import scrub_text
-
-    sys.stderr.write(scrub_text(traceback.format_exc()))
-    _report_failure(InstallerError(
-        f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-        hint="this is a bug in the installer: report it with the traceback above"), command)
-
-
-def _report_interrupt(exc: Any, command: str) -> None:
-    """The final event of a run stopped by SIGTERM / SIGINT (children stopped, lock released,
-    the live install untouched: all done while unwinding)."""
-    import structlog
-
-    if not structlog.is_configured():
-        from installer.log import configure
-
-        configure("auto")
-    message = (f"INTERRUPTED by {exc.name} (exit {exc.exit_code}): child processes stopped, "
-               "host lock released, the last good install kept. What to do: re-run to finish "
-               "(the pod restarts the installer by itself).")
-    structlog.get_logger("installer").warning(
-        f"{command}_interrupted", signal=exc.name, exit_code=exc.exit_code, message=message)
-
-
-def _report_failure(exc: InstallerError, command: str = "install") -> None:
-    """One final event: class, exit code, error, hint, log tails and a sentence.
-
-    JSON logs: that event is the last line. Console: the log tails are printed as
-    indented blocks before it, and its sentence is the very last line (installer.log).
-    """
-    import structlog
-
-    from installer.net.policy import scrub_text
-
-    if not structlog.is_configured():
-        from installer.log import configure
-
-        configure("auto")
-    log = structlog.get_logger("installer")
-    message = failure_message(exc)
-    context = dict(exc.context)
-    console = not _json_logging()
-    if console:
-        for key in TAIL_FIELDS:
-            lines = context.pop(key, None)
-            if lines:
-                title = key.replace("_tail", "").replace("_", " ")
-                click.echo(f"last lines of the {title}:", err=True)
-                click.echo(scrub_text("\n".join("    " + ln for ln in lines)), err=True)
-    log.error(
-        f"{command}_failed",
-        error_class=exc.error_class,
-        exit_code=int(exc.exit_code),
-        error=exc.message,
-        hint=exc.hint,
-        **context,
-        message=message,  # the console prints it last, on a line of its own
-    )

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from installer.devnodes import missing_nodes
 from installer.errors import VerifyError
 from installer.gpus import Gpu
 from installer.installdir import Tree
@@ -35,8 +36,6 @@ def parse_query_gpu(text: str) -> list[Gpu]:
 def require_device_nodes(kernel: KernelState, when: str, *, hint: str) -> None:
     """The device files a working driver has (devnodes.missing_nodes, as doctor checks
     them) exist, or exit 9."""
-    from installer.devnodes import missing_nodes
-
     missing = missing_nodes(kernel)
     if missing:
         raise VerifyError(f"device nodes missing {when}: "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from installer import __version__
 from installer.bundle.manifest import BundleError, BundleKey
+from installer.gpus import choose_module_type
 from installer.manifests.render import environment
 from installer.manifests.validate import DNS_SUBDOMAIN, parse_image, validate_namespace
 from installer.manifests.values import label_version
@@ -43,8 +44,6 @@ class JobOptions:
 def built_module_type(version: str, requested: str) -> str:
     """The module type `bundle build` makes for ``version`` (no GPU to look at: ``auto`` is
     NVIDIA's default for the branch, what a node with Turing or newer GPUs asks for)."""
-    from installer.gpus import choose_module_type
-
     return choose_module_type([], version, requested).module_type
 
 

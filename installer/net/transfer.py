@@ -51,13 +51,8 @@ server's answer is read by :func:`installer.net.session.classify`.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
-import hashlib
 import os
-import re
-import shutil
 import stat
 import threading
 import time
@@ -73,32 +68,27 @@ from installer.errors import DiskSpaceError, DownloadError, IntegrityError, Usag
 from installer.fsutil import fsync_dir
 from installer.net import retry
 from installer.net.integrity import normalize_sha256
-from installer.net.pace import Pacer
 from installer.net.policy import check_url_scheme, local_file, redact_url, scrubber
-from installer.net.retry import (
-    IncompleteBodyError,
-    RetryPolicy,
-    TransferLimits,
-)
+from installer.net.ranges import answer_extent, range_headers
+from installer.net.retry import IncompleteBodyError, RetryPolicy
 from installer.net.session import classify, limits_of, policy_of, refuse_encoding, request_error
+from installer.net.sinks import (
+    CHUNK_SIZE,
+    MAX_DOWNLOAD_BYTES,
+    MB,
+    ConsumerFailed,
+    FileSink,
+    PipeSink,
+    Sink,
+    check_space,
+    too_big,
+)
 from installer.progress import Progress
 
 log = structlog.get_logger(__name__)
 
-#: Bytes read, hashed and written per step (see bench/download.py for the choice).
-CHUNK_SIZE = 1 << 20
 #: Upper bound of one socket read (a TLS record is at most 16 KiB anyway).
 _READ_SIZE = 64 * 1024
-
-MB = 1e6
-#: No artifact comes near this (a .run is ~400 MB, a COS toolchain < 2 GB): a larger
-#: size is a broken or hostile server, not a reason to report a full disk.
-MAX_DOWNLOAD_BYTES = 32 << 30
-#: stream()'s pipe (Linux caps an unprivileged F_SETPIPE_SZ at 1 MiB by default).
-PIPE_BYTES = 1 << 20
-#: After the body's end the consumer has at most a pipe's worth of input left.
-CONSUMER_JOIN_S = 300.0
-_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -118,249 +108,14 @@ class Downloaded:
     elapsed_s: float
 
 
-# --------------------------------------------------------------------------- internals
-
-
 class Cancelled(Exception):
     """The caller set the download's ``cancel`` event (another job of a parallel fetch
     failed); the download stops at its next chunk or wait."""
 
 
-def _mb(n: float) -> float:
-    return round(n / MB, 1)
-
-
-def _too_big(size: int, shown: str, what: str) -> DownloadError:
-    return DownloadError(
-        f"{shown}: the server {what} {size} bytes, more than any artifact can be "
-        f"({MAX_DOWNLOAD_BYTES >> 30} GiB); refusing it",
-        hint="the server or the URL is wrong (or hostile): check the URL and the mirror",
-        url=shown, size=size)
-
-
-def _check_space(directory: Path, needed: int, min_free_bytes: int, *, shown: str) -> None:
-    try:
-        free = shutil.disk_usage(directory).free
-    except OSError:
-        return  # cannot tell; ENOSPC while writing still gets caught
-    want = max(needed, 0) + max(min_free_bytes, 0)
-    if free < want:
-        raise DiskSpaceError(
-            f"not enough disk space in {directory} for {shown}: "
-            f"need {_mb(want)} MB ({_mb(needed)} MB download + {_mb(min_free_bytes)} MB reserve), "
-            f"{_mb(free)} MB available",
-            hint="free space on the node (or point the install dir elsewhere) and retry",
-            path=str(directory),
-            url=shown,
-            needed_bytes=want,
-            available_bytes=free,
-        )
-
-
-def _open_part(path: Path) -> BinaryIO:
-    """The temp file, truncated (a stale one from a killed run is discarded)."""
-    return open(path, "wb", buffering=0)  # noqa: SIM115 - closed by _Transfer
-
-
-class _Sink:
-    """The running hash and position of one transfer, kept across attempts; subclasses
-    put the bytes somewhere (``_put``) and start over (``_restart``)."""
-
-    def __init__(self, dest: Path, shown: str, limits: TransferLimits | None) -> None:
-        self.dest = dest  # free space is checked in dest.parent
-        self.shown = shown
-        self.pacer = Pacer(limits or TransferLimits(), shown)
-        self.hasher = hashlib.sha256()
-        self.offset = 0
-        self.total: int | None = None
-        self.validator: str | None = None
-        self.resumed_bytes = 0
-
-    def reset(self) -> None:
-        self._restart()
-        self.hasher = hashlib.sha256()
-        self.offset = 0
-        self.total = None
-        self.validator = None
-
-    def write(self, chunk: bytes | memoryview) -> None:
-        self.hasher.update(chunk)
-        self._put(memoryview(chunk))
-        self.offset += len(chunk)
-        if self.offset > MAX_DOWNLOAD_BYTES:
-            raise _too_big(self.offset, self.shown, "sent more than")
-
-    def finish(self) -> str:
-        """Everything was written: flush, and the sha256 of all of it."""
-        raise NotImplementedError
-
-    def discard(self) -> None:
-        raise NotImplementedError
-
-    def _put(self, view: memoryview) -> None:
-        raise NotImplementedError
-
-    def _restart(self) -> None:
-        raise NotImplementedError
-
-
-class _Transfer(_Sink):
-    """Into the temp file ``part``, renamed onto ``dest`` once verified."""
-
-    def __init__(self, part: Path, dest: Path, shown: str,
-                 limits: TransferLimits | None = None) -> None:
-        super().__init__(dest, shown, limits)
-        self.part = part
-        self.fh = _open_part(part)
-
-    def _restart(self) -> None:
-        self.fh.seek(0)
-        self.fh.truncate()
-
-    def _put(self, view: memoryview) -> None:
-        try:
-            while view:
-                n = self.fh.write(view)
-                if n is None or n <= 0:  # cannot happen on a regular file; be safe
-                    raise OSError(errno.EIO, "short write")
-                view = view[n:]
-        except OSError as exc:
-            raise self._write_error(exc) from exc
-
-    def _write_error(self, exc: OSError) -> Exception:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return DiskSpaceError(
-                f"disk full while writing {self.dest} from {self.shown} after {_mb(self.offset)} MB",
-                hint="free space on the node and retry",
-                path=str(self.dest),
-                url=self.shown,
-            )
-        return DownloadError(
-            f"cannot write {self.part}: {exc.strerror or exc}", path=str(self.part), url=self.shown
-        )
-
-    def finish(self) -> str:
-        try:
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-        except OSError as exc:
-            raise self._write_error(exc) from exc
-        self.fh.close()
-        return self.hasher.hexdigest()
-
-    def discard(self) -> None:
-        with contextlib.suppress(OSError):
-            self.fh.close()
-        try:
-            self.part.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("download_part_not_removed", path=str(self.part), error=str(exc))
-
-
-class _ConsumerFailed(Exception):
-    """The stream's consumer raised: carried past the retryer (never retried), then
-    re-raised as itself by stream()."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class _Pipe(_Sink):
-    """Into a pipe whose other end ``consume`` reads in a worker thread (one thread per
-    restart from 0). The pipe is the bounded buffer between the network and the
-    consumer: a slow consumer slows the download down, memory stays flat."""
-
-    def __init__(self, consume: Callable[[BinaryIO], object], discard: Callable[[], None],
-                 dest: Path, shown: str, limits: TransferLimits | None) -> None:
-        super().__init__(dest, shown, limits)
-        self.consume, self.on_discard = consume, discard
-        self.thread: threading.Thread | None = None
-        self.wfd = -1
-        self._start()
-
-    def _start(self) -> None:
-        rfd, self.wfd = os.pipe()
-        with contextlib.suppress(OSError):  # a bigger pipe: fewer thread switches
-            fcntl.fcntl(self.wfd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-        self.result: object = None
-        self.error: BaseException | None = None
-        reader = os.fdopen(rfd, "rb", buffering=CHUNK_SIZE)
-        self.thread = threading.Thread(target=self._consume, args=(reader,),
-                                       name="download-consumer", daemon=True)
-        self.thread.start()
-
-    def _consume(self, reader: BinaryIO) -> None:
-        try:
-            self.result = self.consume(reader)
-            # What the consumer left (a tar's end padding) still has to pass the digest.
-            while reader.read(CHUNK_SIZE):
-                pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the writer's thread
-            self.error = exc
-        finally:
-            reader.close()  # a writer still writing gets EPIPE, never a hang
-
-    def _stop(self) -> None:
-        """End of input for the consumer; wait (bounded) until it has returned."""
-        if self.wfd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.wfd)
-            self.wfd = -1
-        if self.thread is not None:
-            self.thread.join(CONSUMER_JOIN_S)
-            if self.thread.is_alive():
-                raise DownloadError(f"{self.shown}: its consumer did not finish within "
-                                    f"{CONSUMER_JOIN_S:.0f} s of the end of the body",
-                                    url=self.shown)
-            self.thread = None
-
-    def _put(self, view: memoryview) -> None:
-        try:
-            while view:
-                view = view[os.write(self.wfd, view):]
-        except BrokenPipeError:
-            self._stop()  # the consumer stopped reading: it failed (it drains otherwise)
-            raise _ConsumerFailed(self.error or DownloadError(
-                f"{self.shown}: its consumer stopped reading", url=self.shown)) from None
-
-    def _restart(self) -> None:
-        self._stop()  # the consumer fails on the cut-off input; that is expected here
-        self.on_discard()
-        self._start()
-
-    def finish(self) -> str:
-        self._stop()
-        if self.error is not None:
-            raise _ConsumerFailed(self.error)
-        return self.hasher.hexdigest()
-
-    def discard(self) -> None:
-        try:
-            self._stop()
-        finally:
-            self.on_discard()
-
-
-def _content_length(resp: requests.Response) -> int | None:
-    raw = resp.headers.get("Content-Length")
-    if raw is None or not raw.strip().isdigit():
-        return None
-    return int(raw)
-
-
-def _validator(resp: requests.Response) -> str | None:
-    etag = resp.headers.get("ETag")
-    if etag and not etag.startswith("W/"):
-        return etag
-    return resp.headers.get("Last-Modified")
-
-
 def _stream_body(
     resp: requests.Response,
-    st: _Sink,
+    st: Sink,
     progress: Progress,
     cancel: threading.Event | None,
 ) -> None:
@@ -408,7 +163,7 @@ def _stream_body(
 def _attempt_http(
     session: requests.Session,
     url: str,
-    st: _Sink,
+    st: Sink,
     *,
     policy: RetryPolicy,
     progress: Progress,
@@ -417,77 +172,52 @@ def _attempt_http(
     allow_insecure_http: bool,
 ) -> None:
     """One attempt: one request (two if the server's answer forces a restart from 0)."""
-    shown = st.shown
     st.pacer.begin_attempt()
     for _ in range(2):
         if cancel is not None and cancel.is_set():
             raise Cancelled()
         asked = st.offset
-        headers = {"Accept-Encoding": "identity"}
-        if asked > 0:
-            headers["Range"] = f"bytes={asked}-"
-            if st.validator:
-                headers["If-Range"] = st.validator
-        resp = session.get(url, headers=headers, stream=True, timeout=st.pacer.timeout(policy))
+        resp = session.get(url, headers=range_headers(st.offset, st.validator), stream=True,
+                           timeout=st.pacer.timeout(policy))
         with resp:
-            classify(resp, shown, allow_insecure_http=allow_insecure_http,
+            classify(resp, st.shown, allow_insecure_http=allow_insecure_http,
                      expected=(200, 206, 416) if asked > 0 else (200, 206))
-            status = resp.status_code
-            if status == 416:
-                log.warning("download_restart", url=shown, reason="range_not_satisfiable", offset=asked)
-                st.reset()
-                continue
-            if status == 200:
-                if asked > 0:
-                    log.warning("download_restart", url=shown, reason="range_ignored", offset=asked)
-                    st.reset()
-                total = _content_length(resp)
-                body_end = total
-                st.validator = _validator(resp)
-            elif status == 206:
-                m = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
-                start = int(m.group(1)) if m else -1
-                full = int(m.group(3)) if m and m.group(3) != "*" else None
-                if start != asked or (full is not None and st.total is not None and full != st.total):
-                    log.warning(
-                        "download_restart",
-                        url=shown,
-                        reason="content_range_mismatch",
-                        offset=asked,
-                        content_range=resp.headers.get("Content-Range"),
-                    )
-                    st.reset()
-                    continue
-                assert m is not None
-                body_end = int(m.group(2)) + 1
-                total = full if full is not None else st.total
-                if asked > 0:
-                    st.resumed_bytes += asked
-                    log.info("download_resumed", url=shown, offset=asked, total=total)
-            refuse_encoding(resp, shown)
-            if total is not None and total > MAX_DOWNLOAD_BYTES:
-                raise _too_big(total, shown, "announced")
-            st.total = total
-            if total is not None:
-                _check_space(st.dest.parent, total - st.offset, min_free_bytes, shown=shown)
-            progress.begin(offset=st.offset, total=total)
-            _stream_body(resp, st, progress, cancel)
-            if body_end is not None and st.offset < body_end:
-                raise IncompleteBodyError(st.offset, body_end)
-            if total is not None and st.offset < total:
-                # A 206 covering less than the rest: carry on from here next attempt.
-                raise IncompleteBodyError(st.offset, total)
-            if total is not None and st.offset > total:
-                st.reset()
-                raise IncompleteBodyError(st.offset, total)
+            extent = answer_extent(resp, st, asked)
+            if extent is None:
+                continue  # restarted from 0: ask again
+            _receive(resp, st, *extent, progress=progress, cancel=cancel,
+                     min_free_bytes=min_free_bytes)
             return
     raise DownloadError(
-        f"{shown}: the server answered a plain request with a partial response",
-        url=shown,
+        f"{st.shown}: the server answered a plain request with a partial response",
+        url=st.shown,
     )
 
 
-def _finish(st: _Sink, expected: str | None, *, label: str, started: float) -> Downloaded:
+def _receive(resp: requests.Response, st: Sink, total: int | None, body_end: int | None, *,
+             progress: Progress, cancel: threading.Event | None, min_free_bytes: int) -> None:
+    """The body of an answer whose extent is known, into ``st``; IncompleteBodyError when
+    it ends short (the next attempt resumes from there)."""
+    shown = st.shown
+    refuse_encoding(resp, shown)
+    if total is not None and total > MAX_DOWNLOAD_BYTES:
+        raise too_big(total, shown, "announced")
+    st.total = total
+    if total is not None:
+        check_space(st.dest.parent, total - st.offset, min_free_bytes, shown=shown)
+    progress.begin(offset=st.offset, total=total)
+    _stream_body(resp, st, progress, cancel)
+    if body_end is not None and st.offset < body_end:
+        raise IncompleteBodyError(st.offset, body_end)
+    if total is not None and st.offset < total:
+        # A 206 covering less than the rest: carry on from here next attempt.
+        raise IncompleteBodyError(st.offset, total)
+    if total is not None and st.offset > total:
+        st.reset()
+        raise IncompleteBodyError(st.offset, total)
+
+
+def _finish(st: Sink, expected: str | None, *, label: str, started: float) -> Downloaded:
     actual = st.finish()
     if expected is not None and actual != expected:
         raise IntegrityError(
@@ -498,7 +228,7 @@ def _finish(st: _Sink, expected: str | None, *, label: str, started: float) -> D
             expected_sha256=expected,
             actual_sha256=actual,
         )
-    if isinstance(st, _Transfer):
+    if isinstance(st, FileSink):
         os.replace(st.part, st.dest)
         fsync_dir(st.dest.parent)
     elapsed = time.monotonic() - started
@@ -526,7 +256,7 @@ def _finish(st: _Sink, expected: str | None, *, label: str, started: float) -> D
 
 def _copy_local(
     src: Path,
-    st: _Sink,
+    st: Sink,
     progress: Progress,
     cancel: threading.Event | None,
     min_free_bytes: int,
@@ -551,7 +281,7 @@ def _copy_local(
             size = st_src.st_size
             if not stat.S_ISREG(st_src.st_mode):
                 raise IsADirectoryError(errno.EISDIR, "not a regular file")
-            _check_space(st.dest.parent, size, min_free_bytes, shown=st.shown)
+            check_space(st.dest.parent, size, min_free_bytes, shown=st.shown)
             st.total = size
             progress.begin(offset=0, total=size)
             buf = bytearray(CHUNK_SIZE)
@@ -592,7 +322,7 @@ def _begin(url: str, dest: Path, label: str | None, expected_sha256: str | None,
 def _run(
     session: requests.Session | None,
     url: str,
-    st: _Sink,
+    st: Sink,
     *,
     expected: str | None,
     label: str,
@@ -667,7 +397,7 @@ def download(
                                     allow_insecure_http=allow_insecure_http)
     part = dest.with_name(f".{dest.name}.part")
     try:
-        st = _Transfer(part, dest, shown, limits_of(session))
+        st = FileSink(part, dest, shown, limits_of(session))
     except OSError as exc:
         raise DownloadError(
             f"cannot create {part}: {exc.strerror or exc}", path=str(part), url=shown
@@ -675,7 +405,6 @@ def download(
     return _run(session, url, st, expected=expected, label=label, started=started,
                 allow_insecure_http=allow_insecure_http, policy=policy,
                 min_free_bytes=min_free_bytes, cancel=cancel)
-
 
 T = TypeVar("T")
 
@@ -707,11 +436,11 @@ def stream(
     dest = Path(dest)
     expected, shown, label = _begin(url, dest, label, expected_sha256,
                                     allow_insecure_http=allow_insecure_http)
-    st = _Pipe(consume, discard, dest, shown, limits_of(session))
+    st = PipeSink(consume, discard, dest, shown, limits_of(session))
     try:
         got = _run(session, url, st, expected=expected, label=label, started=started,
                    allow_insecure_http=allow_insecure_http, policy=policy,
                    min_free_bytes=min_free_bytes, cancel=cancel)
-    except _ConsumerFailed as exc:
+    except ConsumerFailed as exc:
         raise exc.error from None
     return got, st.result  # type: ignore[return-value]

@@ -333,8 +333,8 @@ def test_detect_on_an_unknown_distro_exits_3_with_what_is_supported(capsys, tmp_
     ("no space left", "free some space"),
 ])
 def test_failure_message_ends_each_sentence_with_one_full_stop(message, hint):
-    from installer.cli import failure_message
     from installer.errors import DiskSpaceError
+    from installer.exits import failure_message
 
     assert failure_message(DiskSpaceError(message, hint=hint)) == (
         "FAILED (disk_space, exit 11): no space left"

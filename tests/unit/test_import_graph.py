@@ -64,7 +64,6 @@ def test_no_function_level_import_outside_the_cli_start_up(files):
     assert graph.function_level_imports(files) == []
 
 
-@not_yet
 def test_no_module_over_500_lines(files):
     assert graph.long_modules(files) == []
 

@@ -27,7 +27,7 @@ from structlog.testing import capture_logs
 from werkzeug import Request, Response
 
 from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
-from installer.net import retry, transfer
+from installer.net import retry, sinks, transfer
 from installer.net.retry import RetryPolicy
 from installer.net.session import make_session
 from installer.net.transfer import download
@@ -373,7 +373,7 @@ def test_file_url_missing_file_names_the_path(tmp_path):
 def test_disk_space_checked_against_content_length(server, session, tmp_path, monkeypatch):
     server.expect_request("/f").respond_with_handler(ranged)
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr(transfer.shutil, "disk_usage", lambda p: Usage(10**9, 10**9, 200_000))
+    monkeypatch.setattr(sinks.shutil, "disk_usage", lambda p: Usage(10**9, 10**9, 200_000))
 
     with pytest.raises(DiskSpaceError) as info:
         download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
@@ -388,7 +388,7 @@ def test_disk_space_checked_against_content_length(server, session, tmp_path, mo
 def test_disk_space_includes_min_free_bytes(server, session, tmp_path, monkeypatch):
     server.expect_request("/f").respond_with_handler(ranged)
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr(transfer.shutil, "disk_usage", lambda p: Usage(10**9, 0, len(PAYLOAD) + 1000))
+    monkeypatch.setattr(sinks.shutil, "disk_usage", lambda p: Usage(10**9, 0, len(PAYLOAD) + 1000))
 
     with pytest.raises(DiskSpaceError):
         download(session, server.url_for("/f"), tmp_path / "f", min_free_bytes=5000, policy=FAST)
@@ -400,7 +400,7 @@ def test_enospc_while_writing_is_disk_space_error(server, session, tmp_path, mon
     """Injected ENOSPC (runs everywhere; the tmpfs test below is the real thing)."""
     server.expect_request("/f").respond_with_handler(ranged)
     opened: list[Path] = []
-    real_open = transfer._open_part
+    real_open = sinks._open_part
 
     class Filling:
         def __init__(self, fh):
@@ -419,7 +419,7 @@ def test_enospc_while_writing_is_disk_space_error(server, session, tmp_path, mon
         opened.append(path)
         return Filling(real_open(path))
 
-    monkeypatch.setattr(transfer, "_open_part", fake_open)
+    monkeypatch.setattr(sinks, "_open_part", fake_open)
     with pytest.raises(DiskSpaceError) as info:
         download(session, server.url_for("/f"), tmp_path / "f", policy=FAST)
 
