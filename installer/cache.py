@@ -10,7 +10,6 @@ on a node is the distro's to say (Distro.node_key).
 
 from __future__ import annotations
 
-import enum
 import errno
 import os
 import stat
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import structlog
 
+from installer.cachekey import CacheKey, ModuleSource
 from installer.fsutil import (
     UnreadableFile,
     open_beneath,
@@ -43,15 +43,6 @@ MAX_FILE_BYTES = 1 << 30
 MAX_HASHED_BYTES = 4 << 30  # all of a record's files together (a real install: ~0.3 GB)
 # A record without hashes (written by GKE's installers) is trusted only if these exist.
 REQUIRED_FILES = ("drivers/nvidia.ko", "bin/nvidia-smi", "lib64/libnvidia-ml.so.1")
-
-
-class ModuleSource(enum.Enum):
-    """Where an install's kernel modules came from."""
-
-    PREBUILT = "prebuilt"  # the COS build's signed open modules (nvidia-drivers-<V>.tgz)
-    # NVIDIA's precompiled proprietary interfaces linked on the node, Google-signed (COS)
-    PRECOMPILED = "precompiled"
-    COMPILED = "compiled"  # built by nvidia-installer (here, or in a fleet's bundle)
 
 
 # CACHE_FLAVOR, the record's one word for (source, module type): the spelling every
@@ -89,23 +80,6 @@ def stat_signature(path: Path) -> tuple[int, int, int, int]:
 def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
     """(size, mtime_ns, ctime_ns, inode): what changes when a file is written or replaced."""
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    """What a cached install must match: the OS build (COS) or kernel (Ubuntu), and the driver."""
-
-    driver_version: str
-    kernel_release: str | None = None  # Ubuntu
-    build_id: str | None = None  # COS
-    source: ModuleSource | None = None  # None: any source is a hit
-    module_type: str | None = None  # "open" | "proprietary"; None: any
-    # Lines another installer reads (COS: cos-gpu-installer v2's keys), from the distro.
-    compat_lines: tuple[str, ...] = field(default=(), compare=False)
-
-    def describe(self) -> str:
-        target = f"build {self.build_id}" if self.build_id else f"kernel {self.kernel_release}"
-        return f"driver {self.driver_version} for {target}"
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,14 @@ dir this node has, as a ``Context``; and the ``detect`` command, which prints it
 
 from __future__ import annotations
 
-from installer import distros, gpus, signing
+from installer import distros, signing
 from installer.context import Context
 from installer.errors import UnsupportedHostError, clip
 from installer.hostroot import HostRoot
 from installer.installdir import locate
 from installer.kernel import KernelState
 from installer.modules import loaded_driver_version
+from installer.net.policy import UrlPolicy
 from installer.osinfo import HostInfo
 from installer.runner import Runner
 from installer.settings import Settings
@@ -24,6 +25,12 @@ def context(settings: Settings, kernel: KernelState | None = None, runner: Runne
     cannot be told gets ``HostInfo.unknown`` instead of an error (doctor and uninstall
     still work there).
     """
+    # The one reading of --allow-insecure-http: the URLs given are checked before anything
+    # else, and the run's HTTP session carries the policy to every URL found later.
+    url_policy = UrlPolicy(settings.allow_insecure_http)
+    for url in filter(None, (settings.driver_url, settings.driver_base_url,
+                             settings.prebuilt_url)):
+        url_policy.check(url)
     host = HostRoot(settings.host_root)
     kernel = kernel or KernelState()
     release = settings.kernel_release or kernel.release()
@@ -33,10 +40,12 @@ def context(settings: Settings, kernel: KernelState | None = None, runner: Runne
         if strict:
             raise
         host_info = HostInfo.unknown(release)
-    return Context(settings=settings, host=host, kernel=kernel, runner=runner or Runner(),
+    # Child processes see the same kernel as we do (the seams: tests only, empty on a node).
+    runner = runner or Runner(env=kernel.seam_env())
+    return Context(settings=settings, host=host, kernel=kernel, runner=runner,
                    install=locate(settings.host_root, settings.install_dir,
                                   settings.install_dir_host),
-                   host_info=host_info)
+                   host_info=host_info, url_policy=url_policy)
 
 
 def _host_info(host: HostRoot, kernel: KernelState, release: str) -> HostInfo:
@@ -66,5 +75,5 @@ def run(settings: Settings) -> dict[str, object]:
         "modules_disabled": ctx.kernel.modules_disabled(),
         "module_unload": ctx.kernel.can_unload(),
         "loaded_driver_version": loaded_driver_version(ctx.kernel),
-        "gpus": [g.to_dict() for g in gpus.scan(ctx.kernel.sys_dir)],
+        "gpus": [g.to_dict() for g in ctx.pci_gpus],
     }

@@ -145,29 +145,32 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def gpu_minors(kernel: KernelState) -> list[int]:
-    """The driver's minors (/proc/driver/nvidia/gpus/*/information), else 0..N-1 by PCI scan."""
+def gpu_minors(kernel: KernelState, on_bus: int | None = None) -> list[int]:
+    """The driver's minors (/proc/driver/nvidia/gpus/*/information), else 0..N-1 for the
+    GPUs on the PCI bus (``on_bus``: how many a caller already found; None: scanned)."""
     infos = sorted((kernel.proc_dir / "driver/nvidia/gpus").glob("*/information"))
     found = [parse_device_minor(_read(p) or "") for p in infos]
     if found and None not in found:
         return sorted(m for m in found if m is not None)
-    return list(range(max(1, len(gpus.scan(kernel.sys_dir)))))
+    count = len(gpus.scan(kernel.sys_dir)) if on_bus is None else on_bus
+    return list(range(max(1, count)))
 
 
 def plan(kernel: KernelState, module_args: tuple[ModuleArg, ...],
-         loaded: tuple[str, ...] | None = None) -> Plan:
-    """``loaded``: the modules whose files to make (None: those loaded now)."""
+         loaded: tuple[str, ...] | None = None, *, on_bus: int | None = None) -> Plan:
+    """``loaded``: the modules whose files to make (None: those loaded now); ``on_bus``:
+    see gpu_minors."""
     params = _read(kernel.proc_dir / "driver/nvidia/params")
     loaded = loaded_modules(kernel) if loaded is None else tuple(
         m for m in NODE_MODULES if m in loaded)
-    return Plan(gpu_minors(kernel), modify_allowed(params, module_args), loaded)
+    return Plan(gpu_minors(kernel, on_bus), modify_allowed(params, module_args), loaded)
 
 
 def create(modprobe: Path, kernel: KernelState, runner: Runner,
-           module_args: tuple[ModuleArg, ...]) -> list[str]:
+           module_args: tuple[ModuleArg, ...], *, on_bus: int | None = None) -> list[str]:
     """Make the device files of the loaded modules (unless the driver forbids it), check
     they all exist and link them in /dev/char."""
-    p = plan(kernel, module_args)
+    p = plan(kernel, module_args, on_bus=on_bus)
     dev = kernel.dev_dir
     if "nvidia" not in p.modules:
         raise VerifyError("cannot create the NVIDIA device files: the nvidia module is not "
@@ -184,7 +187,7 @@ def create(modprobe: Path, kernel: KernelState, runner: Runner,
         loaded = ", ".join(p.modules)
         for argv in p.invocations:
             try:
-                runner.run([modprobe, *argv], timeout=TIMEOUT_S, env=kernel.seam_env())
+                runner.run([modprobe, *argv], timeout=TIMEOUT_S)
             except CommandError as exc:
                 raise VerifyError(  # exc.reason: "exited with N" or "timed out after Ns"
                     f"nvidia-modprobe {' '.join(argv)} {exc.reason}"

@@ -106,16 +106,12 @@ class HostRoot:
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
-                    target = _readlink(part, fds[-1])
-                    if target is None and not create:
-                        return None, _literal(names, [part, *pending])
+                    target = _link_target(part, fds[-1], names, create)
                     if target is None:
-                        raise NotADirectoryError(
-                            errno.ENOTDIR, "not a directory",
-                            str(PurePosixPath("/", *names, part))) from None
+                        return None, _literal(names, [part, *pending])
                     hops = self._hop(hops, host_path)
-                    if target.startswith("/"):
-                        while len(fds) > 1:
+                    if target.startswith("/"):  # from the root again
+                        for _ in fds[1:]:
                             os.close(fds.pop())
                         names = []
                     pending = [p for p in PurePosixPath(target).parts if p != "/"] + pending
@@ -267,6 +263,16 @@ def _readlink(name: str, dir_fd: int) -> str | None:
         if exc.errno in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
             return None
         raise
+
+
+def _link_target(part: str, dir_fd: int, names: list[str], create: bool) -> str | None:
+    """Where the symlink ``part`` points; None when it is no symlink (a file where a
+    directory should be), which ``create`` refuses (NotADirectoryError)."""
+    target = _readlink(part, dir_fd)
+    if target is None and create:
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory",
+                                 str(PurePosixPath("/", *names, part)))
+    return target
 
 
 def _replace_in(dir_fd: int, name: str, raw: bytes, mode: int) -> None:

@@ -12,11 +12,12 @@ from installer.context import Context
 from installer.detect import context
 from installer.diagnostics import failure_details
 from installer.distros import flows
+from installer.distros.planning import Flow
 from installer.errors import InstallerError, VerifyError
 from installer.fsutil import remove_tree
 from installer.lock import HostLock
 from installer.moduleargs import ModuleArg, for_module
-from installer.net.policy import check_url_scheme, scrub
+from installer.net.policy import scrub
 from installer.outcome import DRY_RUN, ERROR, INTERRUPTED, OK, Outcome
 from installer.plan import StepTiming, execute
 from installer.settings import Settings
@@ -28,9 +29,6 @@ log = structlog.get_logger(__name__)
 def run(settings: Settings) -> Outcome:
     """The ``install`` command: install (or plan, with --dry-run), then log the outcome."""
     started = time.monotonic()
-    for url in filter(None, (settings.driver_url, settings.driver_base_url,
-                             settings.prebuilt_url)):
-        check_url_scheme(url, allow_insecure_http=settings.allow_insecure_http)
     outcome = _install(settings, started)
     log.info("install_finished", outcome=outcome.outcome, plan=outcome.plan,
              driver_version=outcome.driver_version,
@@ -121,7 +119,7 @@ def _install(settings: Settings, started: float) -> Outcome:
             module_args_waiting=tuple(map(str, settings.module_args)) if waiting else None))
 
 
-def _dry_run(ctx: Context, distro: distros.Distro) -> Outcome:
+def _dry_run(ctx: Context, distro: Flow) -> Outcome:
     """The plan, once its pre-flight checks pass: what the real run refuses, this refuses
     with the same exit code and message (and a plan is printed only if it could work)."""
     plan = distro.plan(ctx)
@@ -149,7 +147,7 @@ def _discard(ctx: Context, error: BaseException) -> None:
         remove_tree(path)
 
 
-def _warn_unpinned(ctx: Context, plan, distro: distros.Distro) -> None:
+def _warn_unpinned(ctx: Context, plan, distro: Flow) -> None:
     """A fresh install runs the NVIDIA .run as root: say so when nothing pins it."""
     if plan.kind != "fresh":
         return

@@ -103,7 +103,7 @@ def _previous_module_args(ctx: Context) -> tuple[ModuleArg, ...]:
 
 def _make_device_files(ctx: Context) -> None:
     devnodes.create(ctx.install.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
-                    _previous_module_args(ctx))
+                    _previous_module_args(ctx), on_bus=len(ctx.pci_gpus))
 
 
 def _restore_readiness(ctx: Context, error: BaseException) -> bool:

@@ -46,17 +46,13 @@ def check_installed(ctx: Context) -> list[Gpu]:
     """The ``verify`` command: the installed driver's device nodes and nvidia-smi."""
     require_device_nodes(ctx.kernel, "on this node",
                          hint="re-run install to load the driver and create them")
-    return nvidia_smi(ctx.install, ctx.kernel, ctx.runner, lib_dir=ctx.install.lib64)
+    return nvidia_smi(ctx.install, ctx.runner, lib_dir=ctx.install.lib64)
 
 
-def nvidia_smi(
-    tree: Tree, kernel: KernelState, runner: Runner, *, lib_dir: Path | None = None
-) -> list[Gpu]:
+def nvidia_smi(tree: Tree, runner: Runner, *, lib_dir: Path | None = None) -> list[Gpu]:
     """Run nvidia-smi; ``lib_dir`` puts libraries not yet in the ld cache on the path."""
     smi = tree.bin / "nvidia-smi"
-    env = dict(kernel.seam_env())
-    if lib_dir is not None:
-        env["LD_LIBRARY_PATH"] = str(lib_dir)
+    env = {"LD_LIBRARY_PATH": str(lib_dir)} if lib_dir is not None else {}
     try:
         result = runner.run(
             [smi, "--query-gpu=name,driver_version,pci.bus_id", "--format=csv,noheader"],

@@ -208,8 +208,17 @@ def upward(edges: list[Import], contract: list[list[str]]) -> list[Import]:
 
 
 def unlayered(files: dict[str, Path], contract: list[list[str]]) -> list[str]:
-    """Modules no layer names, by themselves or through a package."""
-    return [m for m in files if m != PACKAGE and layer_of(m, contract) is None]
+    """Modules no layer names, by themselves or through a package. A package whose
+    ``__init__`` holds only its docstring (its modules are named one by one, in the
+    layers they belong to) has nothing to place."""
+    return [m for m, path in files.items()
+            if m != PACKAGE and layer_of(m, contract) is None and not _docstring_only(path)]
+
+
+def _docstring_only(path: Path) -> bool:
+    body = ast.parse(path.read_text()).body
+    return path.name == "__init__.py" and all(
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
 
 
 def long_functions(files: dict[str, Path] | None = None,

@@ -31,7 +31,7 @@ from installer.bundle.manifest import (
     check_link,
 )
 from installer.distros.flows import for_host
-from installer.distros.headers_build import HeadersBuild, compile_steps
+from installer.distros.headers_build_flow import HeadersBuildFlow, compile_steps
 from installer.errors import BuildError, UnsupportedHostError
 from installer.fsutil import sha256_file, write_atomic
 from installer.installdir import LAYOUT_DIRS
@@ -61,7 +61,7 @@ class Signing:
 
 def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
     distro = for_host(ctx.host_info)  # its version, module type and kernel headers
-    if not isinstance(distro, HeadersBuild):
+    if not isinstance(distro, HeadersBuildFlow):
         raise UnsupportedHostError(
             f"bundle build compiles against kernel headers; {distro.title} installs otherwise",
             hint="run it where the headers-built distros run (e.g. the bundle-job's image)")

@@ -132,8 +132,7 @@ def _is_bundle_name(name: str) -> bool:
 
 def _index_entries(ctx: Context, url: str) -> dict[str, index.IndexEntry]:
     where = index_url(url)
-    text = fetch_text(ctx.http, where, allow_insecure_http=ctx.settings.allow_insecure_http,
-                      max_bytes=index.MAX_INDEX_BYTES)
+    text = fetch_text(ctx.http, where, max_bytes=index.MAX_INDEX_BYTES)
     if text is None:
         log.info("prebuilt_index_missing", url=redact_url(where))
         return {}
@@ -180,8 +179,7 @@ def _stream_bundle(ctx: Context, url: str, key: BundleKey, digest: str | None,
     try:
         _got, (manifest, extracted) = stream(
             ctx.http, url, consume, dest=out, discard=lambda: remove_tree(out, ignore_errors=True),
-            expected_sha256=digest, label="prebuilt bundle",
-            allow_insecure_http=ctx.settings.allow_insecure_http)
+            expected_sha256=digest, label="prebuilt bundle")
     except DownloadError as exc:
         if exc.context.get("status") != 404:  # HTTP 404, or a missing file:// path
             raise

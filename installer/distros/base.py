@@ -1,30 +1,18 @@
-"""What every distro declares (how it is recognised, its default driver version, its
-title and image) and provides (a driver version, a cache key and a plan), and
-the plan skeleton all of them share."""
+"""What every distro declares: how it is recognised, its default driver version, its
+title, image and DaemonSet, its own options, how its installs are keyed. Facts only:
+the plans are its flow's (``planning.Flow``), so recognising a host stays cheap."""
 
 from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-import structlog
-
-from installer import cache, modules
-from installer.cache import CacheKey
+from installer.cachekey import CacheKey
 from installer.distros.daemonset import DaemonSetNeeds
 from installer.osinfo import HostInfo
-from installer.plan import Plan, Step
 from installer.settings import DistroOptions, Settings
-from installer.steps import activate, checks, next_boot, staging
 from installer.values import is_driver_version
-from installer.workstate import InUse
-
-if TYPE_CHECKING:
-    from installer.context import Context
-
-log = structlog.get_logger(__name__)
 
 
 class Distro(abc.ABC):
@@ -100,122 +88,7 @@ class Distro(abc.ABC):
         raise ValueError(f"driver version {value!r} for {cls.name} must be an explicit version "
                          "(e.g. 550.127.05); it has no aliases")
 
-    def check_settings(self, ctx: Context) -> None:
-        """Refuse another distro's options that mean nothing on this OS (UsageError),
-        before the lock."""
-        for options in ctx.settings.distro_options:
-            refused = None if isinstance(options, self.options or ()) else options.refused_on(
-                self.title)
-            if refused is not None:
-                raise refused
-
     def unpinned_artifacts(self, settings: Settings) -> str | None:
         """What this distro downloads besides the .run that nothing pins (None: all pinned,
         or nothing else)."""
         return settings.options(self.options).unpinned() if self.options else None
-
-    @abc.abstractmethod
-    def driver_version(self, ctx: Context) -> str:
-        """The concrete driver version to install (aliases resolved)."""
-
-    @abc.abstractmethod
-    def cache_key(self, ctx: Context, version: str) -> CacheKey: ...
-
-    @abc.abstractmethod
-    def plan(self, ctx: Context) -> Plan: ...
-
-    def cache_hit(self, ctx: Context, key: CacheKey) -> bool:
-        """A usable cached install: the record matches and its files are intact."""
-        if ctx.settings.force:
-            log.info("cache_skipped", reason="--force")
-            return False
-        record = cache.read(ctx.install.cache_file)
-        if record is None:
-            log.info("cache_miss", reason="no .cache record", path=str(ctx.install.cache_file))
-            return False
-        reason = record.mismatch(key) or cache.check_files(record, ctx.install.root)
-        if reason:
-            log.info("cache_miss", reason=reason)
-            return False
-        log.info("cache_hit", key=key.describe())
-        return True
-
-
-def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: str | None,
-                display: dict[str, object]) -> Plan:
-    """A cache hit in any distro: check the GPUs, then load and verify what is installed
-    (and drop a tree staged for the next boot: this version is the one wanted now)."""
-    loading = () if ctx.settings.install_only else (checks.check_module_loading(version),)
-    return Plan("cached", (check_gpus, *loading, next_boot.drop_next_boot(version),
-                           *activate.load_cached(ctx, version)),
-                driver_version=version, kernel_module_type=module_type, display=display)
-
-
-def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, driver_url: str,
-               driver_sha256: str | None = None, display: dict[str, object],
-               check_gpus: Step, check_signing: Step, before_staging: Sequence[Step] = (),
-               build: Sequence[Step], prebuilt: Step | None = None) -> Plan:
-    """A fresh install in any distro: every check before any download, then the distro's
-    own steps that fill the staging dir, then load, verify, swap in and record.
-
-    The staging dir is filled by the first that can: the tree staged for the next boot
-    (``take_next_boot``: after the reboot, no download, no compile), then ``prebuilt`` (a
-    fleet's bundle, ``--prebuilt-url``), then the distro's headers and build. The signing
-    check is skipped only for a bundle (a signed bundle loads where our own unsigned build
-    would be refused).
-
-    With ``--when-in-use stage`` and another driver loaded and in use, the plan is
-    ``staged``: the same fill and checks, then the tree is kept for the next boot and the
-    running driver verified, untouched (nextboot.py)."""
-    in_use = _in_use_to_stage(ctx, version)
-    # Without a bundle the signing check goes first, before any download; with one, after
-    # it (whether the bundle is signed decides).
-    early = () if prebuilt else (check_signing,)
-    note = " (only without a prebuilt bundle)" if prebuilt else ""
-    fill = (
-        staging.prepare_staging(),
-        next_boot.take_next_boot(key),
-        *((_unless_filled(prebuilt), _unless_filled(check_signing, note)) if prebuilt else ()),
-        *(_unless_filled(s, note) for s in (*before_staging, *build)),
-    )
-    typed = {"driver_version": version, "kernel_module_type": module_type,
-             "driver_url": driver_url, "driver_sha256": driver_sha256}
-    # A load is needed now, or at the next boot for a staged version: a kernel refusing
-    # every load (kernel.modules_disabled=1, usually the node image's) stops both first.
-    loading = () if ctx.settings.install_only else (checks.check_module_loading(version),)
-    if in_use is not None:
-        return Plan("staged", (
-            check_gpus, *loading, *early, *fill, *next_boot.stage_for_next_boot(key, in_use),
-        ), **typed, display={**display, "running_driver_version": in_use.running_version})
-    return Plan("fresh", (
-        check_gpus, *loading, *early, checks.check_loaded_driver(version), *fill,
-        *activate.activate_staged(ctx, version, key),
-    ), **typed, display=display)
-
-
-def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:
-    """The other driver to leave running: when --when-in-use stage asks to wait for it, or
-    whenever the kernel can unload nothing before a reboot (no CONFIG_MODULE_UNLOAD:
-    failing would change nothing a drain could fix)."""
-    if ctx.settings.install_only:
-        return None
-    if ctx.settings.when_in_use != "stage" and ctx.kernel.can_unload():
-        return None
-    found = modules.in_use_by_other(ctx.kernel, version)
-    if found is not None:
-        log.info("driver_in_use", running=found.running_version, holders=found.holders,
-                 wanted=version, when_in_use=ctx.settings.when_in_use)
-    return found
-
-
-def _unless_filled(step: Step, note: str = "") -> Step:
-    """``step`` only while nothing has filled the staging dir yet (``note``: for --dry-run)."""
-
-    def run(ctx: Context) -> None:
-        if ctx.work.bundle is not None or ctx.work.from_next_boot:
-            source = "a prebuilt bundle" if ctx.work.bundle is not None else "the next-boot stage"
-            log.info("step_skipped", step=step.name, reason=f"staged from {source}")
-            return
-        step.run(ctx)
-
-    return Step(step.name, run, step.detail + note, check=step.check)

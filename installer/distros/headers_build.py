@@ -1,60 +1,19 @@
 """Distros whose driver is compiled against the host kernel's headers (Ubuntu, Debian):
-driver version, cache key and plan in one place, the headers step as the one variation.
-A subclass declares who it is (names, OS ids, GKE labels, image) and may override
-``headers_step``."""
+what they declare in common (the default version, the /boot mount). A subclass declares
+who it is (names, OS ids, GKE labels, image); ``headers_build_flow`` plans its installs."""
 
 from __future__ import annotations
 
 import re
-import shutil
-from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-import structlog
-
-from installer import branches, gpus, headers
-from installer.bundle.fetch import prebuilt_step
-from installer.cache import CacheKey, ModuleSource
-from installer.distros.base import Distro, cached_plan, fresh_plan
+from installer import branches
+from installer.distros.base import Distro
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
-from installer.nvidia_run import check_version, version_from_url
-from installer.plan import Plan, Step
-from installer.steps import checks, staging
-
-if TYPE_CHECKING:
-    from installer.context import Context
-
-log = structlog.get_logger(__name__)
 
 # As GKE's Ubuntu DaemonSet: /boot (the running kernel's config-<release> and System.map).
 BOOT = HostMount("boot", "/boot", "/boot", "Directory",
                  "As GKE's Ubuntu DaemonSet: the kernel's config and System.map.")
-
-
-def find_kernel_headers() -> Step:
-    """The host's headers (``--kernel-source-path``, /usr/src, /lib/modules/<r>/build), else
-    ``apt-get install linux-headers-<r>`` in this container when it has apt."""
-
-    def run(ctx: Context) -> None:
-        release = ctx.host_info.kernel_release
-        tree, tried = headers.find_on_host(ctx.host, release, ctx.settings.kernel_source_path)
-        if tree is None and ctx.settings.kernel_source_path is None and shutil.which("apt-get"):
-            tree = headers.apt_install(ctx.runner, ctx.host, release, tried)
-        if tree is None:
-            raise headers.not_found(release, tried)
-        log.info("kernel_headers_found", source=str(tree.source), output=str(tree.output))
-        ctx.work.kernel_tree = tree
-
-    return Step("find_kernel_headers", run,
-                "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get")
-
-
-def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tuple[Step, ...]:
-    """The NVIDIA .run downloaded, extracted and built in the sandbox: install's build and
-    ``bundle build``'s are this one sequence."""
-    return (staging.download_driver(url, ctx.settings.driver_sha256),
-            staging.extract_driver(version),
-            staging.build_driver(ctx, version, module_type))
 
 
 class HeadersBuild(Distro):
@@ -65,49 +24,3 @@ class HeadersBuild(Distro):
     version_alias = re.compile("default")
     version_alias_help = f"default: {branches.RECOMMENDED_VERSION}, or R470 for Kepler GPUs"
     daemonset = DaemonSetNeeds(mounts=(BOOT,))
-
-    def headers_step(self) -> Step:
-        """Where this distro's kernel headers come from (the step fills ctx.work.kernel_tree)."""
-        return find_kernel_headers()
-
-    def driver_version(self, ctx: Context) -> str:
-        explicit = ctx.settings.driver_version
-        if explicit and explicit != "default":
-            return check_version(explicit)
-        if ctx.settings.driver_url:
-            return version_from_url(ctx.settings.driver_url)
-        # The default, or the newest tested branch the GPUs here support (K80: R470).
-        version, why = gpus.pick_default(gpus.scan(ctx.kernel.sys_dir), self.default_version)
-        if why:
-            log.info("driver_version_fallback", driver_version=version, reason=why)
-        return version
-
-    def module_type(self, ctx: Context, version: str) -> str:
-        found = gpus.scan(ctx.kernel.sys_dir)
-        return gpus.choose_module_type(found, version, ctx.settings.kernel_module_type).module_type
-
-    def cache_key(self, ctx: Context, version: str) -> CacheKey:
-        return replace(self.node_key(ctx.host_info, version), source=ModuleSource.COMPILED,
-                       module_type=self.module_type(ctx, version))
-
-    def plan(self, ctx: Context) -> Plan:
-        version = self.driver_version(ctx)
-        key = self.cache_key(ctx, version)
-        module_type = key.module_type
-        assert module_type is not None, "cache_key names the module type"
-        display: dict[str, object] = {"kernel_release": ctx.host_info.kernel_release}
-        check_gpus = checks.check_gpus(version, ctx.settings.kernel_module_type)
-        if self.cache_hit(ctx, key):
-            return cached_plan(ctx, version, check_gpus, module_type=module_type,
-                               display=display)
-        url = ctx.settings.driver_run_url(version)
-        prebuilt = None
-        if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
-            prebuilt = prebuilt_step(ctx, version, module_type)
-        return fresh_plan(
-            ctx, version, key, module_type=module_type, driver_url=url,
-            driver_sha256=ctx.settings.driver_sha256, display=display, check_gpus=check_gpus,
-            check_signing=checks.check_module_signing("this flow builds unsigned modules"),
-            before_staging=(self.headers_step(),),
-            build=compile_steps(ctx, url, version, module_type),
-            prebuilt=prebuilt)

@@ -93,7 +93,7 @@ class Node:
         """nvidia-smi's GPUs, or why it failed; run once per doctor."""
         if self._smi is None:
             try:
-                self._smi = nvidia_smi(self.install, self.kernel, self.runner,
+                self._smi = nvidia_smi(self.install, self.runner,
                                        lib_dir=self.install.lib64)
             except InstallerError as exc:
                 self._smi = exc

@@ -12,9 +12,9 @@ from typing import Any
 
 import click
 
-from installer.bundle.job import JobOptions
-from installer.bundle.job import render as render_job
 from installer.distros import BUNDLE_BUILDER, DISTROS
+from installer.manifests.bundle_job import JobOptions
+from installer.manifests.bundle_job import render as render_job
 from installer.manifests.render import (
     RenderOptions,
     image_ref,

@@ -4,6 +4,8 @@ reading and retries as a download."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import requests
 import structlog
 
@@ -11,9 +13,16 @@ from installer.errors import DownloadError
 from installer.fsutil import UnreadableFile, read_limited
 from installer.net import retry
 from installer.net.pace import Pacer
-from installer.net.policy import check_url_scheme, local_file, redact_url, scrubber
+from installer.net.policy import local_file, redact_url, scrubber
 from installer.net.retry import RetryPolicy
-from installer.net.session import classify, limits_of, policy_of, refuse_encoding, request_error
+from installer.net.session import (
+    classify,
+    limits_of,
+    policy_of,
+    refuse_encoding,
+    request_error,
+    url_policy_of,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -22,7 +31,6 @@ def fetch_text(
     session: requests.Session,
     url: str,
     *,
-    allow_insecure_http: bool = False,
     policy: RetryPolicy | None = None,
     max_bytes: int = 1 << 20,
 ) -> str | None:
@@ -31,24 +39,13 @@ def fetch_text(
     A missing ``file://`` path is None too. Larger than ``max_bytes``, not UTF-8,
     or any other failure: :class:`DownloadError`.
     """
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    url_policy = url_policy_of(session)
+    url_policy.check(url)
     path = local_file(url)
     shown = redact_url(url)
     if path is not None:
-        try:
-            data = read_limited(path, max_bytes)
-        except (FileNotFoundError, NotADirectoryError):
-            log.info("fetch_text_missing", url=shown)
-            return None
-        except UnreadableFile as exc:
-            raise DownloadError(f"{path} {exc.reason} ({shown})", path=str(path),
-                                url=shown) from None
-        except OSError as exc:
-            raise DownloadError(
-                f"cannot read {path}: {exc.strerror or exc}", path=str(path), url=shown
-            ) from exc
-        return _decode_text(data, max_bytes, shown)
-
+        data = _read_local(path, max_bytes, shown)
+        return None if data is None else _decode_text(data, max_bytes, shown)
     policy = policy or policy_of(session)
     scrub = scrubber(url)
     # The same bounds as a download: a trickled metadata file must not stall the plan.
@@ -59,8 +56,7 @@ def fetch_text(
         resp = session.get(url, stream=True, timeout=pace.timeout(policy),
                            headers={"Accept-Encoding": "identity"})
         with resp:
-            if not classify(resp, shown, allow_insecure_http=allow_insecure_http,
-                            missing=(404,)):
+            if not classify(resp, shown, url_policy, missing=(404,)):
                 return None
             refuse_encoding(resp, shown)
             buf = bytearray()
@@ -82,6 +78,22 @@ def fetch_text(
     return _decode_text(data, max_bytes, shown)
 
 
+def _read_local(path: Path, max_bytes: int, shown: str) -> bytes | None:
+    """A ``file://`` document's bytes (None: no such file)."""
+    try:
+        return read_limited(path, max_bytes)
+    except (FileNotFoundError, NotADirectoryError):
+        log.info("fetch_text_missing", url=shown)
+        return None
+    except UnreadableFile as exc:
+        raise DownloadError(f"{path} {exc.reason} ({shown})", path=str(path),
+                            url=shown) from None
+    except OSError as exc:
+        raise DownloadError(
+            f"cannot read {path}: {exc.strerror or exc}", path=str(path), url=shown
+        ) from exc
+
+
 def _decode_text(data: bytes, max_bytes: int, shown: str) -> str:
     if len(data) > max_bytes:
         raise DownloadError(
@@ -93,11 +105,12 @@ def _decode_text(data: bytes, max_bytes: int, shown: str) -> str:
         raise DownloadError(f"{shown} is not UTF-8 text", url=shown) from exc
 
 
-def url_exists(session: requests.Session, url: str, *, allow_insecure_http: bool,
+def url_exists(session: requests.Session | None, url: str, *,
                policy: RetryPolicy | None = None) -> bool:
     """Whether ``url`` names an object, without fetching it (HEAD; a 1-byte GET if HEAD is
     not allowed). 404/403/410 -> False; transient errors are retried; others raise."""
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    url_policy = url_policy_of(session)
+    url_policy.check(url)
     path = local_file(url)
     if path is not None:
         return path.is_file()
@@ -112,8 +125,7 @@ def url_exists(session: requests.Session, url: str, *, allow_insecure_http: bool
                                timeout=policy.timeout, stream=True)
             resp.close()
         # GCS answers 403 for a missing object in a bucket one cannot list.
-        return classify(resp, shown, allow_insecure_http=allow_insecure_http,
-                        expected=(200, 206), missing=(403, 404, 410))
+        return classify(resp, shown, url_policy, expected=(200, 206), missing=(403, 404, 410))
 
     try:
         found = retry.network_retryer(policy, url=shown, redact=scrub)(attempt)

@@ -26,7 +26,6 @@ class DownloadJob:
     dest: Path
     expected_sha256: str | None = None
     label: str | None = None
-    allow_insecure_http: bool = False
     policy: RetryPolicy | None = None
     min_free_bytes: int = 0
 
@@ -42,12 +41,7 @@ def download_all(
     jobs = list(jobs)
     if not jobs:
         return []
-    dests = [Path(j.dest).resolve() for j in jobs]
-    if len(set(dests)) != len(dests):
-        raise UsageError(
-            "two downloads target the same file",
-            path=str(next(d for d in dests if dests.count(d) > 1)),
-        )
+    _check_distinct(jobs)
     cancel = threading.Event()
     lock = threading.Lock()
     errors: list[BaseException] = []  # errors[0]: the first real failure
@@ -57,17 +51,9 @@ def download_all(
         if cancel.is_set():
             raise Cancelled()
         try:
-            return download(
-                session,
-                job.url,
-                Path(job.dest),
-                expected_sha256=job.expected_sha256,
-                allow_insecure_http=job.allow_insecure_http,
-                policy=job.policy,
-                min_free_bytes=job.min_free_bytes,
-                label=job.label,
-                cancel=cancel,
-            )
+            return download(session, job.url, Path(job.dest),
+                            expected_sha256=job.expected_sha256, policy=job.policy,
+                            min_free_bytes=job.min_free_bytes, label=job.label, cancel=cancel)
         except Cancelled:
             raise
         except BaseException as exc:
@@ -98,3 +84,13 @@ def download_all(
     if errors:
         raise errors[0]
     return [fut.result() for fut in futures]
+
+
+def _check_distinct(jobs: Sequence[DownloadJob]) -> None:
+    """Two jobs writing one file would race on its temp file: a caller's bug, refused."""
+    dests = [Path(j.dest).resolve() for j in jobs]
+    if len(set(dests)) != len(dests):
+        raise UsageError(
+            "two downloads target the same file",
+            path=str(next(d for d in dests if dests.count(d) > 1)),
+        )

@@ -20,11 +20,12 @@ import posixpath
 import re
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-from installer.errors import IntegrityError, UsageError
+from installer.errors import DownloadError, IntegrityError, UsageError
 
 GCS_HTTPS = "https://storage.googleapis.com/"
 
@@ -66,6 +67,28 @@ def local_file(url: str) -> Path | None:
     """The path a ``file://`` URL names (see :func:`local_path`); None for any other URL.
     Downloads, fetches and probes all tell local from remote with this."""
     return local_path(url) if urlsplit(url).scheme.lower() == "file" else None
+
+
+@dataclass(frozen=True)
+class UrlPolicy:
+    """The URLs a run may fetch: https and file always, plain http only with
+    --allow-insecure-http. Built once (detect.context) and carried by the run's HTTP
+    session (session.url_policy_of), as pip's PipSession carries its trust settings."""
+
+    allow_insecure_http: bool = False
+
+    def check(self, url: str) -> None:
+        """UsageError for a URL this run may not fetch."""
+        check_url_scheme(url, allow_insecure_http=self.allow_insecure_http)
+
+    def check_redirect(self, final: str, shown: str) -> None:
+        """DownloadError for a request that was redirected to plain http, unless allowed."""
+        if final.lower().startswith("http://") and not self.allow_insecure_http:
+            raise DownloadError(
+                f"{shown} redirected to plain http URL {redact_url(final)}",
+                hint="use a URL that stays on https, or pass --allow-insecure-http",
+                url=shown,
+            )
 
 
 def check_url_scheme(url: str, *, allow_insecure_http: bool) -> None:

@@ -33,13 +33,14 @@ the environment.
 from __future__ import annotations
 
 import email.utils
+import functools
 import random
 import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import requests
 import structlog
@@ -349,44 +350,6 @@ def network_retryer(
             cause=describe_cause(exc, redact) if exc is not None else None,
         )
 
-    def give_up(retry_state: tenacity.RetryCallState) -> Any:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        which = stop.limit_reached(retry_state) or "attempts"
-        elapsed = retry_state.seconds_since_start or 0.0
-        cause = describe_cause(exc, redact) if exc is not None else "unknown"
-        if which == "attempts":
-            limit = f"attempt limit reached ({policy.attempts} attempts, {ENV_RETRIES})"
-        elif which == "deadline":
-            limit = (f"download deadline reached (--download-deadline) after "
-                     f"{retry_state.attempt_number} attempts")
-        else:
-            limit = (
-                f"total timeout reached ({policy.total_timeout:g}s, {ENV_TIMEOUT}) "
-                f"after {retry_state.attempt_number} attempts"
-            )
-        target = f" {shown_url}" if shown_url else ""
-        hint = None
-        if isinstance(exc, TransientHTTPError):
-            hint = "the server keeps failing; try again later or use a mirror"
-        elif exc is not None:
-            hint = "check network access, proxy settings (HTTPS_PROXY) and DNS from the node"
-        log.debug(  # the DownloadError below is the one error event (issue 14)
-            "download_gave_up",
-            url=shown_url,
-            limit=which,
-            attempts=retry_state.attempt_number,
-            elapsed_s=round(elapsed, 3),
-            cause=cause,
-        )
-        raise DownloadError(
-            f"giving up on{target}: {limit}; last error: {cause}",
-            hint=hint,
-            url=shown_url,
-            limit=which,
-            attempts=retry_state.attempt_number,
-        ) from exc
-
     def do_sleep(seconds: float) -> None:
         if sleep_fn is not None:
             sleep_fn(seconds)
@@ -398,7 +361,49 @@ def network_retryer(
         wait=_Wait(policy),
         retry=tenacity.retry_if_exception(is_transient),
         before_sleep=before_sleep,
-        retry_error_callback=give_up,
+        retry_error_callback=functools.partial(_give_up, policy=policy, stop=stop,
+                                               shown_url=shown_url, redact=redact),
         sleep=do_sleep,
         reraise=True,
     )
+
+
+def _give_up(retry_state: tenacity.RetryCallState, *, policy: RetryPolicy, stop: _Stop,
+             shown_url: str | None, redact: Callable[[str], str] | None) -> NoReturn:
+    """The one error of a download that ran out of attempts, deadline or total time."""
+    outcome = retry_state.outcome
+    exc = outcome.exception() if outcome is not None else None
+    which = stop.limit_reached(retry_state) or "attempts"
+    elapsed = retry_state.seconds_since_start or 0.0
+    cause = describe_cause(exc, redact) if exc is not None else "unknown"
+    if which == "attempts":
+        limit = f"attempt limit reached ({policy.attempts} attempts, {ENV_RETRIES})"
+    elif which == "deadline":
+        limit = (f"download deadline reached (--download-deadline) after "
+                 f"{retry_state.attempt_number} attempts")
+    else:
+        limit = (
+            f"total timeout reached ({policy.total_timeout:g}s, {ENV_TIMEOUT}) "
+            f"after {retry_state.attempt_number} attempts"
+        )
+    target = f" {shown_url}" if shown_url else ""
+    hint = None
+    if isinstance(exc, TransientHTTPError):
+        hint = "the server keeps failing; try again later or use a mirror"
+    elif exc is not None:
+        hint = "check network access, proxy settings (HTTPS_PROXY) and DNS from the node"
+    log.debug(  # the DownloadError below is the one error event (issue 14)
+        "download_gave_up",
+        url=shown_url,
+        limit=which,
+        attempts=retry_state.attempt_number,
+        elapsed_s=round(elapsed, 3),
+        cause=cause,
+    )
+    raise DownloadError(
+        f"giving up on{target}: {limit}; last error: {cause}",
+        hint=hint,
+        url=shown_url,
+        limit=which,
+        attempts=retry_state.attempt_number,
+    ) from exc

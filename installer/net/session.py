@@ -19,7 +19,7 @@ import requests.auth
 
 from installer import __version__
 from installer.errors import DownloadError
-from installer.net.policy import redact_url
+from installer.net.policy import UrlPolicy
 from installer.net.retry import (
     NETWORK_DEFAULTS,
     RetryPolicy,
@@ -69,7 +69,8 @@ class ArtifactSession(requests.Session):
 
 
 def make_session(*, user_agent: str | None = None, limits: TransferLimits | None = None,
-                 policy: RetryPolicy | None = None) -> requests.Session:
+                 policy: RetryPolicy | None = None,
+                 url_policy: UrlPolicy | None = None) -> requests.Session:
     """A ``requests.Session`` for artifact downloads (an :class:`ArtifactSession`).
 
     Honours ``HTTPS_PROXY``/``NO_PROXY`` and ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
@@ -79,11 +80,13 @@ def make_session(*, user_agent: str | None = None, limits: TransferLimits | None
     No adapter-level retries: :mod:`installer.net.retry` decides. ``limits`` (the
     deadline and minimum rate of every download through this session)
     default to :class:`~installer.net.retry.TransferLimits`; ``policy`` (how each operation
-    is retried, from Settings through the Context) to ``NETWORK_DEFAULTS``.
+    is retried, from Settings through the Context) to ``NETWORK_DEFAULTS``; ``url_policy``
+    (which URLs every request through it may name or be redirected to) to https only.
     """
     session = ArtifactSession()
     session.transfer_limits = limits or TransferLimits()  # type: ignore[attr-defined]
     session.retry_policy = policy or NETWORK_DEFAULTS  # type: ignore[attr-defined]
+    session.url_policy = url_policy or UrlPolicy()  # type: ignore[attr-defined]
     session.headers["User-Agent"] = (
         user_agent or f"nvidia-driver-installer/{__version__} {requests.utils.default_user_agent()}"
     )
@@ -109,7 +112,12 @@ def policy_of(session: requests.Session | None) -> RetryPolicy:
     return getattr(session, "retry_policy", None) or NETWORK_DEFAULTS
 
 
-def classify(resp: requests.Response, shown: str, *, allow_insecure_http: bool,
+def url_policy_of(session: requests.Session | None) -> UrlPolicy:
+    """The session's URL policy (https only for none, or one not made here)."""
+    return getattr(session, "url_policy", None) or UrlPolicy()
+
+
+def classify(resp: requests.Response, shown: str, url_policy: UrlPolicy, *,
              expected: Collection[int] = (200,), missing: Collection[int] = ()) -> bool:
     """True for an ``expected`` status, False for a ``missing`` one (the object is absent).
 
@@ -117,13 +125,7 @@ def classify(resp: requests.Response, shown: str, *, allow_insecure_http: bool,
     allowed) and for any other status, :class:`TransientHTTPError` (retried) for 429
     and 5xx. ``shown`` is the redacted URL.
     """
-    final = resp.url or ""
-    if final.lower().startswith("http://") and not allow_insecure_http:
-        raise DownloadError(
-            f"{shown} redirected to plain http URL {redact_url(final)}",
-            hint="use a URL that stays on https, or pass --allow-insecure-http",
-            url=shown,
-        )
+    url_policy.check_redirect(resp.url or "", shown)
     status = resp.status_code
     if status in expected:
         return True

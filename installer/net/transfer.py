@@ -2,7 +2,7 @@
 
 ``download()`` fetches one artifact to ``dest``:
 
-- ``https://`` (``http://`` only with ``allow_insecure_http``): a streamed GET
+- ``https://`` (``http://`` only as the session's URL policy allows): a streamed GET
   with ``Accept-Encoding: identity`` and the policy's connect/read timeouts;
   each chunk is hashed and written to ``.<name>.part`` next to ``dest``. When
   the body is complete the file is fsynced, its sha256 checked against
@@ -68,10 +68,17 @@ from installer.errors import DiskSpaceError, DownloadError, IntegrityError, Usag
 from installer.fsutil import fsync_dir
 from installer.net import retry
 from installer.net.integrity import normalize_sha256
-from installer.net.policy import check_url_scheme, local_file, redact_url, scrubber
+from installer.net.policy import local_file, redact_url, scrubber
 from installer.net.ranges import answer_extent, range_headers
 from installer.net.retry import IncompleteBodyError, RetryPolicy
-from installer.net.session import classify, limits_of, policy_of, refuse_encoding, request_error
+from installer.net.session import (
+    classify,
+    limits_of,
+    policy_of,
+    refuse_encoding,
+    request_error,
+    url_policy_of,
+)
 from installer.net.sinks import (
     CHUNK_SIZE,
     MAX_DOWNLOAD_BYTES,
@@ -169,7 +176,6 @@ def _attempt_http(
     progress: Progress,
     cancel: threading.Event | None,
     min_free_bytes: int,
-    allow_insecure_http: bool,
 ) -> None:
     """One attempt: one request (two if the server's answer forces a restart from 0)."""
     st.pacer.begin_attempt()
@@ -180,7 +186,7 @@ def _attempt_http(
         resp = session.get(url, headers=range_headers(st.offset, st.validator), stream=True,
                            timeout=st.pacer.timeout(policy))
         with resp:
-            classify(resp, st.shown, allow_insecure_http=allow_insecure_http,
+            classify(resp, st.shown, url_policy_of(session),
                      expected=(200, 206, 416) if asked > 0 else (200, 206))
             extent = answer_extent(resp, st, asked)
             if extent is None:
@@ -302,10 +308,10 @@ def _copy_local(
             ) from exc
 
 
-def _begin(url: str, dest: Path, label: str | None, expected_sha256: str | None, *,
-           allow_insecure_http: bool) -> tuple[str | None, str, str]:
+def _begin(session: requests.Session | None, url: str, dest: Path, label: str | None,
+           expected_sha256: str | None) -> tuple[str | None, str, str]:
     """(expected sha256, redacted URL, label); ``dest``'s directory made."""
-    check_url_scheme(url, allow_insecure_http=allow_insecure_http)
+    url_policy_of(session).check(url)
     expected = normalize_sha256(expected_sha256)
     shown = redact_url(url)
     label = label or dest.name
@@ -327,7 +333,6 @@ def _run(
     expected: str | None,
     label: str,
     started: float,
-    allow_insecure_http: bool,
     policy: RetryPolicy | None,
     min_free_bytes: int,
     cancel: threading.Event | None,
@@ -361,7 +366,6 @@ def _run(
                     progress=progress,
                     cancel=cancel,
                     min_free_bytes=min_free_bytes,
-                    allow_insecure_http=allow_insecure_http,
                 )
             except requests.RequestException as exc:
                 # Not transient (e.g. an untrusted certificate, too many redirects).
@@ -380,7 +384,6 @@ def download(
     dest: Path,
     *,
     expected_sha256: str | None = None,
-    allow_insecure_http: bool = False,
     policy: RetryPolicy | None = None,
     min_free_bytes: int = 0,
     label: str | None = None,
@@ -393,8 +396,7 @@ def download(
     ``session`` may be None for a ``file://`` URL."""
     started = time.monotonic()
     dest = Path(dest)
-    expected, shown, label = _begin(url, dest, label, expected_sha256,
-                                    allow_insecure_http=allow_insecure_http)
+    expected, shown, label = _begin(session, url, dest, label, expected_sha256)
     part = dest.with_name(f".{dest.name}.part")
     try:
         st = FileSink(part, dest, shown, limits_of(session))
@@ -403,7 +405,7 @@ def download(
             f"cannot create {part}: {exc.strerror or exc}", path=str(part), url=shown
         ) from exc
     return _run(session, url, st, expected=expected, label=label, started=started,
-                allow_insecure_http=allow_insecure_http, policy=policy,
+                policy=policy,
                 min_free_bytes=min_free_bytes, cancel=cancel)
 
 T = TypeVar("T")
@@ -417,7 +419,6 @@ def stream(
     dest: Path,
     discard: Callable[[], None],
     expected_sha256: str | None = None,
-    allow_insecure_http: bool = False,
     policy: RetryPolicy | None = None,
     min_free_bytes: int = 0,
     label: str | None = None,
@@ -434,12 +435,11 @@ def stream(
     The consumer's own exception is re-raised as itself."""
     started = time.monotonic()
     dest = Path(dest)
-    expected, shown, label = _begin(url, dest, label, expected_sha256,
-                                    allow_insecure_http=allow_insecure_http)
+    expected, shown, label = _begin(session, url, dest, label, expected_sha256)
     st = PipeSink(consume, discard, dest, shown, limits_of(session))
     try:
         got = _run(session, url, st, expected=expected, label=label, started=started,
-                   allow_insecure_http=allow_insecure_http, policy=policy,
+                   policy=policy,
                    min_free_bytes=min_free_bytes, cancel=cancel)
     except ConsumerFailed as exc:
         raise exc.error from None

@@ -75,18 +75,19 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
         tree: Tree = ctx.work.staged() if from_staging else ctx.install
         ctx.work.changes.note_device_files(ctx.kernel.dev_dir)
         devnodes.create(tree.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
-                        ctx.settings.module_args)
+                        ctx.settings.module_args, on_bus=len(ctx.pci_gpus))
 
     # Planned before the load: the files of the modules load_modules loads.
     loads = tuple(module_name(f) for f in modules.load_order(ctx.settings.display_modules))
     return Step("device_nodes", run,
-                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads).describe())
+                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads,
+                              on_bus=len(ctx.pci_gpus)).describe())
 
 
 def verify_staged(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
-        gpus = verify.nvidia_smi(staging, ctx.kernel, ctx.runner, lib_dir=staging.lib64)
+        gpus = verify.nvidia_smi(staging, ctx.runner, lib_dir=staging.lib64)
         verify.check_driver_version(gpus, version)
 
     return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces the old one")
@@ -117,7 +118,7 @@ def host_ld_cache() -> Step:
 
 def verify_install(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
-        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.kernel, ctx.runner)
+        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.runner)
         verify.check_driver_version(ctx.work.gpus, version)
 
     return Step("verify", run, "nvidia-smi")
@@ -142,8 +143,7 @@ def persistence_mode() -> Step:
     def run(ctx: Context) -> None:
         smi = ctx.install.bin / "nvidia-smi"
         try:
-            ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S,
-                           env=ctx.kernel.seam_env())
+            ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S)
         except CommandError as exc:
             ctx.work.persistence_mode = "failed"
             log.warning("persistence_mode_failed",
@@ -246,15 +246,17 @@ def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:
     )
 
 
-def activate_staged(ctx: Context, version: str, key: CacheKey) -> tuple[Step, ...]:
-    """A fresh build in any flow: load and verify it from staging, swap it in, record it last."""
+def activate_staged(ctx: Context, version: str, key: CacheKey,
+                    load: Step | None = None) -> tuple[Step, ...]:
+    """A fresh build in any flow: load and verify it from staging, swap it in, record it last.
+    ``load``: the flow's own step loading the staged modules (None: ``load_modules``)."""
     if ctx.settings.install_only:
         return install_only(ctx, version, key)
     return (
         check_staged_modules(),
         unload_other_driver(version),
         gpu_firmware(from_staging=True),
-        load_modules(from_staging=True, display_modules=ctx.settings.display_modules),
+        load or load_modules(from_staging=True, display_modules=ctx.settings.display_modules),
         device_nodes(ctx, from_staging=True),
         verify_staged(version),
         *vulkan_icd.steps_for(ctx),  # reads the extracted .run, which promote() removes

@@ -80,7 +80,7 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
     """Refuse, before any download, a driver branch or module type these GPUs cannot use."""
 
     def run(ctx: Context) -> None:
-        found = gpus.scan(ctx.kernel.sys_dir)
+        found = list(ctx.pci_gpus)
         for warning in gpus.unknown(found):
             log.warning("unknown_gpu", message=warning)
         choice = gpus.choose_module_type(found, version, requested_module_type)

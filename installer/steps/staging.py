@@ -39,8 +39,7 @@ def download_driver(url: str, sha256: str | None) -> Step:
         dest = staging.root / "downloads" / file_name(url, "driver.run")
         dest.parent.mkdir(parents=True, exist_ok=True)
         result = download(
-            ctx.http, url, dest, expected_sha256=sha256,
-            allow_insecure_http=ctx.settings.allow_insecure_http, label="driver",
+            ctx.http, url, dest, expected_sha256=sha256, label="driver",
         )
         ctx.work.downloads["driver"] = result
         ctx.work.run_file = result.path
@@ -72,7 +71,7 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
             base = f.into or ctx.work.staged().root / "downloads"
             jobs.append(DownloadJob(
                 url=f.url, dest=base / file_name(f.url, f.label), expected_sha256=f.sha256,
-                label=f.label, allow_insecure_http=ctx.settings.allow_insecure_http,
+                label=f.label,
             ))
         results = download_all(ctx.http, jobs)
         for f, result in zip(fetches, results, strict=True):
@@ -90,7 +89,7 @@ def extract_driver(version: str) -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
         # The test seams (empty in production), as for the build: build_driver says why.
-        seams = [(path, path) for path in ctx.kernel.seam_env().values()]
+        seams = [(path, path) for path in ctx.runner.env.values()]
         ctx.work.extract_dir = nvidia_run.extract(
             ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams
         )
@@ -130,11 +129,10 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
         # A kernel-state seam (tests only; empty in production) must mean the same fake
         # kernel inside the jail: the stand-ins record their calls there and would
         # test-load through it if our flow let them (tests/fixtures/README.md).
-        seams = ctx.kernel.seam_env()
-        env = {**seams, **(toolchain.env if toolchain else {})}
+        env = dict(toolchain.env) if toolchain else {}
         sandboxed = {"extract_dir": ctx.work.extract_dir, "staging": staging,
                      "kernel_release": release, "binds": binds, "env": env,
-                     "rw_binds": [(path, path) for path in seams.values()]}
+                     "rw_binds": [(path, path) for path in ctx.runner.env.values()]}
         try:
             if not userspace_only:
                 assert ctx.work.kernel_tree is not None, "the kernel headers are found first"

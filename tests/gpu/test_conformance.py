@@ -20,7 +20,6 @@ import pytest
 from installer import verify
 from installer.errors import ExitCode, VerifyError
 from installer.installdir import Tree
-from installer.kernel import KernelState
 from installer.outcome import Outcome
 from installer.runner import CommandError, CommandResult
 from tests.gpu.conftest import report_dir
@@ -222,7 +221,7 @@ def _real_failure(gpu_node: GpuNode, rc: int, stdout: str, stderr: str) -> Verif
             raise CommandError(CommandResult(tuple(map(str, argv)), rc, stdout, stderr, 0.0))
 
     with pytest.raises(VerifyError) as exc:
-        verify.nvidia_smi(Tree(gpu_node.install_dir), KernelState(), Replay())  # type: ignore[arg-type]
+        verify.nvidia_smi(Tree(gpu_node.install_dir), Replay())  # type: ignore[arg-type]
     return exc.value
 
 

@@ -124,7 +124,7 @@ def test_only_nvidia_and_uvm_loaded_makes_their_files_and_no_modeset(driver_run,
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
 
     fake_kernel.activate(monkeypatch)
-    nodes = devnodes.create(nvidia_modprobe, KernelState(), Runner(), ())
+    nodes = devnodes.create(nvidia_modprobe, KernelState(), Runner(env=KernelState().seam_env()), ())
     want = {"nvidiactl": (NV_MAJOR, 255), "nvidia0": (NV_MAJOR, 0),
             "nvidia-uvm": (UVM_MAJOR, 0), "nvidia-uvm-tools": (UVM_MAJOR, 1)}
     assert nodes == list(want)

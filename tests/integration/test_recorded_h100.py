@@ -234,7 +234,7 @@ def test_the_device_file_step_makes_the_loaded_modules_files_in_an_empty_dev(
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     fresh.activate(monkeypatch)
     modprobe = driver_run.payload() / "nvidia-modprobe"
-    nodes = devnodes.create(modprobe, KernelState(), Runner(), ())
+    nodes = devnodes.create(modprobe, KernelState(), Runner(env=KernelState().seam_env()), ())
     assert nodes == ["nvidiactl", "nvidia0", "nvidia-uvm", "nvidia-uvm-tools"]
     found = {}
     for name in nodes:

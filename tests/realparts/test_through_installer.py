@@ -157,7 +157,7 @@ def test_real_nvidia_smi_failures_are_classified(real_parts, tmp_path):
 
     # libnvidia-ml.so.1 not found: NVIDIA-SMI couldn't find libnvidia-ml.so (exit 12).
     with pytest.raises(VerifyError) as err:
-        nvidia_smi(tree, kernel, Runner(), lib_dir=tree.lib64)
+        nvidia_smi(tree, Runner(env=kernel.seam_env()), lib_dir=tree.lib64)
     assert "couldn't find libnvidia-ml.so" in err.value.message
     assert "libnvidia-ml.so.1 does not resolve" in err.value.hint
     assert err.value.exit_code == 9
@@ -166,6 +166,6 @@ def test_real_nvidia_smi_failures_are_classified(real_parts, tmp_path):
     lib.write_bytes(real_parts.main.libnvidia_ml.read_bytes())
     (tree.lib64 / "libnvidia-ml.so.1").symlink_to(lib.name)
     with pytest.raises(VerifyError) as err:
-        nvidia_smi(tree, kernel, Runner(), lib_dir=tree.lib64)
+        nvidia_smi(tree, Runner(env=kernel.seam_env()), lib_dir=tree.lib64)
     assert "couldn't communicate with the NVIDIA driver" in err.value.message
     assert "nvidia kernel module is not loaded" in err.value.hint

@@ -317,7 +317,7 @@ def _ctx(pinned=None):
     from types import SimpleNamespace
 
     return SimpleNamespace(http=None, settings=SimpleNamespace(
-        prebuilt_sha256=pinned, allow_insecure_http=False))
+        prebuilt_sha256=pinned))
 
 
 def test_a_directory_url_finds_the_bundle_in_the_index_under_either_name(tmp_path):

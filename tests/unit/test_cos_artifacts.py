@@ -12,6 +12,8 @@ from installer.errors import (
     UnsupportedHostError,
     UsageError,
 )
+from installer.net.policy import UrlPolicy
+from installer.net.session import make_session
 
 BUILD = "17801.218.41"
 BASE = f"https://storage.googleapis.com/cos-tools/{BUILD}"
@@ -194,8 +196,7 @@ def test_file_artifacts(tmp_path):
     (build / "gpu_latest_version").write_text("550.54.14\n")
     (build / "nvidia-drivers-550.54.14.tgz").write_bytes(b"x")
     arts = ca.Artifacts(ca.artifacts_base(f"file://{tmp_path}/{{build_id}}", build_id=BUILD,
-                                          board=None), BUILD, None, None,
-                        allow_insecure_http=False)
+                                          board=None), BUILD, None, None)
     assert arts.resolve(ca.parse_requested("latest")).version == "550.54.14"
     assert arts.exists("nvidia-drivers-550.54.14.tgz")
     assert not arts.exists("nvidia-drivers-535.183.01.tgz")
@@ -205,7 +206,8 @@ def test_file_artifacts(tmp_path):
 
 
 def test_plain_http_artifacts_refused_unless_allowed():
+    """The session carries the URL policy (net.policy.UrlPolicy)."""
     with pytest.raises(UsageError, match="plain http"):
-        ca.Artifacts("http://mirror.example/cos/1.2.3", BUILD, None, None,
-                     allow_insecure_http=False)
-    ca.Artifacts("http://mirror.example/cos/1.2.3", BUILD, None, None, allow_insecure_http=True)
+        ca.Artifacts("http://mirror.example/cos/1.2.3", BUILD, None, make_session())
+    allowed = make_session(url_policy=UrlPolicy(allow_insecure_http=True))
+    ca.Artifacts("http://mirror.example/cos/1.2.3", BUILD, None, allowed)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from installer.bundle import build
 from installer.distros import Debian
 from installer.distros.flows import for_host
-from installer.distros.headers_build import HeadersBuild
+from installer.distros.headers_build_flow import HeadersBuildFlow
 from installer.errors import UnsupportedHostError
 from installer.manifests import values
 from installer.manifests.cli import manifests
@@ -29,7 +29,7 @@ def env(tmp_path, monkeypatch):
 def test_a_debian_node_gets_the_debian_flow_and_the_headers_build_plan(env):
     ctx = env.ctx()
     distro = for_host(ctx.host_info)
-    assert type(distro) is Debian and isinstance(distro, HeadersBuild)
+    assert isinstance(distro, Debian) and isinstance(distro, HeadersBuildFlow)
     assert (ctx.host_info.os_id, ctx.host_info.family) == ("debian", "debian")
     assert Debian.support(ctx.host_info) == "supported"
     plan = distro.plan(ctx)

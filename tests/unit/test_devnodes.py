@@ -84,7 +84,7 @@ def test_create_asks_for_and_requires_only_the_loaded_modules_files(tmp_path):
     modprobe, log = _recording_modprobe(tmp_path, fail_on="-m")
     for name in ("nvidiactl", "nvidia0", "nvidia-uvm", "nvidia-uvm-tools"):
         (k.dev_dir / name).touch()  # stand-ins: nvidia-modprobe's own work is tested elsewhere
-    nodes = devnodes.create(modprobe, k, Runner(), ())
+    nodes = devnodes.create(modprobe, k, Runner(env=k.seam_env()), ())
     assert nodes == ["nvidiactl", "nvidia0", "nvidia-uvm", "nvidia-uvm-tools"]
     assert log.read_text().splitlines() == ["-c255 -c0", "-c0 -u"]
     assert (k.dev_dir / "char").is_dir() and not os.path.exists(k.dev_dir / "nvidia-modeset")
@@ -101,7 +101,7 @@ def test_create_makes_dev_char_before_nvidia_modprobe(tmp_path):
     k = _kernel(tmp_path)
     modprobe, log = _recording_modprobe(tmp_path)
     with pytest.raises(VerifyError) as err:  # files missing, but nvidia-modprobe ran fine
-        devnodes.create(modprobe, k, Runner(), ())
+        devnodes.create(modprobe, k, Runner(env=k.seam_env()), ())
     assert log.read_text().splitlines() == ["-c255 -c0", "-c0 -u"]
     assert err.value.message.startswith("device files missing after nvidia-modprobe: "
                                         "/dev/nvidiactl, /dev/nvidia0, /dev/nvidia-uvm")
@@ -116,7 +116,7 @@ def test_a_failed_call_names_the_loaded_modules_not_modeset(tmp_path):
     k = _kernel(tmp_path)
     modprobe, _ = _recording_modprobe(tmp_path, fail_on="-u")
     with pytest.raises(VerifyError) as err:
-        devnodes.create(modprobe, k, Runner(), ())
+        devnodes.create(modprobe, k, Runner(env=k.seam_env()), ())
     assert err.value.message == "nvidia-modprobe -c0 -u exited with 1"
     assert "nvidia, nvidia_uvm" in err.value.hint and "modeset" not in err.value.hint
 
@@ -128,7 +128,7 @@ def test_with_modeset_loaded_it_asks_for_its_file_too(tmp_path):
     modprobe, log = _recording_modprobe(tmp_path)
     for name in ("nvidiactl", "nvidia0", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"):
         (k.dev_dir / name).touch()
-    assert "nvidia-modeset" in devnodes.create(modprobe, k, Runner(), ())
+    assert "nvidia-modeset" in devnodes.create(modprobe, k, Runner(env=k.seam_env()), ())
     assert log.read_text().splitlines() == ["-c255 -c0 -m", "-c0 -u"]
 
 
@@ -141,7 +141,7 @@ def test_create_refuses_when_nvidia_is_not_loaded(tmp_path):
     k = _kernel(tmp_path, ())
     modprobe, log = _recording_modprobe(tmp_path)
     with pytest.raises(VerifyError, match="the nvidia module is not loaded"):
-        devnodes.create(modprobe, k, Runner(), ())
+        devnodes.create(modprobe, k, Runner(env=k.seam_env()), ())
     assert not log.exists()
 
 
@@ -170,5 +170,5 @@ def test_a_hung_nvidia_modprobe_is_said_to_have_timed_out(tmp_path, monkeypatch)
     modprobe.chmod(0o755)
     monkeypatch.setattr(devnodes, "TIMEOUT_S", 1)
     with pytest.raises(VerifyError) as err:
-        devnodes.create(modprobe, k, Runner(), ())
+        devnodes.create(modprobe, k, Runner(env=k.seam_env()), ())
     assert err.value.message == "nvidia-modprobe -c255 -c0 timed out after 1s"

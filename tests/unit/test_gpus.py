@@ -120,9 +120,15 @@ def test_module_type_choice(tmp_path, devices, version, requested, expected, n_p
     assert len(choice.problems) == n_problems, choice.problems
 
 
+class _Ctx(SimpleNamespace):
+    @property
+    def pci_gpus(self) -> tuple[gpus.PciGpu, ...]:  # as Context's, scanned when read
+        return tuple(gpus.scan(self.kernel.sys_dir))
+
+
 def _ctx(sys_dir: Path, **settings) -> SimpleNamespace:
-    return SimpleNamespace(kernel=KernelState(sys_dir, sys_dir, sys_dir),
-                           settings=Settings(**settings), work=WorkState())
+    return _Ctx(kernel=KernelState(sys_dir, sys_dir, sys_dir), settings=Settings(**settings),
+                work=WorkState())
 
 
 def test_step_refuses_k80_with_a_too_new_driver(tmp_path):

@@ -10,9 +10,6 @@ import pytest
 
 from tests import importgraph as graph
 
-# Issue 32 is under way: each mark goes when its measure holds (strict: a pass fails).
-not_yet = pytest.mark.xfail(strict=True, reason="issue 32 in progress")
-
 
 @pytest.fixture(scope="module")
 def files():
@@ -48,14 +45,12 @@ def test_no_import_circle(edges):
     assert graph.circles(edges) == []
 
 
-@not_yet
 def test_few_upward_imports_each_with_its_reason(edges):
     ups = graph.upward(edges, graph.layers())
     assert len(ups) <= graph.MAX_UPWARD, [f"{e.importer}:{e.line} -> {e.imported}" for e in ups]
     assert [f"{e.importer}:{e.line}" for e in ups if not e.reason] == []
 
 
-@not_yet
 def test_the_layers_contract_names_every_module(files):
     assert graph.unlayered(files, graph.layers()) == []
 
@@ -68,7 +63,6 @@ def test_no_module_over_500_lines(files):
     assert graph.long_modules(files) == []
 
 
-@not_yet
 def test_no_function_over_60_lines(files):
     assert [f"{f.module}:{f.line} {f.name} ({f.lines} lines)"
             for f in graph.long_functions(files)] == []

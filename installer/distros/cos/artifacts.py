@@ -28,7 +28,8 @@ from installer.distros.cos.pins import Manifest
 from installer.distros.cos.toolchain import check_toolchain_env
 from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
 from installer.net.fetch import fetch_text, url_exists
-from installer.net.policy import check_url_scheme, from_metadata
+from installer.net.policy import from_metadata
+from installer.net.session import url_policy_of
 from installer.osinfo import parse_env_file
 from installer.values import is_driver_version
 
@@ -229,14 +230,12 @@ class Artifacts:
     """The artifacts of one build, read over HTTP(S) or from ``file://``."""
 
     def __init__(self, base: str, build_id: str, board: str | None, session,
-                 *, allow_insecure_http: bool, policy=None, manifest: Manifest | None = None,
-                 ) -> None:
-        check_url_scheme(base + "/", allow_insecure_http=allow_insecure_http)
+                 *, policy=None, manifest: Manifest | None = None) -> None:
+        url_policy_of(session).check(base + "/")
         self.base = base
         self.build_id = build_id
         self.board = board
         self.session = session
-        self.allow_insecure_http = allow_insecure_http
         self.policy = policy
         self.manifest = manifest
 
@@ -254,8 +253,7 @@ class Artifacts:
             if self.exists(name):
                 raise self.manifest.not_listed(self.url(name), name)
             return None
-        text = fetch_text(self.session, self.url(name),
-                          allow_insecure_http=self.allow_insecure_http, policy=self.policy)
+        text = fetch_text(self.session, self.url(name), policy=self.policy)
         if self.manifest is not None:
             self.manifest.check_text(name, text, self.url(name))
         return text
@@ -266,8 +264,7 @@ class Artifacts:
         return self.manifest.require(url, label) if self.manifest is not None else None
 
     def exists(self, name: str) -> bool:
-        return url_exists(self.session, self.url(name),
-                          allow_insecure_http=self.allow_insecure_http, policy=self.policy)
+        return url_exists(self.session, self.url(name), policy=self.policy)
 
     def resolve(self, requested: Requested) -> Resolved:
         return resolve_version(requested, self.fetch_text, base=self.base, build_id=self.build_id)

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from installer import gpus
-from installer.cache import ModuleSource
+from installer.cachekey import ModuleSource
 from installer.signing import SigningPolicy
 
 

@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, gpus, headers, signing
+from installer import cache, headers, signing
 from installer.cache import CacheKey, ModuleSource
-from installer.distros.base import cached_plan, fresh_plan
 from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
@@ -44,9 +43,10 @@ from installer.distros.cos.steps import (
     unpack_prebuilt,
 )
 from installer.distros.cos.toolchain import BuildTools
+from installer.distros.planning import Flow, cached_plan, fresh_plan
 from installer.gke import mirror
 from installer.net.fetch import fetch_text
-from installer.net.policy import artifacts_root, check_url_scheme
+from installer.net.policy import artifacts_root
 from installer.plan import Plan, Step
 from installer.steps import staging
 from installer.steps.staging import Fetch
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-class CosFlow(Cos):
+class CosFlow(Flow, Cos):
     def __init__(self) -> None:
         self._pins: pins.Manifest | None = None
 
@@ -73,8 +73,7 @@ class CosFlow(Cos):
     def _artifacts(self, ctx: Context, policy: RetryPolicy | None = None) -> Artifacts:
         info = ctx.host_info
         assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
-        return Artifacts(self._base(ctx), info.build_id, info.board, ctx.http,
-                         allow_insecure_http=ctx.settings.allow_insecure_http, policy=policy,
+        return Artifacts(self._base(ctx), info.build_id, info.board, ctx.http, policy=policy,
                          manifest=self._manifest(ctx))
 
     def _manifest(self, ctx: Context) -> pins.Manifest | None:
@@ -84,9 +83,8 @@ class CosFlow(Cos):
             return None
         if self._pins is None:
             if "://" in location:
-                check_url_scheme(location, allow_insecure_http=ctx.settings.allow_insecure_http)
-            self._pins = pins.load(location, lambda url: fetch_text(
-                ctx.http, url, allow_insecure_http=ctx.settings.allow_insecure_http))
+                ctx.url_policy.check(location)
+            self._pins = pins.load(location, lambda url: fetch_text(ctx.http, url))
         return self._pins
 
     def _tools(self, ctx: Context) -> BuildTools:
@@ -153,7 +151,7 @@ class CosFlow(Cos):
     def _probe(self, ctx: Context, arts: Artifacts, version: str) -> Probe:
         """The node's GPUs and signature policy, and the build's module sources (the
         precompiled ones only when the choice could use them: two probes saved)."""
-        found = tuple(gpus.scan(ctx.kernel.sys_dir))
+        found = ctx.pci_gpus
         requested = ctx.settings.kernel_module_type
         policy = signing.policy(ctx.kernel)
         prebuilt_available = arts.exists(prebuilt_modules_name(version))
@@ -167,75 +165,55 @@ class CosFlow(Cos):
     def _fresh_plan(self, ctx: Context, arts: Artifacts, version: str, probe: Probe,
                     chosen: Choice, display: dict[str, object]) -> Plan:
         """The steps for ``chosen``: fetch, prepare, build (or user space only), load."""
-        run_url = ctx.settings.driver_run_url(version, self._mirror(ctx))
-        prebuilt_url = arts.url(prebuilt_modules_name(version))
-        signatures_url = arts.url(signatures_name(version))
-        custom_url = arts.url(custom_run_name(version))
-        policy = probe.policy
+        run_fetch, fetches, work, build_shown = self._fill(ctx, arts, version, chosen)
         precompiled = chosen.source is ModuleSource.PRECOMPILED
-        display.update({
-            "module_source": chosen.source.value,
-            "prebuilt_modules_url": prebuilt_url,
-            "prebuilt_modules_used": chosen.source is ModuleSource.PREBUILT,
-            "gpus": [g.describe() for g in probe.gpus],
-            "signatures_enforced": policy.enforced,
-            "signature_enforcement": list(policy.reasons),
-        })
-        if chosen.notes:
-            display["kernel_module_notes"] = list(chosen.notes)
-        if precompiled:
-            display.update({"precompiled_driver_url": custom_url,
-                            "signatures_url": signatures_url})
-        if chosen.blocked:
-            display["blocked"] = "module signature policy: the install would stop with exit 10"
-        note = {ModuleSource.PREBUILT: "signed prebuilt modules: allowed",
-                ModuleSource.PRECOMPILED: "precompiled modules with Google's signatures: allowed",
-                ModuleSource.COMPILED: "compiled modules are unsigned: refused if signatures "
-                "are enforced"}[chosen.source]
-        sign_step = check_signing(
-            note, prebuilt=chosen.signed, version=version, build_id=arts.build_id,
-            prebuilt_url=prebuilt_url,
-            # Notes about prebuilt modules exist only when the build has them.
-            unusable=tuple(n for n in chosen.notes if "prebuilt" in n),
-            signatures_url=signatures_url if policy.enforced else None,
-            signed_what="precompiled modules signed by Google" if precompiled
-            else "signed prebuilt modules")
-        # With a manifest NVIDIA's .run is pinned like the build's files: listed, or exit 6.
-        run_fetch = Fetch("driver", run_url, "driver",
-                          ctx.settings.driver_sha256 or arts.pin(run_url, "driver"))
-        if chosen.source is ModuleSource.PREBUILT:
-            fetches = [run_fetch, Fetch("prebuilt", prebuilt_url, "prebuilt modules",
-                                        arts.pin(prebuilt_url, "prebuilt modules"))]
-            work = [unpack_prebuilt(version), staging.extract_driver(version)]
-        else:
-            if precompiled:  # the custom .run replaces NVIDIA's (--driver-sha256 names that)
-                run_fetch = Fetch("driver", custom_url, "precompiled driver",
-                                  arts.pin(custom_url, "precompiled driver"))
-            fetches, work = self._build_work(ctx, arts, version, precompiled, display)
-            fetches = [run_fetch, *fetches]
-        # Signed modules come ready: the NVIDIA installer then installs user space only.
-        work.append(staging.build_driver(ctx, version, chosen.compiled_type,
-                                       userspace_only=chosen.signed))
-        if chosen.signed:
-            work.append(place_prebuilt())
-        plan = fresh_plan(
+        return fresh_plan(
             ctx, version, self.cache_key(ctx, version, chosen),
             module_type=chosen.module_type, driver_url=run_fetch.url,
-            driver_sha256=run_fetch.sha256, display=display,
+            driver_sha256=run_fetch.sha256,
+            display={**display, **_choice_display(arts, version, probe, chosen), **build_shown},
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
                                   "open" if chosen.source is ModuleSource.PREBUILT
                                   else chosen.compiled_type),
-            check_signing=sign_step, build=(staging.fetch_artifacts(tuple(fetches)), *work))
-        if precompiled:  # v2's fallback: relink the legacy way when the load fails
-            relinking = load_or_relink(version, ctx.settings.display_modules)
-            plan = dataclasses.replace(plan, steps=tuple(
-                relinking if s.name == relinking.name else s for s in plan.steps))
-        return plan
+            check_signing=_signing_step(arts, version, probe, chosen),
+            build=(staging.fetch_artifacts((run_fetch, *fetches)), *work),
+            # v2's fallback for Google's precompiled modules: relink the legacy way when the
+            # kernel refuses the first link.
+            load=load_or_relink(version, ctx.settings.display_modules) if precompiled else None)
+
+    def _fill(self, ctx: Context, arts: Artifacts, version: str, chosen: Choice,
+              ) -> tuple[Fetch, list[Fetch], list[Step], dict[str, object]]:
+        """What fills the staging dir for ``chosen``: the .run's fetch, the other fetches, the
+        steps, and what the plan shows about them."""
+        run_url = ctx.settings.driver_run_url(version, self._mirror(ctx))
+        # With a manifest NVIDIA's .run is pinned like the build's files: listed, or exit 6.
+        run_fetch = Fetch("driver", run_url, "driver",
+                          ctx.settings.driver_sha256 or arts.pin(run_url, "driver"))
+        shown: dict[str, object] = {}
+        if chosen.source is ModuleSource.PREBUILT:
+            prebuilt_url = arts.url(prebuilt_modules_name(version))
+            fetches = [Fetch("prebuilt", prebuilt_url, "prebuilt modules",
+                             arts.pin(prebuilt_url, "prebuilt modules"))]
+            work = [unpack_prebuilt(version), staging.extract_driver(version)]
+        else:
+            precompiled = chosen.source is ModuleSource.PRECOMPILED
+            if precompiled:  # the custom .run replaces NVIDIA's (--driver-sha256 names that)
+                custom_url = arts.url(custom_run_name(version))
+                run_fetch = Fetch("driver", custom_url, "precompiled driver",
+                                  arts.pin(custom_url, "precompiled driver"))
+            fetches, work, shown = self._build_work(ctx, arts, version, precompiled)
+        # Signed modules come ready: the NVIDIA installer then installs user space only.
+        work.append(staging.build_driver(ctx, version, chosen.compiled_type,
+                                         userspace_only=chosen.signed))
+        if chosen.signed:
+            work.append(place_prebuilt())
+        return run_fetch, fetches, work, shown
 
     def _build_work(self, ctx: Context, arts: Artifacts, version: str, precompiled: bool,
-                    display: dict[str, object]) -> tuple[list[Fetch], list[Step]]:
+                    ) -> tuple[list[Fetch], list[Step], dict[str, object]]:
         """Compiled or precompiled modules: the signatures, the build's kernel headers and
-        toolchain (cached, v2's, or fetched), and the steps that prepare them."""
+        toolchain (cached, v2's, or fetched), the steps that prepare them, and what the plan
+        shows about them."""
         fetches = []
         if precompiled:
             signatures_url = arts.url(signatures_name(version))
@@ -247,20 +225,20 @@ class CosFlow(Cos):
         toolchain.check_tool_paths(tc_env, tools.toolchain, arts.url(TOOLCHAIN_ENV_FILE))
         headers_preset = self._host_headers(ctx)
         fetches += self._tools_fetches(arts, tools, tc_env, tc_url, headers_preset is None)
-        display.update({
+        shown = {
             "kernel_headers_url": arts.url(KERNEL_HEADERS) if headers_preset is None else None,
             "kernel_source_path": headers_preset.describe() if headers_preset else None,
             "toolchain_url": tc_url,
             "toolchain_env": {k: tc_env[k] for k in ("CC", "CXX") if k in tc_env},
             "tools_dir": str(tools.root),
-        })
+        }
         work: list[Step] = [
             *([unpack_signatures(version)] if precompiled else []),
             prepare_kernel_headers(tools, ctx.host_info.kernel_release, headers_preset),
             prepare_toolchain(tools, tc_env),
             staging.extract_driver(version),
             *([link_precompiled(tools, tc_env, version)] if precompiled else [])]
-        return fetches, work
+        return fetches, work, shown
 
     def _tools_fetches(self, arts: Artifacts, tools: BuildTools, tc_env: dict[str, str],
                        tc_url: str, want_headers: bool) -> list[Fetch]:
@@ -281,7 +259,7 @@ class CosFlow(Cos):
                                   arts.url(TOOLCHAIN_ENV_FILE))
         url = toolchain_location(arts.fetch_text(TOOLCHAIN_URL_FILE), arts.base,
                                  artifacts_root(CosOptions.of(ctx.settings).artifacts_url))
-        check_url_scheme(url, allow_insecure_http=ctx.settings.allow_insecure_http)
+        ctx.url_policy.check(url)
         return env, url
 
     def _host_headers(self, ctx: Context) -> headers.KernelTree | None:
@@ -317,3 +295,44 @@ class CosFlow(Cos):
             "tools_dir": str(tools.root),
             "already_cached": not fetches,
         })
+
+
+def _choice_display(arts: Artifacts, version: str, probe: Probe,
+                    chosen: Choice) -> dict[str, object]:
+    """What the plan shows about the module choice and what it was made from."""
+    shown: dict[str, object] = {
+        "module_source": chosen.source.value,
+        "prebuilt_modules_url": arts.url(prebuilt_modules_name(version)),
+        "prebuilt_modules_used": chosen.source is ModuleSource.PREBUILT,
+        "gpus": [g.describe() for g in probe.gpus],
+        "signatures_enforced": probe.policy.enforced,
+        "signature_enforcement": list(probe.policy.reasons),
+    }
+    if chosen.notes:
+        shown["kernel_module_notes"] = list(chosen.notes)
+    if chosen.source is ModuleSource.PRECOMPILED:
+        shown.update({"precompiled_driver_url": arts.url(custom_run_name(version)),
+                      "signatures_url": arts.url(signatures_name(version))})
+    if chosen.blocked:
+        shown["blocked"] = "module signature policy: the install would stop with exit 10"
+    return shown
+
+
+# What the signing check says about each module source.
+SIGNING_NOTES = {
+    ModuleSource.PREBUILT: "signed prebuilt modules: allowed",
+    ModuleSource.PRECOMPILED: "precompiled modules with Google's signatures: allowed",
+    ModuleSource.COMPILED: "compiled modules are unsigned: refused if signatures are enforced",
+}
+
+
+def _signing_step(arts: Artifacts, version: str, probe: Probe, chosen: Choice) -> Step:
+    precompiled = chosen.source is ModuleSource.PRECOMPILED
+    return check_signing(
+        SIGNING_NOTES[chosen.source], prebuilt=chosen.signed, version=version,
+        build_id=arts.build_id, prebuilt_url=arts.url(prebuilt_modules_name(version)),
+        # Notes about prebuilt modules exist only when the build has them.
+        unusable=tuple(n for n in chosen.notes if "prebuilt" in n),
+        signatures_url=arts.url(signatures_name(version)) if probe.policy.enforced else None,
+        signed_what="precompiled modules signed by Google" if precompiled
+        else "signed prebuilt modules")

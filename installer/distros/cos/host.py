@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from installer import podcontract
-from installer.cache import CacheKey
+from installer.cachekey import CacheKey
 from installer.distros.base import Distro
 from installer.distros.cos.options import CosOptions
 from installer.distros.daemonset import DaemonSetNeeds, HostMount

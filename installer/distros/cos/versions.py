@@ -76,7 +76,7 @@ def resolve(ctx: Context, artifacts: Callable[[RetryPolicy | None], Artifacts]) 
 def _gpu_fallback(ctx: Context, arts: Artifacts, resolved: Resolved) -> Resolved:
     """default/latest name a branch these GPUs cannot use: the newest branch alias
     of this build that they can (an explicit version or branch is never changed)."""
-    found = gpus.scan(ctx.kernel.sys_dir)
+    found = list(ctx.pci_gpus)
     for alias in fallback_alias(found, resolved.version):
         try:
             alt = arts.resolve(Requested(alias, alias=alias))

@@ -67,12 +67,9 @@ def test_url_exists_over_https(artifact_server, monkeypatch):
     session = make_session()
     quick = RetryPolicy(attempts=3, wait_initial=0.0, wait_max=0.0, total_timeout=30,
                         connect_timeout=5, read_timeout=5)
-    assert url_exists(session, artifact_server.url_for("/b/nvidia-drivers-1.2.3.tgz"),
-                      allow_insecure_http=False, policy=quick)
-    assert not url_exists(session, artifact_server.url_for("/b/missing.tgz"),
-                          allow_insecure_http=False, policy=quick)
-    assert url_exists(session, artifact_server.url_for("/b/flaky"),
-                      allow_insecure_http=False, policy=quick)
+    assert url_exists(session, artifact_server.url_for("/b/nvidia-drivers-1.2.3.tgz"), policy=quick)
+    assert not url_exists(session, artifact_server.url_for("/b/missing.tgz"), policy=quick)
+    assert url_exists(session, artifact_server.url_for("/b/flaky"), policy=quick)
     # Probes never download the body.
     assert {r.method for r in artifact_server.requests} == {"HEAD"}
     assert all(r.body_bytes == 0 for r in artifact_server.requests)
@@ -81,7 +78,7 @@ def test_url_exists_over_https(artifact_server, monkeypatch):
 def test_url_exists_falls_back_to_a_one_byte_get_when_head_is_not_allowed(server, session):
     server.expect_request("/obj", method="HEAD").respond_with_data("", status=405)
     server.expect_request("/obj", method="GET").respond_with_data("x", status=206)
-    assert url_exists(session, server.url_for("/obj"), allow_insecure_http=False, policy=FAST)
+    assert url_exists(session, server.url_for("/obj"), policy=FAST)
     assert [(r.method, r.headers.get("Range")) for r in seen(server)] == [
         ("HEAD", None), ("GET", "bytes=0-0")]
 
@@ -89,13 +86,13 @@ def test_url_exists_falls_back_to_a_one_byte_get_when_head_is_not_allowed(server
 def test_url_exists_reads_answers_as_a_download_does(server, session, no_sleep):
     server.expect_request("/forbidden").respond_with_data("", status=403)
     server.expect_request("/teapot").respond_with_data("", status=418)
-    assert not url_exists(session, server.url_for("/forbidden"), allow_insecure_http=False,
+    assert not url_exists(session, server.url_for("/forbidden"),
                           policy=FAST)
     with pytest.raises(DownloadError, match="HTTP 418") as info:
-        url_exists(session, server.url_for("/teapot"), allow_insecure_http=False, policy=FAST)
+        url_exists(session, server.url_for("/teapot"), policy=FAST)
     assert info.value.context["status"] == 418
     with pytest.raises(UsageError, match="plain http"):
-        url_exists(session, "http://127.0.0.1:9/x", allow_insecure_http=False)
+        url_exists(session, "http://127.0.0.1:9/x")
 
 
 def test_url_exists_scrubs_secrets_from_its_errors(clean_env, no_sleep):
@@ -106,7 +103,7 @@ def test_url_exists_scrubs_secrets_from_its_errors(clean_env, no_sleep):
         port = s.getsockname()[1]
     url = f"https://127.0.0.1:{port}/o?X-Goog-Signature=topsecretvalue"
     with capture_logs() as logs, pytest.raises(DownloadError) as info:
-        url_exists(make_session(), url, allow_insecure_http=False,
+        url_exists(make_session(), url,
                    policy=RetryPolicy(2, 0, 0, 10, 1, 1))
     text = str(info.value) + json.dumps([{k: str(v) for k, v in e.items()} for e in logs])
     assert "topsecretvalue" not in text
@@ -120,11 +117,11 @@ def test_file_urls_mean_the_same_file_to_fetch_probe_and_download(tmp_path, form
     doc.write_text("535.183.01\n")
     url = form.format(p=str(doc).replace(" ", "%20"))
     assert fetch_text(None, url) == "535.183.01\n"
-    assert url_exists(None, url, allow_insecure_http=False)
+    assert url_exists(None, url)
     assert download(None, url, tmp_path / "copy").path.read_text() == "535.183.01\n"
     absent = url.replace("gpu_default_version", "absent")
     assert fetch_text(None, absent) is None
-    assert not url_exists(None, absent, allow_insecure_http=False)
+    assert not url_exists(None, absent)
     with pytest.raises(DownloadError, match="does not exist"):
         download(None, absent, tmp_path / "copy2")
 
@@ -132,7 +129,7 @@ def test_file_urls_mean_the_same_file_to_fetch_probe_and_download(tmp_path, form
 def test_file_urls_naming_another_host_are_refused_by_all(tmp_path):
     url = "file://otherhost/etc/passwd"
     for call in (lambda: fetch_text(None, url),
-                 lambda: url_exists(None, url, allow_insecure_http=False),
+                 lambda: url_exists(None, url),
                  lambda: download(None, url, tmp_path / "x")):
         with pytest.raises(UsageError, match="names host"):
             call()

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from installer.errors import UsageError
 from installer.log import configure
 from installer.net import policy
-from installer.net.policy import check_url_scheme
+from installer.net.policy import UrlPolicy, check_url_scheme
 from installer.net.session import make_session
 from installer.net.transfer import download
 from installer.steps import staging
@@ -38,7 +38,8 @@ def test_http_refused_unless_allowed(clean_env, tmp_path):
             download(s, url, tmp_path / "f", policy=FAST)
         assert plain.log == []  # refused before any request
 
-        got = download(s, url, tmp_path / "f", allow_insecure_http=True, policy=FAST)
+        allowed = make_session(url_policy=UrlPolicy(allow_insecure_http=True))
+        got = download(allowed, url, tmp_path / "f", policy=FAST)
         assert got.sha256 == PAYLOAD_SHA and len(plain.log) == 1
     finally:
         plain.stop()
@@ -138,7 +139,7 @@ def test_the_ubuntu_driver_download_is_named_by_the_same_rule(tmp_path):
     src.parent.mkdir()
     src.write_bytes(b"#!/bin/sh\n")
     ctx = SimpleNamespace(work=WorkState(staging=Tree(tmp_path / "staging")), http=None,
-                          settings=SimpleNamespace(allow_insecure_http=False))
+                          settings=SimpleNamespace())
     staging.download_driver(src.as_uri() + "?sig=secretvalue", None).run(ctx)
     assert ctx.work.run_file == tmp_path / "staging/downloads" / src.name
     ctx.work = WorkState(staging=Tree(tmp_path / "staging2"))
@@ -146,3 +147,16 @@ def test_the_ubuntu_driver_download_is_named_by_the_same_rule(tmp_path):
     staging.download_driver(src.parent.as_uri() + "/sub/..%2F" + src.name, None).run(ctx)
     assert ctx.work.run_file == tmp_path / "staging2/downloads" / src.name
     assert policy.file_name(src.parent.as_uri() + "/..", "driver.run") == "driver.run"
+
+
+def test_allow_insecure_http_is_read_in_one_place():
+    """Issue 32 item 5: the flag is read once (detect.context builds the UrlPolicy the run's
+    HTTP session carries), not passed by hand through every download."""
+    from pathlib import Path
+
+    import installer
+
+    root = Path(installer.__file__).parent
+    reads = {str(p.relative_to(root)): p.read_text().count("settings.allow_insecure_http")
+             for p in root.rglob("*.py")}
+    assert {k: v for k, v in reads.items() if v} == {"detect.py": 1}
