@@ -7,7 +7,6 @@ stay inside the commands so ``--help`` and cache hits start fast.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from installer.settings import (
     DistroOptions,
     Settings,
     default_when_in_use,
+    full_url_over_base_url,
     retry_env,
     validate,
 )
@@ -158,43 +158,27 @@ def _settings(**opts: Any) -> Settings:
     if opts.get("metrics_file"):
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
     _register_secrets(opts, distro_options)
-    _full_url_over_base_url(opts)
+    if unused := full_url_over_base_url(opts, _from_command_line("driver_url", "driver_base_url")):
+        import structlog
+
+        structlog.get_logger("installer").info("driver_base_url_not_used", **unused)
     opts.update(retry_env(os.environ))
     return validate(Settings(distro_options=distro_options,
                              **{k: v for k, v in opts.items() if v is not None}))
 
 
 def _follow_output(output: str, opts: dict[str, Any]) -> dict[str, Any]:
-    """A read-only report's log lines (detect, status, verify, doctor) in the format of the
-    report itself (-o), not JSON on stderr beside text on stdout (issue 34): unless
-    --log-format was given on the command line, LOG_FORMAT (a pod's env sets json) and auto
-    give way to -o."""
-    source = click.get_current_context().get_parameter_source("log_format")
-    if source is not click.core.ParameterSource.COMMANDLINE:
+    """A report's log lines in its own format (-o), not JSON beside text (issue 34): only
+    a --log-format flag wins over -o; LOG_FORMAT (a pod's env) and auto give way."""
+    if not _from_command_line("log_format"):
         opts["log_format"] = "json" if output == "json" else "console"
     return opts
 
 
-def _full_url_over_base_url(opts: dict[str, Any]) -> None:
-    """A full .run URL and a base URL not both given as flags: the full URL wins, as in GKE's
-    installers (a pool's NVIDIA_DRIVER_DOWNLOAD_URL over a template's NVIDIA_DRIVER_BASE_URL),
-    and the log says the base URL was not used. Two flags that disagree stay a usage error
-    (settings.validate)."""
-    if not (opts.get("driver_url") and opts.get("driver_base_url")):
-        return
+def _from_command_line(*names: str) -> set[str]:
+    """Which of these parameters were given as flags (not by env var or default)."""
     source = click.get_current_context().get_parameter_source
-    given = {name: source(name) is click.core.ParameterSource.COMMANDLINE
-             for name in ("driver_url", "driver_base_url")}
-    if all(given.values()):
-        return
-    import structlog
-
-    url_from = "--driver-url" if given["driver_url"] else "NVIDIA_DRIVER_DOWNLOAD_URL"
-    base_from = "--driver-base-url" if given["driver_base_url"] else "NVIDIA_DRIVER_BASE_URL"
-    structlog.get_logger("installer").info(
-        "driver_base_url_not_used", driver_url=opts["driver_url"],
-        driver_base_url=opts.pop("driver_base_url"),
-        why=f"the full URL ({url_from}) wins over the base URL ({base_from})")
+    return {n for n in names if source(n) is click.core.ParameterSource.COMMANDLINE}
 
 
 def _register_secrets(opts: dict[str, Any], distro_options: tuple[DistroOptions, ...]) -> None:
@@ -436,10 +420,9 @@ def uninstall(output: str, **opts: Any) -> None:
     click.echo(render(uninstall_mod.run(_settings(**opts)).to_status_json(), output), nl=False)
 
 
-def _command_name(argv: list[str] | None) -> str:
-    args = sys.argv[1:] if argv is None else argv
+def _command_name(argv: list[str]) -> str:
     names = set(cli.list_commands(click.Context(cli)))
-    return next((a for a in args if a in names), "command")
+    return next((a for a in argv if a in names), "command")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -447,6 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     reports (``exits``) load only when a command fails: ``--help`` stays fast."""
     from installer import signals
 
+    argv = sys.argv[1:] if argv is None else argv
     command = _command_name(argv)
     with signals.handled(), _guarded_output():
         try:
@@ -455,31 +439,28 @@ def main(argv: list[str] | None = None) -> None:
             click.echo("aborted", err=True)
             sys.exit(int(ExitCode.INTERNAL))
         except click.ClickException as exc:
+            from installer import exits
             from installer.errors import UsageError
 
-            if isinstance(exc, click.UsageError) and _json_requested(argv):
-                from installer import exits
+            if isinstance(exc, click.UsageError) and exits.json_logs_requested(argv):
                 from installer.log import configure
 
                 configure("json")  # tools reading JSON lines get this one too (issue 26)
-                exits.report_failure(UsageError(exc.format_message()), command)
+                exits.report_failure(UsageError(exc.format_message()), command, argv)
             else:
                 exc.show()
-            if isinstance(exc, click.UsageError):
-                _failure_json(command, argv, UsageError(exc.format_message()))
+                if isinstance(exc, click.UsageError):
+                    exits.failure_json(command, argv, UsageError(exc.format_message()))
             sys.exit(exc.exit_code)
         except InstallerError as exc:
             from installer import exits
 
-            exits.report_failure(exc, command)
-            _failure_json(command, argv, exc)
+            exits.report_failure(exc, command, argv)
             sys.exit(int(exc.exit_code))
         except signals.Interrupted as exc:
             from installer import exits
 
-            exits.report_interrupt(exc, command)
-            _failure_json(command, argv, None, outcome="interrupted", error_class="interrupted",
-                          exit_code=exc.exit_code, message=f"interrupted by {exc.name}")
+            exits.report_interrupt(exc, command, argv)
             sys.exit(exc.exit_code)
         except Exception as exc:  # noqa: BLE001 - the one boundary
             from installer import exits
@@ -487,60 +468,11 @@ def main(argv: list[str] | None = None) -> None:
 
             known = from_os_error(exc) if isinstance(exc, OSError) else None
             if known is not None:  # no privileges, a read-only host: one line, no traceback
-                exits.report_failure(known, command)
-                _failure_json(command, argv, known)
+                exits.report_failure(known, command, argv)
                 sys.exit(int(known.exit_code))
-            exits.report_bug(exc, command)
-            _failure_json(command, argv, None, outcome="error", error_class="internal", exit_code=1,
-                          message=f"{type(exc).__name__}: {exc}")
+            exits.report_bug(exc, command, argv)
             sys.exit(int(ExitCode.INTERNAL))
     sys.exit(rv if isinstance(rv, int) else 0)
-
-
-def _json_requested(argv: list[str] | None) -> bool:
-    """--log-format json or LOG_FORMAT=json, read before click could parse the options."""
-    import os
-
-    args = sys.argv[1:] if argv is None else argv
-    for i, arg in enumerate(args):
-        if arg.startswith("--log-format="):
-            return arg.partition("=")[2].lower() == "json"
-        if arg == "--log-format" and i + 1 < len(args):
-            return args[i + 1].lower() == "json"
-    return os.environ.get("LOG_FORMAT", "").strip().lower() == "json"
-
-
-def _failure_json(command: str, argv: list[str] | None, exc: InstallerError | None,
-                  **doc: Any) -> None:
-    """``install -o json``: a failed run's outcome on stdout as a successful one's is (issue
-    34), so a tool reading stdout gets one JSON document whatever happened, dry runs
-    included. (The other commands print their document before they fail.)"""
-    args = sys.argv[1:] if argv is None else argv
-    if command != "install" or not _output_json_requested(args):
-        return
-    from installer import exits
-    from installer.net.policy import scrub_text
-
-    if exc is not None:
-        doc = {"outcome": "error", "error_class": exc.error_class, "exit_code": int(exc.exit_code),
-               "message": exc.message, "hint": exc.hint,
-               **{k: v for k, v in exc.context.items() if k not in exits.TAIL_FIELDS}}
-    if "--dry-run" in args:
-        doc["dry_run"] = True
-
-    click.echo(scrub_text(json.dumps(doc, indent=2, default=str)))
-
-
-def _output_json_requested(args: list[str]) -> bool:
-    """``-o json``, ``-ojson``, ``--output json`` or ``--output=json`` among the arguments,
-    read without click (which may have failed to parse them)."""
-    for i, arg in enumerate(args):
-        if arg in ("-o", "--output") and i + 1 < len(args):
-            if args[i + 1] == "json":
-                return True
-        elif arg in ("-ojson", "--output=json"):
-            return True
-    return False
 
 
 @contextlib.contextmanager

@@ -177,6 +177,19 @@ def _check_prebuilt(s: Settings) -> str | None:
     return normalize_sha256(s.prebuilt_sha256 or None, "--prebuilt-sha256")
 
 
+def full_url_over_base_url(opts: dict[str, Any], flags: set[str]) -> dict[str, str] | None:
+    """A full .run URL and a base URL not both given as flags (``flags``): the full URL wins,
+    as in GKE's installers (a pool's NVIDIA_DRIVER_DOWNLOAD_URL over a template's
+    NVIDIA_DRIVER_BASE_URL); the base URL leaves ``opts`` and what to log about it is
+    returned. Two flags that disagree stay a usage error (validate)."""
+    if not (opts.get("driver_url") and opts.get("driver_base_url")) or len(flags) == 2:
+        return None
+    url_from = "--driver-url" if "driver_url" in flags else "NVIDIA_DRIVER_DOWNLOAD_URL"
+    base_from = "--driver-base-url" if "driver_base_url" in flags else "NVIDIA_DRIVER_BASE_URL"
+    return {"driver_url": opts["driver_url"], "driver_base_url": opts.pop("driver_base_url"),
+            "why": f"the full URL ({url_from}) wins over the base URL ({base_from})"}
+
+
 def default_when_in_use(environ: Mapping[str, str]) -> str:
     """--when-in-use when neither the flag nor WHEN_IN_USE is given: ``stage`` in a pod (the
     kubelet sets KUBERNETES_SERVICE_HOST in every container), so GKE's own DaemonSets, which
