@@ -146,6 +146,8 @@ def _auto_output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _settings(**opts: Any) -> Settings:
+    import structlog
+
     from installer.log import configure
 
     configure(opts.pop("log_format", "auto"), "debug" if opts.pop("verbose", False) else "info")
@@ -159,8 +161,6 @@ def _settings(**opts: Any) -> Settings:
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
     _register_secrets(opts, distro_options)
     if unused := full_url_over_base_url(opts, _from_command_line("driver_url", "driver_base_url")):
-        import structlog
-
         structlog.get_logger("installer").info("driver_base_url_not_used", **unused)
     opts.update(retry_env(os.environ))
     return validate(Settings(distro_options=distro_options,
@@ -177,8 +177,8 @@ def _follow_output(output: str, opts: dict[str, Any]) -> dict[str, Any]:
 
 def _from_command_line(*names: str) -> set[str]:
     """Which of these parameters were given as flags (not by env var or default)."""
-    source = click.get_current_context().get_parameter_source
-    return {n for n in names if source(n) is click.core.ParameterSource.COMMANDLINE}
+    flag, source = click.core.ParameterSource.COMMANDLINE, click.get_current_context()
+    return {n for n in names if source.get_parameter_source(n) is flag}
 
 
 def _register_secrets(opts: dict[str, Any], distro_options: tuple[DistroOptions, ...]) -> None:
@@ -373,10 +373,12 @@ def status(output: str, **opts: Any) -> int:
 @_output_option
 def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes and nvidia-smi (exit 9 if broken)."""
+    from installer import devnodes
     from installer import verify as verify_mod
     from installer.detect import context
 
-    gpus = verify_mod.check_installed(context(_settings(**_follow_output(output, opts))))
+    ctx = context(_settings(**_follow_output(output, opts)))
+    gpus = verify_mod.check_installed(ctx, devnodes.missing_nodes(ctx.kernel))
     click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 
@@ -440,17 +442,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(int(ExitCode.INTERNAL))
         except click.ClickException as exc:
             from installer import exits
-            from installer.errors import UsageError
 
-            if isinstance(exc, click.UsageError) and exits.json_logs_requested(argv):
-                from installer.log import configure
-
-                configure("json")  # tools reading JSON lines get this one too (issue 26)
-                exits.report_failure(UsageError(exc.format_message()), command, argv)
-            else:
-                exc.show()
-                if isinstance(exc, click.UsageError):
-                    exits.failure_json(command, argv, UsageError(exc.format_message()))
+            exits.report_click_error(exc, command, argv)
             sys.exit(exc.exit_code)
         except InstallerError as exc:
             from installer import exits

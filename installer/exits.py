@@ -14,7 +14,7 @@ from typing import Any
 import click
 import structlog
 
-from installer.errors import InstallerError
+from installer.errors import InstallerError, UsageError
 from installer.log import configure
 from installer.net.policy import scrub_text
 
@@ -55,6 +55,21 @@ def _sentence(text: str) -> str:
 def _json_logging() -> bool:
     processors = structlog.get_config().get("processors") or []
     return bool(processors) and isinstance(processors[-1], structlog.processors.JSONRenderer)
+
+
+def report_click_error(exc: click.ClickException, command: str, argv: list[str]) -> None:
+    """A bad option or argument as click found it: click's own message, or with JSON logs
+    asked for a JSON event too (issue 26); ``install -o json`` prints its failure document."""
+    if not isinstance(exc, click.UsageError):
+        exc.show()
+        return
+    usage = UsageError(exc.format_message())
+    if json_logs_requested(argv):
+        configure("json")  # tools reading JSON lines get this one too
+        report_failure(usage, command, argv)
+    else:
+        exc.show()
+        failure_json(command, argv, usage)
 
 
 def report_bug(exc: Exception, command: str, argv: list[str] | None = None) -> None:

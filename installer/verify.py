@@ -7,11 +7,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer.devnodes import missing_nodes
 from installer.errors import VerifyError
 from installer.gpus import Gpu
 from installer.installdir import Tree
-from installer.kernel import KernelState
 from installer.runner import CommandError, Runner
 
 if TYPE_CHECKING:
@@ -33,19 +31,13 @@ def parse_query_gpu(text: str) -> list[Gpu]:
     return gpus
 
 
-def require_device_nodes(kernel: KernelState, when: str, *, hint: str) -> None:
-    """The device files a working driver has (devnodes.missing_nodes, as doctor checks
-    them) exist, or exit 9."""
-    missing = missing_nodes(kernel)
+def check_installed(ctx: Context, missing: list[str]) -> list[Gpu]:
+    """The ``verify`` command: no device file ``missing`` (devnodes.missing_nodes, the ones
+    doctor finds missing too), then nvidia-smi; exit 9 otherwise."""
     if missing:
-        raise VerifyError(f"device nodes missing {when}: "
-                          f"{', '.join('/dev/' + m for m in missing)}", hint=hint)
-
-
-def check_installed(ctx: Context) -> list[Gpu]:
-    """The ``verify`` command: the installed driver's device nodes and nvidia-smi."""
-    require_device_nodes(ctx.kernel, "on this node",
-                         hint="re-run install to load the driver and create them")
+        raise VerifyError("device nodes missing on this node: "
+                          f"{', '.join('/dev/' + m for m in missing)}",
+                          hint="re-run install to load the driver and create them")
     return nvidia_smi(ctx.install, ctx.runner, lib_dir=ctx.install.lib64)
 
 
