@@ -25,6 +25,7 @@ from installer.output import FORMATS, plan_text, render
 from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
 from installer.settings import (
     DistroOptions,
+    HostPath,
     Settings,
     default_when_in_use,
     full_url_over_base_url,
@@ -103,7 +104,7 @@ def _host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--host-root", type=click.Path(path_type=Path), envvar="ROOT_MOUNT_DIR",
                      default=HOST_ROOT, show_default=True, show_envvar=True,
                      help="Where the host's / is mounted in this container."),
-        click.option("--install-dir-host", envvar="NVIDIA_INSTALL_DIR_HOST",
+        click.option("--install-dir-host", type=HostPath(), envvar="NVIDIA_INSTALL_DIR_HOST",
                      default=str(INSTALL_DIR_HOST), show_default=True, show_envvar=True,
                      help="The install dir as the host sees it."),
         click.option("--install-dir", type=click.Path(path_type=Path),
@@ -154,9 +155,6 @@ def _settings(**opts: Any) -> Settings:
     # Each distro's own options, where the command has them (install).
     distro_options = tuple(d.options.from_cli(opts) for d in DISTROS
                            if d.options is not None and d.options.given(opts))
-    opts["install_dir_host"] = PurePosixPath(opts["install_dir_host"])
-    if opts.get("vulkan_icd_dir_host"):
-        opts["vulkan_icd_dir_host"] = PurePosixPath(opts["vulkan_icd_dir_host"])
     if opts.get("metrics_file"):
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
     _register_secrets(opts, distro_options)
@@ -284,7 +282,8 @@ def _exit_codes_epilog() -> str:
               envvar="VULKAN_ICD_DIR_CONTAINER", show_envvar=True,
               help="This process's view of the Vulkan ICD dir [default: "
               "<host-root>/<vulkan-icd-dir-host>].")
-@click.option("--vulkan-icd-dir-host", envvar="VULKAN_ICD_DIR_HOST", show_envvar=True,
+@click.option("--vulkan-icd-dir-host", type=HostPath(), envvar="VULKAN_ICD_DIR_HOST",
+              show_envvar=True,
               help="Host dir to write NVIDIA's Vulkan ICD file (nvidia_icd.json) to, as GKE's "
               "installer does [default: none written].")
 @click.option("--kernel-module-type", type=click.Choice(["auto", "open", "proprietary"]),

@@ -63,10 +63,10 @@ def run(settings: Settings) -> dict[str, object]:
     """The ``detect`` command's report."""
     ctx = context(settings)
     info = ctx.host_info
-    host = {k: v for k, v in info.to_dict().items() if k != "family"}  # "flow" says it
+    host = {k: v for k, v in info.to_dict().items() if k != "distro"}  # "flow" says it
     return {
         **host,
-        "flow": info.family,
+        "flow": info.distro,
         "support": distros.support(info),
         "install_dir": str(ctx.install.root),
         "signatures_enforced": signing.policy(ctx.kernel).enforced,

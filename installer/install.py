@@ -65,9 +65,9 @@ def _install(settings: Settings, started: float) -> Outcome:
     distro = flows.for_host(ctx.host_info)
     distro.check_settings(ctx)
     ctx.install.check_writable()  # before the lock and readiness: nothing changed yet
-    # os and kernel_release are bound to every event above; family is what "flow" says.
+    # os and kernel_release are bound to every event above; the distro is what "flow" says.
     info = ctx.host_info
-    log.info("host_detected", flow=info.family, support=distros.support(info),
+    log.info("host_detected", flow=info.distro, support=distros.support(info),
              version_id=info.version_id, pretty_name=info.pretty_name, build_id=info.build_id,
              board=info.board)
     if settings.dry_run:

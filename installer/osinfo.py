@@ -68,13 +68,13 @@ _SHELL_TOKEN = re.compile(
 _DQ_ESCAPE = re.compile(r'\\(["\\])')
 
 
-UNKNOWN_FAMILY = "unknown"
+UNKNOWN_DISTRO = "unknown"
 
 
 @dataclass(frozen=True)
 class HostInfo:
     os_id: str  # "cos", "ubuntu", "debian"
-    family: str  # the name of the distro class that recognised it: "cos" or "ubuntu"
+    distro: str  # the name of the distro class that recognised it: "cos", "ubuntu", "debian"
     version_id: str
     pretty_name: str
     kernel_release: str
@@ -87,11 +87,11 @@ class HostInfo:
     @classmethod
     def unknown(cls, kernel_release: str) -> HostInfo:
         """A host whose OS cannot be told (doctor and uninstall still work there)."""
-        return cls(UNKNOWN_FAMILY, UNKNOWN_FAMILY, "", UNKNOWN_FAMILY, kernel_release)
+        return cls(UNKNOWN_DISTRO, UNKNOWN_DISTRO, "", UNKNOWN_DISTRO, kernel_release)
 
     @property
     def known(self) -> bool:
-        return self.family != UNKNOWN_FAMILY
+        return self.distro != UNKNOWN_DISTRO
 
 
 def os_release_fields(os_release: str | None, os_release_path: str) -> dict[str, str]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
+import click
+
 from installer import podcontract
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import UsageError
@@ -97,19 +99,24 @@ class Settings:
 OptionsT = TypeVar("OptionsT", bound=DistroOptions)
 
 
-def check_host_path(name: str, value: str | PurePosixPath) -> PurePosixPath:
-    """A host path option: absolute, no '..' (UsageError naming the option)."""
-    path = PurePosixPath(value)
-    if not path.is_absolute() or ".." in path.parts:
-        raise UsageError(f"{name} must be an absolute host path without '..', got {str(value)!r}")
-    return path
+class HostPath(click.ParamType):
+    """A path as the host sees it: absolute, without '..'."""
+
+    name = "HOST_PATH"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> PurePosixPath:
+        path = PurePosixPath(value)
+        if not path.is_absolute() or ".." in path.parts:
+            self.fail(f"must be an absolute host path without '..', got {str(value)!r}",
+                      param, ctx)
+        return path
 
 
 def validate(settings: Settings) -> Settings:
     """``settings`` checked as a whole and normalised (UsageError on bad input). Pure: no
     file is read (where the install dir is: installdir.locate)."""
     s = settings
-    check_host_path("--install-dir-host", s.install_dir_host)
     release = s.kernel_release
     if release is not None and not is_kernel_release(release):
         raise UsageError(
@@ -134,8 +141,6 @@ def validate(settings: Settings) -> Settings:
             ".." in s.driver_branch.split("/"):
         raise UsageError(f"bad --driver-branch {s.driver_branch!r}",
                          hint="a path under NVIDIA's download host, e.g. tesla")
-    if s.vulkan_icd_dir_host is not None:
-        check_host_path("--vulkan-icd-dir-host", s.vulkan_icd_dir_host)
     if s.metrics_file is not None and not PurePosixPath(s.metrics_file).is_absolute():
         raise UsageError(
             f"--metrics-file must be an absolute host path, got {str(s.metrics_file)!r}",

@@ -49,7 +49,7 @@ def host_info_from_text(os_release: str | None, lsb_release: str | None, kernel_
 
 def support(info: HostInfo) -> str:
     """How the host is served: "supported", "not tested: pop follows the Ubuntu flow …"."""
-    distro = by_name(info.family)
+    distro = by_name(info.distro)
     return distro.support(info) if distro else "unsupported"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import abc
 import re
+from dataclasses import dataclass
 from typing import ClassVar
 
 from installer.cachekey import CacheKey
@@ -15,8 +16,24 @@ from installer.settings import DistroOptions, Settings
 from installer.values import is_driver_version
 
 
+@dataclass(frozen=True)
+class SignedModules:
+    """Where a distro gets modules a kernel enforcing signatures accepts."""
+
+    offer: str  # e.g. "COS installs use NVIDIA's signed prebuilt modules"
+    fix: str  # what to do on a node where none are loaded yet
+
+
+@dataclass(frozen=True)
+class StaleCache:
+    """Why a cached install no longer matches a node of this distro."""
+
+    likely_cause: str  # e.g. "kernel updated?"
+    install_does: str  # what the next install does about it
+
+
 class Distro(abc.ABC):
-    # The distro's name: HostInfo.family, ``manifests render --flavor`` (and, unless
+    # The distro's name: HostInfo.distro, ``manifests render --flavor`` (and, unless
     # image_suffix says otherwise, the image's suffix).
     name: ClassVar[str]
     title: ClassVar[str]  # e.g. "Ubuntu", in manifests and messages
@@ -34,15 +51,14 @@ class Distro(abc.ABC):
     # nvidia-driver-installer-<image_suffix> (None: its own name).
     daemonset: ClassVar[DaemonSetNeeds] = DaemonSetNeeds()
     image_suffix: ClassVar[str | None] = None
-    # Where this distro gets modules a signature-enforcing kernel accepts, and what to do
-    # about it (None: it only builds unsigned modules).
-    signed_modules: ClassVar[tuple[str, str] | None] = None
+    # Where this distro gets modules a signature-enforcing kernel accepts (None: it only
+    # builds unsigned modules).
+    signed_modules: ClassVar[SignedModules | None] = None
     # Its own options (Settings.distro_options; None: it has none), e.g. cos/options.py.
     options: ClassVar[type[DistroOptions] | None] = None
-    # When a cached install is stale on this distro's nodes: the likely cause, and what
-    # install then does (doctor's advice).
-    stale_cache: ClassVar[tuple[str, str]] = ("kernel updated?",
-                                              "rebuilds for the running kernel")
+    # When a cached install is stale on this distro's nodes (doctor's advice).
+    stale_cache: ClassVar[StaleCache] = StaleCache(likely_cause="kernel updated?",
+                                                   install_does="rebuilds for the running kernel")
 
     @classmethod
     def recognise(cls, fields: dict[str, str], lsb_release: str | None, kernel_release: str,

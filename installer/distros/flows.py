@@ -25,7 +25,7 @@ FLOWS: dict[str, type[Flow]] = {f.name: f for f in (CosFlow, UbuntuFlow, DebianF
 
 
 def for_host(info: HostInfo) -> Flow:
-    flow = FLOWS.get(info.family)
+    flow = FLOWS.get(info.distro)
     if flow is None:
         raise UnsupportedHostError(
             f"no installer flow for {info.os_id}",

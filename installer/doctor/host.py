@@ -69,8 +69,9 @@ def check_module_signing(n: Node) -> Finding:
                        "(they are signed)")
     distro = n.distro
     if distro is not None and distro.signed_modules is not None:
-        offer, fix = distro.signed_modules
-        return Finding("module_signing", WARN, f"{why}: only signed modules load; {offer}", fix)
+        signed = distro.signed_modules
+        return Finding("module_signing", WARN,
+                       f"{why}: only signed modules load; {signed.offer}", signed.fix)
     return Finding("module_signing", FAIL,
                    f"{why}: the kernel only loads signed modules and this node's flow builds "
                    "unsigned ones (install exits 10)",

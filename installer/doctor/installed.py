@@ -105,9 +105,9 @@ def check_cache(n: Node) -> Finding:
     stale = (r.mismatch(distro.node_key(info, r.driver_version or ""))
              if distro and info else None)
     if distro and stale:
-        why, does = distro.stale_cache
-        return Finding("cache", FAIL, f"stale: {stale} ({why})",
-                       f"re-run install (restart the installer pod): it {does}")
+        return Finding("cache", FAIL, f"stale: {stale} ({distro.stale_cache.likely_cause})",
+                       "re-run install (restart the installer pod): it "
+                       f"{distro.stale_cache.install_does}")
     broken = cache.check_files(r, n.install.root)
     if broken:
         return Finding("cache", FAIL, f"{what}, but {broken}",

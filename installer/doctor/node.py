@@ -71,7 +71,7 @@ class Node:
 
     @property
     def distro(self) -> type[Distro] | None:
-        return distros.by_name(self.host_info.family) if self.host_info is not None else None
+        return distros.by_name(self.host_info.distro) if self.host_info is not None else None
 
     @property
     def kernel_release(self) -> str:

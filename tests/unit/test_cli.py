@@ -315,7 +315,7 @@ def test_detect_says_which_flow_serves_the_host_and_how(capsys, tmp_path, os_id,
     assert code == 0, err
     doc = json.loads(out)
     assert (doc["os_id"], doc["flow"], doc["support"]) == (os_id, flow, support)
-    assert "family" not in doc  # "flow" names it; "family: ubuntu" on Debian misled
+    assert "distro" not in doc and "family" not in doc  # "flow" names it
 
 
 def test_detect_on_an_unknown_distro_exits_3_with_what_is_supported(capsys, tmp_path):

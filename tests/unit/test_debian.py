@@ -30,7 +30,7 @@ def test_a_debian_node_gets_the_debian_flow_and_the_headers_build_plan(env):
     ctx = env.ctx()
     distro = for_host(ctx.host_info)
     assert isinstance(distro, Debian) and isinstance(distro, HeadersBuildFlow)
-    assert (ctx.host_info.os_id, ctx.host_info.family) == ("debian", "debian")
+    assert (ctx.host_info.os_id, ctx.host_info.distro) == ("debian", "debian")
     assert Debian.support(ctx.host_info) == "supported"
     plan = distro.plan(ctx)
     assert plan.kind == "fresh" and names(plan) == FRESH_STEPS

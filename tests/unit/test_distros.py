@@ -15,7 +15,7 @@ def _recognise(text, lsb=None):
     return recognise(parse_env_file(text), lsb, "6.1.0", "/r/etc/os-release")
 
 
-@pytest.mark.parametrize(("os_release", "family", "os_id"), [
+@pytest.mark.parametrize(("os_release", "distro", "os_id"), [
     (COS, "cos", "cos"),
     ("ID=ubuntu\nVERSION_ID=22.04\n", "ubuntu", "ubuntu"),
     ("ID=debian\n", "debian", "debian"),
@@ -23,10 +23,10 @@ def _recognise(text, lsb=None):
     ("ID=pop\nID_LIKE=\"ubuntu debian\"\n", "ubuntu", "pop"),
     ("ID=Ubuntu\n", "ubuntu", "ubuntu"),
 ])
-def test_each_distro_recognises_its_hosts(os_release, family, os_id):
+def test_each_distro_recognises_its_hosts(os_release, distro, os_id):
     info = _recognise(os_release)
-    assert (info.family, info.os_id) == (family, os_id)
-    assert isinstance(flows.for_host(info), by_name(family))
+    assert (info.distro, info.os_id) == (distro, os_id)
+    assert isinstance(flows.for_host(info), by_name(distro))
 
 
 def test_cos_needs_its_build_and_reads_the_board():

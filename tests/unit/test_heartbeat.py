@@ -77,3 +77,13 @@ def test_sigterm_still_stops_the_whole_group(tmp_path):
     time.sleep(0.2)
     stat = Path(f"/proc/{pid}/stat")
     assert not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+def test_the_runner_carries_the_child_environment():
+    """Issue 32 item 5: what every command must see (the kernel seams in tests) is the
+    Runner's, not an argument threaded through each call; a call's own env adds to it."""
+    runner = Runner(env={"NDI_SEAM": "runner", "NDI_BOTH": "runner"})
+    out = runner.run(["sh", "-c", 'echo "$NDI_SEAM $NDI_BOTH $NDI_CALL"'],
+                     env={"NDI_BOTH": "call", "NDI_CALL": "call"}).stdout
+    assert out.split() == ["runner", "call", "call"]
+    assert Runner().run(["sh", "-c", 'echo "${NDI_SEAM:-unset}"']).stdout.strip() == "unset"

@@ -22,19 +22,19 @@ def test_parse_env_file(text, expected):
 
 def test_ubuntu_detected_with_kernel():
     info = host_info_from_text(UBUNTU_2204, None, UBUNTU_KERNEL)
-    assert (info.os_id, info.family, info.version_id, info.kernel_release) == (
+    assert (info.os_id, info.distro, info.version_id, info.kernel_release) == (
         "ubuntu", "ubuntu", "22.04", UBUNTU_KERNEL)
     assert info.build_id is None
 
 
 def test_debian_has_its_own_flow():
     info = host_info_from_text('ID=debian\nVERSION_ID="12"\n', None, "6.1.0-18-amd64")
-    assert info.family == "debian" and info.os_id == "debian"
+    assert info.distro == "debian" and info.os_id == "debian"
 
 
 def test_cos_build_and_board():
     info = host_info_from_text(COS_113, COS_113_LSB_RELEASE, "6.1.58+")
-    assert (info.family, info.build_id, info.version_id, info.board) == (
+    assert (info.distro, info.build_id, info.version_id, info.board) == (
         "cos", "17801.218.41", "113", "lakitu")
 
 

@@ -8,7 +8,7 @@ import re
 
 from installer import podcontract
 from installer.cachekey import CacheKey
-from installer.distros.base import Distro
+from installer.distros.base import Distro, SignedModules, StaleCache
 from installer.distros.cos.options import CosOptions
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 from installer.errors import UnsupportedHostError
@@ -54,13 +54,14 @@ class Cos(Distro):
     version_alias = VERSION_ALIAS
     version_alias_help = "default, latest, R535"
     gke_os_distributions = ("cos", "cos_containerd")
-    signed_modules = (
-        "COS installs use NVIDIA's signed prebuilt modules",
-        "run install: it fetches the signed modules for this COS build; if there are none "
+    signed_modules = SignedModules(
+        offer="COS installs use NVIDIA's signed prebuilt modules",
+        fix="run install: it fetches the signed modules for this COS build; if there are none "
         "for the driver version, pick one that has them (default/latest)",
     )
     options = CosOptions
-    stale_cache = ("node image upgraded?", "reinstalls for this build")
+    stale_cache = StaleCache(likely_cause="node image upgraded?",
+                             install_does="reinstalls for this build")
 
     @classmethod
     def node_key(cls, info: HostInfo, driver_version: str) -> CacheKey:

@@ -13,7 +13,7 @@ import click
 
 from installer import podcontract
 from installer.errors import UsageError
-from installer.settings import DistroOptions, Settings, check_host_path
+from installer.settings import DistroOptions, HostPath, Settings
 
 DEFAULT_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
 
@@ -42,8 +42,7 @@ class CosOptions(DistroOptions):
                    artifacts_sha256=opts.pop("cos_artifacts_sha256") or None,
                    preload=opts.pop("preload"),
                    toolchain_dir=opts.pop("toolchain_dir"),
-                   toolchain_dir_host=check_host_path("--toolchain-dir-host",
-                                                      opts.pop("toolchain_dir_host")))
+                   toolchain_dir_host=opts.pop("toolchain_dir_host"))
 
     def secrets(self) -> tuple[str | None, ...]:
         return self.artifacts_url, self.artifacts_sha256
@@ -83,7 +82,8 @@ class CosOptions(DistroOptions):
                          help="COS: where the toolchain and kernel headers are cached "
                          "[default: /build/cos-tools if it exists, else "
                          "<host-root>/<toolchain-dir-host>]."),
-            click.option("--toolchain-dir-host", envvar="COS_TOOLS_DIR_HOST", show_envvar=True,
+            click.option("--toolchain-dir-host", type=HostPath(), envvar="COS_TOOLS_DIR_HOST",
+                         show_envvar=True,
                          default=str(podcontract.COS_TOOLS_DIR_HOST), show_default=True,
                          help="COS: the tools cache as the host sees it."),
             click.option("--cos-artifacts-sha256", envvar="COS_ARTIFACTS_SHA256",
