@@ -7,25 +7,13 @@ import pytest
 
 from tests.pod import last_event, ok
 
-# Stands in for the driver's nvidia-persistenced: stays in the foreground, as
-# `nvidia-persistenced --foreground` does; FAIL=<text> makes it die as the real one does when
-# it cannot open the device files.
-PERSISTENCED = """#!/bin/sh
-case " $* " in *" --foreground "*) ;; *) echo "would daemonize"; exit 0;; esac
-if [ -n "$FAKE_PERSISTENCED_FAIL" ]; then echo "nvidia-persistenced failed to initialize. \
-Check syslog for more details." >&2; echo "$FAKE_PERSISTENCED_FAIL" >&2; exit 1; fi
-echo "Started (pid $$)"
-trap 'exit 0' TERM INT
-while :; do sleep 1; done
-"""
-
 
 @pytest.fixture
 def persistenced(pod, node, sidecars):
+    """The install put the .run's nvidia-persistenced (tests/fixtures/payload/
+    nvidia-persistenced.sh) in the install dir, where the sidecar finds it."""
     ok(pod.run("install"))
-    binary = node.install_dir / "bin/nvidia-persistenced"
-    binary.write_text(PERSISTENCED)
-    binary.chmod(0o755)
+    assert (node.install_dir / "bin/nvidia-persistenced").is_file()
     return lambda **env: sidecars("persistenced", **env)
 
 
