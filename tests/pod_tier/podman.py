@@ -126,8 +126,9 @@ class Podman:
 
     # -- pods -----------------------------------------------------------------
 
-    def play(self, pod: dict, timeout: float) -> subprocess.CompletedProcess[str]:
-        """`podman kube play` one Pod; it returns once the init containers have run.
+    def create_pod(self, pod: dict) -> subprocess.CompletedProcess[str]:
+        """`podman kube play --start=false` one Pod: its containers created, none started
+        (tests/pod_tier/lifecycle.py starts them in the kubelet's order).
 
         --network host whatever the manifest says (no CNI bridge on this machine).
         """
@@ -135,7 +136,7 @@ class Podman:
 
         path = self.conf_dir / f"{pod['metadata']['name']}.yaml"
         path.write_text(yaml.safe_dump(pod, sort_keys=False))
-        return self("kube", "play", "--network", "host", str(path), check=False, timeout=timeout)
+        return self("kube", "play", "--start=false", "--network", "host", str(path), check=False)
 
     def inspect(self, container: str) -> dict:
         (doc,) = json.loads(self("container", "inspect", container).stdout)

@@ -6,12 +6,16 @@ Only these change (the pod is otherwise the committed manifest's, field for fiel
 - the host's ``/`` becomes a fixture node root: every hostPath under it is
   rebased there, except ``/dev``, which stays this machine's (a node's /dev);
 - the test seams (tests/fixtures/README.md): env vars (fake kernel state, the
-  local artifact server and its CA) and hostPath mounts of the same fakes;
+  local artifact server and its CA) and hostPath mounts of the same fakes, on
+  every init container (the install and its daemon sidecars all run on the node);
 - what podman 4.3.1 needs to run it like a kubelet: ``restartPolicy: Never``
   (its init containers inherit the pod's policy and restart in a loop
   otherwise; a DaemonSet's pod is Always, but a kubelet never restarts a
-  succeeded init container) and the annotation that keeps a finished init
-  container with its logs and exit code.
+  succeeded init container; a failed install fails the pod, once) and the
+  annotation that keeps a finished init container with its logs and exit code.
+
+podman creates the containers; tests/pod_tier/lifecycle.py starts them in the
+kubelet's order, native sidecars (``restartPolicy: Always``) included.
 
 ``hostPID`` is left as it is, though `kube play` 4.3.1 ignores it: no test here
 needs the host's PIDs.
@@ -30,8 +34,8 @@ KEEP_HOST_PATHS = ("/dev",)
 
 @dataclass(frozen=True)
 class Seams:
-    env: dict[str, str] = field(default_factory=dict)  # set on the init container
-    mounts: tuple[tuple[Path, str], ...] = ()  # (this machine's dir, mountPath) for the init container
+    env: dict[str, str] = field(default_factory=dict)  # set on each init container
+    mounts: tuple[tuple[Path, str], ...] = ()  # (this machine's dir, mountPath) in each init container
 
 
 def rebase(host_path: str, node_root: Path) -> str:
@@ -53,19 +57,11 @@ def pod_from_daemonset(ds: dict, *, name: str, node_root: Path, images: dict[str
     for vol in spec.get("volumes", []):
         if "hostPath" in vol:
             vol["hostPath"]["path"] = rebase(vol["hostPath"]["path"], node_root)
-    (init,) = spec["initContainers"]
-    env = init.setdefault("env", [])
-    for key, value in seams.env.items():
-        entry = next((e for e in env if e["name"] == key), None)
-        if entry is None:
-            env.append({"name": key, "value": value})
-        else:
-            entry["value"] = value
-    for i, (source, target) in enumerate(seams.mounts):
-        vol_name = f"test-seam-{i}"
+    for i, (source, _) in enumerate(seams.mounts):
         spec.setdefault("volumes", []).append(
-            {"name": vol_name, "hostPath": {"path": str(source), "type": "Directory"}})
-        init.setdefault("volumeMounts", []).append({"name": vol_name, "mountPath": target})
+            {"name": f"test-seam-{i}", "hostPath": {"path": str(source), "type": "Directory"}})
+    for init in spec["initContainers"]:
+        _add_seams(init, seams)
     metadata = template.get("metadata", {})
     return {
         "apiVersion": "v1",
@@ -74,6 +70,18 @@ def pod_from_daemonset(ds: dict, *, name: str, node_root: Path, images: dict[str
                      "annotations": {**metadata.get("annotations", {}), INIT_TYPE_ANNOTATION: "always"}},
         "spec": spec,
     }
+
+
+def _add_seams(container: dict, seams: Seams) -> None:
+    env = container.setdefault("env", [])
+    for key, value in seams.env.items():
+        entry = next((e for e in env if e["name"] == key), None)
+        if entry is None:
+            env.append({"name": key, "value": value})
+        else:
+            entry["value"] = value
+    for i, (_, target) in enumerate(seams.mounts):
+        container.setdefault("volumeMounts", []).append({"name": f"test-seam-{i}", "mountPath": target})
 
 
 def differences(a, b, path: str = "") -> list[str]:

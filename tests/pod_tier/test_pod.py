@@ -22,6 +22,7 @@ from installer.manifests import values
 from tests.fixtures.node import COS_BUILD_ID
 from tests.fixtures.server import ArtifactServer
 from tests.pod_tier.checks import assert_installed, cos_node, manifest_env, pod_name, ubuntu_node
+from tests.pod_tier.lifecycle import FAILED
 from tests.pod_tier.workload import Kubelet
 
 pytestmark = [
@@ -115,8 +116,7 @@ def test_failed_install_reaches_podman_and_pause_never_starts(kubelet, tmp_path,
     with ArtifactServer() as server:
         node, run_path = ubuntu_node(tmp_path, server, serve=serve)
         pod = kubelet.run(node, pod_name(f"fail-{serve}"))
-    assert pod.play.returncode == 125
-    assert f"exited with code {code}" in pod.play.stderr
+    assert (pod.phase, pod.failed) == (FAILED, "nvidia-driver-installer")
     assert (pod.init["State"]["Status"], pod.init["State"]["ExitCode"]) == ("exited", code)
     final = json.loads(pod.last_line)
     assert (final["event"], final["exit_code"], final["error_class"]) == \

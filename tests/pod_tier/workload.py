@@ -10,7 +10,6 @@ and the env vars pointing the installer at all of them.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from tests.fixtures.node import COS_KERNEL, UBUNTU_KERNEL, Node, build_cos_node,
 from tests.fixtures.server import ArtifactServer
 from tests.pod import FAKE_APT_GET
 from tests.pod import events as parse_events
+from tests.pod_tier.lifecycle import PodLifecycle, is_sidecar
 from tests.pod_tier.podman import POD_CONTAINER, Podman
 from tests.pod_tier.podspec import Seams, pod_from_daemonset
 
@@ -86,12 +86,36 @@ class FixtureNode:
 
 
 @dataclass
+class PodContainers:
+    """lifecycle.Runtime over podman: one pod's containers by their manifest names."""
+
+    podman: Podman
+    pod: str
+
+    def id(self, name: str) -> str:
+        return POD_CONTAINER.format(pod=self.pod, container=name)
+
+    def start(self, name: str) -> None:
+        self.podman("start", self.id(name))
+
+    def state(self, name: str) -> tuple[str, int]:
+        state = self.podman.inspect(self.id(name))["State"]
+        return state["Status"], state["ExitCode"]
+
+    def stop(self, name: str, grace_s: float) -> None:
+        self.podman("stop", "--time", str(int(grace_s)), self.id(name), check=False,
+                    timeout=grace_s + 60)
+
+
+@dataclass
 class PodRun:
     name: str
-    play: subprocess.CompletedProcess[str]
-    init: dict  # podman inspect of the init container
+    phase: str  # lifecycle.RUNNING, or FAILED when an init container failed
+    failed: str | None  # that init container
+    init: dict  # podman inspect of the installer's init container
     pause: dict
-    logs: str  # the init container's
+    logs: str  # the installer's
+    sidecars: dict[str, dict]  # podman inspect of each native sidecar, by name
 
     @property
     def events(self) -> list[dict]:
@@ -103,31 +127,45 @@ class PodRun:
 
 
 class Kubelet:
-    """Plays DaemonSet pods on fixture nodes; removes every pod it made."""
+    """Plays DaemonSet pods on fixture nodes in the kubelet's order (lifecycle.py); stops
+    and removes every pod it made, also when a run is interrupted (SIGTERM) or times out."""
 
     def __init__(self, podman: Podman, images: dict[str, str]):
         self.podman = podman
         self.images = images
-        self.pods: list[str] = []
+        self.pods: dict[str, PodLifecycle] = {}
 
     def run(self, node: FixtureNode, name: str, daemonset: dict | None = None,
             timeout: float = 600) -> PodRun:
         """A pod of ``daemonset`` (default: the committed manifest of the node's flavour)."""
         pod = pod_from_daemonset(daemonset or committed_daemonset(node.flavor), name=name,
                                  node_root=node.node.root, images=self.images, seams=node.seams())
-        self.pods.append(name)
-        play = self.podman.play(pod, timeout=timeout)
-        init = POD_CONTAINER.format(pod=name, container=INIT)
+        containers = PodContainers(self.podman, name)
+        life = self.pods[name] = PodLifecycle(pod["spec"], containers)
+        created = self.podman.create_pod(pod)
         # A pod podman refused (a bad spec, a missing hostPath) has no containers.
-        assert self.podman.pod_exists(name), f"podman kube play: {play.stderr[-3000:]}"
-        return PodRun(name, play, self.podman.inspect(init),
-                      self.podman.inspect(POD_CONTAINER.format(pod=name, container=PAUSE)),
-                      self.podman.logs(init))
+        assert self.podman.pod_exists(name), f"podman kube play: {created.stderr[-3000:]}"
+        try:
+            life.start(timeout)
+        except BaseException:  # SIGTERM (KeyboardInterrupt here), a deadline: stop it now
+            life.terminate(grace_s=0)
+            raise
+        sidecars = {c["name"]: self.podman.inspect(containers.id(c["name"]))
+                    for c in pod["spec"]["initContainers"] if is_sidecar(c)}
+        return PodRun(name, life.phase, life.failed, self.podman.inspect(containers.id(INIT)),
+                      self.podman.inspect(containers.id(PAUSE)),
+                      self.podman.logs(containers.id(INIT)), sidecars)
+
+    def logs(self, pod: str, container: str) -> str:
+        return self.podman.logs(POD_CONTAINER.format(pod=pod, container=container))
 
     def remove(self, name: str) -> None:
+        life = self.pods.pop(name, None)
+        if life is not None:
+            life.terminate(grace_s=5)
         self.podman.remove_pod(name)
         assert not self.podman.pod_exists(name), f"pod {name} could not be removed"
 
     def close(self) -> None:
-        for name in self.pods:
+        for name in list(self.pods):
             self.remove(name)

@@ -1,0 +1,120 @@
+"""The pod tier's kubelet order (tests/pod_tier/lifecycle.py) on a fake runtime: runs in the
+default test run, no podman needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.pod_tier.lifecycle import BACKOFF_S, FAILED, RUNNING, PodLifecycle
+
+
+class FakeRuntime:
+    """Each regular init container runs for ``polls`` state reads, then exits with its code;
+    sidecars and main containers run until stopped (or ``crash``)."""
+
+    def __init__(self, exit_codes: dict[str, int], polls: int = 2):
+        self.exit_codes, self.polls = exit_codes, polls
+        self.status: dict[str, str] = {}
+        self.reads: dict[str, int] = {}
+        self.log: list[tuple[str, str]] = []
+
+    def start(self, name: str) -> None:
+        self.log.append(("start", name))
+        self.status[name], self.reads[name] = "running", 0
+
+    def state(self, name: str) -> tuple[str, int]:
+        status = self.status.get(name, "created")
+        if status == "running" and name in self.exit_codes:
+            self.reads[name] += 1
+            if self.reads[name] > self.polls:
+                self.status[name] = status = "exited"
+        return status, self.exit_codes.get(name, 0) if status == "exited" else 0
+
+    def stop(self, name: str, grace_s: float) -> None:
+        self.log.append(("stop", name))
+        self.status[name] = "exited"
+
+    def crash(self, name: str) -> None:
+        self.status[name] = "exited"
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+SPEC = {"initContainers": [{"name": "fm", "restartPolicy": "Always"},
+                           {"name": "pd", "restartPolicy": "Always"},
+                           {"name": "install"}],
+        "containers": [{"name": "pause"}]}
+
+
+def lifecycle(runtime: FakeRuntime, clock: Clock) -> PodLifecycle:
+    return PodLifecycle(SPEC, runtime, clock=clock, sleep=clock.sleep)
+
+
+def test_sidecars_start_first_the_main_container_after_the_install_succeeded():
+    runtime, clock = FakeRuntime({"install": 0}), Clock()
+    life = lifecycle(runtime, clock)
+    assert life.start(60, keeper=False) == RUNNING
+    assert runtime.log == [("start", "fm"), ("start", "pd"), ("start", "install"),
+                           ("start", "pause")]
+    assert runtime.status["fm"] == runtime.status["pd"] == "running"  # alongside pause
+    life.terminate()
+
+
+def test_a_failed_install_fails_the_pod_and_stops_its_sidecars_in_reverse():
+    runtime, clock = FakeRuntime({"install": 9}), Clock()
+    life = lifecycle(runtime, clock)
+    assert life.start(60, keeper=False) == FAILED and life.failed == "install"
+    assert ("start", "pause") not in runtime.log
+    assert runtime.log[-2:] == [("stop", "pd"), ("stop", "fm")]
+
+
+def test_termination_stops_main_containers_then_sidecars_in_reverse_order():
+    runtime, clock = FakeRuntime({"install": 0}), Clock()
+    life = lifecycle(runtime, clock)
+    life.start(60, keeper=False)
+    life.terminate()
+    assert runtime.log[-3:] == [("stop", "pause"), ("stop", "pd"), ("stop", "fm")]
+
+
+def test_a_sidecar_that_exits_is_started_again_after_the_kubelets_backoff():
+    runtime, clock = FakeRuntime({"install": 0}), Clock()
+    life = lifecycle(runtime, clock)
+    life.start(60, keeper=False)  # this test drives the clock
+    for restarts, backoff in ((1, BACKOFF_S), (2, 2 * BACKOFF_S)):
+        runtime.crash("pd")
+        life.keep_sidecars_once()  # notices: due after the backoff
+        clock.now += backoff - 1
+        life.keep_sidecars_once()
+        assert runtime.status["pd"] == "exited"
+        clock.now += 1
+        life.keep_sidecars_once()
+        assert runtime.status["pd"] == "running" and life.restarts["pd"] == restarts
+    life.terminate()
+
+
+def test_an_install_past_the_deadline_stops_the_pod():
+    runtime, clock = FakeRuntime({"install": 0}, polls=10**6), Clock()
+    life = lifecycle(runtime, clock)
+    with pytest.raises(TimeoutError, match="install still running"):
+        life.start(5, keeper=False)
+    assert [s for s in runtime.log if s[0] == "stop"] == [("stop", "install"), ("stop", "pd"),
+                                                          ("stop", "fm")]
+
+
+def test_a_sidecar_with_a_startup_probe_is_refused_not_assumed_started():
+    spec = {"initContainers": [{"name": "fm", "restartPolicy": "Always",
+                                "startupProbe": {"exec": {"command": ["true"]}}}],
+            "containers": [{"name": "pause"}]}
+    runtime, clock = FakeRuntime({}), Clock()
+    with pytest.raises(NotImplementedError, match="startup probes"):
+        PodLifecycle(spec, runtime, clock=clock, sleep=clock.sleep).start(5)
+    assert runtime.log == []

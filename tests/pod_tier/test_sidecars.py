@@ -1,0 +1,143 @@
+"""Issue 31: the daemon sidecars `manifests render --persistenced / --nvswitch` adds, run in
+their pod under podman + runc the way a kubelet runs native sidecars (lifecycle.py).
+
+The DaemonSets are rendered by the CLI, as a user renders them; the nodes are the tier's
+Ubuntu fixture nodes, the NVSwitch one with the fixtures' NVSwitch pieces (FakeKernel.
+add_nvswitch, tests/fixtures/fabricmanager.py: the fake fabric manager archive, a fake
+nv-fabricmanager that completes the fake fabric only once it runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+import pytest
+import yaml
+
+from tests.fixtures import fabricmanager
+from tests.fixtures.server import ArtifactServer
+from tests.pod_tier.checks import assert_installed, manifest_env, pod_name, ubuntu_node
+from tests.pod_tier.lifecycle import FAILED
+from tests.pod_tier.workload import INIT, REPO, Kubelet
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("NDI_POD_TESTS") != "1",
+                       reason="pod tier: run `make test-pod` (sets NDI_POD_TESTS=1)"),
+    pytest.mark.timeout(900),
+]
+
+PERSISTENCED, FABRIC_MANAGER = "nvidia-persistenced", "nvidia-fabricmanager"
+
+
+def rendered(*flags: str) -> dict:
+    """`nvidia-driver-installer manifests render --flavor ubuntu FLAGS` (stdout)."""
+    proc = subprocess.run([sys.executable, "-m", "installer", "manifests", "render",
+                           "--flavor", "ubuntu", *flags], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)
+
+
+def init_names(ds: dict) -> list[str]:
+    return [c["name"] for c in ds["spec"]["template"]["spec"]["initContainers"]]
+
+
+def started(doc: dict) -> datetime:
+    """podman's StartedAt (RFC 3339, nanoseconds, trailing zeros cut) as a time."""
+    day, frac, zone = re.fullmatch(r"(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(.*)",
+                                   doc["State"]["StartedAt"]).groups()
+    micros = (frac or "0")[:6].ljust(6, "0")
+    return datetime.fromisoformat(f"{day}.{micros}{zone.replace('Z', '+00:00')}")
+
+
+def daemon_state(node, daemon: str) -> dict:
+    return json.loads((node.node.install_dir / f"daemons/{daemon}.json").read_text())
+
+
+def ready_fields(node) -> dict[str, str]:
+    text = node.node.path("/run/nvidia/validations/driver-ready").read_text()
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
+@pytest.fixture
+def kubelet(podman, images):
+    k = Kubelet(podman, images["ubuntu"])  # the sidecars run the installer's image
+    yield k
+    k.close()
+
+
+def test_persistenced_sidecar_is_up_and_the_install_is_ready_only_with_it(kubelet, tmp_path):
+    ds = rendered("--persistenced")
+    assert init_names(ds) == [PERSISTENCED, INIT]
+    version = manifest_env("ubuntu")["NVIDIA_DRIVER_VERSION"]
+    with ArtifactServer() as server:
+        node, _ = ubuntu_node(tmp_path, server)
+        pod = kubelet.run(node, pod_name("persistenced"), ds)
+    assert_installed(node, pod, version, "fresh")
+    sidecar = pod.sidecars[PERSISTENCED]
+    assert sidecar["State"]["Status"] == "running", kubelet.logs(pod.name, PERSISTENCED)
+    # The kubelet's order: the sidecar started, then the install; the install waited for it.
+    assert started(sidecar) < started(pod.init) < started(pod.pause)
+    assert daemon_state(node, "persistenced")["state"] == "running"
+    assert ready_fields(node)["DAEMONS"] == "persistenced"
+    assert "Started (pid" in kubelet.logs(pod.name, PERSISTENCED)  # NVIDIA's daemon ran
+
+    # Restarted when it dies, as a kubelet restarts a sidecar (after its 10 s backoff).
+    kubelet.podman("kill", f"{pod.name}-{PERSISTENCED}")
+    deadline = time.monotonic() + 60
+    while kubelet.pods[pod.name].restarts[PERSISTENCED] == 0:
+        assert time.monotonic() < deadline, "the dead sidecar was not started again"
+        time.sleep(1)
+    assert kubelet.podman.inspect(f"{pod.name}-{PERSISTENCED}")["State"]["Status"] == "running"
+
+    # Stopped after the main container when the pod goes.
+    kubelet.remove(pod.name)
+    assert not kubelet.podman.pod_exists(pod.name)
+
+
+def test_a_dead_persistenced_sidecar_fails_the_install_with_its_cause(kubelet, tmp_path):
+    ds = rendered("--persistenced")
+    with ArtifactServer() as server:
+        node, _ = ubuntu_node(tmp_path, server)
+        node.env["FAKE_PERSISTENCED_FAIL"] = "open /dev/nvidiactl: Permission denied"
+        pod = kubelet.run(node, pod_name("persistenced-dead"), ds)
+    assert (pod.phase, pod.failed) == (FAILED, INIT)
+    assert (pod.init["State"]["Status"], pod.init["State"]["ExitCode"]) == ("exited", 9)
+    final = json.loads(pod.last_line)
+    assert final["error"].startswith("the persistenced sidecar is not running: persistenced "
+                                     "exited with status 1: "), final
+    assert "open /dev/nvidiactl: Permission denied" in final["error"]
+    assert pod.pause["State"]["StartedAt"].startswith("0001-01-01")  # never started
+    assert not node.node.path("/run/nvidia/validations/driver-ready").exists()
+    # The failed pod's sidecar is stopped with it.
+    status = kubelet.podman.inspect(f"{pod.name}-{PERSISTENCED}")["State"]["Status"]
+    assert status != "running"
+
+
+def test_nvswitch_node_is_ready_through_the_fabric_gate(kubelet, tmp_path):
+    ds = rendered("--nvswitch")
+    assert init_names(ds) == [FABRIC_MANAGER, INIT]
+    version = manifest_env("ubuntu")["NVIDIA_DRIVER_VERSION"]
+    with ArtifactServer() as server:
+        node, _ = ubuntu_node(tmp_path, server)
+        node.kernel.add_nvswitch()
+        node.env["NVIDIA_FABRIC_MANAGER_BASE_URL"] = fabricmanager.serve(server, version)
+        pod = kubelet.run(node, pod_name("nvswitch"), ds)
+    assert_installed(node, pod, version, "fresh")
+    seen = [e["event"] for e in pod.events]
+    assert "fabric_manager_installed" in seen
+    assert seen.index("fabric_waiting") < seen.index("fabric_completed") < seen.index(
+        "cuda_check_ok"), seen
+    sidecar = pod.sidecars[FABRIC_MANAGER]
+    assert sidecar["State"]["Status"] == "running"
+    assert started(sidecar) < started(pod.init) < started(pod.pause)
+    logs = kubelet.logs(pod.name, FABRIC_MANAGER)
+    assert f"Fabric Manager version {version} is running" in logs, logs
+    assert daemon_state(node, "fabricmanager")["state"] == "running"
+    fields = ready_fields(node)
+    assert fields["NVLINK_FABRIC"] == "completed" and fields["DAEMONS"] == "fabricmanager"
