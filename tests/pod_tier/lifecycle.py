@@ -62,6 +62,8 @@ class PodLifecycle:
     phase: str = "Pending"
     failed: str | None = None  # the init container whose failure failed the pod
     restarts: dict[str, int] = field(default_factory=dict)  # sidecar -> restarts so far
+    start_errors: list[str] = field(default_factory=list)  # restarts the runtime refused
+    _attempts: dict[str, int] = field(default_factory=dict)  # restarts tried: the backoff
     _sidecars: list[str] = field(default_factory=list)  # started, in spec order
     _next_start: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -105,9 +107,14 @@ class PodLifecycle:
             now = self.clock()
             due = self._next_start.setdefault(name, now + self._backoff(name))
             if now >= due:
-                self.runtime.start(name)
-                self.restarts[name] += 1
                 del self._next_start[name]
+                self._attempts[name] = self._attempts.get(name, 0) + 1
+                try:
+                    self.runtime.start(name)
+                except Exception as exc:  # as the kubelet: tried again after a longer backoff
+                    self.start_errors.append(f"{name}: {exc}")
+                    continue
+                self.restarts[name] += 1
 
     def terminate(self, grace_s: float = 10) -> None:
         """Stop the pod: no more restarts; the main containers (and an init container still
@@ -122,7 +129,7 @@ class PodLifecycle:
                 self.runtime.stop(name, grace_s)
 
     def _backoff(self, name: str) -> float:
-        return min(BACKOFF_S * 2 ** self.restarts[name], MAX_BACKOFF_S)
+        return min(BACKOFF_S * 2 ** self._attempts.get(name, 0), MAX_BACKOFF_S)
 
     def _until(self, end: float, name: str, done: Callable[[str], bool]) -> tuple[str, int]:
         """Poll ``name`` until ``done(status)``, keeping the sidecars meanwhile; at ``end``

@@ -17,9 +17,12 @@ class FakeRuntime:
         self.status: dict[str, str] = {}
         self.reads: dict[str, int] = {}
         self.log: list[tuple[str, str]] = []
+        self.refuse: set[str] = set()
 
     def start(self, name: str) -> None:
         self.log.append(("start", name))
+        if name in self.refuse:
+            raise AssertionError(f"podman start {name}: rc 125")
         self.status[name], self.reads[name] = "running", 0
 
     def state(self, name: str) -> tuple[str, int]:
@@ -118,3 +121,23 @@ def test_a_sidecar_with_a_startup_probe_is_refused_not_assumed_started():
     with pytest.raises(NotImplementedError, match="startup probes"):
         PodLifecycle(spec, runtime, clock=clock, sleep=clock.sleep).start(5)
     assert runtime.log == []
+
+
+def test_a_restart_the_runtime_refuses_is_tried_again_after_a_longer_backoff():
+    runtime, clock = FakeRuntime({"install": 0}), Clock()
+    life = lifecycle(runtime, clock)
+    life.start(60, keeper=False)
+    runtime.crash("fm")
+    runtime.refuse.add("fm")
+    life.keep_sidecars_once()
+    clock.now += BACKOFF_S
+    life.keep_sidecars_once()
+    assert life.restarts["fm"] == 0 and life.start_errors == ["fm: podman start fm: rc 125"]
+    runtime.refuse.clear()
+    life.keep_sidecars_once()  # the next try is due 2 x the backoff later
+    clock.now += 2 * BACKOFF_S - 1
+    life.keep_sidecars_once()
+    assert runtime.status["fm"] == "exited"
+    clock.now += 1
+    life.keep_sidecars_once()
+    assert runtime.status["fm"] == "running" and life.restarts["fm"] == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from installer.manifests import values
 from tests.pod_tier.podman import INIT_TYPE_ANNOTATION
@@ -53,3 +54,25 @@ def test_an_image_without_a_local_build_is_refused():
     with pytest.raises(KeyError, match="no local image for registry.k8s.io/pause"):
         pod_from_daemonset(ds, name="p", node_root=Path("/n"), seams=Seams(),
                            images={ds["spec"]["template"]["spec"]["initContainers"][0]["image"]: "x"})
+
+
+def test_the_daemon_sidecars_get_the_seams_and_keep_their_restart_policy():
+    """`manifests render --nvswitch --persistenced`: the sidecars run on the node as the
+    install does (the same fakes), and stay native sidecars for lifecycle.py."""
+    from installer.manifests.render import RenderOptions, render
+
+    ds = yaml.safe_load(render("ubuntu", RenderOptions(nvswitch=True, persistenced=True)))
+    spec = ds["spec"]["template"]["spec"]
+    images = {c["image"]: "localhost/x:t" for c in spec["initContainers"] + spec["containers"]}
+    seams = Seams(env={"NVIDIA_INSTALLER_PROC_DIR": "/k/proc"}, mounts=((Path("/k"), "/k"),))
+
+    pod = pod_from_daemonset(ds, name="p1", node_root=Path("/n"), images=images, seams=seams)
+
+    inits = pod["spec"]["initContainers"]
+    assert [(c["name"], c.get("restartPolicy")) for c in inits] == [
+        ("nvidia-fabricmanager", "Always"), ("nvidia-persistenced", "Always"),
+        ("nvidia-driver-installer", None)]
+    for c in inits:
+        assert {"name": "NVIDIA_INSTALLER_PROC_DIR", "value": "/k/proc"} in c["env"], c["name"]
+        assert {"name": "test-seam-0", "mountPath": "/k"} in c["volumeMounts"], c["name"]
+    assert [v["name"] for v in pod["spec"]["volumes"]].count("test-seam-0") == 1

@@ -23,7 +23,7 @@ from tests.fixtures import fabricmanager
 from tests.fixtures.server import ArtifactServer
 from tests.pod_tier.checks import assert_installed, manifest_env, pod_name, ubuntu_node
 from tests.pod_tier.lifecycle import FAILED
-from tests.pod_tier.workload import INIT, REPO, Kubelet
+from tests.pod_tier.workload import INIT, PAUSE, REPO, Kubelet
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("NDI_POD_TESTS") != "1",
@@ -47,10 +47,10 @@ def init_names(ds: dict) -> list[str]:
     return [c["name"] for c in ds["spec"]["template"]["spec"]["initContainers"]]
 
 
-def started(doc: dict) -> datetime:
-    """podman's StartedAt (RFC 3339, nanoseconds, trailing zeros cut) as a time."""
+def at(doc: dict, key: str = "StartedAt") -> datetime:
+    """podman's StartedAt or FinishedAt (RFC 3339, nanoseconds, trailing zeros cut)."""
     day, frac, zone = re.fullmatch(r"(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(.*)",
-                                   doc["State"]["StartedAt"]).groups()
+                                   doc["State"][key]).groups()
     micros = (frac or "0")[:6].ljust(6, "0")
     return datetime.fromisoformat(f"{day}.{micros}{zone.replace('Z', '+00:00')}")
 
@@ -75,29 +75,31 @@ def test_persistenced_sidecar_is_up_and_the_install_is_ready_only_with_it(kubele
     ds = rendered("--persistenced")
     assert init_names(ds) == [PERSISTENCED, INIT]
     version = manifest_env("ubuntu")["NVIDIA_DRIVER_VERSION"]
-    with ArtifactServer() as server:
+    with ArtifactServer() as server:  # up while the pod runs: its CA is mounted in it
         node, _ = ubuntu_node(tmp_path, server)
         pod = kubelet.run(node, pod_name("persistenced"), ds)
-    assert_installed(node, pod, version, "fresh")
-    sidecar = pod.sidecars[PERSISTENCED]
-    assert sidecar["State"]["Status"] == "running", kubelet.logs(pod.name, PERSISTENCED)
-    # The kubelet's order: the sidecar started, then the install; the install waited for it.
-    assert started(sidecar) < started(pod.init) < started(pod.pause)
-    assert daemon_state(node, "persistenced")["state"] == "running"
-    assert ready_fields(node)["DAEMONS"] == "persistenced"
-    assert "Started (pid" in kubelet.logs(pod.name, PERSISTENCED)  # NVIDIA's daemon ran
+        assert_installed(node, pod, version, "fresh")
+        sidecar = pod.sidecars[PERSISTENCED]
+        assert sidecar["State"]["Status"] == "running", kubelet.logs(pod.name, PERSISTENCED)
+        # The kubelet's order: the sidecar started, then the install; the install waited for it.
+        assert at(sidecar) < at(pod.init) < at(pod.pause)
+        assert daemon_state(node, "persistenced")["state"] == "running"
+        assert ready_fields(node)["DAEMONS"] == "persistenced"
+        assert "Started (pid" in kubelet.logs(pod.name, PERSISTENCED)  # NVIDIA's daemon ran
 
-    # Restarted when it dies, as a kubelet restarts a sidecar (after its 10 s backoff).
-    kubelet.podman("kill", f"{pod.name}-{PERSISTENCED}")
-    deadline = time.monotonic() + 60
-    while kubelet.pods[pod.name].restarts[PERSISTENCED] == 0:
-        assert time.monotonic() < deadline, "the dead sidecar was not started again"
-        time.sleep(1)
-    assert kubelet.podman.inspect(f"{pod.name}-{PERSISTENCED}")["State"]["Status"] == "running"
+        # Restarted when it dies, as a kubelet restarts a sidecar (after its 10 s backoff).
+        kubelet.podman("kill", f"{pod.name}-{PERSISTENCED}")
+        deadline = time.monotonic() + 60
+        while kubelet.pods[pod.name].restarts[PERSISTENCED] == 0:
+            assert time.monotonic() < deadline, kubelet.pods[pod.name].start_errors
+            time.sleep(1)
+        assert kubelet.podman.inspect(f"{pod.name}-{PERSISTENCED}")["State"]["Status"] == "running"
 
-    # Stopped after the main container when the pod goes.
-    kubelet.remove(pod.name)
-    assert not kubelet.podman.pod_exists(pod.name)
+        # Stopped after the main container when the pod goes.
+        kubelet.pods[pod.name].terminate(grace_s=5)
+        pause, sidecar = (kubelet.podman.inspect(f"{pod.name}-{c}") for c in (PAUSE, PERSISTENCED))
+        assert pause["State"]["Status"] == sidecar["State"]["Status"] == "exited"
+        assert at(pause, "FinishedAt") <= at(sidecar, "FinishedAt")
 
 
 def test_a_dead_persistenced_sidecar_fails_the_install_with_its_cause(kubelet, tmp_path):
@@ -135,7 +137,7 @@ def test_nvswitch_node_is_ready_through_the_fabric_gate(kubelet, tmp_path):
         "cuda_check_ok"), seen
     sidecar = pod.sidecars[FABRIC_MANAGER]
     assert sidecar["State"]["Status"] == "running"
-    assert started(sidecar) < started(pod.init) < started(pod.pause)
+    assert at(sidecar) < at(pod.init) < at(pod.pause)
     logs = kubelet.logs(pod.name, FABRIC_MANAGER)
     assert f"Fabric Manager version {version} is running" in logs, logs
     assert daemon_state(node, "fabricmanager")["state"] == "running"
