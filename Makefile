@@ -22,7 +22,7 @@ install: $(VENV)/.installed  ## the Python environment (package + test/lint tool
 deps:  ## Debian packages the tests and the demo need (root)
 	bash scripts/install-deps.sh
 
-test: install  ## the default test run (unit + chroot fixture tests), well under 15 min
+test: install  ## the default test run (unit + chroot fixture tests), 11-15 min on 2 shared vCPUs
 	$(PY) -m pytest tests --ignore=tests/vm --ignore=tests/realparts --ignore=tests/gpu $(PYTEST_ARGS)
 
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
@@ -47,7 +47,7 @@ REGISTRY ?=
 TAG ?=
 push:  ## push the built images to REGISTRY/nvidia-driver-installer-<flavor>:TAG and print the digests to pin (make push REGISTRY=... [TAG=...])
 	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=registry.example.com/team [TAG=0.1.0]" >&2; exit 2; }
-	bash images/push.sh "$(REGISTRY)" $(TAG)
+	@bash images/push.sh "$(REGISTRY)" $(TAG)
 
 # docker-registry: Debian's reference registry (distribution), for the push/pull test.
 IMAGE_DEPS := buildah debootstrap docker-registry

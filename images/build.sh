@@ -40,8 +40,10 @@ SUBSTITUTE="local debootstrap"  # how a substitute base's description starts
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] error: %s\n' "$*" >&2; exit 1; }
 
+DOCKERFILES=()
 for f in "${FLAVORS[@]}"; do
   [[ -f $REPO/images/$f/Dockerfile ]] || die "no images/$f/Dockerfile (flavors: cos ubuntu)"
+  DOCKERFILES+=("images/$f/Dockerfile")
 done
 ((EUID == 0)) || die "run as root (debootstrap and buildah's chroot isolation need it)"
 # The bases, as the Dockerfiles name them (FROM <ref> [AS stage]).
@@ -73,7 +75,7 @@ real_bases() {
     bah inspect --type image "$name" >/dev/null 2>&1 && continue
     log "pulling the base $name ..."
     bah pull -q "$name" >/dev/null ||
-      die "cannot pull the base image $name (a FROM of images/{${FLAVORS[*]// /,}}/Dockerfile): its registry is unreachable from here. Build where it is reachable, or set NDI_LOCAL_BASE=1 for a local check build (a Debian bookworm substitute for every base: not an image to ship)"
+      die "cannot pull the base image $name (a FROM of ${DOCKERFILES[*]}): its registry is unreachable from here. Build where it is reachable, or set NDI_LOCAL_BASE=1 for a local check build (a Debian bookworm substitute for every base: not an image to ship)"
   done
   log "bases: ${BASE_NAMES[*]} (the real ones)"
 }

@@ -4,7 +4,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${NDI_IMAGE_CACHE:-/var/cache/ndi-images}
 LOCAL_BASE=${NDI_LOCAL_BASE:-0}
 # Real and substitute bases carry the same names: never in one storage.
-STORAGE_ROOT=${NDI_BUILDAH_ROOT:-$CACHE/$([[ $LOCAL_BASE == 1 ]] && echo storage || echo storage-real)}
+REAL_STORAGE=$CACHE/storage-real
+SUBSTITUTE_STORAGE=$CACHE/storage
+STORAGE_ROOT=${NDI_BUILDAH_ROOT:-$([[ $LOCAL_BASE == 1 ]] && echo "$SUBSTITUTE_STORAGE" || echo "$REAL_STORAGE")}
 RUNROOT=${NDI_BUILDAH_RUNROOT:-/run/ndi-images}
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$REPO/installer/__init__.py")
 # The tag images/build.sh gives what it builds: the package version unless NDI_IMAGE_TAG.

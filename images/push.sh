@@ -35,6 +35,20 @@ command -v buildah >/dev/null || die "buildah is not installed (apt-get install 
 
 args=(--tls-verify="${NDI_PUSH_TLS_VERIFY:-true}")
 [[ -z ${NDI_PUSH_AUTHFILE:-} ]] || args+=(--authfile "$NDI_PUSH_AUTHFILE")
+built_in() {  # built_in STORAGE: every flavour's image is there
+  local flavor
+  for flavor in "${FLAVORS[@]}"; do
+    buildah --root "$1" --runroot "$RUNROOT" inspect --type image \
+      "localhost/nvidia-driver-installer-$flavor:$BUILT_TAG" >/dev/null 2>&1 || return 1
+  done
+}
+# `make images` and `NDI_LOCAL_BASE=1 make images` build into different storages: push
+# from the one that holds the images, not only the one this run's NDI_LOCAL_BASE names.
+if [[ -z ${NDI_BUILDAH_ROOT:-} && $LOCAL_BASE != 1 ]] && ! built_in "$REAL_STORAGE" &&
+    built_in "$SUBSTITUTE_STORAGE"; then
+  LOCAL_BASE=1
+  STORAGE_ROOT=$SUBSTITUTE_STORAGE
+fi
 if [[ $LOCAL_BASE == 1 ]]; then
   log "WARNING: these images were built FROM the local debootstrap substitute base" \
       "(NDI_LOCAL_BASE=1), not the real bases: for tests, not for nodes"
@@ -47,7 +61,7 @@ for flavor in "${FLAVORS[@]}"; do
   src=localhost/nvidia-driver-installer-$flavor:$BUILT_TAG
   dest=$REGISTRY/nvidia-driver-installer-$flavor:$TAG
   bah inspect --type image "$src" >/dev/null 2>&1 ||
-    die "no image $src in $STORAGE_ROOT: run make images first"
+    die "no image $src in $STORAGE_ROOT: run make images first (TAG names the pushed tag, not the built one: NDI_IMAGE_TAG picks which built image)"
   log "pushing $src to $dest ..."
   bah push -q "${args[@]}" --digestfile "$work/$flavor" "$src" "docker://$dest" >/dev/null
   digest=$(<"$work/$flavor")

@@ -18,13 +18,22 @@ import click
 from installer import __version__
 from installer.clitypes import LOG_FORMATS, Seconds
 from installer.distros import DISTROS
+from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
 from installer.moduleargs import ModuleArg
 from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
 from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
 from installer.readiness_cli import fabric_manager_options, readiness_options
-from installer.settings import DistroOptions, HostPath, Settings, retry_env, validate
+from installer.settings import (
+    DistroOptions,
+    HostPath,
+    Settings,
+    default_when_in_use,
+    full_url_over_base_url,
+    retry_env,
+    validate,
+)
 
 
 class ModuleArgType(click.ParamType):
@@ -110,6 +119,8 @@ def _auto_output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _settings(**opts: Any) -> Settings:
+    import structlog
+
     from installer.log import configure
 
     configure(opts.pop("log_format", "auto"), "debug" if opts.pop("verbose", False) else "info")
@@ -119,9 +130,25 @@ def _settings(**opts: Any) -> Settings:
     if opts.get("metrics_file"):
         opts["metrics_file"] = PurePosixPath(opts["metrics_file"])
     _register_secrets(opts, distro_options)
+    if unused := full_url_over_base_url(opts, _from_command_line("driver_url", "driver_base_url")):
+        structlog.get_logger("installer").info("driver_base_url_not_used", **unused)
     opts.update(retry_env(os.environ))
     return validate(Settings(distro_options=distro_options,
                              **{k: v for k, v in opts.items() if v is not None}))
+
+
+def _follow_output(output: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """A report's log lines in its own format (-o), not JSON beside text (issue 34): only
+    a --log-format flag wins over -o; LOG_FORMAT (a pod's env) and auto give way."""
+    if not _from_command_line("log_format"):
+        opts["log_format"] = "json" if output == "json" else "console"
+    return opts
+
+
+def _from_command_line(*names: str) -> set[str]:
+    """Which of these parameters were given as flags (not by env var or default)."""
+    flag, source = click.core.ParameterSource.COMMANDLINE, click.get_current_context()
+    return {n for n in names if source.get_parameter_source(n) is flag}
 
 
 def _register_secrets(opts: dict[str, Any], distro_options: tuple[DistroOptions, ...]) -> None:
@@ -160,18 +187,22 @@ class _LazyGroup(click.Group):
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="nvidia-driver-installer")
 def cli() -> None:
-    """Install NVIDIA GPU drivers on Kubernetes nodes (Container-Optimized OS, Ubuntu)."""
+    """Install NVIDIA GPU drivers on Kubernetes nodes (Container-Optimized OS, Ubuntu,
+    Debian)."""
 
 
 def _exit_codes_epilog() -> str:
     """The exit codes table (DESIGN §3) and two examples, kept as typed (``\\b``)."""
     rows = "\n".join(f"  {int(code):>3}  {meaning}" for code, meaning in EXIT_CODE_MEANINGS.items())
     return (f"\b\nExit codes:\n{rows}\n\n"
+            "\b\nEnvironment only (no option):\n"
+            f"  {ENV_RETRIES}  attempts per download (1: no retry)\n"
+            f"  {ENV_TIMEOUT}  seconds after which no new download attempt starts\n\n"
             "\b\nExamples:\n"
             "  # on the node itself, by hand: print the plan, change nothing\n"
             "  sudo nvidia-driver-installer install --host-root / --dry-run\n"
             "  # a pinned driver, waiting up to 10 minutes for another installer\n"
-            "  nvidia-driver-installer install --driver-version 550.127.05 \\\n"
+            "  nvidia-driver-installer install --driver-version 580.82.07 \\\n"
             "      --driver-sha256 <sha256 of the .run> --lock-timeout 600")
 
 
@@ -213,13 +244,14 @@ def _exit_codes_epilog() -> str:
               help="Put the driver in the install dir and stop: no module is loaded or "
               "unloaded and nothing is verified (for DaemonSets that load the modules "
               "themselves). Refused while another driver version is loaded.")
-@click.option("--when-in-use", type=click.Choice(["fail", "stage"]), default="fail",
-              envvar="WHEN_IN_USE", show_envvar=True, show_default=True,
+@click.option("--when-in-use", type=click.Choice(["fail", "stage"]),
+              default=lambda: default_when_in_use(os.environ),
+              envvar="WHEN_IN_USE", show_envvar=True,
+              show_default="stage in a pod, where KUBERNETES_SERVICE_HOST is set; fail by hand",
               help="When a different driver version is loaded and in use: fail (exit 8, "
               "naming its holders) or stage (build and check the new version, keep it in "
               "<install-dir>/.next-boot, leave the running driver as it is, exit 0; the next "
-              "run after a reboot installs it with no download or compile). The DaemonSets "
-              "set stage.")
+              "run after a reboot installs it with no download or compile).")
 @click.option("--vulkan-icd-dir", type=click.Path(path_type=Path),
               envvar="VULKAN_ICD_DIR_CONTAINER", show_envvar=True,
               help="This process's view of the Vulkan ICD dir [default: "
@@ -293,7 +325,8 @@ def detect(output: str, **opts: Any) -> None:
 
     if output == "auto":
         output = "text" if sys.stdout.isatty() else "json"
-    click.echo(render(detect_mod.run(_settings(**opts)), output), nl=False)
+    click.echo(render(detect_mod.run(_settings(**_follow_output(output, opts))), output),
+               nl=False)
 
 
 @cli.command(short_help="Print status.json and the .cache record; exit with its code.")
@@ -305,7 +338,7 @@ def status(output: str, **opts: Any) -> int:
     from installer import status as status_mod
     from installer.installdir import locate
 
-    settings = _settings(**opts)  # any host OS will do: only the install dir is read
+    settings = _settings(**_follow_output(output, opts))  # any OS: only the install dir
     report = status_mod.report(locate(settings.host_root, settings.install_dir,
                                       settings.install_dir_host))
     click.echo(render(report.to_json(), output), nl=False)
@@ -320,10 +353,12 @@ def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes, nvidia-smi, then CUDA on every GPU (a
     context and a memory round trip, in a child with a deadline); exit 9 if broken, with the
     CUDA error's cause and fix."""
+    from installer import devnodes
     from installer import verify as verify_mod
     from installer.detect import context
 
-    gpus = verify_mod.check_installed(context(_settings(**opts)))
+    ctx = context(_settings(**_follow_output(output, opts)))
+    gpus = verify_mod.check_installed(ctx, devnodes.missing_nodes(ctx.kernel))
     click.echo(render([g.__dict__ for g in gpus], output), nl=False)
 
 
@@ -339,11 +374,12 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
     from installer.doctor import report as doctor_mod
     from installer.log import configure
 
+    as_json = as_json or output == "json"
+    _follow_output("json" if as_json else "text", opts)
     log_format, verbose = opts.get("log_format", "auto"), opts.get("verbose", False)
     settings = _settings(**opts)
     configure(log_format, "debug" if verbose else "warning")  # the report is the output
     report = doctor_mod.run(settings)
-    as_json = as_json or output == "json"
     click.echo(doctor_mod.render_json(report) if as_json else doctor_mod.render_text(report),
                nl=False)
     return report.exit_code
@@ -366,10 +402,9 @@ def uninstall(output: str, **opts: Any) -> None:
     click.echo(render(uninstall_mod.run(_settings(**opts)).to_status_json(), output), nl=False)
 
 
-def _command_name(argv: list[str] | None) -> str:
-    args = sys.argv[1:] if argv is None else argv
+def _command_name(argv: list[str]) -> str:
     names = set(cli.list_commands(click.Context(cli)))
-    return next((a for a in args if a in names), "command")
+    return next((a for a in argv if a in names), "command")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -377,6 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     reports (``exits``) load only when a command fails: ``--help`` stays fast."""
     from installer import signals
 
+    argv = sys.argv[1:] if argv is None else argv
     command = _command_name(argv)
     with signals.handled(), _guarded_output():
         try:
@@ -385,25 +421,19 @@ def main(argv: list[str] | None = None) -> None:
             click.echo("aborted", err=True)
             sys.exit(int(ExitCode.INTERNAL))
         except click.ClickException as exc:
-            if isinstance(exc, click.UsageError) and _json_requested(argv):
-                from installer import exits
-                from installer.errors import UsageError
-                from installer.log import configure
+            from installer import exits
 
-                configure("json")  # tools reading JSON lines get this one too (issue 26)
-                exits.report_failure(UsageError(exc.format_message()), command)
-            else:
-                exc.show()
+            exits.report_click_error(exc, command, argv)
             sys.exit(exc.exit_code)
         except InstallerError as exc:
             from installer import exits
 
-            exits.report_failure(exc, command)
+            exits.report_failure(exc, command, argv)
             sys.exit(int(exc.exit_code))
         except signals.Interrupted as exc:
             from installer import exits
 
-            exits.report_interrupt(exc, command)
+            exits.report_interrupt(exc, command, argv)
             sys.exit(exc.exit_code)
         except Exception as exc:  # noqa: BLE001 - the one boundary
             from installer import exits
@@ -411,24 +441,11 @@ def main(argv: list[str] | None = None) -> None:
 
             known = from_os_error(exc) if isinstance(exc, OSError) else None
             if known is not None:  # no privileges, a read-only host: one line, no traceback
-                exits.report_failure(known, command)
+                exits.report_failure(known, command, argv)
                 sys.exit(int(known.exit_code))
-            exits.report_bug(exc, command)
+            exits.report_bug(exc, command, argv)
             sys.exit(int(ExitCode.INTERNAL))
     sys.exit(rv if isinstance(rv, int) else 0)
-
-
-def _json_requested(argv: list[str] | None) -> bool:
-    """--log-format json or LOG_FORMAT=json, read before click could parse the options."""
-    import os
-
-    args = sys.argv[1:] if argv is None else argv
-    for i, arg in enumerate(args):
-        if arg.startswith("--log-format="):
-            return arg.partition("=")[2].lower() == "json"
-        if arg == "--log-format" and i + 1 < len(args):
-            return args[i + 1].lower() == "json"
-    return os.environ.get("LOG_FORMAT", "").strip().lower() == "json"
 
 
 @contextlib.contextmanager

@@ -101,6 +101,16 @@ def expected_nodes(minors: list[int], loaded: tuple[str, ...] = DATACENTER) -> l
     return nodes + (list(UVM_NODES) if "nvidia_uvm" in loaded else [])
 
 
+def missing_nodes(kernel: KernelState) -> list[str]:
+    """The device files a working driver has that are missing here (or are not character
+    devices): nvidiactl, nvidia<minor> per GPU and the uvm ones, which CUDA opens, and
+    nvidia-modeset while its module is loaded. One answer for `verify` and `doctor`."""
+    loaded = loaded_modules(kernel)
+    wanted = expected_nodes(gpu_minors(kernel), tuple(dict.fromkeys((*DATACENTER, *loaded))))
+    present = {d.rel for d in devchar.nvidia_char_devices(kernel.dev_dir)}
+    return [w for w in wanted if w not in present]
+
+
 def loaded_modules(kernel: KernelState) -> tuple[str, ...]:
     """Which of NODE_MODULES are loaded (/sys/module/<m>/initstate)."""
     return tuple(m for m in NODE_MODULES if kernel.is_loaded(m))

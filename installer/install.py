@@ -50,7 +50,12 @@ def _success_message(outcome: Outcome) -> str:
         return (f"NVIDIA driver {outcome.driver_version} is in the install dir; "
                 "--install-only: nothing loaded or verified")
     how = "loaded from the cache" if outcome.plan == "cached" else "installed"
-    return f"NVIDIA driver {outcome.driver_version} {how} and verified"
+    done = f"NVIDIA driver {outcome.driver_version} {how} and verified"
+    if outcome.module_args_waiting:
+        done += (f"; it keeps the module parameters it was loaded with (in use: "
+                 f"{outcome.in_use_by}): {' '.join(outcome.module_args_waiting)} apply at its "
+                 "next load")
+    return done
 
 
 def _install(settings: Settings, started: float) -> Outcome:
@@ -104,13 +109,14 @@ def _install(settings: Settings, started: float) -> Outcome:
                 ERROR, 1, error_class="internal", message=f"{type(exc).__name__}: {exc}",
                 hint="this is a bug in the installer: report it with the traceback"))
             raise
-        staged = ctx.work.staged_for_boot
+        staged, waiting = ctx.work.staged_for_boot, ctx.work.module_args_waiting
         return _record(ctx, started, timings, plan, Outcome(
             OK, 0, install_only=settings.install_only,
             gpus=tuple(asdict(g) for g in ctx.work.gpus or ()),
             driver_version=staged.running_version if staged else None,
             staged_driver_version=plan.driver_version if staged else None,
-            in_use_by=staged.holders if staged else None))
+            in_use_by=staged.holders if staged else waiting,
+            module_args_waiting=tuple(map(str, settings.module_args)) if waiting else None))
 
 
 def _dry_run(ctx: Context, distro: Flow) -> Outcome:

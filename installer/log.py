@@ -88,13 +88,16 @@ class ConsoleRenderer:
 
 def _width() -> int:
     """COLUMNS, else the width of the terminal the logs go to (stderr), else of stdout's,
-    else the fallback."""
-    if os.environ.get("COLUMNS", "").isdigit():
-        return int(os.environ["COLUMNS"])
+    else the fallback. A width of 0 is no width (a serial console, `script`, some CI
+    terminals report 0 columns): the fallback, not values cut to their minimum."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
     try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns
+        width = os.get_terminal_size(sys.stderr.fileno()).columns
     except (AttributeError, ValueError, OSError):
-        return shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns
+        width = shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns
+    return width if width > 0 else FALLBACK_WIDTH
 
 
 def _fit(shown: dict[str, str], room: int) -> dict[str, str]:

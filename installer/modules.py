@@ -84,16 +84,18 @@ def load(
     *,
     modprobe_root: Path | None,
     loaded_now: list[str] | None = None,
+    warn_params: bool = True,
 ) -> list[str]:
     """insmod each module not already loaded; returns (and fills ``loaded_now`` with) the
-    names loaded now, so a caller can undo a half-done load."""
+    names loaded now, so a caller can undo a half-done load. ``warn_params``: say when a
+    loaded module has other parameters (False: the caller said it already)."""
     loaded_now = [] if loaded_now is None else loaded_now
     release = kernel.release()
     lockdown = signing.policy(kernel).lockdown
     for item in loads:
         if kernel.is_loaded(item.name):
             log.info("module_already_loaded", module=item.name)
-            differ = params_not_applied(kernel, item.name, item.params)
+            differ = params_not_applied(kernel, item.name, item.params) if warn_params else None
             if differ:
                 log.warning("module_params_not_applied", module=item.name, params=differ,
                             hint="the module is already loaded: run uninstall then install "

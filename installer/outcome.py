@@ -19,7 +19,10 @@ class Outcome:
     # (error, interrupted). With a version staged for the next boot: the running one.
     driver_version: str | None = None
     staged_driver_version: str | None = None  # waits in .next-boot for the next boot
-    in_use_by: str | None = None  # with a staged version: what holds the running driver
+    # With a staged version, or NVIDIA_MODULE_ARGS waiting: what holds the running driver.
+    in_use_by: str | None = None
+    # The NVIDIA_MODULE_ARGS asked for that the in-use driver gets at its next load.
+    module_args_waiting: tuple[str, ...] | None = None
     install_only: bool = False
     error_class: str | None = None
     message: str | None = None
@@ -76,6 +79,7 @@ class Outcome:
             driver_version=driver,
             staged_driver_version=staged,
             in_use_by=because,
+            module_args_waiting=_strings(doc, "module_args_waiting"),
             install_only=doc.get("install_only") is True,
             error_class=_text(doc, "error_class"),
             message=_text(doc, "message"),
@@ -102,6 +106,13 @@ def _text(doc: Mapping[str, Any], key: str) -> str | None:
 def _number(doc: Mapping[str, Any], key: str) -> float | None:
     value = doc.get(key)
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _strings(doc: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+    value = doc.get(key)
+    if not isinstance(value, list):
+        return None
+    return tuple(v for v in value if isinstance(v, str))
 
 
 def _mapping(doc: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:

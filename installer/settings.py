@@ -147,7 +147,8 @@ def validate(settings: Settings) -> Settings:
     _check_driver_url_version(s)
     if s.driver_url and s.driver_base_url:
         raise UsageError("--driver-url and --driver-base-url both name where the .run comes "
-                         "from: give one (NVIDIA_DRIVER_DOWNLOAD_URL or NVIDIA_DRIVER_BASE_URL)")
+                         "from: give one (a full URL from NVIDIA_DRIVER_DOWNLOAD_URL wins "
+                         "over a base URL from NVIDIA_DRIVER_BASE_URL)")
     if s.driver_version and (why := too_old(s.driver_version)):
         raise UsageError(f"--driver-version: {why}", hint="use R470 or newer")
     if s.kernel_module_type not in ("auto", "open", "proprietary"):
@@ -205,6 +206,27 @@ def _check_prebuilt(s: Settings) -> str | None:
                              "(NVIDIA_PREBUILT_URL)")
         return None
     return normalize_sha256(s.prebuilt_sha256 or None, "--prebuilt-sha256")
+
+
+def full_url_over_base_url(opts: dict[str, Any], flags: set[str]) -> dict[str, str] | None:
+    """A full .run URL and a base URL not both given as flags (``flags``): the full URL wins,
+    as in GKE's installers (a pool's NVIDIA_DRIVER_DOWNLOAD_URL over a template's
+    NVIDIA_DRIVER_BASE_URL); the base URL leaves ``opts`` and what to log about it is
+    returned. Two flags that disagree stay a usage error (validate)."""
+    if not (opts.get("driver_url") and opts.get("driver_base_url")) or len(flags) == 2:
+        return None
+    url_from = "--driver-url" if "driver_url" in flags else "NVIDIA_DRIVER_DOWNLOAD_URL"
+    base_from = "--driver-base-url" if "driver_base_url" in flags else "NVIDIA_DRIVER_BASE_URL"
+    return {"driver_url": opts["driver_url"], "driver_base_url": opts.pop("driver_base_url"),
+            "why": f"the full URL ({url_from}) wins over the base URL ({base_from})"}
+
+
+def default_when_in_use(environ: Mapping[str, str]) -> str:
+    """--when-in-use when neither the flag nor WHEN_IN_USE is given: ``stage`` in a pod (the
+    kubelet sets KUBERNETES_SERVICE_HOST in every container), so GKE's own DaemonSets, which
+    set no WHEN_IN_USE, keep the pod running instead of crash-looping on exit 8; ``fail`` by
+    hand, where exit 8 naming the holders is the answer a person at the node wants."""
+    return "stage" if environ.get("KUBERNETES_SERVICE_HOST") else "fail"
 
 
 def retry_env(environ: Mapping[str, str]) -> dict[str, Any]:

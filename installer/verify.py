@@ -12,7 +12,6 @@ from installer import cuda_check, daemons, fabric
 from installer.errors import VerifyError
 from installer.gpus import Gpu
 from installer.installdir import Tree
-from installer.kernel import KernelState
 from installer.runner import CommandError, Runner
 
 if TYPE_CHECKING:
@@ -22,8 +21,6 @@ log = structlog.get_logger(__name__)
 
 SMI_TIMEOUT_S = 120
 DAEMON_DEADLINE_S = 120  # a sidecar polls every 5 s once the driver and its files are there
-REQUIRED_NODES = ("nvidiactl", "nvidia-uvm")
-
 
 
 def parse_query_gpu(text: str) -> list[Gpu]:
@@ -36,18 +33,13 @@ def parse_query_gpu(text: str) -> list[Gpu]:
     return gpus
 
 
-def require_device_nodes(kernel: KernelState, when: str, *, hint: str) -> None:
-    """The nodes CUDA needs (``/dev/nvidiactl``, ``/dev/nvidia-uvm``) exist, or exit 9."""
-    missing = [n for n in REQUIRED_NODES if not kernel.device_node(n).exists()]
+def check_installed(ctx: Context, missing: list[str]) -> list[Gpu]:
+    """The ``verify`` command: no device file ``missing`` (devnodes.missing_nodes, the ones
+    doctor finds missing too), then nvidia-smi and what a workload needs; exit 9 otherwise."""
     if missing:
-        raise VerifyError(f"device nodes missing {when}: "
-                          f"{', '.join('/dev/' + m for m in missing)}", hint=hint)
-
-
-def check_installed(ctx: Context) -> list[Gpu]:
-    """The ``verify`` command: the installed driver's device nodes, nvidia-smi, CUDA."""
-    require_device_nodes(ctx.kernel, "on this node",
-                         hint="re-run install to load the driver and create them")
+        raise VerifyError("device nodes missing on this node: "
+                          f"{', '.join('/dev/' + m for m in missing)}",
+                          hint="re-run install to load the driver and create them")
     gpus = nvidia_smi(ctx.install, ctx.runner, lib_dir=ctx.install.lib64)
     workloads_ready(ctx, lib_dir=ctx.install.lib64)
     return gpus

@@ -86,6 +86,9 @@ class WorkState:
     bundle: Manifest | None = None  # fetch_prebuilt_bundle: the staged tree came from it
     from_next_boot: bool = False  # take_next_boot: the staged tree is the one kept for it
     staged_for_boot: InUse | None = None  # stage_next_boot: kept aside, not installed
+    # apply_module_args: what holds the loaded driver, so NVIDIA_MODULE_ARGS wait for its
+    # next load (None: nothing waits).
+    module_args_waiting: str | None = None
     # This boot's readiness file as install found it before clearing it (None: there was
     # none); rollback.undo puts it back when the node is as it was.
     readiness_before: str | None = None

@@ -19,11 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from installer.branches import RECOMMENDED_VERSION
 from tests.fixtures.kernel import UBUNTU_KERNEL
 from tests.pod import ubuntu_pod
 
 RELEASE = UBUNTU_KERNEL
-VERSION = "550.54.14"
+VERSION = RECOMMENDED_VERSION  # the R580 default, as a node gets it
 
 
 def banner(text: str) -> None:
@@ -66,7 +67,7 @@ def main() -> int:
             print(second.stderr, end="")
             if second.returncode != 0:
                 return second.returncode
-            missing = "550.99.99"
+            missing = "580.99.99"
             banner(f"upgrade to {missing}, which the server does not have (exit 5; final line)")
             third = pod.run("install", env={"NVIDIA_DRIVER_VERSION": missing})
             print(third.stderr.rstrip().splitlines()[-1])

@@ -4,6 +4,7 @@ who it is (names, OS ids, GKE labels, image); ``headers_build_flow`` plans its i
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from installer import branches
@@ -19,4 +20,7 @@ class HeadersBuild(Distro):
     # A release of NVIDIA's current long-term branch (branches.py); NVIDIA_DRIVER_VERSION
     # picks another.
     default_version: ClassVar[str] = branches.RECOMMENDED_VERSION
+    # `default` asks for default_version (driver_version below), by install and render alike.
+    version_alias = re.compile("default")
+    version_alias_help = f"default: {branches.RECOMMENDED_VERSION}, or R470 for Kepler GPUs"
     daemonset = DaemonSetNeeds(mounts=(BOOT,))

@@ -7,7 +7,17 @@ from pathlib import PurePosixPath
 
 from installer import devchar, devnodes, firmware, ldcache, modules
 from installer.doctor.installed import failed_upgrade
-from installer.doctor.node import DRAIN, FAIL, LIBS, OK, WARN, Finding, Node
+from installer.doctor.node import (
+    DRAIN,
+    FAIL,
+    INSTALL_AGAIN,
+    INSTALL_FIRST,
+    LIBS,
+    OK,
+    WARN,
+    Finding,
+    Node,
+)
 from installer.errors import InstallerError
 from installer.runner import CommandError
 from installer.verify import check_driver_version
@@ -54,6 +64,11 @@ def check_kernel_modules(n: Node) -> Finding:
 
 
 def check_gpu_firmware(n: Node) -> Finding:
+    if n.record is None and n.loaded_version is None:
+        # No driver here, so no firmware of one: not "ok" (the install's checks say why).
+        return Finding("gpu_firmware", FAIL, f"no driver installed in {n.install.host_path}: "
+                       "no GSP firmware for the kernel to find",
+                       INSTALL_AGAIN if n.uninstalled else INSTALL_FIRST)
     ok, detail = firmware.findable(n.kernel, n.host, n.install)
     if ok:
         return Finding("gpu_firmware", OK, detail)
@@ -66,12 +81,11 @@ def check_gpu_firmware(n: Node) -> Finding:
 
 def check_device_nodes(n: Node) -> Finding:
     dev = n.kernel.dev_dir
-    # One /dev/nvidia<minor> per GPU as the driver numbers them; those of the loaded
-    # modules only (uvm's, modeset's when loaded).
+    # nvidiactl, one /dev/nvidia<minor> per GPU as the driver numbers them, the uvm ones,
+    # and modeset's when it is loaded.
     minors, loaded = devnodes.gpu_minors(n.kernel), devnodes.loaded_modules(n.kernel)
-    wanted = devnodes.expected_nodes(minors, loaded)
     present = {d.rel: d for d in devchar.nvidia_char_devices(dev)}
-    missing = [w for w in wanted if w not in present]
+    missing = devnodes.missing_nodes(n.kernel)  # what verify finds missing too
     not_chr = [w for w in missing if (dev / w).exists()]
     # /dev/nvidia-caps/* keep NVIDIA's own modes: 0400 for the MIG "config" capability
     # (admin only), 0444 for "monitor" (open-gpu-kernel-modules os.c osRmCapRegisterSys;
@@ -89,10 +103,10 @@ def check_device_nodes(n: Node) -> Finding:
         what = ", ".join(f"/dev/{m}" for m in missing)
         if not_chr:
             what += f" ({', '.join(not_chr)} exist but are not character devices)"
+        by_hand = ", then ".join("nvidia-modprobe " + " ".join(a)
+                                 for a in devnodes.modprobe_invocations(minors, loaded))
         return Finding("device_nodes", FAIL, f"missing: {what} (present: {detail}{caps_detail})",
-                       "re-run install, or on the node: " + ", then ".join(
-                           "nvidia-modprobe " + " ".join(a)
-                           for a in devnodes.modprobe_invocations(minors, loaded)))
+                       "re-run install" + (f", or on the node: {by_hand}" if by_hand else ""))
     if closed:
         return Finding("device_nodes", WARN, f"{detail}{caps_detail}; not mode 0666: "
                        f"{', '.join('/dev/' + c for c in closed)}",

@@ -8,7 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from installer import branches, cache, nextboot, readiness
-from installer.doctor.node import DRAIN, FAIL, INSTALL_FIRST, LIBS, OK, WARN, Finding, Node, count_files
+from installer.doctor.node import (
+    FAIL,
+    INSTALL_AGAIN,
+    INSTALL_FIRST,
+    LIBS,
+    OK,
+    REBOOT_STAGED,
+    WARN,
+    Finding,
+    Node,
+    count_files,
+)
 from installer.errors import InstallerError
 from installer.outcome import ERROR, UNINSTALLED
 from installer.outcome import OK as OUTCOME_OK
@@ -43,7 +54,7 @@ def check_installer_status(n: Node) -> Finding:
                        f"last run ok at {when}: driver {s.driver_version} keeps running "
                        f"(in use: {s.in_use_by}); {s.staged_driver_version} is staged for "
                        f"the next boot, {where_kept}",
-                       f"{DRAIN}, then reboot the node: the next run installs "
+                       f"{REBOOT_STAGED}: at boot the installer puts in "
                        f"{s.staged_driver_version} with no download or compile (or let it "
                        "wait for the node's next reboot)")
     if s.outcome == OUTCOME_OK:
@@ -51,7 +62,7 @@ def check_installer_status(n: Node) -> Finding:
                        f"{s.driver_version} ({s.plan} plan, {s.duration_s}s)")
     if s.outcome == UNINSTALLED:
         return Finding("installer_status", WARN, f"the driver was uninstalled at {when}",
-                       "run install to install it again")
+                       INSTALL_AGAIN)
     step_name = (s.context or {}).get("step")
     step = f" in step {step_name}" if step_name else ""
     upgrade = failed_upgrade(n)
@@ -76,6 +87,9 @@ def check_cache(n: Node) -> Finding:
     if r is None and n.never_installed:
         return Finding("cache", FAIL, "no .cache record: install has never run on this node",
                        INSTALL_FIRST)
+    if r is None and n.uninstalled:
+        return Finding("cache", FAIL, f"no .cache record: the driver was uninstalled at "
+                       f"{n.uninstalled}", INSTALL_AGAIN)
     if r is None and n.node_image_driver:
         return Finding("cache", OK, f"no .cache record in {n.install.root}: this tool has not "
                        "installed a driver here (the loaded one is the node image's)")
@@ -121,6 +135,9 @@ def check_install_dir(n: Node) -> Finding:
     if missing and n.never_installed:
         return Finding("install_dir", FAIL, f"{n.install.host_path} is empty: install has never "
                        "run on this node", INSTALL_FIRST)
+    if missing and n.uninstalled:
+        return Finding("install_dir", FAIL, f"{n.install.host_path} holds no driver: it was "
+                       f"uninstalled at {n.uninstalled}", INSTALL_AGAIN)
     if missing and n.node_image_driver:
         return Finding("install_dir", FAIL, f"{root} holds no usable user space of the loaded "
                        f"driver {n.loaded_version}: missing {', '.join(missing)} ({counts})",

@@ -16,7 +16,7 @@ from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
 from installer.osinfo import HostInfo
-from installer.outcome import Outcome
+from installer.outcome import UNINSTALLED, Outcome
 from installer.runner import Runner
 from installer.settings import Settings
 from installer.verify import nvidia_smi
@@ -35,6 +35,10 @@ SWITCH_FROM_GKE = ("keep one installer: delete GKE's DaemonSet (kubectl -n kube-
 
 DRAIN = ("drain GPU workloads from the node (kubectl drain <node> --ignore-daemonsets "
          "--delete-emptydir-data), then re-run install")
+# The README's runbook for a staged version: nothing to re-run, the reboot installs it.
+REBOOT_STAGED = ("drain the node (kubectl drain <node> --ignore-daemonsets "
+                 "--delete-emptydir-data), reboot it, then kubectl uncordon <node>")
+INSTALL_AGAIN = "run install to install it again"
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,13 @@ class Node:
                  else f"nvidia-smi fails ({smi.message})")
         return (f"driver {self.loaded_version} loaded by the node image; not installed by "
                 f"this tool; {works}")
+
+    @property
+    def uninstalled(self) -> str | None:
+        """When `uninstall` removed the install (its status.json says so), else None."""
+        if self.status is not None and self.status.outcome == UNINSTALLED and self.record is None:
+            return self.status.finished_at or "?"
+        return None
 
     @property
     def never_installed(self) -> bool:

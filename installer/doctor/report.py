@@ -118,7 +118,7 @@ def run(settings: Settings) -> Report:
             findings.append(Finding(name, FAIL, f"the check itself failed: "
                                     f"{type(exc).__name__}: {exc}",
                                     "report this as an installer bug; check by hand meanwhile"))
-    if node.never_installed:  # nothing to re-run yet
+    if node.never_installed or node.uninstalled:  # nothing to re-run yet
         findings = [replace(f, fix=f.fix.replace("re-run install", "run install"))
                     for f in findings]
     info = node.host_info

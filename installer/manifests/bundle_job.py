@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from installer import __version__
 from installer.bundle.manifest import BundleError, BundleKey
+from installer.gpus import choose_module_type
 from installer.manifests.render import environment
 from installer.manifests.validate import DNS_SUBDOMAIN, parse_image, validate_namespace
 from installer.manifests.values import label_version
@@ -32,12 +33,18 @@ class JobOptions:
     targets: Sequence[str]  # DRIVER@KERNEL
     image: str
     namespace: str
-    module_type: str = "proprietary"
+    module_type: str = "auto"  # auto: per target, as `bundle build` and the nodes resolve it
     parallelism: int = 4
     volume_claim: str | None = None
     uploader_image: str | None = None
     upload_command: str | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def built_module_type(version: str, requested: str) -> str:
+    """The module type `bundle build` makes for ``version`` (no GPU to look at: ``auto`` is
+    NVIDIA's default for the branch, what a node with Turing or newer GPUs asks for)."""
+    return choose_module_type([], version, requested).module_type
 
 
 def check_targets(targets: Sequence[str], module_type: str) -> list[str]:
@@ -49,7 +56,7 @@ def check_targets(targets: Sequence[str], module_type: str) -> list[str]:
         try:
             if not at:
                 raise BundleError("it is not DRIVER@KERNEL")
-            keys.append(BundleKey(version, release, module_type).name())
+            keys.append(BundleKey(version, release, built_module_type(version, module_type)).name())
         except BundleError as exc:
             raise ValueError(f"--target {item!r}: {exc}") from None
     if len(set(keys)) != len(keys):
@@ -59,7 +66,7 @@ def check_targets(targets: Sequence[str], module_type: str) -> list[str]:
 
 def context(opts: JobOptions) -> dict[str, object]:
     targets = check_targets(opts.targets, opts.module_type)
-    parse_image(opts.image)
+    parse_image(opts.image, require_tag=False)  # a digest pins it (REF:TAG@sha256:...)
     validate_namespace(opts.namespace)
     if opts.parallelism < 1:
         raise ValueError("--parallelism must be at least 1")

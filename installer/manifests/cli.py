@@ -19,6 +19,7 @@ from installer.manifests.render import (
     RenderOptions,
     image_ref,
     match_expressions,
+    needs_nfd,
     render,
     render_files,
     sidecars,
@@ -27,8 +28,10 @@ from installer.manifests.validate import (
     parse_env,
     parse_image,
     validate_digest,
+    validate_driver_sha256,
     validate_driver_version,
     validate_instance,
+    validate_metrics_file,
     validate_namespace,
 )
 from installer.manifests.values import (
@@ -38,8 +41,13 @@ from installer.manifests.values import (
     DEFAULT_NODE_LABELS,
     DEFAULT_PAUSE_IMAGE,
     FLAVORS,
+    OS_ID_LABEL,
     PARTITION_GPUS_FLAVORS,
+    PARTITION_GPUS_IMAGE,
+    PLACEHOLDER_REGISTRY,
     default_image,
+    is_pinned,
+    is_placeholder,
 )
 
 BUNDLE_JOB_FILE = "bundle-job.yaml"
@@ -126,6 +134,16 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
 @click.option("--persistenced", is_flag=True,
               help="Add nvidia-persistenced as a native sidecar (NVIDIA's replacement for "
               "`nvidia-smi -pm 1`, which the 580 driver calls deprecated).")
+@click.option("--partition-gpus-image", metavar="REF", default=PARTITION_GPUS_IMAGE,
+              show_default=True, help="The partition-gpus image (a mirror of GKE's, pinned "
+              "by digest) with --partition-gpus.")
+@click.option("--driver-sha256", metavar="HEX", help="NVIDIA_DRIVER_SHA256: the SHA-256 of "
+              "the --driver-version .run; a .run that differs is refused (exit 6).")
+@click.option("--metrics-file", metavar="HOST_PATH",
+              help="NVIDIA_INSTALLER_METRICS_FILE: a *.prom file in node_exporter's textfile "
+              "collector dir on the host, e.g. "
+              "/var/lib/node_exporter/textfile_collector/nvidia_driver_installer.prom "
+              "[default: no metrics].")
 @click.option("--name", "instance", metavar="NAME",
               help="Instance name, for one DaemonSet per node pool: nvidia-driver-installer-"
               "<flavor>-NAME, its own instance label and selector, daemonset-<flavor>-NAME.yaml "
@@ -148,24 +166,37 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
     if all_flavors and flavors:
         raise click.UsageError("give --flavor or --all, not both")
     selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS
-    _check_combinations(selected, node_labels, **given)
     try:
         env = parse_env(extra_env)
     except ValueError as exc:
         raise _bad("--env", exc) from None
+    _check_combinations(selected, node_labels, env, **given)
     opts = RenderOptions(image_digests=_parse_digests(image_digests, selected),
                          node_labels=node_labels or DEFAULT_NODE_LABELS, extra_env=env, **given)
     _check_each_option(selected, opts)
     _warn_unpinned(selected, opts)
+    if nfd := [f for f in selected if needs_nfd(f, opts)]:
+        click.echo(f"warning: --affinity label: the {', '.join(nfd)} DaemonSet(s) also require "
+                   f"Node Feature Discovery's {OS_ID_LABEL} label (the --node-label labels do "
+                   "not tell the flavours apart): without NFD no node has it and no pod runs. "
+                   "Add a label naming the flavour (e.g. example.com/os={flavor}); with a "
+                   "cloud.google.com/ label (GKE) GKE's own OS label is used instead, for the "
+                   "flavours GKE has node images of", err=True)
     if output_dir is None:
         click.echo("".join(render(f, opts) for f in selected), nl=False)
     else:
         _write(output_dir, render_files(selected, opts))
 
 
-def _check_combinations(selected: Sequence[str], node_labels: Sequence[str], *, image: str | None,
-                        affinity: str, partition_gpus: bool, **_: Any) -> None:
+def _check_combinations(selected: Sequence[str], node_labels: Sequence[str],
+                        extra_env: Mapping[str, str], *, image: str | None, affinity: str,
+                        partition_gpus: bool, driver_sha256: str | None,
+                        metrics_file: str | None, **_: Any) -> None:
     """Options that make no sense together (each alone is checked with the flavours)."""
+    for flag, value, var in (("--driver-sha256", driver_sha256, "NVIDIA_DRIVER_SHA256"),
+                             ("--metrics-file", metrics_file, "NVIDIA_INSTALLER_METRICS_FILE")):
+        if value and var in extra_env:
+            raise click.UsageError(f"{flag} and --env {var} both set it: give one")
     if partition_gpus and not set(selected) & set(PARTITION_GPUS_FLAVORS):
         raise click.UsageError("--partition-gpus: GKE runs partition-gpus only in its "
                                f"{'/'.join(PARTITION_GPUS_FLAVORS)} DaemonSets; render that flavor")
@@ -187,7 +218,14 @@ def _check_each_option(selected: Sequence[str], opts: RenderOptions) -> None:
         ("--pause-image",
          lambda: parse_image(opts.pause_image, what="pause image", require_tag=False)),
         ("--fabric-manager-config", lambda: sidecars(opts)),
+        ("--partition-gpus-image", lambda: parse_image(
+            opts.partition_gpus_image, what="partition-gpus image", require_tag=False)),
     ]
+    if opts.driver_sha256:
+        checks.append(("--driver-sha256",
+                       lambda: validate_driver_sha256(opts.driver_sha256, opts.driver_version)))
+    if opts.metrics_file:
+        checks.append(("--metrics-file", lambda: validate_metrics_file(opts.metrics_file)))
     for f in selected:
         checks.append(("--image", lambda f=f: image_ref(f, opts)))
         if opts.instance is not None:
@@ -204,12 +242,33 @@ def _check_each_option(selected: Sequence[str], opts: RenderOptions) -> None:
 
 
 def _warn_unpinned(selected: Sequence[str], opts: RenderOptions) -> None:
+    """Every image the manifests name, pinned by digest or warned about (and a placeholder
+    said to be one)."""
+    if any(is_placeholder(image_ref(f, opts)) for f in selected):
+        warn_placeholder()
     for f in selected:
-        if f not in opts.image_digests:
+        if f not in opts.image_digests and not is_placeholder(image_ref(f, opts)):
             click.echo(f"warning: the {f} image is pinned by tag only ({image_ref(f, opts)}): a "
                        "re-pushed tag changes what every GPU node runs as root; pin it with "
                        f"--image-digest {f}=sha256:<digest of the pushed image>",
                        err=True)
+    warn_tag_only("pause", opts.pause_image, "--pause-image REF@sha256:<digest>")
+    if opts.partition_gpus and set(selected) & set(PARTITION_GPUS_FLAVORS):
+        warn_tag_only("partition-gpus", opts.partition_gpus_image,
+                      "--partition-gpus-image REF@sha256:<digest>")
+
+
+def warn_placeholder() -> None:
+    click.echo(f"warning: no --image: the manifests name the placeholder registry "
+               f"{PLACEHOLDER_REGISTRY}; no image of this project is published. Build and "
+               "push your own (make images; make push REGISTRY=...) and render with the "
+               "command make push prints", err=True)
+
+
+def warn_tag_only(what: str, ref: str, how: str) -> None:
+    if not is_pinned(ref):
+        click.echo(f"warning: the {what} image is pinned by tag only ({ref}): a re-pushed tag "
+                   f"changes what runs on every GPU node; pin it with {how}", err=True)
 
 
 def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, str]:
@@ -238,8 +297,11 @@ def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, st
 @manifests.command("bundle-job")
 @click.option("--target", "targets", metavar="DRIVER@KERNEL", multiple=True,
               help="One bundle to build (repeatable), e.g. 550.127.05@6.8.0-1015-gke.")
-@click.option("--kernel-module-type", "module_type", type=click.Choice(["open", "proprietary"]),
-              default="proprietary", show_default=True, help="Module type built.")
+@click.option("--kernel-module-type", "module_type",
+              type=click.Choice(["auto", "open", "proprietary"]), default="auto",
+              show_default=True, help="Module type built; auto: NVIDIA's default for each "
+              "target's branch (open from R560), as a node with Turing or newer GPUs picks it, "
+              "so its bundles are the ones those nodes look for.")
 @click.option("--parallelism", type=int, default=4, show_default=True,
               help="Pods building at once.")
 @click.option("--volume-claim", metavar="PVC", help="Keep bundles and index.json in this "
@@ -248,7 +310,8 @@ def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, st
               help="Image of the upload hook (with gsutil, oras or curl).")
 @click.option("--upload-command", metavar="SH",
               help="Shell command uploading $BUNDLE_DIR/* (the bundle, its .sha256, index.json).")
-@click.option("--image", metavar="REF", help="Installer image with a tag. Default: "
+@click.option("--image", metavar="REF", help="Installer image with a tag, pinned with "
+              "@sha256:<digest>. Default: "
               f"{DEFAULT_IMAGE_REPO.format(flavor=BUNDLE_BUILDER.image())}:<package version>.")
 @click.option("--namespace", metavar="NAME", default=DEFAULT_NAMESPACE, show_default=True)
 @_env_option
@@ -262,6 +325,12 @@ def bundle_job_command(image: str | None, extra_env: tuple[str, ...], output_dir
         text = render_job(opts)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if is_placeholder(opts.image):
+        warn_placeholder()
+    else:
+        warn_tag_only("installer", opts.image, "--image REF@sha256:<digest>")
+    if opts.uploader_image:
+        warn_tag_only("uploader", opts.uploader_image, "--uploader-image REF@sha256:<digest>")
     if output_dir is None:
         click.echo(text, nl=False)
     else:

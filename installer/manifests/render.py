@@ -52,6 +52,7 @@ from installer.manifests.values import (
     daemonset_filename,
     daemonset_name,
     default_image,
+    is_placeholder,
     label_version,
 )
 
@@ -99,6 +100,9 @@ class RenderOptions:
     nvswitch: bool = False  # the fabric manager, for NVSwitch node pools
     fabric_manager_config: str | None = None  # a ConfigMap with fabricmanager.cfg
     persistenced: bool = False  # nvidia-persistenced instead of `nvidia-smi -pm 1`
+    partition_gpus_image: str = PARTITION_GPUS_IMAGE
+    driver_sha256: str | None = None  # pins the .run of driver_version
+    metrics_file: str | None = None  # host path of a node_exporter textfile
 
 
 # The daemon sidecars, in the order they start (before the install: each waits for the driver).
@@ -142,9 +146,24 @@ def match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
         only_theirs = [e["key"] for e in theirs if e["key"] not in ours]
         if only_theirs:
             exprs += [{"key": k, "operator": "DoesNotExist"} for k in only_theirs]
-        elif OS_ID_LABEL not in ours:
-            exprs.append(_os_id_expression(flavor))
+        elif not {OS_ID_LABEL, GKE_OS_LABEL} & ours:
+            exprs += _gke_os_expressions(flavor) if _gke_labels(opts) else [_os_id_expression(flavor)]
     return exprs
+
+
+def _gke_labels(opts: RenderOptions) -> bool:
+    """Node labels only GKE sets (cloud.google.com/gke-nodepool, …): there GKE's own OS label
+    tells the flavours apart; Node Feature Discovery, whose label does elsewhere, is rarely
+    installed on GKE."""
+    return any(item.partition("=")[0].startswith("cloud.google.com/") for item in opts.node_labels)
+
+
+def needs_nfd(flavor: str, opts: RenderOptions) -> bool:
+    """The flavour's DaemonSet selects nodes by NFD's os-release label the user did not ask
+    for: on a cluster without Node Feature Discovery it schedules no pod."""
+    asked = {parse_node_label(item, flavor)[0] for item in opts.node_labels}
+    return opts.affinity == "label" and OS_ID_LABEL not in asked and \
+        any(e["key"] == OS_ID_LABEL for e in match_expressions(flavor, opts))
 
 
 def _os_id_expression(flavor: str) -> dict[str, Any]:
@@ -164,7 +183,8 @@ def _gke_os_expressions(flavor: str) -> list[dict[str, Any]]:
 
 def _partition_gpus_image(flavor: str, opts: RenderOptions) -> str:
     """GKE's partition-gpus image where GKE runs it (its COS DaemonSets), else ""."""
-    return PARTITION_GPUS_IMAGE if opts.partition_gpus and flavor in PARTITION_GPUS_FLAVORS else ""
+    return (opts.partition_gpus_image
+            if opts.partition_gpus and flavor in PARTITION_GPUS_FLAVORS else "")
 
 
 def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -213,6 +233,10 @@ def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
     env["LOG_FORMAT"] = DEFAULT_LOG_FORMAT
     env["LOCK_TIMEOUT"] = DEFAULT_LOCK_TIMEOUT
     env["WHEN_IN_USE"] = DEFAULT_WHEN_IN_USE
+    if opts.driver_sha256:
+        env["NVIDIA_DRIVER_SHA256"] = opts.driver_sha256.lower()
+    if opts.metrics_file:
+        env["NVIDIA_INSTALLER_METRICS_FILE"] = opts.metrics_file
     for key, value in opts.extra_env.items():
         if key in OWN_ENV and key not in needs.own_env:
             continue  # another distro's setting (COS artifacts mean nothing elsewhere; its pin is refused)
@@ -256,6 +280,7 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "selector": selector,
         "labels": labels,
         "image": image_ref(flavor, opts),
+        "placeholder": is_placeholder(image_ref(flavor, opts)),
         "pause_image": opts.pause_image,
         "partition_gpus_image": _partition_gpus_image(flavor, opts),
         "sidecars": sidecars(opts),

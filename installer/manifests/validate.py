@@ -125,6 +125,25 @@ def parse_env(items: Iterable[str]) -> dict[str, str]:
         env[key] = value
     return env
 
+def validate_driver_sha256(value: str, driver_version: str | None) -> str:
+    """``--driver-sha256``: the SHA-256 of one .run, so of one explicit --driver-version."""
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise ValueError(f"{value!r} is not a SHA-256 (64 hex digits) of the NVIDIA .run")
+    if not (driver_version and driver_version[:1].isdigit()):
+        raise ValueError("it pins one .run: give --driver-version, the version it is the "
+                         "SHA-256 of (a version, not an alias or the default)")
+    return value.lower()
+
+
+def validate_metrics_file(value: str) -> str:
+    """``--metrics-file``: a host path node_exporter's textfile collector reads."""
+    if not value.startswith("/") or ".." in value.split("/") or not value.endswith(".prom"):
+        raise ValueError(f"{value!r} is not an absolute host path of a *.prom file (the "
+                         "textfile collector reads only those), e.g. "
+                         "/var/lib/node_exporter/textfile_collector/nvidia_driver_installer.prom")
+    return value
+
+
 def parse_node_label(item: str, flavor: str) -> tuple[str, str | None]:
     """``key=value`` (or bare ``key``: label must exist) with ``{flavor}`` filled in."""
     key, sep, value = item.partition("=")

@@ -44,7 +44,11 @@ FIXED_ENV: frozenset[str] = frozenset(CONTRACT_ENV).union(
 OWN_ENV: frozenset[str] = frozenset().union(*(d.daemonset.own_env for d in DISTROS))
 
 DEFAULT_DRIVER_VERSION = {d.name: d.default_version for d in DISTROS}
-DEFAULT_IMAGE_REPO = "ghcr.io/nvidia-driver-installer/nvidia-driver-installer-{flavor}"
+# No image of this project is published: the default names a registry that cannot exist
+# (.invalid, RFC 2606), marked PLACEHOLDER in what is rendered; `manifests render --image`
+# (the command `make push` prints) replaces it with the images you pushed.
+PLACEHOLDER_REGISTRY = "registry.invalid"
+DEFAULT_IMAGE_REPO = PLACEHOLDER_REGISTRY + "/nvidia-driver-installer-{flavor}"
 DEFAULT_PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 DEFAULT_NAMESPACE = "kube-system"
 DEFAULT_LOG_FORMAT = "json"
@@ -103,3 +107,11 @@ def label_version() -> str:
 
 def default_image(flavor: str) -> str:
     return f"{DEFAULT_IMAGE_REPO.format(flavor=flavor)}:{image_tag()}"
+
+
+def is_placeholder(image: str) -> bool:
+    return image.startswith(PLACEHOLDER_REGISTRY + "/")
+
+
+def is_pinned(image: str) -> bool:
+    return "@sha256:" in image

@@ -63,7 +63,8 @@ def load_modules(from_staging: bool, display_modules: bool = False) -> Step:
                                    display_modules=display_modules)
         # What it loads before a failure is unloaded again by rollback.undo.
         modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=ctx.modprobe_root,
-                     loaded_now=ctx.work.changes.loaded)
+                     loaded_now=ctx.work.changes.loaded,
+                     warn_params=ctx.work.module_args_waiting is None)
 
     where = "<staging>/drivers" if from_staging else "<install-dir>/drivers"
     files = modules.load_order(display_modules)
@@ -215,11 +216,13 @@ def apply_module_args() -> Step:
             return
         held = modules.holders(ctx.kernel) or modules.why_no_unload(ctx.kernel)
         if held:
+            ctx.work.module_args_waiting = held  # said once, here (load_modules stays quiet)
             log.warning("module_args_not_applied", loaded_with=list(map(str, before)),
                         wanted=list(map(str, wanted)), not_applied=differ, dropped=dropped,
-                        holders=held, message=f"the driver cannot be reloaded now ({held}): it keeps the "
-                        "module parameters it was loaded with until it next loads (drain and "
-                        "re-run install, or reboot)")
+                        holders=held, message=f"the driver cannot be reloaded now ({held}): it "
+                        "keeps the module parameters it was loaded with until it next loads: "
+                        "drain its GPU work and re-run install (an unused driver is reloaded "
+                        "with them), or reboot")
             return
         version = modules.loaded_driver_version(ctx.kernel)
         removed = modules.unload(ctx.kernel, ctx.runner)

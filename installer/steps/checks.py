@@ -85,9 +85,10 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
             log.warning("unknown_gpu", message=warning)
         choice = gpus.choose_module_type(found, version, requested_module_type)
         ctx.work.kernel_module_type = choice.module_type
-        if not found and ctx.settings.dry_run:
+        if not found and ctx.settings.dry_run and not ctx.settings.install_only:
             # The real run goes on (a GPU-less VM still proves the kernel accepts the
-            # modules) and fails at the load: exit 8, DESIGN §3. A plan is no use here.
+            # modules) and fails at the load: exit 8. A plan is no use here. --install-only
+            # loads nothing, so its real run only warns, and so does its dry run.
             raise ModuleLoadError(
                 f"no NVIDIA GPU on the PCI bus ({ctx.kernel.sys_dir}/bus/pci/devices): the "
                 "install would build the driver, then fail to load it (nvidia.ko: NVRM: No "

@@ -58,7 +58,7 @@ def test_a_fifo_as_status_json_is_a_clear_error(ubuntu):
     outcome(ubuntu.run("install"), 0)
     _plant(ubuntu.node.install_dir / "status.json", "fifo")
     ubuntu.snapshot()
-    proc = ubuntu.run("status", timeout=60)
+    proc = ubuntu.run("status", "-o", "json", timeout=60)
     outcome(proc, 6, "status.json is a FIFO")
     ubuntu.assert_host_unchanged()
 

@@ -83,9 +83,9 @@ def _leaks(world, proc) -> list[str]:
 @pytest.mark.parametrize("run", ["dry_run", "install", "not_found"])
 def test_credentials_in_the_driver_url_never_reach_output_or_files(ubuntu, run):
     path = RUN_PATH if run != "not_found" else "/tesla/999.99.99/NVIDIA-Linux-x86_64-999.99.99.run"
-    # the pod's NVIDIA_DRIVER_BASE_URL cleared: the two are refused together
-    env = {"NVIDIA_DRIVER_DOWNLOAD_URL": _secret_url(ubuntu.server.url, path),
-           "NVIDIA_DRIVER_BASE_URL": ""}
+    # over the pod's NVIDIA_DRIVER_BASE_URL: the full URL wins, and the log line saying so
+    # names it (redacted) too
+    env = {"NVIDIA_DRIVER_DOWNLOAD_URL": _secret_url(ubuntu.server.url, path)}
     if run == "not_found":
         env["NVIDIA_DRIVER_VERSION"] = "999.99.99"
     args = ("install", "--dry-run") if run == "dry_run" else ("install",)

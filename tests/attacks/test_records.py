@@ -54,7 +54,7 @@ def test_deeply_nested_status_json_is_a_clear_error(ubuntu):
     outcome(ubuntu.run("install"), 0)
     (ubuntu.node.install_dir / "status.json").write_text(DEEP)
     ubuntu.snapshot()
-    outcome(ubuntu.run("status"), 6, "corrupt status file", "nested")
+    outcome(ubuntu.run("status", "-o", "json"), 6, "corrupt status file", "nested")
     ubuntu.assert_host_unchanged()
 
 
@@ -83,7 +83,8 @@ def test_cache_record_as_a_symlink_loop_is_no_record(ubuntu, command, code):
     outcome(ubuntu.run("install"), 0)
     _loop(ubuntu.node.install_dir / ".cache")
     ubuntu.snapshot()
-    proc = ubuntu.run(command)
+    # JSON log lines: install's in the pod, a report's with -o json (they follow -o)
+    proc = ubuntu.run(command, *(() if command == "install" else ("-o", "json")))
     outcome(proc, code)
     assert "cache_record_unusable" in event_names(proc)
     if command == "install":

@@ -99,6 +99,17 @@ def test_dry_run_with_no_gpu_is_the_load_failure_it_leads_to(node, pod, kernel, 
     assert "No NVIDIA GPU found" in final["error"], final
 
 
+def test_install_only_dry_run_with_no_gpu_only_warns_as_its_real_run(node, pod, kernel, server):
+    """--install-only loads nothing, so a GPU-less node is only warned about (README,
+    cos-gpu-installer v2's -no-verify): the dry run agrees with the real run (issue 34 §2)."""
+    import shutil
+
+    shutil.rmtree(kernel.sys_dir / "bus/pci/devices/0000:00:04.0")
+    for args in (("--dry-run",), ()):
+        proc = ok(pod.run("install", "--install-only", *args))
+        assert '"no_gpu_found"' in proc.stderr
+
+
 def test_dry_run_shows_module_args_and_its_checks(node, pod, kernel, server):
     env = {"NVIDIA_MODULE_ARGS": "nvidia.NVreg_EnableGpuFirmware=0 nvidia-uvm.uvm_perf_prefetch_enable=0"}
     proc = ok(pod.run("install", "--dry-run", "--module-arg", "nvidia.NVreg_DeviceFileMode=0666",

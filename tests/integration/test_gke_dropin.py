@@ -233,3 +233,38 @@ def test_precompiled_for_any_branch_when_no_prebuilt_modules(gke_pod, node, kern
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "CACHE_FLAVOR=precompiled-signed" in (node.install_dir / ".cache").read_text()
     assert kernel.loaded()["nvidia"].version == version
+
+
+# What the kubelet puts in every container's env (kubelet_pods.go, getServiceEnvVarMap:
+# the "kubernetes" service of the default namespace); GKE's DaemonSets set no WHEN_IN_USE.
+KUBELET_ENV = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+
+
+def test_gke_ubuntu_daemonset_stages_a_new_version_on_a_busy_node(tmp_path):
+    """Issue 34 §1: a version change in GKE's own Ubuntu DaemonSet (only
+    NVIDIA_DRIVER_VERSION in its env) on a node whose GPU is in use: the init container exits
+    0 with the new driver staged and the old one kept, not exit 8 and CrashLoopBackOff. The
+    same run by hand (no KUBERNETES_SERVICE_HOST) keeps the documented default, fail."""
+    from tests.fixtures.runfile import build_driver_run
+    from tests.pod import ubuntu_pod
+
+    old, new = "580.82.07", "580.95.05"
+    with ubuntu_pod(tmp_path, version=old, env=KUBELET_ENV) as (node, kernel, server, pod):
+        server.serve_run(new, build_driver_run(tmp_path / "runs-new", new))
+        pod.mount_install_dir = False  # GKE's Ubuntu DaemonSet mounts only /, /dev, /boot
+        assert pod.run("install").returncode == 0
+        kernel.hold("nvidia")  # a workload has the GPU open
+
+        by_hand = pod.run("install", env={"NVIDIA_DRIVER_VERSION": new,
+                                          "KUBERNETES_SERVICE_HOST": ""})
+        assert by_hand.returncode == 8, by_hand.stderr[-2000:]
+        assert "nvidia: 1 reference(s)" in _last(by_hand)["message"]
+
+        proc = pod.run("install", env={"NVIDIA_DRIVER_VERSION": new})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        final = _last(proc)
+        assert final["plan"] == "staged", final
+        assert final["message"].startswith(f"NVIDIA driver {old} keeps running")
+        assert kernel.loaded()["nvidia"].version == old
+        assert f"CACHE_NVIDIA_DRIVER_VERSION={new}" in (
+            node.install_dir / ".next-boot/.cache").read_text()

@@ -270,7 +270,7 @@ def test_status_and_verify_commands(node, pod, kernel, server):
     gpus = json.loads(ok(pod.run("verify", "-o", "json")).stdout)
     assert gpus == [{"name": "NVIDIA L4", "driver_version": V1, "bus_id": "00000000:00:04.0"}]
     kernel.unload_all()  # a reboot before the installer ran again
-    broken = pod.run("verify")
+    broken = pod.run("verify", "-o", "json")  # its log lines follow -o (issue 34)
     assert broken.returncode == 9, broken.stderr
     assert "device nodes missing" in last_event(broken)["error"]
     failed = pod.run("install", env={"NVIDIA_DRIVER_VERSION": "999.99.99"})

@@ -2,8 +2,8 @@
 
 The old driver stays loaded and working, the pod runs (exit 0), the new version is built
 and checked exactly as a fresh install is and kept in <install-dir>/.next-boot; after the
-reboot it is installed with no download and no compile. ``--when-in-use fail`` (the CLI's
-default, DESIGN §4) keeps exit 8 naming the holders; the DaemonSets set ``stage``.
+reboot it is installed with no download and no compile. ``--when-in-use fail`` (the default
+by hand, docs/contract.md §4) keeps exit 8 naming the holders; in a pod the default is ``stage``.
 """
 
 from __future__ import annotations
@@ -193,4 +193,11 @@ def test_changed_module_args_wait_while_the_driver_is_in_use(node, pod, kernel, 
     assert _module_calls(kernel, calls) == []
     (warning,) = [e for e in events(proc.stderr) if e.get("event") == "module_args_not_applied"]
     assert "nvidia: 1 reference(s)" in warning["message"]
+    # One message, not a second warning with other advice (issue 34 §5), and the final line
+    # says the new parameters wait.
+    assert [e for e in events(proc.stderr) if e.get("level") == "warning"
+            and e.get("event", "").startswith("module_")] == [warning]
+    assert last_event(proc)["message"].endswith(
+        "it keeps the module parameters it was loaded with (in use: nvidia: 1 reference(s)): "
+        "nvidia.NVreg_EnableGpuFirmware=0 apply at its next load")
     assert ready(node)["NVIDIA_MODULE_ARGS"] == ""  # still what the loaded driver has

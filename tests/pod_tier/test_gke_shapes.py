@@ -10,6 +10,7 @@ our image's own entrypoint with no env at all.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -17,6 +18,7 @@ import pytest
 
 from installer.distros.ubuntu import Ubuntu
 from tests.fixtures.node import COS_BUILD_ID
+from tests.fixtures.runfile import build_driver_run
 from tests.fixtures.server import ArtifactServer
 from tests.pod_tier.checks import assert_ran, cos_node, pod_name, ubuntu_node
 from tests.pod_tier.workload import PAUSE, FixtureNode, Kubelet, gke_daemonset, role_images
@@ -115,5 +117,42 @@ def test_gke_ubuntu_daemonset_installs_with_our_image(podman, built, tmp_path):
         assert [r.status for r in node.server.requests_for(run_path)] == [200]
         assert f"CACHE_KERNEL_VERSION={node.kernel.release}\n" in \
             (node.node.install_dir / ".cache").read_text()
+    finally:
+        kubelet.close()
+
+
+# What the kubelet puts in every container's env and podman does not (kubelet_pods.go,
+# getServiceEnvVarMap: the default namespace's "kubernetes" service).
+KUBELET_ENV = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+
+
+def test_gke_ubuntu_daemonset_stages_a_new_version_on_a_busy_node(podman, built, tmp_path):
+    """Issue 34 §1: GKE's Ubuntu DaemonSet (no WHEN_IN_USE; the version as its -R5xx
+    variants set it) with our image, on a node whose GPU is in use when the version changes:
+    the init container exits 0, the pause container runs, the old driver stays loaded and
+    the new one waits in .next-boot. Not exit 8 and CrashLoopBackOff."""
+    kubelet, ds = gke_kubelet(podman, built, "ubuntu")
+    old, new = Ubuntu.default_version, "580.95.05"
+    with_new = copy.deepcopy(ds)
+    (init,) = with_new["spec"]["template"]["spec"]["initContainers"]
+    init["env"] = [{"name": "NVIDIA_DRIVER_VERSION", "value": new}]
+    try:
+        with ArtifactServer() as server:
+            node, _ = ubuntu_node(tmp_path, server, version=old)
+            node.env.update(KUBELET_ENV)
+            run = build_driver_run(tmp_path / "runs-new", new)
+            server.serve(f"/tesla/{new}/{run.name}", run)
+            make_host_paths(node, ds)
+            assert_ran(node, kubelet.run(node, pod_name("gke-ubuntu-old"), ds), old, "fresh")
+            node.kernel.hold("nvidia")  # a workload has the GPU open
+            pod = kubelet.run(node, pod_name("gke-ubuntu-new"), with_new)
+        assert (pod.init["State"]["Status"], pod.init["State"]["ExitCode"]) == ("exited", 0), \
+            pod.logs[-3000:]
+        assert pod.pause["State"]["Status"] == "running"
+        final = json.loads(pod.last_line)
+        assert (final["outcome"], final["plan"]) == ("ok", "staged"), final
+        assert node.kernel.loaded()["nvidia"].version == old
+        assert f"CACHE_NVIDIA_DRIVER_VERSION={new}" in \
+            (node.node.install_dir / ".next-boot/.cache").read_text()
     finally:
         kubelet.close()

@@ -397,3 +397,71 @@ def test_host_os_errors_become_their_exit_codes(code, exit_code, says):
     else:
         assert int(known.exit_code) == exit_code and known.message.startswith(says)
         assert known.hint and known.context["path"] == "/home/kubernetes/bin/nvidia/.cache"
+
+
+@pytest.mark.parametrize(("service_host", "expected"), [("10.0.0.1", "stage"), ("", "fail"),
+                                                        (None, "fail")])
+def test_when_in_use_defaults_to_stage_in_a_pod_and_fail_by_hand(monkeypatch, service_host,
+                                                                 expected):
+    """Issue 34 §1: the kubelet sets KUBERNETES_SERVICE_HOST in every container; GKE's own
+    DaemonSets set no WHEN_IN_USE, so in a pod the default must be stage."""
+    from installer import cli
+
+    monkeypatch.delenv("WHEN_IN_USE", raising=False)
+    if service_host is None:
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    else:
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", service_host)
+    ctx = cli.install.make_context("install", ["--dry-run"])
+    assert ctx.params["when_in_use"] == expected
+    monkeypatch.setenv("WHEN_IN_USE", "fail")  # the variable still wins over the default
+    assert cli.install.make_context("install", []).params["when_in_use"] == "fail"
+
+
+def test_install_help_says_when_in_use_defaults_differ_in_a_pod(capsys):
+    _, out, _ = run_main(capsys, ["install", "--help"])
+    assert "stage in a pod, where KUBERNETES_SERVICE_HOST is set; fail by" in " ".join(out.split())
+
+
+def test_top_level_help_names_every_supported_os(capsys):
+    from installer.distros import DISTROS
+
+    _, out, _ = run_main(capsys, ["--help"])
+    for distro in DISTROS:
+        assert distro.title in " ".join(out.split()), distro.title
+
+
+def test_install_help_lists_the_environment_only_variables(capsys):
+    from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
+
+    _, out, _ = run_main(capsys, ["install", "--help"])
+    assert ENV_RETRIES in out and ENV_TIMEOUT in out
+
+
+def test_every_variable_the_source_reads_is_in_the_readme():
+    """Issue 34 §5: GCE_METADATA_HOST, CC, CURL_CA_BUNDLE were read but documented nowhere."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    read = set()
+    for path in (root / "installer").rglob("*.py"):
+        read |= set(re.findall(r"""(?:environ\.get\(|environ\[|getenv\()["']([A-Z][A-Z0-9_]+)["']""",
+                               path.read_text()))
+    assert {"GCE_METADATA_HOST", "CC", "CURL_CA_BUNDLE"} <= read  # the pattern finds them
+    readme = (root / "README.md").read_text()
+    assert not {v for v in read if f"`{v}`" not in readme}
+
+
+@pytest.mark.parametrize("command", ["status", "verify", "doctor", "detect"])
+def test_a_report_s_log_lines_follow_its_output_format(capsys, monkeypatch, tmp_path, command):
+    """Issue 34 §5: text on stdout and JSON on stderr (LOG_FORMAT=json from a pod's env, or
+    auto with stderr not a terminal) mixed two formats. -o picks both; --log-format wins."""
+    monkeypatch.setenv("LOG_FORMAT", "json")
+    args = [command, "--host-root", str(tmp_path), "--install-dir", str(tmp_path)]
+    _, _, err = run_main(capsys, [*args, "-o", "text"])
+    assert not [line for line in err.splitlines() if line.startswith("{")], err
+    logs = bool(err.strip())  # doctor logs nothing here: its findings are its output
+    assert logs or command == "doctor"
+    for chosen in (["-o", "json"], ["-o", "text", "--log-format", "json"]):
+        _, _, err = run_main(capsys, [*args, *chosen])
+        assert not logs or err.strip().splitlines()[-1].startswith("{"), err

@@ -147,6 +147,7 @@ def test_the_readme_recipe_renders_two_pools(tmp_path):
     script = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     script = script.split("\nkubectl ", 1)[0]  # up to the apply: no cluster here
     script = script.replace("sha256:<from make push>", "sha256:" + "ab" * 32)
+    script = re.sub(r"<sha256 of [^>]*\.run>", "cd" * 32, script)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-driver-installer").write_text(

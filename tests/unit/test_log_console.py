@@ -138,3 +138,17 @@ def test_an_os_release_without_id_says_what_to_pass(capsys, tmp_path):
         f"FAILED (unsupported_host, exit 3): {tmp_path}/etc/os-release has no ID field. What to "
         "do: point --host-root (ROOT_MOUNT_DIR) at the node's root filesystem, whose "
         "/etc/os-release names the OS in an ID= line (e.g. ID=cos or ID=ubuntu).")
+
+
+@pytest.mark.parametrize("columns_env", ["0", None])
+def test_a_terminal_reporting_zero_columns_gets_the_fallback_width(monkeypatch, columns_env):
+    """Issue 34 §5: a terminal of 0 columns (a serial console, `script`) cut every value to
+    its 16-character minimum; 0 means unknown, so the fallback width applies."""
+    import os
+
+    if columns_env is None:
+        monkeypatch.delenv("COLUMNS")
+    else:
+        monkeypatch.setenv("COLUMNS", columns_env)
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd=None: os.terminal_size((0, 0)))
+    assert logmod._width() == logmod.FALLBACK_WIDTH

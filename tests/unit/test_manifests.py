@@ -323,8 +323,9 @@ def test_committed_defaults():
         assert ds["metadata"]["namespace"] == "kube-system"
         assert _env(ds)["LOG_FORMAT"] == "json"
         assert "COS_DOWNLOAD_GCS" not in _env(ds)
+        # No image is published: a registry that cannot exist, marked as a placeholder.
         assert _init(ds)["image"] == (
-            f"ghcr.io/nvidia-driver-installer/nvidia-driver-installer-{flavor}:{__version__}"
+            f"registry.invalid/nvidia-driver-installer-{flavor}:{__version__}"
         )
         assert ds["metadata"]["labels"]["app.kubernetes.io/version"] == __version__
         (term,) = _pod(ds)["affinity"]["nodeAffinity"][
@@ -526,11 +527,14 @@ def test_build_script_shellcheck():
 
 def test_an_image_pinned_by_tag_only_is_said_loudly():
     """Issue 22 item 9: a tag can be re-pushed; the DaemonSet runs the image as root."""
-    unpinned = CliRunner().invoke(manifests, ["render", "--flavor", "cos"])
+    image = ["--image", "registry.example/ndi-{flavor}:1"]
+    unpinned = CliRunner().invoke(manifests, ["render", "--flavor", "cos", *image])
     assert unpinned.exit_code == 0
     assert "warning: the cos image is pinned by tag only" in unpinned.stderr
     assert "# NOT PINNED" in unpinned.stdout and "--image-digest cos=sha256:" in unpinned.stdout
-    pinned = CliRunner().invoke(manifests, ["render", "--flavor", "cos", "--image-digest", DIGEST])
+    pause = "registry.k8s.io/pause:3.10@" + DIGEST
+    pinned = CliRunner().invoke(manifests, ["render", "--flavor", "cos", *image,
+                                            "--image-digest", DIGEST, "--pause-image", pause])
     assert pinned.exit_code == 0
     assert "pinned by tag only" not in pinned.stderr and "NOT PINNED" not in pinned.stdout
     assert "@" + DIGEST.partition("=")[2] in pinned.stdout or DIGEST in pinned.stdout
