@@ -23,7 +23,6 @@ SMI_TIMEOUT_S = 120
 DAEMON_DEADLINE_S = 120  # a sidecar polls every 5 s once the driver and its files are there
 
 
-
 def parse_query_gpu(text: str) -> list[Gpu]:
     """Parse ``nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader``."""
     gpus = []
@@ -36,7 +35,7 @@ def parse_query_gpu(text: str) -> list[Gpu]:
 
 def check_installed(ctx: Context, missing: list[str]) -> list[Gpu]:
     """The ``verify`` command: no device file ``missing`` (devnodes.missing_nodes, the ones
-    doctor finds missing too), then nvidia-smi, then CUDA (workloads_ready); exit 9 otherwise."""
+    doctor finds missing too), then nvidia-smi and what a workload needs; exit 9 otherwise."""
     if missing:
         raise VerifyError("device nodes missing on this node: "
                           f"{', '.join('/dev/' + m for m in missing)}",

@@ -96,13 +96,13 @@ class RenderOptions:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     instance: str | None = None  # --name: one DaemonSet per node pool
     partition_gpus: bool = False  # GKE's MIG partitioner after the install (COS, as GKE)
-    partition_gpus_image: str = PARTITION_GPUS_IMAGE
-    driver_sha256: str | None = None  # pins the .run of driver_version
-    metrics_file: str | None = None  # host path of a node_exporter textfile
     # Issue 31: NVIDIA's daemons as native sidecars (installer/daemons_cli.py).
     nvswitch: bool = False  # the fabric manager, for NVSwitch node pools
     fabric_manager_config: str | None = None  # a ConfigMap with fabricmanager.cfg
     persistenced: bool = False  # nvidia-persistenced instead of `nvidia-smi -pm 1`
+    partition_gpus_image: str = PARTITION_GPUS_IMAGE
+    driver_sha256: str | None = None  # pins the .run of driver_version
+    metrics_file: str | None = None  # host path of a node_exporter textfile
 
 
 # The daemon sidecars, in the order they start (before the install: each waits for the driver).

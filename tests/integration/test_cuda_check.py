@@ -36,7 +36,7 @@ def installed(pod):
 
 @pytest.mark.parametrize("knob,cause,fix", ERROR_CLASSES, ids=[c[0] for c in ERROR_CLASSES])
 def test_each_cuda_error_is_a_cause_and_a_fix_exit_9(installed, knob, cause, fix):
-    proc = installed.run("verify", "--log-format", "json", env={"FAKE_CUDA_FAIL": knob})
+    proc = installed.run("verify", "-o", "json", env={"FAKE_CUDA_FAIL": knob})
     assert proc.returncode == 9, proc.stderr[-2000:]
     final = last_event(proc)
     call, code = knob.split(":")
@@ -47,28 +47,28 @@ def test_each_cuda_error_is_a_cause_and_a_fix_exit_9(installed, knob, cause, fix
 
 def test_cuda_visible_devices_hiding_the_gpu_is_named(installed):
     """The real H100 gave 100 for CUDA_VISIBLE_DEVICES=none (gpu-node/README.md, table)."""
-    proc = installed.run("verify", "--log-format", "json", env={"CUDA_VISIBLE_DEVICES": "none"})
+    proc = installed.run("verify", "-o", "json", env={"CUDA_VISIBLE_DEVICES": "none"})
     assert proc.returncode == 9, proc.stderr[-2000:]
     assert "CUDA_VISIBLE_DEVICES='none' is set here" in last_event(proc)["error"]
 
 
 def test_a_gpu_cuda_cannot_see_fails_the_count(installed, kernel):
     kernel.add_gpu("0000:00:05.0")
-    proc = installed.run("verify", "--log-format", "json", env={"CUDA_VISIBLE_DEVICES": "0"})
+    proc = installed.run("verify", "-o", "json", env={"CUDA_VISIBLE_DEVICES": "0"})
     assert proc.returncode == 9, proc.stderr[-2000:]
     assert ("CUDA sees 1 GPU(s), the PCI bus has 2 the driver did not exclude "
             "(0000:00:04.0, 0000:00:05.0)") in last_event(proc)["error"]
 
 
 def test_memory_read_back_different_fails(installed):
-    proc = installed.run("verify", "--log-format", "json", env={"FAKE_CUDA_FAIL": "roundtrip:corrupt"})
+    proc = installed.run("verify", "-o", "json", env={"FAKE_CUDA_FAIL": "roundtrip:corrupt"})
     assert proc.returncode == 9, proc.stderr[-2000:]
     assert "memory written on GPU 0 (0000:00:04.0) read back different" in last_event(proc)["error"]
 
 
 def test_a_hung_cuinit_is_stopped_at_the_deadline(installed):
     """The pod's own timeout (120 s) fails this test if the installer waits on the hang."""
-    proc = installed.run("verify", "--log-format", "json", "--cuda-check-deadline", "2",
+    proc = installed.run("verify", "-o", "json", "--cuda-check-deadline", "2",
                          env={"FAKE_CUDA_FAIL": "cuInit:hang"}, timeout=120)
     assert proc.returncode == 9, proc.stderr[-2000:]
     final = last_event(proc)
@@ -84,7 +84,7 @@ def test_install_is_not_ready_while_cuda_fails(pod, node):
 
 
 def test_skip_cuda_check_verifies_with_nvidia_smi_alone_and_says_the_risk(installed):
-    proc = installed.run("verify", "--log-format", "json", env={"FAKE_CUDA_FAIL": "cuInit:802",
+    proc = installed.run("verify", "-o", "json", env={"FAKE_CUDA_FAIL": "cuInit:802",
                                         "NVIDIA_SKIP_CUDA_CHECK": "true"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     skipped = [e for e in events(proc.stderr) if e.get("event") == "cuda_check_skipped"]

@@ -87,7 +87,7 @@ def test_nvidia_smi_stays_green_while_cuda_says_802_until_the_fabric_manager_run
     (kernel.proc_dir / "driver/nvidia/fake-fabric-state").unlink()
     (node.install_dir / "daemons/fabricmanager.json").unlink()
     assert cuda_init(node, kernel)["error"]["rc"] == 802
-    proc = pod.run("verify", "--log-format", "json", "--fabric-deadline", "2", env=nvswitch)
+    proc = pod.run("verify", "-o", "json", "--fabric-deadline", "2", env=nvswitch)
     assert proc.returncode == 9, proc.stderr[-3000:]
     assert last_event(proc)["error"] == ("NVLink fabric not Completed within 2s: "
                                          "00000000:00:04.0 In Progress/N/A")
