@@ -157,7 +157,7 @@ class Kubelet:
                       self.podman.logs(containers.id(INIT)), sidecars)
 
     def logs(self, pod: str, container: str) -> str:
-        return self.podman.logs(POD_CONTAINER.format(pod=pod, container=container))
+        return self.podman.logs(PodContainers(self.podman, pod).id(container))
 
     def remove(self, name: str) -> None:
         life = self.pods.pop(name, None)
