@@ -1,4 +1,4 @@
-"""The install dir layout (DESIGN §4) and how a new install replaces the old one.
+"""The install dir layout (docs/contract.md §4) and how a new install replaces the old one.
 
 A new install is built in ``.staging/`` and only promoted over ``bin/``,
 ``lib64/``, ``drivers/`` and ``firmware/`` once it is complete and verified.

@@ -189,7 +189,7 @@ class FailedUpgrade:
 
 def failed_upgrade(n: Node) -> FailedUpgrade | None:
     """The last run failed to replace a driver that is still loaded and installed intact
-    (a failed run leaves the previous install byte-identical, DESIGN §4)."""
+    (a failed run leaves the previous install byte-identical, docs/contract.md §4)."""
     s, r = n.status, n.record
     loaded = n.loaded_version
     wanted = s.driver_version if s else None

@@ -29,7 +29,7 @@ V_OLD = "535.183.01"  # COS: gpu_default_version
 RUN = f"NVIDIA-Linux-x86_64-{V}.run"
 INSTALL_HOST = "/home/kubernetes/bin/nvidia"
 TOOLS = "var/lib/cos-tools/"
-# What DESIGN §4 lets a successful install write on the host, outside the install dir.
+# What docs/contract.md §4 lets a successful install write on the host, outside the install dir.
 CONTRACT_WRITES = ("etc/ld.so.conf", "etc/ld.so.conf.d/nvidia.conf", "etc/ld.so.cache",
                    "run/nvidia/validations/driver-ready", "tmp/cos_gpu_installer_lock",
                    "var/lib/cos-tools/", "lib/firmware/updates/")
