@@ -10,7 +10,8 @@ nvidia-installer ``--no-kernel-module`` (user space). It gets a jail (docs/jail.
   bwrap sets no_new_privs, so no setuid file or file capability gives any back;
 - its own PID, network (loopback only), IPC, UTS and cgroup namespaces, with a fresh
   procfs: none of the host's or the installer's processes, so no ``/proc/1/root`` to the
-  node and no ``/proc/<pid>/environ`` of ours;
+  node and no ``/proc/<pid>/environ`` of ours; its kernel knobs (``PROC_READ_ONLY``)
+  read-only;
 - a root made only of the container image's system dirs (``SYSTEM_DIRS``), seen through
   an overlay whose upper dir is harvested; a tmpfs ``/tmp``, ``/root`` and ``/run``; a
   minimal ``/dev`` (null, zero, full, random, urandom, tty: the real character devices
@@ -56,6 +57,16 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The container image's system dirs: the jail's root (through the overlay), nothing else of /.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "var", "opt")
 JAIL_TMPFS = ("/tmp", "/root", "/run")
+# The parts of the jail's fresh procfs its uid 0 could write by owner bits alone, with no
+# capability (proc_sys_permission gives euid 0 the owner bits): kernel/core_pattern runs a
+# program of its choosing as full root at the next crash. bwrap 0.8 covers these only when
+# access(W_OK) says it may write them, and on /proc/sys (a 0555 dir) it says no, so bwrap
+# leaves it writable. Bound read-only here, after --proc, from the container's procfs: the
+# same files (sysctl lookups follow the caller's namespaces, so /proc/sys/net is the jail's
+# own) and recursive, so binfmt_misc below /proc/sys is covered too. /proc/pressure: PSI
+# triggers, which only cost the kernel work. --ro-bind-try: a kernel may lack one of them.
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus",
+                  "/proc/pressure")
 # No CAP_* at all; unshare everything but the user namespace (as root without one, bwrap
 # drops the capabilities itself and the jail's uid 0 owns the files it writes).
 BWRAP_ISOLATION = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -132,6 +143,8 @@ def bwrap_argv(merged: Path, spec: SandboxSpec) -> list[str]:
     for path in JAIL_TMPFS:
         argv += ["--tmpfs", path]
     argv += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
+    for path in PROC_READ_ONLY:
+        argv += ["--ro-bind-try", path, path]
     for src, dst in spec.binds:
         argv += ["--ro-bind", src, dst]
     for src, dst in spec.rw_binds:
