@@ -39,15 +39,16 @@ Loading modules is ours, not NVIDIA's: nothing here needs to (docs/nvidia-facts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from installer import harvest as harvest_fs
 
 # Where things land in the upper dir (relative paths), merged-/usr or not.
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
@@ -89,7 +90,6 @@ class SandboxSpec:
     env: dict[str, str]
     binds: list[tuple[str, str]]  # (container path, path in the jail): read-only
     exec_binds: list[str]  # binds remounted exec (the host dir may be noexec on COS)
-    kernel_install_path: str  # inside the chroot; "" when nothing installs modules
     log_file: str  # inside the chroot
     harvest_to: str  # the staging tree; "" to keep nothing of what the command wrote
     output_file: str  # installer stdout+stderr
@@ -152,53 +152,46 @@ def bwrap_argv(merged: Path, spec: SandboxSpec) -> list[str]:
     return [*argv, "--chdir", spec.cwd, "--", *RESTORE_TERM, *spec.argv]
 
 
-def _is_whiteout(path: Path) -> bool:
-    st = path.lstat()
-    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
-
-
-def _move_tree(src: Path, dst: Path) -> int:
-    """Move files (and symlinks) from src into dst, keeping sub-dirs; skip whiteouts."""
-    count = 0
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = Path(dirpath).relative_to(src)
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            if path.is_dir() and not path.is_symlink():
-                (dst / rel / name).mkdir(parents=True, exist_ok=True)
-                continue
-            if _is_whiteout(path):
-                continue
-            (dst / rel).mkdir(parents=True, exist_ok=True)
-            shutil.move(str(path), str(dst / rel / name))
-            count += 1
-    return count
+# What is taken from the upper dir: (its dirs, the staging dir they all move into).
+HARVEST = ((BIN_DIRS, "bin"), (LIB_DIRS, "lib64"), (FIRMWARE_DIRS, "firmware/nvidia"))
 
 
 def harvest(upper: Path, spec: SandboxSpec) -> dict[str, int]:
-    """Move the install layout out of the upper dir; everything else is discarded."""
-    out = Path(spec.harvest_to)
-    counts = {"bin": 0, "lib64": 0, "drivers": 0, "firmware": 0}
-    kernel_dirs = [spec.kernel_install_path.lstrip("/")] if spec.kernel_install_path else []
-    if kernel_dirs and kernel_dirs[0].startswith("lib/"):
-        kernel_dirs.append("usr/" + kernel_dirs[0])
-    for rel in kernel_dirs:
-        src = upper / rel
-        if src.is_dir():
-            for ko in sorted(src.glob("*.ko")):
-                shutil.move(str(ko), str(out / "drivers" / ko.name))
-                counts["drivers"] += 1
-    for rels, name in ((BIN_DIRS, "bin"), (LIB_DIRS, "lib64")):
-        for rel in rels:
-            if (upper / rel).is_dir():
-                counts[name] += _move_tree(upper / rel, out / name)
-    for rel in FIRMWARE_DIRS:
-        if (upper / rel).is_dir():
-            counts["firmware"] += _move_tree(upper / rel, out / "firmware" / "nvidia")
-    log_src = upper / spec.log_file.lstrip("/")
-    if log_src.is_file():
-        shutil.move(str(log_src), str(out / "nvidia-installer.log"))
+    """Move the install layout out of the upper dir, then the log; everything else is
+    discarded. Through no link the jail left, into staging dirs that are ours
+    (installer/harvest.py): a refusal fails the install."""
+    counts = {"bin": 0, "lib64": 0, "firmware": 0}
+    for sources, dest in HARVEST:
+        top = dest.split("/")[0]
+        with contextlib.ExitStack() as fds:
+            dst_top = harvest_fs.open_dir(spec.harvest_to, top)
+            fds.callback(os.close, dst_top)
+            harvest_fs.check_owned(dst_top, f"{spec.harvest_to}/{top}")
+            dst = dst_top
+            if dest != top:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(dest.split("/", 1)[1], 0o755, dir_fd=dst_top)
+                dst = harvest_fs.open_dir(spec.harvest_to, dest)
+                fds.callback(os.close, dst)
+            for rel in sources:
+                try:
+                    src = harvest_fs.open_dir(upper, rel)
+                except FileNotFoundError:
+                    continue
+                try:
+                    counts[top] += harvest_fs.move_tree(src, dst, f"/{rel}")
+                finally:
+                    os.close(src)
+    _keep_log(upper, spec)
     return counts
+
+
+def _keep_log(upper: Path, spec: SandboxSpec) -> None:
+    """nvidia-installer's log into the staging dir (success or not): a copy of a regular
+    file, never of what a link names (the failure path puts it in status.json)."""
+    if spec.log_file:
+        harvest_fs.copy_regular(upper, spec.log_file.lstrip("/"),
+                            Path(spec.harvest_to) / "nvidia-installer.log")
 
 
 def main(spec_path: str) -> int:
@@ -222,15 +215,16 @@ def main(spec_path: str) -> int:
                               preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
     if stopping:  # the Runner is stopping the install: its staging tree is being discarded
         return 128 + signal.SIGTERM
-    if spec.harvest_to and proc.returncode == 0:
-        spec.harvested = harvest(upper, spec)
-    elif spec.harvest_to:
-        log_src = upper / spec.log_file.lstrip("/")
-        if log_src.is_file():
-            shutil.copy(log_src, Path(spec.harvest_to) / "nvidia-installer.log")
-    Path(spec.result_file).write_text(
-        json.dumps({"returncode": proc.returncode, "harvested": spec.harvested})
-    )
+    refused = None
+    try:
+        if spec.harvest_to and proc.returncode == 0:
+            spec.harvested = harvest(upper, spec)
+        elif spec.harvest_to and spec.log_file:
+            _keep_log(upper, spec)
+    except harvest_fs.Refused as exc:
+        refused = str(exc)
+    Path(spec.result_file).write_text(json.dumps(
+        {"returncode": proc.returncode, "harvested": spec.harvested, "refused": refused}))
     return 0
 
 

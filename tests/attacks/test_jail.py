@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import base64
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.attacks.conftest import V, outcome
-from tests.fixtures.runfile import LABEL, driver_payload, nvidia_header, run_name
+from tests.attacks.conftest import V, doctored_run, outcome
 
 pytestmark = pytest.mark.chroot
 
@@ -34,34 +32,15 @@ def hostile_run(out: Path, canary: Path, key: Path) -> Path:
     """The stock payload whose header, Makefiles and nvidia-installer run the attacks first."""
     script = (ATTACK.read_text().replace("@CANARY@", str(canary)).replace("@KEY@", str(key))
               .replace("@SECRET@", SECRET).replace("@HOST@", "/root"))
-    payload = out / f"payload-{V}"
-    shutil.copytree(driver_payload(V), payload, symlinks=True)
-    (payload / ".attack.py").write_text(script)
-    installer = payload / "nvidia-installer"
-    installer.rename(payload / ".nvidia-installer-real")
-    installer.write_text('#!/bin/sh\npython3 "$(dirname "$0")/.attack.py" nvidia-installer '
-                         '|| exit 1\nexec "$(dirname "$0")/.nvidia-installer-real" "$@"\n')
-    installer.chmod(0o755)
-    for tree in ("kernel", "kernel-open"):
-        makefile = payload / tree / "Makefile"
-        makefile.write_text(makefile.read_text().replace(
-            "modules:\n", "modules:\n\t@python3 $(CURDIR)/../.attack.py make\n", 1))
-    # The header runs before anything is extracted: the attack travels in it (base64: the
-    # header is a shell here-document to makeself, so no $ or quotes of its own).
+    # The header's copy travels in it (base64: no $ or quotes of its own, doctored_run).
     code = base64.b64encode(script.encode()).decode()
-    header = nvidia_header().replace(
-        "#!/bin/sh\n", f"#!/bin/sh\npython3 -c \"import base64,sys;sys.argv=['-','header'];"
-        f"exec(base64.b64decode('{code}'))\" || exit 1\n", 1)
-    assert "jail-attacks" not in header and "base64" in header
-    header_file = out / "hostile-header.sh"
-    header_file.write_text(header)
-    import subprocess
-
-    run = out / run_name(V)
-    subprocess.run(["makeself", "--header", str(header_file), "--nox11", "--keep-umask",
-                    "--sha256", str(payload), str(run), f"{LABEL} {V}", "./nvidia-installer"],
-                   check=True, capture_output=True, text=True)
-    return run
+    header = (f"python3 -c \"import base64,sys;sys.argv=['-','header'];"
+              f"exec(base64.b64decode('{code}'))\" || exit 1")
+    return doctored_run(
+        out, header=header, files={".attack.py": script},
+        installer='python3 "$(dirname "$0")/.attack.py" nvidia-installer || exit 1\n'
+        'exec "$(dirname "$0")/.nvidia-installer-real" "$@"',
+        makefile="@python3 $(CURDIR)/../.attack.py make")
 
 
 def test_a_hostile_run_cannot_leave_the_build_jail(ubuntu, tmp_path):
