@@ -31,6 +31,9 @@ from installer.values import is_driver_version
 log = structlog.get_logger(__name__)
 
 EXTRACT_TIMEOUT_S = 600
+# The jail's processes and threads together (installer/jail_limits.py): kbuild runs a
+# handful per make job, and the jobs are at most the CPUs; a fork bomb stops here.
+JAIL_PIDS_MAX = 4096
 BUILD_TIMEOUT_S = 3600
 EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
 KBUILD_LOG = BUILD_LOG  # make's output, in the staging dir, then beside the install
@@ -202,6 +205,8 @@ def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: flo
             "runs bwrap, Debian's bubblewrap)",
         ) from exc
     result = json.loads(Path(spec.result_file).read_text())
+    if result.get("pids_unbounded"):
+        log.warning("jail_pids_unbounded", command=what, reason=result["pids_unbounded"])
     if result.get("refused"):
         raise _refusal(what, result["refused"])
     return result
@@ -261,7 +266,7 @@ def extract(runner: Runner, run_file: Path, target: Path,
         binds=[(str(run_file.parent), RUN_IN_CHROOT)],
         rw_binds=[*(rw_binds or []), (str(out), OUT_IN_CHROOT)],
         exec_binds=[RUN_IN_CHROOT, OUT_IN_CHROOT],
-        log_file="", harvest_to="",
+        log_file="", harvest_to="", pids_max=JAIL_PIDS_MAX,
         output_file=str(output), result_file=str(workdir / "result.json"),
     )
     what = f"{run_file.name} -x"
@@ -377,7 +382,7 @@ def _on_extracted_tree(runner: Runner, argv: list[str], what: str, *, extract_di
     spec = SandboxSpec(
         workdir=str(workdir), argv=argv, cwd=EXTRACT_IN_CHROOT, env=env, binds=binds,
         rw_binds=[*(rw_binds or []), (str(extract_dir), EXTRACT_IN_CHROOT)],
-        exec_binds=[EXTRACT_IN_CHROOT], log_file=log_file,
+        exec_binds=[EXTRACT_IN_CHROOT], log_file=log_file, pids_max=JAIL_PIDS_MAX,
         harvest_to=str(staging.root) if harvest else "",
         output_file=str(staging.root / output), result_file=str(workdir / "result.json"),
     )

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from installer import harvest as harvest_fs
+from installer import jail_limits
 
 # Where things land in the upper dir (relative paths), merged-/usr or not.
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
@@ -57,7 +58,13 @@ FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The container image's system dirs: the jail's root (through the overlay), nothing else of /.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "var", "opt")
-JAIL_TMPFS = ("/tmp", "/root", "/run")
+# Every tmpfs the jail gets has a size (tmpfs is memory; it is also charged to the
+# container's memory cgroup, whose limit bounds it all). /tmp takes gcc's and
+# nvidia-installer's temporary files; /dev (bwrap's --dev, which takes no --size) is
+# remounted read-only and only its /dev/shm is writable.
+JAIL_TMPFS = (("/tmp", 2 << 30), ("/root", 64 << 20), ("/run", 64 << 20),
+              ("/dev/shm", 64 << 20))
+UPPER_TMPFS_BYTES = 8 << 30  # the fallback upper dir: what nvidia-installer writes, ~1 GB
 # The parts of the jail's fresh procfs its uid 0 could write by owner bits alone, with no
 # capability (proc_sys_permission gives euid 0 the owner bits): kernel/core_pattern runs a
 # program of its choosing as full root at the next crash. bwrap 0.8 covers these only when
@@ -94,6 +101,7 @@ class SandboxSpec:
     harvest_to: str  # the staging tree; "" to keep nothing of what the command wrote
     output_file: str  # installer stdout+stderr
     result_file: str
+    pids_max: int  # the jail's processes and threads, all together (jail_limits.py)
     lower: str = "/"
     rw_binds: list[tuple[str, str]] = field(default_factory=list)  # the jail's own tree
     harvested: dict[str, int] = field(default_factory=dict)
@@ -112,7 +120,8 @@ def _mount_overlay(spec: SandboxSpec) -> Path:
             # Upper dir beside the lower root on one filesystem is refused by
             # some kernels ("overlapping layers"): fall back to a tmpfs.
             base.mkdir(exist_ok=True)
-            _mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(base))
+            _mount("-t", "tmpfs", "-o", f"mode=0755,size={UPPER_TMPFS_BYTES}", "tmpfs",
+                   str(base))
         upper, ovl_work = base / "upper", base / "work"
         upper.mkdir(exist_ok=True)
         ovl_work.mkdir(exist_ok=True)
@@ -140,15 +149,17 @@ def bwrap_argv(merged: Path, spec: SandboxSpec) -> list[str]:
             argv += ["--symlink", os.readlink(path), f"/{name}"]
         elif path.is_dir():
             argv += ["--bind", str(path), f"/{name}"]
-    for path in JAIL_TMPFS:
-        argv += ["--tmpfs", path]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
+    argv += ["--dev", "/dev"]
+    for path, size in JAIL_TMPFS:
+        argv += ["--size", str(size), "--tmpfs", path]
+    argv += ["--remount-ro", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
     for path in PROC_READ_ONLY:
         argv += ["--ro-bind-try", path, path]
     for src, dst in spec.binds:
         argv += ["--ro-bind", src, dst]
     for src, dst in spec.rw_binds:
         argv += ["--bind", src, dst]
+    argv += ["--remount-ro", "/"]  # bwrap's root tmpfs: only mount points, no size
     return [*argv, "--chdir", spec.cwd, "--", *RESTORE_TERM, *spec.argv]
 
 
@@ -209,10 +220,16 @@ def main(spec_path: str) -> int:
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C", **spec.env}
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
-    with open(spec.output_file, "wb") as output:
+
+    def start_jail(bound: jail_limits.PidsBound) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        jail_limits.enter(bound)
+
+    with open(spec.output_file, "wb") as output, \
+            jail_limits.pids_cgroup(spec.pids_max, f"ndi-jail-{os.getpid()}") as bound:
         proc = subprocess.run(bwrap_argv(merged, spec), env=env, stdout=output,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+                              preexec_fn=lambda: start_jail(bound))
     if stopping:  # the Runner is stopping the install: its staging tree is being discarded
         return 128 + signal.SIGTERM
     refused = None
@@ -224,7 +241,8 @@ def main(spec_path: str) -> int:
     except harvest_fs.Refused as exc:
         refused = str(exc)
     Path(spec.result_file).write_text(json.dumps(
-        {"returncode": proc.returncode, "harvested": spec.harvested, "refused": refused}))
+        {"returncode": proc.returncode, "harvested": spec.harvested, "refused": refused,
+         "pids_unbounded": bound.why_not}))
     return 0
 
 
