@@ -155,10 +155,12 @@ def preview(data: bytes, limit: int = PREVIEW_CHARS) -> str:
     return text + ("…" if len(data) > limit else "")
 
 
-def check_run_file(run_file: Path) -> None:
+def check_run_file(run_file: Path, *, from_network: bool = False) -> None:
     """Exit 6 before running anything of ``run_file`` when it is not a whole makeself archive:
     an HTML page from a proxy, random bytes or a header cut off would otherwise be run by sh
-    and fail as shell syntax errors (a "build failure")."""
+    and fail as shell syntax errors (a "build failure"). Its first bytes are shown only
+    when a server sent them (a proxy's page): a local file (``file:///etc/shadow``) is
+    never shown, in the message, the log or status.json."""
     with run_file.open("rb") as f:
         head = f.read(HEAD_BYTES)
         skip = _SKIP.search(head)
@@ -170,7 +172,9 @@ def check_run_file(run_file: Path) -> None:
                 return
             why = f"its makeself header is cut off after {lines} of {want} lines"
         else:
-            why = f"starts with: '{preview(head)}'" if head else "the file is empty"
+            why = (f"starts with: '{preview(head)}'" if from_network
+                   else "a local file without a makeself header; its content is not shown"
+                   ) if head else "the file is empty"
     raise IntegrityError(
         f"{run_file.name} is not an NVIDIA installer ({why})",
         hint="the server sent something else (a proxy's HTML page, an error, a cut-off "
@@ -244,12 +248,13 @@ def extract_argv(run_name: str, target_name: str) -> list[str]:
 
 
 def extract(runner: Runner, run_file: Path, target: Path,
-            rw_binds: list[tuple[str, str]] | None = None) -> Path:
+            rw_binds: list[tuple[str, str]] | None = None, *, from_network: bool = False,
+            ) -> Path:
     """``sh NVIDIA-….run -x --target DIR`` in the jail: the .run's shell header is the
     download's own code, so it sees the .run (read-only) and the dir it extracts into,
     and whatever else it writes stays in the jail's overlay. The archive checks its own
-    checksums first."""
-    check_run_file(run_file)
+    checksums first. ``from_network``: the .run came from a server (check_run_file)."""
+    check_run_file(run_file, from_network=from_network)
     check_space(run_file, target.parent)
     workdir = target.parent / "extract-sandbox"
     remove_tree(workdir)

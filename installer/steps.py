@@ -38,7 +38,7 @@ from installer.gke import vulkan_icd
 from installer.headers import KernelTree
 from installer.installdir import Tree
 from installer.kernel import module_name
-from installer.net.policy import file_name
+from installer.net.policy import file_name, local_file
 from installer.plan import Step
 from installer.runner import CommandError
 from installer.workstate import Artifact, InUse
@@ -219,9 +219,11 @@ def extract_driver(version: str) -> Step:
         staging = ctx.work.staged()
         # The test seams (empty in production), as for the build: build_driver says why.
         seams = [(path, path) for path in ctx.kernel.seam_env().values()]
+        downloaded = ctx.work.downloads.get("driver")
+        from_network = downloaded is not None and local_file(downloaded.url) is None
         ctx.work.extract_dir = nvidia_run.extract(
-            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams
-        )
+            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams,
+            from_network=from_network)
         # A --driver-url naming another driver: refused before anything is unloaded.
         nvidia_run.check_extracted_version(ctx.work.extract_dir, version,
                                            ctx.settings.driver_url)
