@@ -61,6 +61,7 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     distro = distros.for_host(ctx.host_info)
     distro.check_settings(ctx)
     ctx.install.check_writable()  # before the lock and readiness: nothing changed yet
+    ctx.install.check_host_path(ctx.host.resolve(ctx.install.host_path))
     # os and kernel_release are bound to every event above; family is what "flow" says.
     info = ctx.host_info
     log.info("host_detected", flow=info.family, support=distros.support(info),
