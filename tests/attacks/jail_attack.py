@@ -1,8 +1,12 @@
-"""What a hostile .run tries from inside the build jail (run as ``python3 - WHERE``).
+"""What a hostile .run tries from inside the build jail (run as ``python3 - WHERE [TRICK]``).
 
 Each attempt prints ``blocked`` or ``ESCAPED``; any escape exits 1, which fails the
 header, the Makefile or nvidia-installer (exit 7). Writes to the host root are left to
 the test's host check. @CANARY@, @KEY@, @SECRET@, @HOST@ are filled in by the test.
+
+With a TRICK, it only leaves a link for our code outside the jail to follow (issue 33
+items 2-4, tests/attacks/test_jail_links.py) and exits: its test checks that the
+install refuses it and the host is unchanged.
 """
 import contextlib
 import ctypes
@@ -11,6 +15,28 @@ import stat
 import sys
 
 WHERE = sys.argv[1]
+STAGING = "/tmp/nvidia-driver-installer/out"  # the extract jail's writable dir
+# Each trick: (the link, where it points: a host path as our code, in the container, sees it).
+TRICKS = {
+    # item 2: the header makes the staging dir's lib64 a link to the host's /etc
+    "staging-link": (f"{STAGING}/lib64", "@HOST@/etc"),
+    # item 3: nvidia-installer leaves its firmware dir as a link for the harvest to follow
+    "harvest-link": ("/usr/lib/firmware/nvidia", "@HOST@/etc"),
+    # item 4: nvidia-installer's log is a link to a host secret, and it fails
+    "log-link": ("/var/log/nvidia-installer.log", "@HOST@/etc/ndi-secret"),
+}
+if len(sys.argv) > 2:
+    link, target = TRICKS[sys.argv[2]]
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.isdir(link) and not os.path.islink(link):
+        import shutil
+
+        shutil.rmtree(link)
+    elif os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(target, link)
+    print(f"jail-attacks {WHERE}: left {link} -> {target}")
+    sys.exit(0)
 CANARY, KEY, SECRET, HOST = "@CANARY@", "@KEY@", "@SECRET@", "@HOST@"
 libc = ctypes.CDLL(None, use_errno=True)
 escaped, blocked = [], []

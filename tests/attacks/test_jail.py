@@ -28,16 +28,26 @@ SECRET = "jail-test-secret-3f9c1e"
 ATTACK = Path(__file__).with_name("jail_attack.py")
 
 
+def attack_script(canary: Path | str = "", key: Path | str = "") -> str:
+    """jail_attack.py with the test's values filled in (the host root is /root in the pod)."""
+    return (ATTACK.read_text().replace("@CANARY@", str(canary)).replace("@KEY@", str(key))
+            .replace("@SECRET@", SECRET).replace("@HOST@", "/root"))
+
+
+def attack_header(script: str, *args: str) -> str:
+    """A makeself header line running ``script`` with ``args`` (base64: the header is a
+    here-document to makeself, no $ or quotes of its own, doctored_run)."""
+    code = base64.b64encode(script.encode()).decode()
+    argv = ",".join(repr(a) for a in ("-", *args))
+    return (f"python3 -c \"import base64,sys;sys.argv=[{argv}];"
+            f"exec(base64.b64decode('{code}'))\" || exit 1")
+
+
 def hostile_run(out: Path, canary: Path, key: Path) -> Path:
     """The stock payload whose header, Makefiles and nvidia-installer run the attacks first."""
-    script = (ATTACK.read_text().replace("@CANARY@", str(canary)).replace("@KEY@", str(key))
-              .replace("@SECRET@", SECRET).replace("@HOST@", "/root"))
-    # The header's copy travels in it (base64: no $ or quotes of its own, doctored_run).
-    code = base64.b64encode(script.encode()).decode()
-    header = (f"python3 -c \"import base64,sys;sys.argv=['-','header'];"
-              f"exec(base64.b64decode('{code}'))\" || exit 1")
+    script = attack_script(canary, key)
     return doctored_run(
-        out, header=header, files={".attack.py": script},
+        out, header=attack_header(script, "header"), files={".attack.py": script},
         installer='python3 "$(dirname "$0")/.attack.py" nvidia-installer || exit 1\n'
         'exec "$(dirname "$0")/.nvidia-installer-real" "$@"',
         makefile="@python3 $(CURDIR)/../.attack.py make")

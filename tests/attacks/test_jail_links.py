@@ -18,17 +18,25 @@ from __future__ import annotations
 import pytest
 
 from tests.attacks.conftest import V, doctored_run, outcome
+from tests.attacks.test_jail import attack_header, attack_script
 
 pytestmark = pytest.mark.chroot
 
 SECRET = "host-secret-5d1f0a"
-STAGING_IN_JAIL = "/tmp/nvidia-driver-installer/out"  # nvidia_run.OUT_IN_CHROOT
+RUN_REAL = '"$(dirname "$0")/.nvidia-installer-real" "$@" || exit $?'
+TRICK = 'python3 "$(dirname "$0")/.attack.py" nvidia-installer {} || exit 1'
+
+
+def _tricked_run(tmp_path, *, header: str = "", installer: str = ""):
+    script = attack_script()
+    return doctored_run(tmp_path / "run", header=header, installer=installer,
+                        files={".attack.py": script})
 
 
 def test_the_header_cannot_plant_a_link_in_the_staging_dir(ubuntu, tmp_path):
     """Item 2: the extract jail's writable dir is a fresh one, not the staging dir."""
-    run = doctored_run(tmp_path / "run", header=f"ln -s /root/etc {STAGING_IN_JAIL}/lib64")
-    ubuntu.server.serve_run(V, run)
+    ubuntu.server.serve_run(V, _tricked_run(
+        tmp_path, header=attack_header(attack_script(), "header", "staging-link")))
     proc = ubuntu.run("install")
     outcome(proc, 7, "lib64", "nothing was installed")
     ubuntu.assert_host_unchanged()
@@ -37,11 +45,8 @@ def test_the_header_cannot_plant_a_link_in_the_staging_dir(ubuntu, tmp_path):
 def test_the_harvest_never_follows_a_link_the_installer_left(ubuntu, tmp_path):
     """Item 3: the upper dir is walked from the top with O_NOFOLLOW; a link where a dir
     of the install layout belongs fails the install instead of moving the host's files."""
-    run = doctored_run(tmp_path / "run", installer=(
-        '"$(dirname "$0")/.nvidia-installer-real" "$@" || exit $?\n'
-        "rm -rf /usr/lib/firmware/nvidia /lib/firmware/nvidia\n"
-        "ln -s /root/etc /usr/lib/firmware/nvidia"))
-    ubuntu.server.serve_run(V, run)
+    ubuntu.server.serve_run(V, _tricked_run(
+        tmp_path, installer=f"{RUN_REAL}\n{TRICK.format('harvest-link')}"))
     before = sorted(p.name for p in ubuntu.node.path("/etc").iterdir())
     proc = ubuntu.run("install")
     outcome(proc, 7, "/usr/lib/firmware/nvidia is a link")
@@ -54,11 +59,8 @@ def test_a_failure_log_that_is_a_link_is_not_read(ubuntu, tmp_path):
     file (a secret, bundle build's signing key) is never read into the failed log, the
     status record or the final message."""
     ubuntu.node.path("/etc/ndi-secret").write_text(f"{SECRET}\n")
-    run = doctored_run(tmp_path / "run", installer=(
-        "mkdir -p /var/log\n"
-        "ln -sf /root/etc/ndi-secret /var/log/nvidia-installer.log\n"
-        "exit 1"))
-    ubuntu.server.serve_run(V, run)
+    ubuntu.server.serve_run(V, _tricked_run(
+        tmp_path, installer=f"{TRICK.format('log-link')}\nexit 1"))
     proc = ubuntu.run("install")
     leaked = [str(p) for p in ubuntu.node.install_dir.rglob("*")
               if p.is_file() and not p.is_symlink() and SECRET in p.read_text(errors="replace")]
