@@ -375,6 +375,19 @@ def install_userspace(
     return counts
 
 
+def run_tree_tool(runner: Runner, argv: list[str], what: str, *, extract_dir: Path,
+                  staging: Tree) -> None:
+    """Another program of the .run's own (COS's ``mkprecompiled``) in the jail, on the
+    extracted tree (``argv`` names it as the jail sees it: EXTRACT_IN_CHROOT); exit 7
+    with its output's tail when it fails."""
+    output = "tool-output.log"
+    rc = _on_extracted_tree(runner, argv, what, extract_dir=extract_dir, staging=staging,
+                            binds=[], rw_binds=None, env={}, output=output)["returncode"]
+    if rc != 0:
+        text = (staging.root / output).read_text(errors="replace")
+        raise BuildError(f"{what} failed (exit {rc}): {tail(text, 3) or '(no output)'}")
+
+
 def _on_extracted_tree(runner: Runner, argv: list[str], what: str, *, extract_dir: Path,
                        staging: Tree, binds: list[tuple[str, str]],
                        rw_binds: list[tuple[str, str]] | None, env: dict[str, str],

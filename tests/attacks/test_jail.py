@@ -86,3 +86,28 @@ def test_bundle_build_keeps_the_signing_key_out_of_the_jail(tmp_path, canary):
                                            str(cert), setup=install_sign_file)
     assert compiled and doc["signed"] is True, doc
     assert sorted(p.name for p in canary.iterdir()) == ["sentinel"]
+
+
+def test_cos_mkprecompiled_runs_in_the_jail(cos, tmp_path):
+    """COS's precompiled flavour unpacks the custom .run's kernel interfaces with the .run's
+    own ``mkprecompiled``: NVIDIA's code, so in the jail like the header. A hostile one
+    writing to the host's /etc writes into the jail's /root tmpfs instead; the install
+    still succeeds. On abf8713 it ran in the container as root: /etc/pwned-mkprecompiled
+    appeared on the host."""
+    from tests.cosbucket import DEFAULT_V, MKPRECOMPILED, _wrapped_run, precompiled_pieces
+    from tests.fixtures.node import COS_KERNEL
+
+    hostile = MKPRECOMPILED.replace(
+        "#!/bin/sh\n", "#!/bin/sh\necho pwned > /root/etc/pwned-mkprecompiled 2>/dev/null\n", 1)
+    run = _wrapped_run(tmp_path / f"NVIDIA-Linux-x86_64-{DEFAULT_V}-custom.run", DEFAULT_V,
+                       {"mkprecompiled": hostile.encode(),
+                        **precompiled_pieces(DEFAULT_V, COS_KERNEL)})
+    cos.kernel.add_gpu(device="0x1db4")  # a V100: proprietary modules only
+    cos.kernel.set_sig_enforce(True)  # so: the precompiled, Google-signed flavour
+    cos.bucket.custom_runs = {DEFAULT_V: run}
+    cos.bucket.signature_versions = (DEFAULT_V,)
+    proc = cos.run("install")
+    outcome(proc, 0)
+    assert "CACHE_FLAVOR=precompiled-signed" in (cos.node.install_dir / ".cache").read_text()
+    assert not cos.node.path("/etc/pwned-mkprecompiled").exists()
+    cos.assert_host_unchanged(installed=True)
