@@ -12,6 +12,7 @@ with it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import stat
@@ -27,7 +28,6 @@ class Refused(Exception):
 
     def __init__(self, where: str, what: str) -> None:
         super().__init__(f"{where} is {what}")
-        self.where = where
 
 
 def _kind(mode: int) -> str:
@@ -147,46 +147,52 @@ def move_files(root: Path, rel: str, names: tuple[str, ...], dest: Path) -> list
     return moved
 
 
-def read_head(root: Path, rel: str, max_bytes: int) -> bytes | None:
-    """The first ``max_bytes`` of the regular file ``rel`` below ``root``, through no
-    link; None when it is absent or anything but a regular file."""
+def _open_file(root: Path | str, rel: str) -> int | None:
+    """A read-only fd of the regular file ``rel`` below ``root``, through no link; None
+    when it is absent, Refused when it is anything else."""
     parent, _, name = rel.rpartition("/")
     try:
         dir_fd = open_dir(root, parent)
-    except (OSError, Refused):
+    except FileNotFoundError:
         return None
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                      dir_fd=dir_fd)
-    except OSError:
-        return None  # absent, or a link (ELOOP)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused(f"/{rel}", "a link") from None
+        raise
     finally:
         os.close(dir_fd)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise Refused(f"/{rel}", _kind(mode))
+    return fd
+
+
+def read_head(root: Path, rel: str, max_bytes: int) -> bytes | None:
+    """The first ``max_bytes`` of the regular file ``rel`` below ``root``, through no
+    link; None when it is absent or anything but a regular file."""
+    try:
+        fd = _open_file(root, rel)
+    except Refused:
+        return None
+    if fd is None:
+        return None
     with os.fdopen(fd, "rb") as f:
-        return f.read(max_bytes) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        return f.read(max_bytes)
 
 
 def copy_regular(root: Path | str, rel: str, dest: Path) -> bool:
     """Copy the regular file ``rel`` below ``root`` to ``dest`` (ours) through no link;
     False when it is absent, Refused when it is anything but a regular file."""
-    parent, _, name = rel.rpartition("/")
-    try:
-        dir_fd = open_dir(root, parent)
-    except FileNotFoundError:
+    fd = _open_file(root, rel)
+    if fd is None:
         return False
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"/{rel}", _kind(st.st_mode))
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False
-    finally:
-        os.close(dir_fd)
     with os.fdopen(fd, "rb") as src, open(dest, "wb") as out:
-        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):  # swapped since the stat
-            raise Refused(f"/{rel}", "not a regular file")
         while chunk := src.read(COPY_CHUNK):
             out.write(chunk)
     return True

@@ -31,10 +31,10 @@ from installer.values import is_driver_version
 log = structlog.get_logger(__name__)
 
 EXTRACT_TIMEOUT_S = 600
+BUILD_TIMEOUT_S = 3600
 # The jail's processes and threads together (installer/jail_limits.py): kbuild runs a
 # handful per make job, and the jobs are at most the CPUs; a fork bomb stops here.
 JAIL_PIDS_MAX = 4096
-BUILD_TIMEOUT_S = 3600
 EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
 KBUILD_LOG = BUILD_LOG  # make's output, in the staging dir, then beside the install
 FAILED_LOG = "nvidia-installer.failed.log"  # the failed build's log, beside the install
@@ -308,11 +308,11 @@ def _take_extracted(out: Path, target: Path, what: str) -> None:
         os.close(fd)
         extra = sorted(set(os.listdir(out)) - {target.name})
         if extra:
-            raise harvest.Refused(f"{OUT_IN_CHROOT}/{extra[0]}", "beside the extracted tree")
+            raise harvest.Refused(f"/{extra[0]}", "beside the extracted tree")
     except FileNotFoundError:
         return  # "holds no nvidia-installer" says it
-    except harvest.Refused as exc:
-        raise _refusal(what, str(exc).replace(str(out), OUT_IN_CHROOT)) from None
+    except harvest.Refused as exc:  # named as the header saw it
+        raise _refusal(what, f"{OUT_IN_CHROOT}{exc}") from None
     os.replace(out / target.name, target)
 
 

@@ -202,7 +202,7 @@ def _keep_log(upper: Path, spec: SandboxSpec) -> None:
     file, never of what a link names (the failure path puts it in status.json)."""
     if spec.log_file:
         harvest_fs.copy_regular(upper, spec.log_file.lstrip("/"),
-                            Path(spec.harvest_to) / "nvidia-installer.log")
+                                Path(spec.harvest_to) / "nvidia-installer.log")
 
 
 def main(spec_path: str) -> int:
@@ -236,7 +236,7 @@ def main(spec_path: str) -> int:
     try:
         if spec.harvest_to and proc.returncode == 0:
             spec.harvested = harvest(upper, spec)
-        elif spec.harvest_to and spec.log_file:
+        elif spec.harvest_to:
             _keep_log(upper, spec)
     except harvest_fs.Refused as exc:
         refused = str(exc)
