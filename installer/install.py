@@ -61,7 +61,6 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     distro = distros.for_host(ctx.host_info)
     distro.check_settings(ctx)
     ctx.install.check_writable()  # before the lock and readiness: nothing changed yet
-    ctx.install.check_host_path(ctx.host.resolve(ctx.install.host_path))
     # os and kernel_release are bound to every event above; family is what "flow" says.
     info = ctx.host_info
     log.info("host_detected", flow=info.family, support=distros.support(info),
@@ -70,6 +69,9 @@ def _install(settings: Settings, started: float) -> dict[str, Any]:
     if settings.dry_run:
         return _dry_run(ctx, distro)
     with HostLock(ctx.host, settings.lock_timeout_s):
+        # Under the lock (root and a writable host are the lock's to name first), before
+        # anything changes: the host paths we write must name this very install dir.
+        ctx.install.check_host_path(ctx.host.resolve(ctx.install.host_path))
         # What this boot's file says the loaded modules got (it lives in /run), then gone:
         # consumers waiting on driver-ready must not start while the driver may change.
         # A failed run puts it back if the node is as it was (rollback.undo).
