@@ -38,6 +38,7 @@ BENCHES = {
     "staged_reboot": ("staged_reboot.py", ["--runs", "3"], ["--runs", "7"]),
     # Quick: the fixture .run (its "compile" is a stand-in); full: NVIDIA's real source.
     "bundle": ("bundle_install.py", ["--inputs", "fixture"], ["--inputs", "auto"]),
+    "jail": ("jail_build.py", ["--runs", "5"], ["--runs", "11"]),
 }
 
 

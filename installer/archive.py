@@ -110,11 +110,12 @@ class ExtractResult:
 class Head:
     """A first member the caller checks before the rest is extracted: it must be the
     regular file ``name`` of at most ``max_bytes``; ``check`` gets its content and raises
-    to stop. It is not written to the tree."""
+    to stop, or returns how many bytes of content the rest may have (a bundle's manifest
+    declares them), None for the extractor's own bound. It is not written to the tree."""
 
     name: str
     max_bytes: int
-    check: Callable[[bytes], None]
+    check: Callable[[bytes], int | None]
 
 
 class _Overdue(Exception):
@@ -428,7 +429,9 @@ def _extract_members(tar: tarfile.TarFile, ex: _Extractor, head: Head | None,
             raise Refused(str(exc).removeprefix("its ")) from None
         ex.members += 1
         where.member = None
-        head.check(data)
+        declared = head.check(data)
+        if declared is not None:
+            ex.max_bytes = min(ex.max_bytes, declared)
     while (info := tar.next()) is not None:
         tar.members.clear()  # tarfile keeps every header otherwise: memory per member
         if time.monotonic() > deadline:

@@ -1,6 +1,6 @@
 """Command line: flags and env vars in, exit codes out.
 
-This is the only place errors become exit codes (DESIGN §3). Heavy imports
+This is the only place errors become exit codes (docs/contract.md §3). Heavy imports
 stay inside the commands so ``--help`` and cache hits start fast.
 """
 
@@ -109,7 +109,7 @@ def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _auto_output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``detect``'s -o: DESIGN §3 promises JSON to tools, issue 14 text to people; auto
+    """``detect``'s -o: docs/contract.md §3 promises JSON to tools, issue 14 text to people; auto
     gives each theirs (JSON when stdout is not a terminal, as --log-format auto does)."""
     return click.option("-o", "--output", type=click.Choice(["auto", *FORMATS]),
                         default="auto", show_default=True,
@@ -192,7 +192,7 @@ def cli() -> None:
 
 
 def _exit_codes_epilog() -> str:
-    """The exit codes table (DESIGN §3) and two examples, kept as typed (``\\b``)."""
+    """The exit codes table (docs/contract.md §3) and two examples, kept as typed (``\\b``)."""
     rows = "\n".join(f"  {int(code):>3}  {meaning}" for code, meaning in EXIT_CODE_MEANINGS.items())
     return (f"\b\nExit codes:\n{rows}\n\n"
             "\b\nEnvironment only (no option):\n"
@@ -408,7 +408,7 @@ def _command_name(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run a command; the only place outcomes become exit codes (DESIGN §3). The failure
+    """Run a command; the only place outcomes become exit codes (docs/contract.md §3). The failure
     reports (``exits``) load only when a command fails: ``--help`` stays fast."""
     from installer import signals
 

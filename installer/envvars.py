@@ -1,4 +1,4 @@
-"""The environment the installer reads (DESIGN.md section 3), as one table.
+"""The environment the installer reads (docs/contract.md §3), as one table.
 
 The CLI's options name these (a test holds the two equal), the manifests may set only
 these (plus the proxy and CA variables ``requests`` reads), and the README lists them.
@@ -55,7 +55,7 @@ INSTALLER_ENV_VARS: tuple[str, ...] = (
     ENV_TIMEOUT,
 )
 
-# Read by ``requests`` rather than by our options (DESIGN.md section 3:
+# Read by ``requests`` rather than by our options (docs/contract.md §3:
 # downloads honour proxies and REQUESTS_CA_BUNDLE / SSL_CERT_FILE).
 PASSTHROUGH_ENV_VARS: tuple[str, ...] = (
     "HTTPS_PROXY",

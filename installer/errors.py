@@ -1,4 +1,4 @@
-"""Failure classes and their exit codes (DESIGN.md section 3).
+"""Failure classes and their exit codes (docs/contract.md §3).
 
 Domain code raises an ``InstallerError`` subclass; only ``cli`` turns it into
 an exit code. Each error carries a one-line message, an optional hint saying
@@ -51,7 +51,7 @@ class ExitCode(enum.IntEnum):
     TERMINATED = 143  # SIGTERM (the kubelet deleting the pod): 128 + 15
 
 
-# What each exit code means, for `install --help` and the README (DESIGN §3, plus 12).
+# What each exit code means, for `install --help` and the README (docs/contract.md §3, plus 12).
 EXIT_CODE_MEANINGS = {
     ExitCode.OK: "installed and verified (or --dry-run done)",
     ExitCode.INTERNAL: "unexpected internal error (a bug: traceback shown)",

@@ -1,4 +1,4 @@
-"""The one boundary (DESIGN §3): how a command's failure ends the process: its exit code,
+"""The one boundary (docs/contract.md §3): how a command's failure ends the process: its exit code,
 one final event (class, code, error, hint, log tails) and a last sentence saying what
 happened and what to do; bugs with their traceback, secrets scrubbed. ``cli.main`` runs
 every command through it."""

@@ -58,6 +58,14 @@ def _success_message(outcome: Outcome) -> str:
     return done
 
 
+def _log_host(ctx: Context) -> None:
+    # os and kernel_release are bound to every event already; the distro is what "flow" says.
+    info = ctx.host_info
+    log.info("host_detected", flow=info.distro, support=distros.support(info),
+             version_id=info.version_id, pretty_name=info.pretty_name, build_id=info.build_id,
+             board=info.board)
+
+
 def _install(settings: Settings, started: float) -> Outcome:
     ctx = context(settings)
     structlog.contextvars.bind_contextvars(os=ctx.host_info.os_id,
@@ -65,14 +73,13 @@ def _install(settings: Settings, started: float) -> Outcome:
     distro = flows.for_host(ctx.host_info)
     distro.check_settings(ctx)
     ctx.install.check_writable()  # before the lock and readiness: nothing changed yet
-    # os and kernel_release are bound to every event above; the distro is what "flow" says.
-    info = ctx.host_info
-    log.info("host_detected", flow=info.distro, support=distros.support(info),
-             version_id=info.version_id, pretty_name=info.pretty_name, build_id=info.build_id,
-             board=info.board)
+    _log_host(ctx)
     if settings.dry_run:
         return _dry_run(ctx, distro)
     with HostLock(ctx.host, settings.lock_timeout_s):
+        # Under the lock (root and a writable host are the lock's to name first), before
+        # anything changes: the host paths we write must name this very install dir.
+        ctx.install.check_host_path(ctx.host.resolve(ctx.install.host_path))
         # What this boot's file says the loaded modules got (it lives in /run), then gone:
         # consumers waiting on driver-ready must not start while the driver may change.
         # A failed run puts it back if the node is as it was (rollback.undo).

@@ -1,4 +1,4 @@
-"""The install dir layout (DESIGN §4) and how a new install replaces the old one.
+"""The install dir layout (docs/contract.md §4) and how a new install replaces the old one.
 
 A new install is built in ``.staging/`` and only promoted over ``bin/``,
 ``lib64/``, ``drivers/`` and ``firmware/`` once it is complete and verified.
@@ -120,6 +120,33 @@ class InstallDir(Tree):
             hint=f"mount the host's {self.host_path} read-write at {self.root} (the DaemonSet's "
             "nvidia-install-dir-host volume must not be readOnly)",
             path=str(self.root))
+
+    def check_host_path(self, seen_from_host: Path) -> None:
+        """Exit 2 unless ``seen_from_host`` (``<host-root>/<install-dir-host>``, resolved
+        on the host) is this very dir: the host's ld.so.conf entry and driver-ready name
+        ``host_path``, so the files must land there (``--install-dir-host /`` would point
+        the host's loader at its own /lib64 and /bin). Same device and inode, not the
+        same name: the pod mounts the host dir somewhere else."""
+        def identity(path: Path) -> tuple[int, int] | None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            return st.st_dev, st.st_ino
+
+        if seen_from_host == self.root:
+            return
+        ours = identity(self.root)
+        if ours is not None and ours == identity(seen_from_host):
+            return
+        raise UsageError(
+            f"--install-dir-host {self.host_path} is not the directory mounted at "
+            f"--install-dir {self.root}: the host's loader and driver-ready would point at "
+            f"{self.host_path}, the files would land elsewhere",
+            hint=f"set --install-dir-host (NVIDIA_INSTALL_DIR_HOST) to the host dir mounted at "
+            f"{self.root} (the DaemonSet's nvidia-install-dir-host volume), or --install-dir "
+            "(NVIDIA_INSTALL_DIR_CONTAINER) to where it is mounted",
+            path=str(self.host_path))
 
     def clear_leftovers(self) -> None:
         """Remove what a killed run may have left: never part of a good install."""

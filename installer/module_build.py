@@ -19,8 +19,6 @@ SYSOUT=...``), minus ``-k``: the first error stops the build.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from installer.errors import UsageError
 from installer.headers import KernelTree
 from installer.nvidia_options import version_key
@@ -62,8 +60,3 @@ def make_argv(tree_dir: str, kernel: KernelTree, jobs: int) -> list[str]:
     fails: kernel.c ``determine_kernel_output_path``)."""
     return ["make", "-C", tree_dir, f"SYSSRC={kernel.source}", f"SYSOUT={kernel.output}",
             f"-j{jobs}", "modules"]
-
-
-def built_modules(tree: Path) -> list[Path]:
-    """The module files the build left at the top of ``tree``, in NVIDIA's order."""
-    return [tree / name for name in MODULE_FILES if (tree / name).is_file()]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from installer import module_build
+from installer import harvest, module_build
 from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
 from installer.headers import KernelTree
@@ -32,6 +32,9 @@ log = structlog.get_logger(__name__)
 
 EXTRACT_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 3600
+# The jail's processes and threads together (installer/jail_limits.py): kbuild runs a
+# handful per make job, and the jobs are at most the CPUs; a fork bomb stops here.
+JAIL_PIDS_MAX = 4096
 EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
 KBUILD_LOG = BUILD_LOG  # make's output, in the staging dir, then beside the install
 FAILED_LOG = "nvidia-installer.failed.log"  # the failed build's log, beside the install
@@ -48,14 +51,17 @@ def check_version(version: str) -> str:
     return version
 
 
+MANIFEST_HEAD_BYTES = 4096  # its first two lines
+
+
 def check_extracted_version(extract_dir: Path, wanted: str, url: str | None) -> None:
     """Exit 6 when the extracted .run is another driver than ``wanted``: its ``.manifest``
     names it on line 2 (nvidia-installer install-from-cwd.c: description, then version).
     Checked before anything is built, loaded or unloaded: the driver on the node stays."""
-    try:
-        lines = (extract_dir / ".manifest").read_text(errors="replace").splitlines()[:2]
-    except OSError:
+    head = harvest.read_head(extract_dir, ".manifest", MANIFEST_HEAD_BYTES)  # no link: a
+    if head is None:  # link would put a host file's line in the message
         return  # no manifest to tell: nvidia-installer itself refuses such a tree
+    lines = head.decode(errors="replace").splitlines()[:2]
     found = lines[1].strip() if len(lines) == 2 else ""
     if found and found != wanted:
         raise IntegrityError(
@@ -126,10 +132,12 @@ def preview(data: bytes, limit: int = PREVIEW_CHARS) -> str:
     return text + ("…" if len(data) > limit else "")
 
 
-def check_run_file(run_file: Path) -> None:
+def check_run_file(run_file: Path, *, from_network: bool = False) -> None:
     """Exit 6 before running anything of ``run_file`` when it is not a whole makeself archive:
     an HTML page from a proxy, random bytes or a header cut off would otherwise be run by sh
-    and fail as shell syntax errors (a "build failure")."""
+    and fail as shell syntax errors (a "build failure"). Its first bytes are shown only
+    when a server sent them (a proxy's page): a local file (``file:///etc/shadow``) is
+    never shown, in the message, the log or status.json."""
     with run_file.open("rb") as f:
         head = f.read(HEAD_BYTES)
         skip = _SKIP.search(head)
@@ -141,7 +149,9 @@ def check_run_file(run_file: Path) -> None:
                 return
             why = f"its makeself header is cut off after {lines} of {want} lines"
         else:
-            why = f"starts with: '{preview(head)}'" if head else "the file is empty"
+            why = (f"starts with: '{preview(head)}'" if from_network
+                   else "a local file without a makeself header; its content is not shown"
+                   ) if head else "the file is empty"
     raise IntegrityError(
         f"{run_file.name} is not an NVIDIA installer ({why})",
         hint="the server sent something else (a proxy's HTML page, an error, a cut-off "
@@ -157,13 +167,10 @@ OUT_IN_CHROOT = "/tmp/nvidia-driver-installer/out"
 def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: float,
                 what: str) -> dict:
     """Run ``spec`` in the jail (sandbox.py); its result record (``returncode``,
-    ``harvested``). It runs for
-    minutes: a heartbeat shows its last line, from its output or its log file (in the
-    overlay's upper dir, when that is not the tmpfs fallback only the sandbox sees)."""
+    ``harvested``). It runs for minutes: a heartbeat shows the last line of its output
+    (a file of ours: nothing the jail wrote is read while it runs, docs/jail.md)."""
     write_spec(spec, spec_file)
     watch = [Path(spec.output_file)]
-    if spec.log_file:
-        watch.append(Path(spec.workdir) / "upper" / spec.log_file.lstrip("/"))
     try:
         runner.run(
             ["unshare", "--mount", "--propagation", "private", "--",
@@ -178,7 +185,20 @@ def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: flo
             hint="the installer container must be privileged (it mounts an overlay and "
             "runs bwrap, Debian's bubblewrap)",
         ) from exc
-    return json.loads(Path(spec.result_file).read_text())
+    result = json.loads(Path(spec.result_file).read_text())
+    if result.get("pids_unbounded"):
+        log.warning("jail_pids_unbounded", command=what, reason=result["pids_unbounded"])
+    if result.get("refused"):
+        raise _refusal(what, result["refused"])
+    return result
+
+
+def _refusal(what: str, why: str) -> BuildError:
+    return BuildError(
+        f"{what} left something the install will not take: {why} (installer/harvest.py); "
+        "nothing was installed",
+        hint="NVIDIA's .run makes only files, dirs and links inside its own tree: this one "
+        "is not as published; check --driver-url and pin --driver-sha256")
 
 
 def kernel_tree_binds(tree: KernelTree) -> list[tuple[str, str]]:
@@ -205,31 +225,39 @@ def extract_argv(run_name: str, target_name: str) -> list[str]:
 
 
 def extract(runner: Runner, run_file: Path, target: Path,
-            rw_binds: list[tuple[str, str]] | None = None) -> Path:
+            rw_binds: list[tuple[str, str]] | None = None, *, from_network: bool = False,
+            ) -> Path:
     """``sh NVIDIA-….run -x --target DIR`` in the jail: the .run's shell header is the
     download's own code, so it sees the .run (read-only) and the dir it extracts into,
     and whatever else it writes stays in the jail's overlay. The archive checks its own
-    checksums first."""
-    check_run_file(run_file)
+    checksums first. ``from_network``: the .run came from a server (check_run_file)."""
+    check_run_file(run_file, from_network=from_network)
     check_space(run_file, target.parent)
     workdir = target.parent / "extract-sandbox"
     remove_tree(workdir)
     workdir.mkdir()
+    # The header writes only here: a fresh, empty dir of its own, never the staging dir
+    # (a link it made there would route our later moves to the host).
+    out = workdir / "out"
+    out.mkdir()
     output = workdir / "output.log"
     spec = SandboxSpec(
         workdir=str(workdir),
         argv=extract_argv(run_file.name, target.name),
         cwd="/", env={},
         binds=[(str(run_file.parent), RUN_IN_CHROOT)],
-        rw_binds=[*(rw_binds or []), (str(target.parent), OUT_IN_CHROOT)],
+        rw_binds=[*(rw_binds or []), (str(out), OUT_IN_CHROOT)],
         exec_binds=[RUN_IN_CHROOT, OUT_IN_CHROOT],
-        kernel_install_path="", log_file="", harvest_to="",
+        log_file="", harvest_to="", pids_max=JAIL_PIDS_MAX,
         output_file=str(output), result_file=str(workdir / "result.json"),
     )
+    what = f"{run_file.name} -x"
     try:
         rc = _in_sandbox(runner, spec, workdir / "sandbox.json", EXTRACT_TIMEOUT_S,
-                         f"{run_file.name} -x")["returncode"]
+                         what)["returncode"]
         text = output.read_text(errors="replace") if output.is_file() else ""
+        if rc == 0:
+            _take_extracted(out, target, what)
     finally:
         remove_tree(workdir)
     if rc != 0:
@@ -247,6 +275,22 @@ def extract(runner: Runner, run_file: Path, target: Path,
     if not (target / "nvidia-installer").exists():
         raise BuildError(f"{run_file.name} holds no nvidia-installer", path=str(run_file))
     return target
+
+
+def _take_extracted(out: Path, target: Path, what: str) -> None:
+    """The extracted tree into ``target``, if it is a real directory (not a link the
+    header left) and nothing else is beside it."""
+    try:
+        fd = harvest.open_dir(out, target.name)
+        os.close(fd)
+        extra = sorted(set(os.listdir(out)) - {target.name})
+        if extra:
+            raise harvest.Refused(f"/{extra[0]}", "beside the extracted tree")
+    except FileNotFoundError:
+        return  # "holds no nvidia-installer" says it
+    except harvest.Refused as exc:  # named as the header saw it
+        raise _refusal(what, f"{OUT_IN_CHROOT}{exc}") from None
+    os.replace(out / target.name, target)
 
 
 def build_modules(
@@ -269,14 +313,15 @@ def build_modules(
                             staging=staging, binds=binds, rw_binds=rw_binds, env=env,
                             output=KBUILD_LOG)["returncode"]
     _raise_for(rc, staging, "building NVIDIA's kernel modules failed (make ", kernel_release)
-    built = module_build.built_modules(extract_dir / tree_dir)
-    if not any(ko.name == module_build.REQUIRED for ko in built):
+    staging.drivers.mkdir(parents=True, exist_ok=True)
+    try:
+        names = harvest.move_files(extract_dir, tree_dir, module_build.MODULE_FILES,
+                                   staging.drivers)
+    except harvest.Refused as exc:
+        raise _refusal(f"make ({tree_dir}/)", str(exc)) from None
+    if module_build.REQUIRED not in names:
         raise BuildError(f"make succeeded but produced no {module_build.REQUIRED} in {tree_dir}/",
                          kernel_release=kernel_release)
-    staging.drivers.mkdir(parents=True, exist_ok=True)
-    for ko in built:
-        shutil.move(str(ko), str(staging.drivers / ko.name))
-    names = [ko.name for ko in built]
     log.info("kernel_modules_built", modules=names)
     return names
 
@@ -307,6 +352,19 @@ def install_userspace(
     return counts
 
 
+def run_tree_tool(runner: Runner, argv: list[str], what: str, *, extract_dir: Path,
+                  staging: Tree) -> None:
+    """Another program of the .run's own (COS's ``mkprecompiled``) in the jail, on the
+    extracted tree (``argv`` names it as the jail sees it: EXTRACT_IN_CHROOT); exit 7
+    with its output's tail when it fails."""
+    output = "tool-output.log"
+    rc = _on_extracted_tree(runner, argv, what, extract_dir=extract_dir, staging=staging,
+                            binds=[], rw_binds=None, env={}, output=output)["returncode"]
+    if rc != 0:
+        text = (staging.root / output).read_text(errors="replace")
+        raise BuildError(f"{what} failed (exit {rc}): {tail(text, 3) or '(no output)'}")
+
+
 def _on_extracted_tree(runner: Runner, argv: list[str], what: str, *, extract_dir: Path,
                        staging: Tree, binds: list[tuple[str, str]],
                        rw_binds: list[tuple[str, str]] | None, env: dict[str, str],
@@ -319,7 +377,7 @@ def _on_extracted_tree(runner: Runner, argv: list[str], what: str, *, extract_di
     spec = SandboxSpec(
         workdir=str(workdir), argv=argv, cwd=EXTRACT_IN_CHROOT, env=env, binds=binds,
         rw_binds=[*(rw_binds or []), (str(extract_dir), EXTRACT_IN_CHROOT)],
-        exec_binds=[EXTRACT_IN_CHROOT], kernel_install_path="", log_file=log_file,
+        exec_binds=[EXTRACT_IN_CHROOT], log_file=log_file, pids_max=JAIL_PIDS_MAX,
         harvest_to=str(staging.root) if harvest else "",
         output_file=str(staging.root / output), result_file=str(workdir / "result.json"),
     )

@@ -1,4 +1,4 @@
-"""The pod contract (DESIGN.md section 2): where the DaemonSet mounts what, in one place.
+"""The pod contract (docs/contract.md §2): where the DaemonSet mounts what, in one place.
 
 Read by the options' defaults (settings, the CLI), the manifests that set the mounts up,
 and doctor's advice; a host path and the container path it is mounted at are named apart.

@@ -6,7 +6,7 @@ is loaded. Every install removes it first and writes it again, atomically, only
 after verification, so a consumer (device plugin, toolkit, a workload's init
 container) waiting for the file never starts against a half-installed or
 replaced driver. A failed run that leaves the node as it was puts the file it
-found back (``rollback.undo``, DESIGN §4 "readiness as before"). ``/run`` is a
+found back (``rollback.undo``, docs/contract.md §4 "readiness as before"). ``/run`` is a
 tmpfs: a reboot removes it with the driver.
 """
 

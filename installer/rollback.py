@@ -1,4 +1,4 @@
-"""Put the node back as it was after a failed or interrupted run (DESIGN §4).
+"""Put the node back as it was after a failed or interrupted run (docs/contract.md §4).
 
 The steps that change the node note here what they changed; when a run fails
 at any later point, ``undo`` reverses it, newest first: the modules this run

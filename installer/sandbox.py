@@ -10,7 +10,8 @@ nvidia-installer ``--no-kernel-module`` (user space). It gets a jail (docs/jail.
   bwrap sets no_new_privs, so no setuid file or file capability gives any back;
 - its own PID, network (loopback only), IPC, UTS and cgroup namespaces, with a fresh
   procfs: none of the host's or the installer's processes, so no ``/proc/1/root`` to the
-  node and no ``/proc/<pid>/environ`` of ours;
+  node and no ``/proc/<pid>/environ`` of ours; its kernel knobs (``PROC_READ_ONLY``)
+  read-only;
 - a root made only of the container image's system dirs (``SYSTEM_DIRS``), seen through
   an overlay whose upper dir is harvested; a tmpfs ``/tmp``, ``/root`` and ``/run``; a
   minimal ``/dev`` (null, zero, full, random, urandom, tty: the real character devices
@@ -38,15 +39,17 @@ Loading modules is ours, not NVIDIA's: nothing here needs to (docs/nvidia-facts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from installer import harvest as harvest_fs
+from installer import jail_limits
 
 # Where things land in the upper dir (relative paths), merged-/usr or not.
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
@@ -55,7 +58,23 @@ FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The container image's system dirs: the jail's root (through the overlay), nothing else of /.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "var", "opt")
-JAIL_TMPFS = ("/tmp", "/root", "/run")
+# Every tmpfs the jail gets has a size (tmpfs is memory; it is also charged to the
+# container's memory cgroup, whose limit bounds it all). /tmp takes gcc's and
+# nvidia-installer's temporary files; /dev (bwrap's --dev, which takes no --size) is
+# remounted read-only and only its /dev/shm is writable.
+JAIL_TMPFS = (("/tmp", 2 << 30), ("/root", 64 << 20), ("/run", 64 << 20),
+              ("/dev/shm", 64 << 20))
+UPPER_TMPFS_BYTES = 8 << 30  # the fallback upper dir: what nvidia-installer writes, ~1 GB
+# The parts of the jail's fresh procfs its uid 0 could write by owner bits alone, with no
+# capability (proc_sys_permission gives euid 0 the owner bits): kernel/core_pattern runs a
+# program of its choosing as full root at the next crash. bwrap 0.8 covers these only when
+# access(W_OK) says it may write them, and on /proc/sys (a 0555 dir) it says no, so bwrap
+# leaves it writable. Bound read-only here, after --proc, from the container's procfs: the
+# same files (sysctl lookups follow the caller's namespaces, so /proc/sys/net is the jail's
+# own) and recursive, so binfmt_misc below /proc/sys is covered too. /proc/pressure: PSI
+# triggers, which only cost the kernel work. --ro-bind-try: a kernel may lack one of them.
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus",
+                  "/proc/pressure")
 # No CAP_* at all; unshare everything but the user namespace (as root without one, bwrap
 # drops the capabilities itself and the jail's uid 0 owns the files it writes).
 BWRAP_ISOLATION = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -78,11 +97,11 @@ class SandboxSpec:
     env: dict[str, str]
     binds: list[tuple[str, str]]  # (container path, path in the jail): read-only
     exec_binds: list[str]  # binds remounted exec (the host dir may be noexec on COS)
-    kernel_install_path: str  # inside the chroot; "" when nothing installs modules
     log_file: str  # inside the chroot
     harvest_to: str  # the staging tree; "" to keep nothing of what the command wrote
     output_file: str  # installer stdout+stderr
     result_file: str
+    pids_max: int  # the jail's processes and threads, all together (jail_limits.py)
     lower: str = "/"
     rw_binds: list[tuple[str, str]] = field(default_factory=list)  # the jail's own tree
     harvested: dict[str, int] = field(default_factory=dict)
@@ -101,7 +120,8 @@ def _mount_overlay(spec: SandboxSpec) -> Path:
             # Upper dir beside the lower root on one filesystem is refused by
             # some kernels ("overlapping layers"): fall back to a tmpfs.
             base.mkdir(exist_ok=True)
-            _mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(base))
+            _mount("-t", "tmpfs", "-o", f"mode=0755,size={UPPER_TMPFS_BYTES}", "tmpfs",
+                   str(base))
         upper, ovl_work = base / "upper", base / "work"
         upper.mkdir(exist_ok=True)
         ovl_work.mkdir(exist_ok=True)
@@ -129,63 +149,60 @@ def bwrap_argv(merged: Path, spec: SandboxSpec) -> list[str]:
             argv += ["--symlink", os.readlink(path), f"/{name}"]
         elif path.is_dir():
             argv += ["--bind", str(path), f"/{name}"]
-    for path in JAIL_TMPFS:
-        argv += ["--tmpfs", path]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
+    argv += ["--dev", "/dev"]
+    for path, size in JAIL_TMPFS:
+        argv += ["--size", str(size), "--tmpfs", path]
+    argv += ["--remount-ro", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
+    for path in PROC_READ_ONLY:
+        argv += ["--ro-bind-try", path, path]
     for src, dst in spec.binds:
         argv += ["--ro-bind", src, dst]
     for src, dst in spec.rw_binds:
         argv += ["--bind", src, dst]
+    argv += ["--remount-ro", "/"]  # bwrap's root tmpfs: only mount points, no size
     return [*argv, "--chdir", spec.cwd, "--", *RESTORE_TERM, *spec.argv]
 
 
-def _is_whiteout(path: Path) -> bool:
-    st = path.lstat()
-    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
-
-
-def _move_tree(src: Path, dst: Path) -> int:
-    """Move files (and symlinks) from src into dst, keeping sub-dirs; skip whiteouts."""
-    count = 0
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = Path(dirpath).relative_to(src)
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            if path.is_dir() and not path.is_symlink():
-                (dst / rel / name).mkdir(parents=True, exist_ok=True)
-                continue
-            if _is_whiteout(path):
-                continue
-            (dst / rel).mkdir(parents=True, exist_ok=True)
-            shutil.move(str(path), str(dst / rel / name))
-            count += 1
-    return count
+# What is taken from the upper dir: (its dirs, the staging dir they all move into).
+HARVEST = ((BIN_DIRS, "bin"), (LIB_DIRS, "lib64"), (FIRMWARE_DIRS, "firmware/nvidia"))
 
 
 def harvest(upper: Path, spec: SandboxSpec) -> dict[str, int]:
-    """Move the install layout out of the upper dir; everything else is discarded."""
-    out = Path(spec.harvest_to)
-    counts = {"bin": 0, "lib64": 0, "drivers": 0, "firmware": 0}
-    kernel_dirs = [spec.kernel_install_path.lstrip("/")] if spec.kernel_install_path else []
-    if kernel_dirs and kernel_dirs[0].startswith("lib/"):
-        kernel_dirs.append("usr/" + kernel_dirs[0])
-    for rel in kernel_dirs:
-        src = upper / rel
-        if src.is_dir():
-            for ko in sorted(src.glob("*.ko")):
-                shutil.move(str(ko), str(out / "drivers" / ko.name))
-                counts["drivers"] += 1
-    for rels, name in ((BIN_DIRS, "bin"), (LIB_DIRS, "lib64")):
-        for rel in rels:
-            if (upper / rel).is_dir():
-                counts[name] += _move_tree(upper / rel, out / name)
-    for rel in FIRMWARE_DIRS:
-        if (upper / rel).is_dir():
-            counts["firmware"] += _move_tree(upper / rel, out / "firmware" / "nvidia")
-    log_src = upper / spec.log_file.lstrip("/")
-    if log_src.is_file():
-        shutil.move(str(log_src), str(out / "nvidia-installer.log"))
+    """Move the install layout out of the upper dir, then the log; everything else is
+    discarded. Through no link the jail left, into staging dirs that are ours
+    (installer/harvest.py): a refusal fails the install."""
+    counts = {"bin": 0, "lib64": 0, "firmware": 0}
+    for sources, dest in HARVEST:
+        top = dest.split("/")[0]
+        with contextlib.ExitStack() as fds:
+            dst_top = harvest_fs.open_dir(spec.harvest_to, top)
+            fds.callback(os.close, dst_top)
+            harvest_fs.check_owned(dst_top, f"{spec.harvest_to}/{top}")
+            dst = dst_top
+            if dest != top:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(dest.split("/", 1)[1], 0o755, dir_fd=dst_top)
+                dst = harvest_fs.open_dir(spec.harvest_to, dest)
+                fds.callback(os.close, dst)
+            for rel in sources:
+                try:
+                    src = harvest_fs.open_dir(upper, rel)
+                except FileNotFoundError:
+                    continue
+                try:
+                    counts[top] += harvest_fs.move_tree(src, dst, f"/{rel}")
+                finally:
+                    os.close(src)
+    _keep_log(upper, spec)
     return counts
+
+
+def _keep_log(upper: Path, spec: SandboxSpec) -> None:
+    """nvidia-installer's log into the staging dir (success or not): a copy of a regular
+    file, never of what a link names (the failure path puts it in status.json)."""
+    if spec.log_file:
+        harvest_fs.copy_regular(upper, spec.log_file.lstrip("/"),
+                                Path(spec.harvest_to) / "nvidia-installer.log")
 
 
 def main(spec_path: str) -> int:
@@ -203,21 +220,29 @@ def main(spec_path: str) -> int:
     env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C", **spec.env}
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
-    with open(spec.output_file, "wb") as output:
+
+    def start_jail(bound: jail_limits.PidsBound) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        jail_limits.enter(bound)
+
+    with open(spec.output_file, "wb") as output, \
+            jail_limits.pids_cgroup(spec.pids_max, f"ndi-jail-{os.getpid()}") as bound:
         proc = subprocess.run(bwrap_argv(merged, spec), env=env, stdout=output,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+                              preexec_fn=lambda: start_jail(bound))
     if stopping:  # the Runner is stopping the install: its staging tree is being discarded
         return 128 + signal.SIGTERM
-    if spec.harvest_to and proc.returncode == 0:
-        spec.harvested = harvest(upper, spec)
-    elif spec.harvest_to:
-        log_src = upper / spec.log_file.lstrip("/")
-        if log_src.is_file():
-            shutil.copy(log_src, Path(spec.harvest_to) / "nvidia-installer.log")
-    Path(spec.result_file).write_text(
-        json.dumps({"returncode": proc.returncode, "harvested": spec.harvested})
-    )
+    refused = None
+    try:
+        if spec.harvest_to and proc.returncode == 0:
+            spec.harvested = harvest(upper, spec)
+        elif spec.harvest_to:
+            _keep_log(upper, spec)
+    except harvest_fs.Refused as exc:
+        refused = str(exc)
+    Path(spec.result_file).write_text(json.dumps(
+        {"returncode": proc.returncode, "harvested": spec.harvested, "refused": refused,
+         "pids_unbounded": bound.why_not}))
     return 0
 
 

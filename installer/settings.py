@@ -65,7 +65,7 @@ class Settings:
     # Put the driver in the install dir and stop: nothing loaded, unloaded or verified (for
     # DaemonSets that load the modules themselves: cos-gpu-installer v2's -no-verify).
     install_only: bool = False
-    # A different driver loaded and in use: "fail" (exit 8 naming the holders, DESIGN §4)
+    # A different driver loaded and in use: "fail" (exit 8 naming the holders, docs/contract.md §4)
     # or "stage" (build and check the new one, keep it for the next boot: nextboot.py).
     when_in_use: str = "fail"
     vulkan_icd_dir: Path | None = None  # this process's view; None: via the host root

@@ -2,7 +2,7 @@
 module loading and doctor share.
 
 The kernel's own state decides: ``module.sig_enforce`` (command line or the sysfs
-parameter, DESIGN "Module signatures") and lockdown (integrity or confidentiality
+parameter, docs/contract.md §4) and lockdown (integrity or confidentiality
 refuses unsigned modules, kernel/module/signing.c ``module_sig_check``). EFI Secure
 Boot is the usual cause of both (Ubuntu's kernel enters lockdown under it) but not
 a refusal by itself: a kernel booted with it and neither enforcing loads unsigned

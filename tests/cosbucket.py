@@ -1,4 +1,4 @@
-"""A fake cos-tools bucket for one COS build (DESIGN §6), for the COS tests.
+"""A fake cos-tools bucket for one COS build (docs/contract.md §6), for the COS tests.
 
 - headers_tgz: kernel-headers.tgz with usr/src/linux-headers-<release>/ (a
   configured tree as the fake nvidia-installer checks it), and evil variants;

@@ -100,6 +100,7 @@ class Pod:
             d.mkdir(parents=True, exist_ok=True)
         repo = Path(__file__).resolve().parents[1]
         q = shlex.quote
+        host_install_dir = f"{rootfs}/root/{self.install_dir.relative_to(self.node_root)}"
         lines = [
             "mount --make-rprivate /",
             f"mount -t tmpfs tmpfs {q(str(layer))}",
@@ -108,9 +109,12 @@ class Pod:
             f"{q(str(rootfs))}",
             f"mkdir -p {rootfs}/root {rootfs}/usr/local/sbin",
             f"mount --bind {q(str(self.node_root))} {rootfs}/root",
+            # The tmpfs goes on the host's install dir as the pod sees it, then is bound
+            # at the container's: one dir under two names, as a hostPath volume is.
             (f"mkdir -p {rootfs}/usr/local/nvidia && "
-             f"mount -t tmpfs -o size={tmpfs_size} tmpfs {rootfs}/usr/local/nvidia && "
-             f"cp -a {q(str(self.install_dir))}/. {rootfs}/usr/local/nvidia/")
+             f"mount -t tmpfs -o size={tmpfs_size} tmpfs {q(host_install_dir)} && "
+             f"cp -a {q(str(self.install_dir))}/. {q(host_install_dir)}/ && "
+             f"mount --bind {q(host_install_dir)} {rootfs}/usr/local/nvidia")
             if tmpfs_size else
             f"mkdir -p {rootfs}/usr/local/nvidia && "
             f"mount --bind {q(str(self.install_dir))} {rootfs}/usr/local/nvidia"

@@ -155,7 +155,7 @@ class ImagePod:
             f"mount --bind {r} {r}",  # a mount point: pivot_root below needs one
             f"mkdir -p {r}/usr/local/sbin {r}/proc {r}/sys",
         ]
-        # The DaemonSet's hostPath mounts (the pod contract, DESIGN §2), then
+        # The DaemonSet's hostPath mounts (the pod contract, docs/contract.md §2), then
         # what a privileged pod gets: its own /proc, the host's /sys.
         for source, target in self.mounts:
             dest = r + q(target)

@@ -3,12 +3,14 @@
 One plan step, ``fetch_prebuilt_bundle``, put before the flow's build steps
 (:func:`prebuilt_step`). It expands the URL template for this node's driver,
 kernel and module type, takes the bundle's sha256 from ``--prebuilt-sha256``
-or the ``index.json`` beside the bundles, and extracts it with the bounded
-extractor while it downloads (no archive on disk; zstd or gzip). The
-manifest (the first member) must be for this driver, kernel and module type
-before anything else is extracted; once the body has ended the digest is
-checked, then that the extracted tree is exactly what the manifest lists and
-that every module's vermagic names the running kernel -- only then is anything
+or the ``index.json`` beside the bundles, and downloads it, hashing the
+compressed bytes as they come: nothing is decompressed before they match
+(the digest may come from an index on the same mirror, but a mismatch then
+costs only the download). Then the bounded extractor (zstd or gzip) reads the
+manifest (the first member), which must be for this driver, kernel and module
+type before anything else is extracted, and writes no more than the sizes it
+declares; then the extracted tree must be exactly what the manifest lists and
+every module's vermagic must name the running kernel -- only then is anything
 moved into the staging layout. The staged tree is then what a build would have
 left: the usual load / verify / promote / record-cache steps take over (the
 ``.cache`` record takes the manifest's verified hashes), and the build steps
@@ -24,6 +26,7 @@ signatures is exit 10.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -58,7 +61,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MAX_BUNDLE_BYTES = 16 << 30  # unpacked; a 535 bundle is ~0.4 GB
+MAX_BUNDLE_BYTES = 16 << 30  # unpacked; a 535 bundle is ~0.4 GB; its manifest bounds it
+COPY_CHUNK = 1 << 20
 
 
 def prebuilt_step(ctx: Context, version: str, module_type: str) -> Step:
@@ -158,35 +162,41 @@ def _missing(ctx: Context, key: BundleKey, url: str) -> None:
 
 def _stream_bundle(ctx: Context, url: str, key: BundleKey, digest: str | None,
                    staging: Tree) -> Manifest | None:
-    """The bundle at ``url`` extracted while it downloads, then checked and staged; None
-    when there is no such bundle (HTTP 404, no such file).
+    """The bundle at ``url`` downloaded, its digest checked, then extracted, checked and
+    staged; None when there is no such bundle (HTTP 404, no such file).
 
-    Nothing reaches the staging layout before the whole body has matched ``digest``;
-    any failure (that digest, the extractor, a cancel or signal) removes the extracted
-    tree. An unpinned bundle is refused at its first bytes."""
+    Nothing is decompressed before the whole compressed body has matched ``digest`` (a
+    mismatch costs the download, never a decompression bomb's disk and CPU), and no more
+    is then written than the manifest declares. An unpinned bundle is refused at its
+    first bytes."""
     out = staging.root / "bundle"
+    spool = staging.root / "downloads" / "prebuilt-bundle"
+    spool.parent.mkdir(parents=True, exist_ok=True)
     refuse = _refuser(key, url, ctx.kernel.release())
 
-    def consume(body: BinaryIO) -> tuple[Manifest, archive.ExtractResult]:
+    def consume(body: BinaryIO) -> None:
         if digest is None:
             raise IntegrityError(
                 f"prebuilt bundle {key.name()} is not pinned: no entry in {INDEX_NAME} beside "
                 "it and no --prebuilt-sha256",
                 hint=f"run `nvidia-driver-installer bundle index` where the bundles are and "
                 f"publish {INDEX_NAME}, or pass --prebuilt-sha256", url=redact_url(url))
-        return extract(body, out, key, refuse)
+        with open(spool, "wb") as f:  # the transfer hashes what it hands us
+            shutil.copyfileobj(body, f, COPY_CHUNK)
 
     try:
-        _got, (manifest, extracted) = stream(
-            ctx.http, url, consume, dest=out, discard=lambda: remove_tree(out, ignore_errors=True),
-            expected_sha256=digest, label="prebuilt bundle")
-    except DownloadError as exc:
-        if exc.context.get("status") != 404:  # HTTP 404, or a missing file:// path
-            raise
-        return None
-    try:
+        try:
+            stream(ctx.http, url, consume, dest=spool,
+                   discard=lambda: spool.unlink(missing_ok=True), expected_sha256=digest,
+                   label="prebuilt bundle")
+        except DownloadError as exc:
+            if exc.context.get("status") != 404:  # HTTP 404, or a missing file:// path
+                raise
+            return None
+        manifest, extracted = extract(spool, out, key, refuse)
         stage(out, staging, manifest, extracted, ctx.kernel.release(), refuse)
     finally:
+        spool.unlink(missing_ok=True)
         remove_tree(out, ignore_errors=True)
     return manifest
 
@@ -207,7 +217,7 @@ def extract(source: Path | BinaryIO, out: Path, key: BundleKey,
     bundle for another driver, kernel or module type costs one small read."""
     seen: list[Manifest] = []
 
-    def check(data: bytes) -> None:
+    def check(data: bytes) -> int:
         try:
             manifest = Manifest.from_json(data)
         except BundleError as exc:
@@ -215,6 +225,7 @@ def extract(source: Path | BinaryIO, out: Path, key: BundleKey,
         if manifest.key != key:
             raise refuse(f"holds {manifest.key.describe()}, not {key.describe()}")
         seen.append(manifest)
+        return sum(entry.size for entry in manifest.files.values())  # no more is written
 
     result = archive.extract(source, out, label=key.name(), max_bytes=MAX_BUNDLE_BYTES,
                              head=archive.Head(MANIFEST_NAME, MAX_MANIFEST_BYTES, check))

@@ -1,4 +1,4 @@
-"""What a distro's DaemonSet needs besides the pod contract (DESIGN.md section 2): its own
+"""What a distro's DaemonSet needs besides the pod contract (docs/contract.md §2): its own
 host mounts, the env naming them, the node's network. Each Distro declares one;
 manifests/render.py and the template loop over it. Pure data."""
 

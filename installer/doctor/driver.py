@@ -52,14 +52,14 @@ def check_kernel_modules(n: Node) -> Finding:
     for other, label in ((cached, "the install dir holds"), (wanted, "the last run wanted")):
         if other and version != other:
             fix = ("reboot the node: this kernel cannot unload the running driver" if stuck
-                   else DRAIN if busy else "re-run install: the old driver is unused, so it is "
+                   else DRAIN if busy else f"{n.rerun_install}: the old driver is unused, so it is "
                    "unloaded and replaced")
             return Finding("kernel_modules", FAIL, f"{detail}, but {label} {other} (libraries "
                            f"and kernel module differ: NVML 'Driver/library version mismatch'); "
                            f"{use}", fix)
     if "nvidia_uvm" not in ours:
         return Finding("kernel_modules", FAIL, f"{detail}; nvidia_uvm is not loaded: CUDA "
-                       "cannot start", "re-run install (it loads nvidia-uvm)")
+                       "cannot start", f"{n.rerun_install} (it loads nvidia-uvm)")
     return Finding("kernel_modules", OK, f"{detail}; {use}")
 
 
@@ -74,7 +74,7 @@ def check_gpu_firmware(n: Node) -> Finding:
         return Finding("gpu_firmware", OK, detail)
     return Finding("gpu_firmware", FAIL, detail + ": GSP-RM GPUs (Turing and newer) fail "
                    "RmInitAdapter and nvidia-smi finds no device",
-                   "re-run install (it sets firmware_class.path to <install-dir-host>/firmware, "
+                   f"{n.rerun_install} (it sets firmware_class.path to <install-dir-host>/firmware, "
                    "or copies the files to the host's /lib/firmware/updates when another path "
                    "is set)")
 
@@ -106,7 +106,7 @@ def check_device_nodes(n: Node) -> Finding:
         by_hand = ", then ".join("nvidia-modprobe " + " ".join(a)
                                  for a in devnodes.modprobe_invocations(minors, loaded))
         return Finding("device_nodes", FAIL, f"missing: {what} (present: {detail}{caps_detail})",
-                       "re-run install" + (f", or on the node: {by_hand}" if by_hand else ""))
+                       n.rerun_install + (f", or on the node: {by_hand}" if by_hand else ""))
     if closed:
         return Finding("device_nodes", WARN, f"{detail}{caps_detail}; not mode 0666: "
                        f"{', '.join('/dev/' + c for c in closed)}",
@@ -132,7 +132,7 @@ def check_dev_char(n: Node) -> Finding:
                            "without them GPU containers fail with 'Failed to initialize NVML: "
                            "Unknown Error' after systemctl daemon-reload")
         return Finding("dev_char_symlinks", FAIL, listed,
-                       "re-run install (it creates them), or: nvidia-ctk system "
+                       f"{n.rerun_install} (it creates them), or: nvidia-ctk system "
                        "create-dev-char-symlinks --create-all; without them GPU containers fail "
                        "with 'Failed to initialize NVML: Unknown Error' after systemctl "
                        "daemon-reload")
@@ -162,7 +162,7 @@ def check_nvidia_smi(n: Node) -> Finding:
 def check_host_ld_cache(n: Node) -> Finding:
     cache_file = n.host.path("/etc/ld.so.cache")
     lib_dir = n.install.lib64_host()
-    fix = (f"re-run install: it puts {lib_dir} in /etc/ld.so.conf.d/nvidia.conf and runs "
+    fix = (f"{n.rerun_install}: it puts {lib_dir} in /etc/ld.so.conf.d/nvidia.conf and runs "
            "ldconfig -r on the host; workloads can also set "
            "LD_LIBRARY_PATH=/usr/local/nvidia/lib64")
     if not cache_file.is_file():

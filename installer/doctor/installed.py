@@ -106,12 +106,12 @@ def check_cache(n: Node) -> Finding:
              if distro and info else None)
     if distro and stale:
         return Finding("cache", FAIL, f"stale: {stale} ({distro.stale_cache.likely_cause})",
-                       "re-run install (restart the installer pod): it "
+                       f"{n.rerun_install} (restart the installer pod): it "
                        f"{distro.stale_cache.install_does}")
     broken = cache.check_files(r, n.install.root)
     if broken:
         return Finding("cache", FAIL, f"{what}, but {broken}",
-                       "re-run install with --force (FORCE_REINSTALL=1) to reinstall")
+                       f"{n.rerun_install} with --force (FORCE_REINSTALL=1) to reinstall")
     return Finding("cache", OK, what)
 
 
@@ -145,7 +145,7 @@ def check_install_dir(n: Node) -> Finding:
                        "driver directory (GKE: /usr/local/nvidia)")
     if missing:
         return Finding("install_dir", FAIL, f"missing or broken: {', '.join(missing)} "
-                       f"({counts})", "re-run install with --force (FORCE_REINSTALL=1)")
+                       f"({counts})", f"{n.rerun_install} with --force (FORCE_REINSTALL=1)")
     if n.node_image_driver:
         ro = ", read-only" if read_only(root) else ""
         return Finding("install_dir", OK, f"{root}: the node image's driver user space "
@@ -189,7 +189,7 @@ class FailedUpgrade:
 
 def failed_upgrade(n: Node) -> FailedUpgrade | None:
     """The last run failed to replace a driver that is still loaded and installed intact
-    (a failed run leaves the previous install byte-identical, DESIGN §4)."""
+    (a failed run leaves the previous install byte-identical, docs/contract.md §4)."""
     s, r = n.status, n.record
     loaded = n.loaded_version
     wanted = s.driver_version if s else None
@@ -200,9 +200,9 @@ def failed_upgrade(n: Node) -> FailedUpgrade | None:
     what = f"the upgrade to {wanted} failed ({why}): {s.message}"
     if s.error_class == "download":
         fix = (f"publish the driver {wanted} .run where the node downloads it, or fix "
-               "NVIDIA_DRIVER_VERSION (--driver-version), then re-run install")
+               f"NVIDIA_DRIVER_VERSION (--driver-version), then {n.rerun_install}")
     else:
-        fix = (s.hint or "see the installer_status finding") + "; then re-run install"
+        fix = (s.hint or "see the installer_status finding") + f"; then {n.rerun_install}"
     return FailedUpgrade(wanted, why, what, f"{fix} (driver {loaded} keeps working until then)")
 
 
@@ -228,5 +228,5 @@ def check_readiness(n: Node) -> Finding:
     loaded = n.loaded_version
     if loaded and version and loaded != version:
         return Finding("readiness", WARN, f"{path} says driver {version} but {loaded} is loaded",
-                       "re-run install to replace the loaded driver and refresh the file")
+                       f"{n.rerun_install} to replace the loaded driver and refresh the file")
     return Finding("readiness", OK, f"{path}: driver {version}, ready at {fields.get('READY_AT')}")

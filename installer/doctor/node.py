@@ -115,6 +115,12 @@ class Node:
         return None
 
     @property
+    def rerun_install(self) -> str:
+        """How advice names running install: "run install" where nothing is installed (never,
+        or `uninstall` removed it), so no fix suggests a run happened; else "re-run install"."""
+        return "run install" if self.never_installed or self.uninstalled else "re-run install"
+
+    @property
     def never_installed(self) -> bool:
         """No status.json, no .cache record and no driver file: install has never run here
         (so "re-run" and "--force" advice would mislead)."""

@@ -7,7 +7,7 @@ import json
 import shutil
 import textwrap
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from installer.doctor.driver import (
     check_dev_char,
@@ -118,9 +118,6 @@ def run(settings: Settings) -> Report:
             findings.append(Finding(name, FAIL, f"the check itself failed: "
                                     f"{type(exc).__name__}: {exc}",
                                     "report this as an installer bug; check by hand meanwhile"))
-    if node.never_installed or node.uninstalled:  # nothing to re-run yet
-        findings = [replace(f, fix=f.fix.replace("re-run install", "run install"))
-                    for f in findings]
     info = node.host_info
     return Report(
         node={

@@ -1,7 +1,7 @@
 """DaemonSet manifests: rendered from jinja2 templates shipped in the package.
 
 One DaemonSet per distro (``daemonset-<flavor>.yaml``, from what each class in
-``distros/`` declares) following the pod contract of DESIGN.md section 2. The defaults
+``distros/`` declares) following the pod contract of docs/contract.md §2. The defaults
 are committed under ``manifests/`` and a test fails when they drift from a fresh render
 (``make manifests`` fixes it). Every value is validated (``validate``) before any
 template is touched.

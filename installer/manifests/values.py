@@ -1,7 +1,7 @@
 """What the manifests are made of: flavours, the pod contract's env and mounts, defaults, names.
 
 One DaemonSet flavour per distro class, with what the class declares about itself
-(``Distro.daemonset``); the pod contract (DESIGN.md section 2) comes from
+(``Distro.daemonset``); the pod contract (docs/contract.md §2) comes from
 ``installer.podcontract``, the env the installer reads from ``installer.envvars``.
 """
 

@@ -35,7 +35,7 @@ what is still to come plus ``min_free_bytes`` (:class:`DiskSpaceError`,
 exit 11); ENOSPC while writing is a ``DiskSpaceError`` too. Any failure
 removes the ``.part`` file.
 
-Hostile servers (DESIGN §8), each exit 5: a body sent with a
+Hostile servers (docs/contract.md §5), each exit 5: a body sent with a
 ``Content-Encoding`` though identity was asked (it would expand without
 limit, past the free-space check) is refused; so is a size above
 ``MAX_DOWNLOAD_BYTES``, announced or streamed. The session's

@@ -11,7 +11,7 @@ from installer.errors import BuildError
 from installer.fsutil import remove_tree
 from installer.headers import KernelTree
 from installer.net.parallel import DownloadJob, download_all
-from installer.net.policy import file_name
+from installer.net.policy import file_name, local_file
 from installer.net.transfer import download
 from installer.plan import Step
 from installer.workstate import Artifact
@@ -90,9 +90,11 @@ def extract_driver(version: str) -> Step:
         staging = ctx.work.staged()
         # The test seams (empty in production), as for the build: build_driver says why.
         seams = [(path, path) for path in ctx.runner.env.values()]
+        downloaded = ctx.work.downloads.get("driver")
+        from_network = downloaded is not None and local_file(downloaded.url) is None
         ctx.work.extract_dir = nvidia_run.extract(
-            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams
-        )
+            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams,
+            from_network=from_network)
         # A --driver-url naming another driver: refused before anything is unloaded.
         nvidia_run.check_extracted_version(ctx.work.extract_dir, version,
                                            ctx.settings.driver_url)

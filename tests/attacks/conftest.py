@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import stat
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import pytest
 from tests.cosbucket import Bucket
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import COS_KERNEL, UBUNTU_KERNEL, Node, build_cos_node, build_ubuntu_node
+from tests.fixtures.runfile import LABEL, driver_payload, nvidia_header, run_name
 from tests.fixtures.server import ArtifactServer
 from tests.pod import Pod, events, pod_on
 
@@ -29,7 +32,7 @@ V_OLD = "535.183.01"  # COS: gpu_default_version
 RUN = f"NVIDIA-Linux-x86_64-{V}.run"
 INSTALL_HOST = "/home/kubernetes/bin/nvidia"
 TOOLS = "var/lib/cos-tools/"
-# What DESIGN §4 lets a successful install write on the host, outside the install dir.
+# What docs/contract.md §4 lets a successful install write on the host, outside the install dir.
 CONTRACT_WRITES = ("etc/ld.so.conf", "etc/ld.so.conf.d/nvidia.conf", "etc/ld.so.cache",
                    "run/nvidia/validations/driver-ready", "tmp/cos_gpu_installer_lock",
                    "var/lib/cos-tools/", "lib/firmware/updates/")
@@ -54,6 +57,37 @@ def tree(root: Path, skip: Path | None = None) -> dict[str, str]:
             else:
                 out[rel] = f"{stat.S_IFMT(st.st_mode):o}:{st.st_mode:o}"
     return out
+
+
+def doctored_run(out: Path, *, header: str = "", installer: str = "", makefile: str = "",
+                 files: dict[str, str] | None = None) -> Path:
+    """The stock .run (version ``V``) with hostile code: ``header`` shell lines run first
+    in its makeself header (a here-document to makeself: no $ or quotes of their own),
+    ``installer`` lines replace nvidia-installer (the real one is
+    ``.nvidia-installer-real`` beside it), ``makefile`` is a recipe line run first by
+    each kernel Makefile's ``modules``, ``files`` are added to the payload."""
+    payload = out / f"payload-{V}"
+    shutil.copytree(driver_payload(V), payload, symlinks=True)
+    for name, text in (files or {}).items():
+        (payload / name).write_text(text)
+    if installer:
+        script = payload / "nvidia-installer"
+        script.rename(payload / ".nvidia-installer-real")
+        script.write_text(f"#!/bin/sh\n{installer}\n")
+        script.chmod(0o755)
+    for tree in ("kernel", "kernel-open") if makefile else ():
+        mk = payload / tree / "Makefile"
+        mk.write_text(mk.read_text().replace("modules:\n", f"modules:\n\t{makefile}\n", 1))
+    stock = nvidia_header()
+    doctored = stock.replace("#!/bin/sh\n", f"#!/bin/sh\n{header}\n", 1) if header else stock
+    assert doctored != stock or not header
+    header_file = out / "doctored-header.sh"
+    header_file.write_text(doctored)
+    run = out / run_name(V)
+    subprocess.run(["makeself", "--header", str(header_file), "--nox11", "--keep-umask",
+                    "--sha256", str(payload), str(run), f"{LABEL} {V}", "./nvidia-installer"],
+                   check=True, capture_output=True, text=True)
+    return run
 
 
 @dataclass

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from tests.attacks.conftest import event_names, outcome
+from tests.attacks.conftest import V, event_names, outcome
 
 pytestmark = pytest.mark.chroot
 
@@ -88,3 +88,22 @@ def test_a_build_id_that_climbs_is_refused(cos):
     proc = cos.run("install")
     outcome(proc, 3, "malformed BUILD_ID")
     cos.assert_host_unchanged()
+
+
+# -- issue 33 item 9: a local file named as the driver ------------------------------------------
+
+
+def test_a_local_file_named_as_the_driver_is_never_shown(ubuntu):
+    """``--driver-url file:///etc/shadow``: refused as not a .run (exit 6) without a byte
+    of it in the message, the log or status.json. On abf8713 its first 40 characters were
+    in all three."""
+    secret = "host-secret-9b2e47:$y$j9T$notreal"
+    ubuntu.node.path("/etc/ndi-shadow").write_text(f"{secret}\n")
+    proc = ubuntu.run("install", "--driver-version", V,
+                      "--driver-url", "file:///root/etc/ndi-shadow",
+                      env={"NVIDIA_DRIVER_BASE_URL": ""})
+    assert "host-secret" not in proc.stderr + proc.stdout
+    leaked = [str(p) for p in ubuntu.node.install_dir.rglob("*")
+              if p.is_file() and "host-secret" in p.read_text(errors="replace")]
+    assert leaked == []
+    outcome(proc, 6, "ndi-shadow is not an NVIDIA installer", "local file")

@@ -144,3 +144,17 @@ def test_symlinked_firmware_updates_dir_stays_inside(ubuntu):
     outcome(proc, 0, "installed and verified")
     assert list(target.iterdir()) == [], "firmware copied outside the host root"
     assert list(ubuntu.node.path(str(target)).rglob("gsp_*.bin"))
+
+
+# -- issue 33 item 8: an --install-dir-host that is not the install dir ----------------------
+
+
+@pytest.mark.parametrize("host_path", ["/", "/etc", "/home/kubernetes/bin"])
+def test_an_install_dir_host_that_is_not_the_install_dir_is_refused(ubuntu, host_path):
+    """The host's ld.so.conf entry and driver-ready name <install-dir-host>: it must be the
+    dir the pod mounts at --install-dir (same device and inode), else exit 2 before
+    anything changes. On abf8713 ``/`` and ``/etc`` installed (exit 0) and pointed the
+    host's nvidia.conf at /lib64 and /etc/lib64."""
+    proc = ubuntu.run("install", "--install-dir-host", host_path)
+    outcome(proc, 2, f"--install-dir-host {host_path}", "not the directory")
+    ubuntu.assert_host_unchanged()

@@ -15,13 +15,12 @@ devices, the key on the container's root filesystem), so the install fails with 
 from __future__ import annotations
 
 import base64
-import shutil
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.attacks.conftest import V, outcome
-from tests.fixtures.runfile import LABEL, driver_payload, nvidia_header, run_name
+from tests.attacks.conftest import V, doctored_run, outcome
 
 pytestmark = pytest.mark.chroot
 
@@ -29,38 +28,29 @@ SECRET = "jail-test-secret-3f9c1e"
 ATTACK = Path(__file__).with_name("jail_attack.py")
 
 
+def attack_script(canary: Path | str = "", key: Path | str = "") -> str:
+    """jail_attack.py with the test's values filled in (the host root is /root in the pod)."""
+    return (ATTACK.read_text().replace("@CANARY@", str(canary)).replace("@KEY@", str(key))
+            .replace("@SECRET@", SECRET).replace("@HOST@", "/root"))
+
+
+def attack_header(script: str, *args: str) -> str:
+    """A makeself header line running ``script`` with ``args`` (base64: the header is a
+    here-document to makeself, no $ or quotes of its own, doctored_run)."""
+    code = base64.b64encode(script.encode()).decode()
+    argv = ",".join(repr(a) for a in ("-", *args))
+    return (f"python3 -c \"import base64,sys;sys.argv=[{argv}];"
+            f"exec(base64.b64decode('{code}'))\" || exit 1")
+
+
 def hostile_run(out: Path, canary: Path, key: Path) -> Path:
     """The stock payload whose header, Makefiles and nvidia-installer run the attacks first."""
-    script = (ATTACK.read_text().replace("@CANARY@", str(canary)).replace("@KEY@", str(key))
-              .replace("@SECRET@", SECRET).replace("@HOST@", "/root"))
-    payload = out / f"payload-{V}"
-    shutil.copytree(driver_payload(V), payload, symlinks=True)
-    (payload / ".attack.py").write_text(script)
-    installer = payload / "nvidia-installer"
-    installer.rename(payload / ".nvidia-installer-real")
-    installer.write_text('#!/bin/sh\npython3 "$(dirname "$0")/.attack.py" nvidia-installer '
-                         '|| exit 1\nexec "$(dirname "$0")/.nvidia-installer-real" "$@"\n')
-    installer.chmod(0o755)
-    for tree in ("kernel", "kernel-open"):
-        makefile = payload / tree / "Makefile"
-        makefile.write_text(makefile.read_text().replace(
-            "modules:\n", "modules:\n\t@python3 $(CURDIR)/../.attack.py make\n", 1))
-    # The header runs before anything is extracted: the attack travels in it (base64: the
-    # header is a shell here-document to makeself, so no $ or quotes of its own).
-    code = base64.b64encode(script.encode()).decode()
-    header = nvidia_header().replace(
-        "#!/bin/sh\n", f"#!/bin/sh\npython3 -c \"import base64,sys;sys.argv=['-','header'];"
-        f"exec(base64.b64decode('{code}'))\" || exit 1\n", 1)
-    assert "jail-attacks" not in header and "base64" in header
-    header_file = out / "hostile-header.sh"
-    header_file.write_text(header)
-    import subprocess
-
-    run = out / run_name(V)
-    subprocess.run(["makeself", "--header", str(header_file), "--nox11", "--keep-umask",
-                    "--sha256", str(payload), str(run), f"{LABEL} {V}", "./nvidia-installer"],
-                   check=True, capture_output=True, text=True)
-    return run
+    script = attack_script(canary, key)
+    return doctored_run(
+        out, header=attack_header(script, "header"), files={".attack.py": script},
+        installer='python3 "$(dirname "$0")/.attack.py" nvidia-installer || exit 1\n'
+        'exec "$(dirname "$0")/.nvidia-installer-real" "$@"',
+        makefile="@python3 $(CURDIR)/../.attack.py make")
 
 
 def test_a_hostile_run_cannot_leave_the_build_jail(ubuntu, tmp_path):
@@ -70,7 +60,11 @@ def test_a_hostile_run_cannot_leave_the_build_jail(ubuntu, tmp_path):
     proc = ubuntu.run("install", env={"NDI_JAIL_SECRET": SECRET})
     outcome(proc, 0)
     build_log = (ubuntu.node.install_dir / "kernel-build.log").read_text()
-    assert "jail-attacks make: 9 blocked" in build_log, build_log[-3000:]
+    attacks = re.search(r"jail-attacks make: (\d+) blocked of (\d+)", build_log)
+    assert attacks and attacks[1] == attacks[2] and int(attacks[1]) >= 17, build_log[-3000:]
+    # Issue 33 item 1: bwrap 0.8 leaves /proc/sys writable to the jail's uid 0.
+    for target in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches"):
+        assert f"write {target} (Read-only file system)" in build_log, build_log[-3000:]
     ubuntu.assert_host_unchanged(installed=True)
 
 
@@ -92,3 +86,28 @@ def test_bundle_build_keeps_the_signing_key_out_of_the_jail(tmp_path, canary):
                                            str(cert), setup=install_sign_file)
     assert compiled and doc["signed"] is True, doc
     assert sorted(p.name for p in canary.iterdir()) == ["sentinel"]
+
+
+def test_cos_mkprecompiled_runs_in_the_jail(cos, tmp_path):
+    """COS's precompiled flavour unpacks the custom .run's kernel interfaces with the .run's
+    own ``mkprecompiled``: NVIDIA's code, so in the jail like the header. A hostile one
+    writing to the host's /etc writes into the jail's /root tmpfs instead; the install
+    still succeeds. On abf8713 it ran in the container as root: /etc/pwned-mkprecompiled
+    appeared on the host."""
+    from tests.cosbucket import DEFAULT_V, MKPRECOMPILED, _wrapped_run, precompiled_pieces
+    from tests.fixtures.node import COS_KERNEL
+
+    hostile = MKPRECOMPILED.replace(
+        "#!/bin/sh\n", "#!/bin/sh\necho pwned > /root/etc/pwned-mkprecompiled 2>/dev/null\n", 1)
+    run = _wrapped_run(tmp_path / f"NVIDIA-Linux-x86_64-{DEFAULT_V}-custom.run", DEFAULT_V,
+                       {"mkprecompiled": hostile.encode(),
+                        **precompiled_pieces(DEFAULT_V, COS_KERNEL)})
+    cos.kernel.add_gpu(device="0x1db4")  # a V100: proprietary modules only
+    cos.kernel.set_sig_enforce(True)  # so: the precompiled, Google-signed flavour
+    cos.bucket.custom_runs = {DEFAULT_V: run}
+    cos.bucket.signature_versions = (DEFAULT_V,)
+    proc = cos.run("install")
+    outcome(proc, 0)
+    assert "CACHE_FLAVOR=precompiled-signed" in (cos.node.install_dir / ".cache").read_text()
+    assert not cos.node.path("/etc/pwned-mkprecompiled").exists()
+    cos.assert_host_unchanged(installed=True)

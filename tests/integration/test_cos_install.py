@@ -1,7 +1,7 @@
 """The COS flow end to end, run as the pod runs it, against a fixture COS node.
 
 Real: the makeself .run, the HTTPS artifact server (private CA) serving the
-cos-tools layout of DESIGN §6, safe extraction of the build's headers and
+cos-tools layout of docs/contract.md §6, safe extraction of the build's headers and
 toolchain into the host's /var/lib/cos-tools, the overlay/chroot sandbox
 around nvidia-installer, ldconfig, the host lock. Stand-ins: the kernel (fake
 procfs/sysfs + kmod), the toolchain (a script compiler), nvidia-smi's hardware.

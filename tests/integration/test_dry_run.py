@@ -81,7 +81,7 @@ def test_dry_run_refuses_a_replacement_while_the_driver_is_in_use(node, pod, ker
 
 def test_dry_run_with_no_gpu_is_the_load_failure_it_leads_to(node, pod, kernel, server):
     """The real run builds, then fails: exit 8 (nvidia.ko's init finds no GPU, ENODEV,
-    DESIGN §3). The dry run says so before any of that, with the same exit code."""
+    docs/contract.md §3). The dry run says so before any of that, with the same exit code."""
     import shutil
 
     shutil.rmtree(kernel.sys_dir / "bus/pci/devices/0000:00:04.0")

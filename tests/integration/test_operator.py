@@ -315,7 +315,7 @@ def test_readiness_only_after_success(node, pod, kernel, server):
     assert "nvidia_driver_installer_success 1" in (node.root / metrics.lstrip("/")).read_text()
 
     # A failing run (bad checksum, after the lock) removes it first; having changed
-    # nothing, it puts back the very file it found (DESIGN §4), not a new one.
+    # nothing, it puts back the very file it found (docs/contract.md §4), not a new one.
     found = (node.root / READY).read_text()
     proc = pod.run("install", "--force", "--metrics-file", metrics,
                    env={"NVIDIA_DRIVER_SHA256": "0" * 64})

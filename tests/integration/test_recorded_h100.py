@@ -189,7 +189,7 @@ def test_status_names_the_node_image_driver(node):
 def test_install_dry_run_names_modules_disabled(node, tmp_path):
     """Caught: install --dry-run refused with exit 10 (module.sig_enforce) without naming
     ``kernel.modules_disabled=1``, which refuses every module load first (kernel/module/
-    main.c may_init_module) and no signed bundle gets past. DESIGN §3: a module load that
+    main.c may_init_module) and no signed bundle gets past. docs/contract.md §3: a module load that
     cannot happen is exit 8."""
     proc = run(node, "install", "--dry-run", "--log-format", "json",
                install_dir=tmp_path / "empty")

@@ -1,6 +1,6 @@
 """A run that fails after it unloaded the working driver leaves the node as it was.
 
-DESIGN §4 and the issue-20 contract: the old driver loaded again from the install
+docs/contract.md §4 and the issue-20 contract: the old driver loaded again from the install
 dir, with its module parameters, firmware path and device files; the install dir
 and its .cache byte-identical; the readiness file back, byte for byte. One test
 per step that can fail once the old driver is out: load_modules, device_nodes,

@@ -56,7 +56,7 @@ def cos_node(work: Path, server: ArtifactServer, version: str) -> FixtureNode:
 
 def assert_ran(node: FixtureNode, pod: PodRun, version: str, plan: str) -> None:
     """Whatever the manifest: the pod installed (or loaded) ``version`` on the node as
-    DESIGN §4 says, said so last, and its pause container runs."""
+    docs/contract.md §4 says, said so last, and its pause container runs."""
     assert pod.phase == RUNNING, pod.logs[-3000:]
     assert (pod.init["State"]["Status"], pod.init["State"]["ExitCode"]) == ("exited", 0)
     assert pod.pause["State"]["Status"] == "running"

@@ -111,7 +111,7 @@ def test_cos_fresh_install(kubelet, tmp_path):
                                                        ("corrupt", 6, "integrity")])
 def test_failed_install_reaches_podman_and_pause_never_starts(kubelet, tmp_path, serve, code,
                                                               error_class):
-    """The DESIGN §3 exit code in `podman inspect`, the error event as the last line of
+    """The docs/contract.md §3 exit code in `podman inspect`, the error event as the last line of
     `podman logs` (what `kubectl logs` and FallbackToLogsOnError show), no pause."""
     with ArtifactServer() as server:
         node, run_path = ubuntu_node(tmp_path, server, serve=serve)

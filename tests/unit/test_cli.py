@@ -276,7 +276,7 @@ def test_every_result_command_takes_output_text_or_json(command):
 
 
 def test_detect_output_is_auto_json_for_tools_text_on_a_terminal(capsys, tmp_path):
-    """DESIGN §3 (detect prints JSON) and issue 14 (text for people) both hold."""
+    """docs/contract.md §3 (detect prints JSON) and issue 14 (text for people) both hold."""
     option = next(p for p in cli.commands["detect"].params if p.name == "output")
     assert option.default == "auto" and list(option.type.choices) == ["auto", "text", "json"]
     _, out, _ = run_main(capsys, ["detect", "--help"])

@@ -40,8 +40,8 @@ def test_bwrap_gets_no_capabilities_no_host_and_only_the_spec_binds(tmp_path):
     os.symlink("usr/bin", merged / "bin")
     (merged / "home").mkdir()  # not a system dir: not shown
     spec = SandboxSpec(workdir=str(tmp_path), argv=["make", "modules"], cwd="/x", env={},
-                       binds=[("/hdr", "/hdr")], exec_binds=[], kernel_install_path="",
-                       log_file="", harvest_to="", output_file="", result_file="",
+                       binds=[("/hdr", "/hdr")], exec_binds=[],
+                       log_file="", harvest_to="", output_file="", result_file="", pids_max=1,
                        rw_binds=[("/tree", "/x")])
     argv = bwrap_argv(merged, spec)
     words = " ".join(argv)

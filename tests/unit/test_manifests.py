@@ -2,7 +2,7 @@
 
 Schemas (kubernetes-validate, several Kubernetes versions, strict), yamllint,
 hadolint, ``kubectl kustomize`` when kubectl is there, and our own checks for
-what schemas cannot know: the pod contract of DESIGN.md section 2 and the env
+what schemas cannot know: the pod contract of docs/contract.md §2 and the env
 var names of section 3.
 """
 
@@ -268,7 +268,7 @@ def test_every_daemonset_keeps_the_pod_contract(variant_texts):
         assert "volumeMounts" not in pause
         assert pause["resources"]["limits"]["memory"]
 
-        # Pod-level choices (DESIGN §2, GKE's manifests).
+        # Pod-level choices (docs/contract.md §2, GKE's manifests).
         assert pod["priorityClassName"] == "system-node-critical"
         assert pod["automountServiceAccountToken"] is False
         assert pod["hostPID"] is True

@@ -25,11 +25,11 @@ def good_run(tmp_path_factory):
     return build_driver_run(tmp_path_factory.mktemp("run")).read_bytes()
 
 
-def _refused(tmp_path, data: bytes) -> IntegrityError:
+def _refused(tmp_path, data: bytes, *, from_network: bool = True) -> IntegrityError:
     path = tmp_path / NAME
     path.write_bytes(data)
     with pytest.raises(IntegrityError) as info:
-        check_run_file(path)
+        check_run_file(path, from_network=from_network)
     assert info.value.exit_code == ExitCode.INTEGRITY == 6
     assert info.value.hint == HINT
     assert info.value.context["path"] == str(path)
@@ -93,3 +93,10 @@ def test_preview_keeps_short_text_whole():
 ])
 def test_makeselfs_own_check_failures_are_corruption_and_nothing_else(output, corrupt):
     assert bool(_CORRUPT.search(output)) is corrupt
+
+
+def test_a_local_file_is_never_shown(tmp_path):
+    """A file:// .run that is not one (``file:///etc/shadow``): named, its bytes not shown."""
+    err = _refused(tmp_path, b"root:$y$j9T$secret:19000:0:99999:7:::\n", from_network=False)
+    assert "secret" not in err.message and "root:" not in err.message
+    assert "a local file without a makeself header" in err.message

@@ -178,7 +178,7 @@ def test_gsp_550_firmware_found_only_after_the_installer_set_it(boot_r550: BootR
 def test_real_nvidia_smi_550_after_the_failed_init_is_classified(boot_r550: BootResult):
     """NVIDIA's own nvidia-smi and NVML 550 with no nvidia module loaded: their real words
     and exit code, and the installer's verify hint for them (a failed nvidia-smi is exit 9,
-    DESIGN §2)."""
+    docs/contract.md §2)."""
     step = boot_r550.step("real-smi")
     assert step.rc == 9, step.describe()  # NVIDIA-SMI's own code for this failure
     assert "couldn't communicate with the NVIDIA driver" in step.output, step.describe()

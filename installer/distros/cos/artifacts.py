@@ -1,4 +1,4 @@
-"""The artifacts Google publishes for each COS build (DESIGN §6), and driver version aliases.
+"""The artifacts Google publishes for each COS build (docs/contract.md §6), and driver version aliases.
 
 Layout under the artifacts URL of a build (``--cos-artifacts-url`` /
 ``COS_DOWNLOAD_GCS``, a template with ``{build_id}`` and ``{board}``):

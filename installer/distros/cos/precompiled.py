@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import archive, modsign
+from installer import archive, harvest, modsign, nvidia_run
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import custom_run_name, signatures_name
 from installer.distros.cos.toolchain import BuildTools
@@ -35,6 +35,7 @@ LINKED = (("nvidia.ko", "nv-linux.o", "nvidia/nv-kernel.o_binary"),
 # MODULE INTERFACE CORE` (NVIDIA/nvidia-installer kernel.c unpack_kernel_modules,
 # nvidia-installer.h LD_OPTIONS), with the first `ld` on PATH (misc.c, find_system_util).
 LEGACY_LD_OPTIONS = ("-d", "-r")
+MAX_MODULE_BYTES = 1 << 30  # a signed nvidia.ko is ~100 MB
 
 
 def unpack_signatures(version: str) -> Step:
@@ -72,6 +73,7 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
         extract: Path = ctx.work.extract_dir
         kernel_dir = extract / "kernel"
         pre_dir = kernel_dir / "precompiled"
+        _check_dirs(extract)
         packed = sorted(p for p in pre_dir.iterdir() if p.is_file()) if pre_dir.is_dir() else []
         if not packed:
             raise BuildError(f"{custom_run_name(version)} holds no precompiled kernel interfaces "
@@ -86,12 +88,15 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
         if script is None:
             raise BuildError(f"the kernel headers have no scripts/module.lds ({source})",
                              path=str(source), kernel_release=ctx.host_info.kernel_release)
-        try:
-            ctx.runner.run([extract / "mkprecompiled", "--unpack", packed[-1], "-o", pre_dir],
-                           cwd=extract)
-        except CommandError as exc:
-            raise BuildError(f"unpacking the precompiled driver failed: {exc}",
-                             kernel_release=ctx.host_info.kernel_release) from exc
+        # The .run's own program: in the jail, like its header (docs/jail.md).
+        tree = nvidia_run.EXTRACT_IN_CHROOT
+        nvidia_run.run_tree_tool(
+            ctx.runner, [f"{tree}/mkprecompiled", "--unpack",
+                         f"{tree}/kernel/precompiled/{packed[-1].name}", "-o",
+                         f"{tree}/kernel/precompiled"],
+            "unpacking the precompiled driver (mkprecompiled)", extract_dir=extract,
+            staging=staging)
+        _check_dirs(extract)  # what it left: linked and read out here, outside the jail
         lld = toolchain.module_linker(tools.toolchain, env)
         _link(ctx, [lld, "-T", script, "-r"])
         for name in ("nvidia-uvm.ko", "nvidia-drm.ko"):  # shipped pre-linked
@@ -111,6 +116,22 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
     return Step("link_precompiled", run,
                 "mkprecompiled --unpack; ld.lld -T module.lds -r -o nvidia.ko / nvidia-modeset.ko; "
                 "append Google's PKCS#7 signatures")
+
+
+def _check_dirs(extract: Path) -> None:
+    """Exit 7 unless the dirs this step reads and links in, outside the jail, are real
+    dirs of the extracted tree: a link the .run's code left there would send the linker's
+    output or our reads to the host (installer/harvest.py)."""
+    for rel in ("kernel/precompiled", *(f"kernel/{core.rsplit('/', 1)[0]}"
+                                        for _m, _i, core in LINKED)):
+        try:
+            os.close(harvest.open_dir(extract, rel))
+        except FileNotFoundError:
+            continue  # missing: the step's own checks name what is missing
+        except harvest.Refused as exc:
+            raise BuildError(f"the precompiled driver's tree is not as published: {exc}",
+                             hint="check the COS artifacts (pin them with "
+                             "--cos-artifacts-sha256)") from None
 
 
 def _link(ctx: Context, linker: list) -> None:
@@ -133,11 +154,12 @@ def _sign(ctx: Context, modules: tuple[str, ...], out: Path, version: str) -> No
     sigs: Path = ctx.work.signatures_dir
     for name in modules:
         ko = kernel_dir / name
-        if not ko.is_file():
-            raise BuildError(f"{custom_run_name(version)} yielded no {name}", path=str(ko))
+        data = harvest.read_head(ctx.work.extract_dir, f"kernel/{name}", MAX_MODULE_BYTES)
+        if data is None:  # absent, or not a regular file (a link is never read)
+            raise BuildError(f"{custom_run_name(version)} yielded no {name} (as a regular "
+                             "file)", path=str(ko))
         try:
-            signed = modsign.append_signature(ko.read_bytes(),
-                                              _signature_file(sigs, name).read_bytes())
+            signed = modsign.append_signature(data, _signature_file(sigs, name).read_bytes())
         except ValueError as exc:
             raise IntegrityError(f"cannot sign {name}: {exc}") from exc
         (out / name).write_bytes(signed)
