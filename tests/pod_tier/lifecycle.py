@@ -82,8 +82,9 @@ class PodLifecycle:
                 self.restarts[c["name"]] = 0
                 self._until(end, c["name"], lambda s: s == "running")
             else:
-                status, code = self._until(end, c["name"], lambda s: s not in ("running", "created"))
-                if (status, code) != ("exited", 0):  # restartPolicy Never: KillPod
+                # podman says "stopped" until its cleanup has recorded the exit code.
+                _, code = self._until(end, c["name"], lambda s: s == "exited")
+                if code != 0:  # restartPolicy Never: KillPod
                     self.phase, self.failed = FAILED, c["name"]
                     self.terminate()
                     return self.phase

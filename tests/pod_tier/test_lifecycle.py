@@ -9,8 +9,9 @@ from tests.pod_tier.lifecycle import BACKOFF_S, FAILED, RUNNING, PodLifecycle
 
 
 class FakeRuntime:
-    """Each regular init container runs for ``polls`` state reads, then exits with its code;
-    sidecars and main containers run until stopped (or ``crash``)."""
+    """Each regular init container runs for ``polls`` state reads, is "stopped" for one
+    (podman's state before its cleanup recorded the exit code: -1 here), then exits with its
+    code; sidecars and main containers run until stopped (or ``crash``)."""
 
     def __init__(self, exit_codes: dict[str, int], polls: int = 2):
         self.exit_codes, self.polls = exit_codes, polls
@@ -27,11 +28,12 @@ class FakeRuntime:
 
     def state(self, name: str) -> tuple[str, int]:
         status = self.status.get(name, "created")
-        if status == "running" and name in self.exit_codes:
+        if status in ("running", "stopped") and name in self.exit_codes:
             self.reads[name] += 1
             if self.reads[name] > self.polls:
-                self.status[name] = status = "exited"
-        return status, self.exit_codes.get(name, 0) if status == "exited" else 0
+                self.status[name] = status = "stopped" if status == "running" else "exited"
+        code = {"exited": self.exit_codes.get(name, 0), "stopped": -1}.get(status, 0)
+        return status, code
 
     def stop(self, name: str, grace_s: float) -> None:
         self.log.append(("stop", name))
