@@ -129,6 +129,11 @@ def _restore_readiness(ctx: Context, error: BaseException) -> bool:
 
 
 def _remove_new_device_files(dev_dir: Path, before: frozenset[str]) -> None:
-    for rel in sorted(device_files(dev_dir) - before, reverse=True):  # char/ links first
-        (dev_dir / rel).unlink(missing_ok=True)
-        log.info("device_file_removed", path=str(dev_dir / rel))
+    # Reversed: a dir's files ("nvidia-caps/nvidia-cap1") come before the dir itself.
+    for rel in sorted(device_files(dev_dir) - before, reverse=True):
+        path = dev_dir / rel
+        if path.is_dir() and not path.is_symlink():
+            path.rmdir()  # nvidia-caps/, new in this run and emptied just above
+        else:
+            path.unlink(missing_ok=True)
+        log.info("device_file_removed", path=str(path))

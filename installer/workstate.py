@@ -53,8 +53,13 @@ class NodeChanges:
 
 
 def device_files(dev_dir: Path) -> frozenset[str]:
-    """The NVIDIA device files and /dev/char links, relative to ``dev_dir``."""
-    found = {p.name for p in dev_dir.glob("nvidia*")}
+    """The NVIDIA device files and /dev/char links, relative to ``dev_dir``; the
+    ``nvidia-caps/`` dir (nvidia-modprobe -c, NVML) with the files in it."""
+    found = set()
+    for path in dev_dir.glob("nvidia*"):
+        found.add(path.name)
+        if path.is_dir() and not path.is_symlink():
+            found |= {f"{path.name}/{inner.name}" for inner in path.iterdir()}
     char = dev_dir / "char"
     if char.is_dir():
         found |= {f"char/{p.name}" for p in char.iterdir()

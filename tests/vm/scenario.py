@@ -22,7 +22,10 @@ DRIVERS = f"{INSTALL_DIR}/drivers"
 # --display-modules: the VM tier proves all four NVIDIA modules load in dependency order in
 # a real kernel (modeset and drm included: their in-tree deps, drm's unknown-symbol
 # refusal); a node gets nvidia and nvidia-uvm only by default (modules.COMPUTE_MODULES).
-INSTALL = "nvidia-driver-installer install --host-root / --log-format json --display-modules"
+# --skip-cuda-check: a VM has no GPU for CUDA to find; the check itself is proven against the
+# fake libcuda (tests/integration/test_cuda_check.py) and on a real GPU (tests/gpu).
+INSTALL = ("nvidia-driver-installer install --host-root / --log-format json --display-modules "
+           "--skip-cuda-check")
 PROBE = "python3 /ndi/probe.py"
 INSTALL_TIMEOUT = 900
 
