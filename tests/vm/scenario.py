@@ -234,17 +234,20 @@ def classify_real_smi() -> str:
 def verify_with_real_smi(version: str, install: str) -> str:
     """``verify`` with NVIDIA's own nvidia-smi and NVML in the install dir. The real
     nvidia-smi, run as root before this, made /dev/nvidiactl itself (NVML creates the
-    control node when it is missing, driver or not); /dev/nvidia-uvm is added as a stale
-    node, so the installer gets past its device check, runs the real binary and classifies
-    its words. The install dir and /dev are put back afterwards."""
+    control node when it is missing, driver or not); /dev/nvidia0, /dev/nvidia-uvm and
+    /dev/nvidia-uvm-tools are added as stale nodes (what verify requires besides the control
+    node: devnodes.missing_nodes), so the installer gets past its device check, runs the
+    real binary and classifies its words. The install dir and /dev are put back afterwards."""
     lib = f"libnvidia-ml.so.{version}"
     return (f"cp {REAL_SMI}/nvidia-smi {INSTALL_DIR}/bin/nvidia-smi && "
             f"cp {REAL_SMI}/{lib} {INSTALL_DIR}/lib64/{lib} && "
+            "{ [ -e /dev/nvidia0 ] || mknod /dev/nvidia0 c 195 0; } && "
             "{ [ -e /dev/nvidia-uvm ] || mknod /dev/nvidia-uvm c 235 0; } && "
+            "{ [ -e /dev/nvidia-uvm-tools ] || mknod /dev/nvidia-uvm-tools c 235 1; } && "
             "nvidia-driver-installer verify --host-root / --log-format json; rc=$?; "
             f"cp -a {DATA}/{install}/bin/nvidia-smi {INSTALL_DIR}/bin/nvidia-smi; "
             f"cp -a {DATA}/{install}/lib64/{lib} {INSTALL_DIR}/lib64/{lib}; "
-            "rm -f /dev/nvidiactl /dev/nvidia-uvm; exit $rc")
+            "rm -f /dev/nvidiactl /dev/nvidia0 /dev/nvidia-uvm /dev/nvidia-uvm-tools; exit $rc")
 
 
 def r550_steps(version: str) -> list[Step]:

@@ -92,7 +92,9 @@ def assert_driver_working(state: dict, version: str) -> None:
     for module in NV_MODULES:
         assert sysmod[module] is not None, f"{module} not loaded: {state['modules']}"
         assert sysmod[module]["version"] == version, sysmod[module]
-    assert sysmod["nvidia"]["parameters"]["NVreg_Test"] == PARAM
+    # Where NVIDIA's nvidia.ko shows its parameters (nv-procfs.c), and not in sysfs.
+    assert f'Test: "{PARAM}"' in (state["nvidia_params"] or "").splitlines(), state["nvidia_params"]
+    assert "NVreg_Test" not in sysmod["nvidia"]["parameters"], sysmod["nvidia"]
     # nvidia is used by its own uvm and modeset only; modeset by drm.
     assert sorted(state["modules"]["nvidia"]["used_by"]) == ["nvidia_modeset", "nvidia_uvm"]
     assert state["modules"]["nvidia_modeset"]["used_by"] == ["nvidia_drm"]

@@ -89,6 +89,8 @@ def main():
         "kernel": os.uname().release,
         "modules": {k: v for k, v in modules().items() if k in OURS or k == "drm"},
         "sysmodule": {m: sysmodule(m) for m in OURS},
+        # nvidia's parameters: not in sysfs, as NVIDIA's (kmod-src/nvidia.c says why)
+        "nvidia_params": read("/proc/driver/nvidia/params"),
         "devices": devices(),
         "ldconfig": [ln.strip() for ln in ldp if "nvidia" in ln or "cuda" in ln],
         # nvidia-smi with nothing on the library path: libnvidia-ml.so.1 must
