@@ -39,14 +39,7 @@ POLL_S = 2.0
 
 def nvswitches(sys_dir: Path) -> list[str]:
     """PCI addresses of the NVSwitch functions under ``<sys_dir>/bus/pci/devices``."""
-    base = Path(sys_dir) / "bus/pci/devices"
-    try:
-        entries = sorted(base.iterdir())
-    except OSError:
-        return []
-    return [d.name for d in entries
-            if gpus.read_attr(d / "vendor") == gpus.NVIDIA_VENDOR
-            and gpus.read_attr(d / "class").startswith(NVSWITCH_CLASS_PREFIX)]
+    return [dev.name for dev, _class in gpus.nvidia_functions(sys_dir, NVSWITCH_CLASS_PREFIX)]
 
 
 def nvswitch_device_files(dev_dir: Path) -> list[str]:

@@ -162,8 +162,9 @@ def read_attr(path: Path) -> str:
         return ""
 
 
-def scan(sys_dir: Path) -> list[PciGpu]:
-    """NVIDIA display controllers under ``<sys_dir>/bus/pci/devices``, by address."""
+def nvidia_functions(sys_dir: Path, class_prefix: str) -> list[tuple[Path, str]]:
+    """NVIDIA's PCI functions under ``<sys_dir>/bus/pci/devices`` whose class starts with
+    ``class_prefix``, by address: each one's sysfs dir and class."""
     base = Path(sys_dir) / "bus/pci/devices"
     try:
         entries = sorted(base.iterdir())
@@ -174,8 +175,16 @@ def scan(sys_dir: Path) -> list[PciGpu]:
         if read_attr(dev / "vendor") != NVIDIA_VENDOR:
             continue
         pci_class = read_attr(dev / "class")
-        if not pci_class.startswith(DISPLAY_CLASS_PREFIX):
-            continue  # NVSwitch bridges, audio functions
+        if pci_class.startswith(class_prefix):
+            found.append((dev, pci_class))
+    return found
+
+
+def scan(sys_dir: Path) -> list[PciGpu]:
+    """NVIDIA display controllers under ``<sys_dir>/bus/pci/devices``, by address (not the
+    NVSwitch bridges or audio functions)."""
+    found = []
+    for dev, pci_class in nvidia_functions(sys_dir, DISPLAY_CLASS_PREFIX):
         device_id = read_attr(dev / "device")
         found.append(PciGpu(dev.name, device_id, pci_class,
                             read_attr(dev / "subsystem_device") or None, MODELS.get(device_id)))

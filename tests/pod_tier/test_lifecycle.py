@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fixtures.clock import Clock
 from tests.pod_tier.lifecycle import BACKOFF_S, FAILED, RUNNING, PodLifecycle
 
 
@@ -41,17 +42,6 @@ class FakeRuntime:
 
     def crash(self, name: str) -> None:
         self.status[name] = "exited"
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
 
 
 SPEC = {"initContainers": [{"name": "fm", "restartPolicy": "Always"},

@@ -10,6 +10,7 @@ import pytest
 from installer import fabric, fabricmanager, sidecars
 from installer.errors import IntegrityError, VerifyError
 from installer.kernel import KernelState
+from tests.fixtures.clock import Clock
 
 V = "570.124.06"
 # What nvidia-smi printed on a real H100 node without NVSwitch (gpu-node/README.md).
@@ -33,17 +34,6 @@ def test_nvswitches_are_told_by_pci_class_not_by_proc_devices(tmp_path):
 def test_na_means_no_fabric_not_a_fabric_not_ready():
     assert not fabric.has_fabric(fabric.parse(NO_FABRIC))
     assert fabric.has_fabric(fabric.parse("00000000:18:00.0, In Progress, N/A\n"))
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
 
 
 def _gate(answers, down=lambda: None):
