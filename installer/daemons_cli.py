@@ -60,6 +60,7 @@ def fabric_manager(install_dir: Path, driver_wait_s: float, log_format: str,
     """Wait for the driver, then run nv-fabricmanager of exactly its version (fetched by the
     install into <install-dir>/fabricmanager/<V>) until it exits."""
     from installer import daemons, fabric, sidecars
+    from installer.errors import VerifyError
     from installer.kernel import KernelState
     from installer.log import configure
 
@@ -73,9 +74,11 @@ def fabric_manager(install_dir: Path, driver_wait_s: float, log_format: str,
         version, fm_dir = sidecars.wait_for_driver(
             kernel, sidecars.fabric_manager_files(install_dir), name, driver_wait_s)
         missing = sidecars.nvlink5_missing(kernel)
-        if missing:
-            raise click.ClickException("NVLink5 node: the fabric cannot complete without "
-                                       + "; ".join(missing))
+        if missing:  # exit 9 like every sidecar that cannot start its daemon
+            raise VerifyError("NVLink5 node: the fabric cannot complete without "
+                              + "; ".join(missing),
+                              hint="add what is missing to the node image (NVIDIA's NVLink5 "
+                              "prerequisites), then restart the pod")
         config = config_file
         if config is None:
             config = install_dir / daemons.STATE_DIR / "fabricmanager.cfg"

@@ -99,3 +99,24 @@ def test_nvlink5_names_what_is_missing(tmp_path):
     h100 = KernelState(proc_dir=tmp_path / "proc", sys_dir=tmp_path / "h100", dev_dir=dev)
     _pci(tmp_path / "h100", "0000:18:00.0", "0x030200", "0x2330")
     assert sidecars.nvlink5_missing(h100, which=lambda _: None) == []
+
+
+def test_an_nvlink5_node_lacking_its_pieces_ends_the_sidecar_with_exit_9(tmp_path, monkeypatch,
+                                                                         capsys):
+    """The sidecar names what is missing and exits 9 (docs/contract.md §3), like any sidecar
+    that cannot start its daemon; the state file says why, so the install's gate does too."""
+    from installer import cli, daemons
+
+    missing = ["nvlsm (NVIDIA's NVLink subnet manager) on PATH"]
+    monkeypatch.setattr(fabric, "nvswitches", lambda _sys: ["0000:05:00.0"])
+    monkeypatch.setattr(sidecars, "wait_for_driver", lambda *_a, **_k: (V, tmp_path / "fm"))
+    monkeypatch.setattr(sidecars, "nvlink5_missing", lambda _kernel: missing)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["sidecar", "fabric-manager", "--install-dir", str(tmp_path),
+                  "--log-format", "json"])
+    assert done.value.code == 9
+    err = capsys.readouterr().err
+    assert "NVLink5 node: the fabric cannot complete without nvlsm" in err
+    assert "Traceback" not in err
+    state = daemons.read_state(tmp_path, daemons.FABRIC_MANAGER)
+    assert state is not None and state.state == daemons.REFUSED, state
