@@ -53,34 +53,38 @@ def _refuse(install_dir: Path, name: str, exc: Exception) -> None:
 @_options
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
               envvar="NVIDIA_FABRIC_MANAGER_CONFIG", show_envvar=True,
-              help="A fabricmanager.cfg to use as it is (e.g. from a ConfigMap) [default: the "
-              "archive's, in the foreground, logging to stderr].")
+              help="A fabricmanager.cfg (e.g. from a ConfigMap) for nv-fabricmanager, which runs "
+              "as root with the host's /dev: every file path in it must lie inside the install "
+              "dir, or the sidecar refuses it [default: the archive's, in the foreground, "
+              "logging to stderr].")
 def fabric_manager(install_dir: Path, driver_wait_s: float, log_format: str,
                    config_file: Path | None) -> int:
     """Wait for the driver, then run nv-fabricmanager of exactly its version (fetched by the
     install into <install-dir>/fabricmanager/<V>) until it exits."""
-    from installer import daemons, fabric, sidecars
-    from installer.errors import VerifyError
+    from installer import daemons, fabric, fabricmanager, sidecars
     from installer.kernel import KernelState
     from installer.log import configure
 
     configure(log_format)
     kernel = KernelState()
     name = daemons.FABRIC_MANAGER
-    if not fabric.nvswitches(kernel.sys_dir):
-        daemons.idle(install_dir, name, "no NVSwitch on this node's PCI bus")
+    found = fabric.detect(kernel.sys_dir)
+    if not found.present:
+        daemons.idle(install_dir, name, "no NVLink fabric on this node: no NVSwitch on the PCI "
+                     "bus, no NVLink5 InfiniBand device (VPD with SW_MNG)")
     try:
         daemons.write_state(install_dir, name, daemons.WAITING, "waiting for the driver")
+        nvlink5 = found.kind == fabric.NVLINK5
+        if nvlink5:
+            _refuse_nvlink5(sidecars.nvlsm_missing())  # the image's: no use waiting
         version, fm_dir = sidecars.wait_for_driver(
             kernel, sidecars.fabric_manager_files(install_dir), name, driver_wait_s)
-        missing = sidecars.nvlink5_missing(kernel)
-        if missing:  # exit 9 like every sidecar that cannot start its daemon
-            raise VerifyError("NVLink5 node: the fabric cannot complete without "
-                              + "; ".join(missing),
-                              hint="add what is missing to the node image (NVIDIA's NVLink5 "
-                              "prerequisites), then restart the pod")
+        if nvlink5:
+            _refuse_nvlink5(sidecars.nvlink5_missing(kernel))
         config = config_file
-        if config is None:
+        if config is not None:  # the operator's, run by root with the host's /dev
+            fabricmanager.check_config(_read_config(config), install_dir)
+        else:
             config = install_dir / daemons.STATE_DIR / "fabricmanager.cfg"
             template = (fm_dir / "etc/fabricmanager.cfg").read_text(errors="replace")
             config.write_text(sidecars.fabric_config(template, fm_dir))
@@ -90,6 +94,34 @@ def fabric_manager(install_dir: Path, driver_wait_s: float, log_format: str,
     env = {**kernel.seam_env(), "LD_LIBRARY_PATH": f"{fm_dir / 'lib'}:{install_dir / 'lib64'}"}
     return daemons.run_foreground(install_dir, name,
                                   [fm_dir / "bin/nv-fabricmanager", "-c", config], env)
+
+
+def _read_config(path: Path) -> str:
+    from installer import fabricmanager
+    from installer.errors import UsageError
+
+    try:
+        with path.open("rb") as f:
+            data = f.read(fabricmanager.CONFIG_MAX_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read the fabric manager config {path}: {exc.strerror}",
+                         hint="mount the ConfigMap (manifests render --fabric-manager-config)"
+                         ) from exc
+    if len(data) > fabricmanager.CONFIG_MAX_BYTES:
+        raise UsageError(f"the fabric manager config {path} is over 1 MiB",
+                         hint="a fabricmanager.cfg is a few KiB: check the ConfigMap")
+    return data.decode(errors="replace")
+
+
+def _refuse_nvlink5(missing: list[str]) -> None:
+    """Exit 9 like every sidecar that cannot start its daemon, naming what is missing."""
+    from installer.errors import VerifyError
+
+    if missing:
+        raise VerifyError("NVLink5 node: the fabric cannot complete without "
+                          + "; ".join(missing),
+                          hint="add what is missing to the node image (NVIDIA's NVLink5 "
+                          "prerequisites: nvlsm, mlx5_core, ib_umad), then restart the pod")
 
 
 @sidecar.command("persistenced", short_help="nvidia-persistenced.")

@@ -1,4 +1,4 @@
-"""The NVSwitch steps of an install (issue 31 §2): only where the PCI bus has NVSwitches."""
+"""The NVLink fabric steps of an install (issue 31 §2): only where fabric.detect finds one."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ if TYPE_CHECKING:
 
 
 def for_node(ctx: Context, version: str) -> tuple[Step, ...]:
-    """The fabric manager's files for ``version`` on an NVSwitch node; nothing elsewhere
-    (the non-NVSwitch plan is unchanged)."""
-    if not fabric.nvswitches(ctx.kernel.sys_dir):
+    """The fabric manager's files for ``version`` on a node with an NVLink fabric (NVSwitch
+    gen 2/3 or NVLink5: fabric.detect); nothing elsewhere (that plan is unchanged)."""
+    if not fabric.detect(ctx.kernel.sys_dir).present:
         return ()
     return (fabric_manager_files(version),)
 
@@ -25,5 +25,5 @@ def fabric_manager_files(version: str) -> Step:
         fabricmanager.fetch_into(ctx.install.root, version, session=ctx.http,
                                  base_url=s.fabric_manager_base_url, sha256=s.fabric_manager_sha256)
 
-    return Step("fabric_manager", run, f"NVSwitch node: {fabricmanager.archive_name(version)} "
+    return Step("fabric_manager", run, f"NVLink fabric node: {fabricmanager.archive_name(version)} "
                 "into <install-dir>/fabricmanager (kept for later runs)")

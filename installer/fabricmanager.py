@@ -19,13 +19,14 @@ sidecar container (daemons.py).
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import structlog
 
 from installer import archive
-from installer.errors import IntegrityError
+from installer.errors import IntegrityError, UsageError
 from installer.fsutil import remove_tree
 from installer.net.fetch import fetch_text
 from installer.net.transfer import download
@@ -111,3 +112,27 @@ def fetch_into(install_root: Path, version: str, *, session, base_url: str,
         remove_tree(work, ignore_errors=True)
     log.info("fabric_manager_installed", version=version, path=str(target))
     return target
+
+
+CONFIG_MAX_BYTES = 1 << 20
+
+
+def check_config(text: str, install_dir: Path) -> None:
+    """An operator's fabricmanager.cfg (``sidecar fabric-manager --config``, a ConfigMap) is
+    handed to nv-fabricmanager, a root daemon with the host's /dev: every value that names a
+    file (holds a ``/``: log file, state file, topology path, socket) must lie inside the
+    install dir, else UsageError naming the key. Whoever edits the ConfigMap would otherwise
+    choose which host paths a root process writes (issue 39)."""
+    root = os.path.realpath(install_dir)
+    for number, line in enumerate(text.splitlines(), 1):
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key.startswith("#") or "/" not in value:
+            continue
+        real = os.path.realpath(value) if os.path.isabs(value) else None
+        if real is None or os.path.commonpath([root, real]) != root:
+            raise UsageError(
+                f"fabric manager config line {number}: {key}={value[:200]!r} is outside the "
+                f"install dir {install_dir}", path=str(install_dir),
+                hint="every file the fabric manager uses must be an absolute path inside the "
+                "install dir (or leave --config out to use NVIDIA's own, made fit for the pod)")

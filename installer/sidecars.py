@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from installer import fabricmanager, gpus, modules
+from installer import fabricmanager, modules
 from installer.errors import VerifyError
 from installer.kernel import KernelState
 
@@ -76,24 +76,26 @@ def fabric_config(template: str, fm_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-# NVLink5 (Blackwell HGX): NVIDIA's fabric manager reaches the switches through its NVLink
-# subnet manager (nvlsm) over the switches' InfiniBand management ports: mlx5_core and ib_umad
-# loaded, /dev/infiniband/umad* there. NVIDIA's driver container waits for mlx5_core/ib_umad
-# and starts nvidia-fabricmanager-start.sh with nvlsm (gpu-driver-container nvidia-driver
-# _start_daemons). Missing, the fabric never completes: name it instead of waiting.
-NVLINK5_ARCHS = frozenset({"Blackwell"})
+# NVLink5 (HGX B200/GB200, fabric.detect): NVIDIA's fabric manager reaches the switches through
+# its NVLink subnet manager (nvlsm) over the switches' InfiniBand management ports: mlx5_core
+# and ib_umad loaded, /dev/infiniband/umad* there. NVIDIA's driver container waits for
+# mlx5_core/ib_umad (gpu-driver-container ubuntu24.04/nvidia-driver
+# _ensure_nvlink5_prerequisites) and starts nvidia-fabricmanager-start.sh with nvlsm
+# (_start_daemons). Missing, the fabric never completes: name it instead of waiting.
+NVLSM = "nvlsm"
+
+
+def nvlsm_missing(*, which: Callable[[str], str | None] = shutil.which) -> list[str]:
+    """nvlsm is the node image's (NVIDIA ships it as its own package, beside the fabric
+    manager): missing now, missing for good; checked before waiting for the driver."""
+    return [] if which(NVLSM) else [f"{NVLSM} (NVIDIA's NVLink subnet manager) on PATH"]
 
 
 def nvlink5_missing(kernel: KernelState, *, which: Callable[[str], str | None] = shutil.which
                     ) -> list[str]:
-    """What an NVLink5 node lacks for its fabric (empty: nothing, or not NVLink5)."""
-    found = gpus.scan(kernel.sys_dir)
-    if not any(g.model and g.model.arch in NVLINK5_ARCHS for g in found):
-        return []
+    """What an NVLink5 node (the caller knows it is one) lacks for its fabric; empty: nothing."""
     missing = [f"the {m} kernel module (modprobe {m})" for m in ("mlx5_core", "ib_umad")
                if not kernel.is_loaded(m)]
     if not list((kernel.dev_dir / "infiniband").glob("umad*")):
         missing.append("/dev/infiniband/umad* device files")
-    if which("nvlsm") is None:
-        missing.append("nvlsm (NVIDIA's NVLink subnet manager) on PATH")
-    return missing
+    return missing + nvlsm_missing(which=which)

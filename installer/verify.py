@@ -61,10 +61,11 @@ def workloads_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
 
 
 def fabric_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
-    """NVSwitch nodes: every GPU's fabric Completed/Success within --fabric-deadline, the
-    fabric manager's sidecar alive (fabric.py); elsewhere nothing."""
-    switches = fabric.nvswitches(ctx.kernel.sys_dir)
-    if not switches:
+    """A node with an NVLink fabric (fabric.detect: NVSwitch gen 2/3, NVLink5): the gate of
+    its kind within --fabric-deadline, the fabric manager's sidecar alive (fabric.py);
+    elsewhere nothing."""
+    found = fabric.detect(ctx.kernel.sys_dir)
+    if not found.present:
         ctx.work.fabric = "none"
         return
     smi = ctx.install.bin / "nvidia-smi"
@@ -79,15 +80,28 @@ def fabric_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
                               f"{exc.stderr_tail(2)}", hint=smi_failure_hint(exc.stderr)) from exc
         return fabric.parse(res.stdout)
 
-    def manager_down() -> str | None:
-        state = daemons.read_state(ctx.install.root, daemons.FABRIC_MANAGER)
-        return state.down() if state else None
+    def manager_state() -> daemons.DaemonState | None:
+        return daemons.read_state(ctx.install.root, daemons.FABRIC_MANAGER)
 
-    log.info("fabric_waiting", nvswitches=switches,
+    def cuda_init() -> int | None:
+        """The CUDA check once: None when it passed, 802 while the system is not ready."""
+        try:
+            cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner, ctx.pci_gpus,
+                             deadline_s=ctx.settings.cuda_check_deadline_s)
+        except VerifyError as exc:
+            error = exc.context.get("cuda_error") or {}
+            if error.get("rc") == fabric.SYSTEM_NOT_READY:
+                return fabric.SYSTEM_NOT_READY
+            raise
+        return None
+
+    log.info("fabric_waiting", fabric=found.kind, devices=list(found.devices),
              device_files=fabric.nvswitch_device_files(ctx.kernel.dev_dir),
              deadline_s=ctx.settings.fabric_deadline_s)
-    fabric.wait_completed(fabric.Gate(query, manager_down), ctx.settings.fabric_deadline_s)
-    ctx.work.fabric = "completed"
+    gate = fabric.Gate(query, lambda: (s.down() if (s := manager_state()) else None),
+                       cuda_init=None if ctx.settings.skip_cuda_check else cuda_init,
+                       manager_state=lambda: s.state if (s := manager_state()) else None)
+    ctx.work.fabric = fabric.wait_ready(gate, found, ctx.settings.fabric_deadline_s)
 
 
 def nvidia_smi(tree: Tree, runner: Runner, *, lib_dir: Path | None = None) -> list[Gpu]:

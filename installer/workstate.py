@@ -110,7 +110,7 @@ class WorkState:
     bundle_written: Written | None = None  # write_bundle (bundle build)
     persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
     cuda_check: str = "not run"  # verify: "passed" or "skipped" (--skip-cuda-check)
-    fabric: str = "not checked"  # verify: "none" (no NVSwitch) or "completed"
+    fabric: str = "not checked"  # verify: "none", "completed" (fabric.state) or "cuda" (gen 2)
 
     def staged(self) -> Tree:
         assert self.staging is not None, "prepare_staging runs first"

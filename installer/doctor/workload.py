@@ -29,9 +29,10 @@ def check_daemons(n: Node) -> Finding:
 
 
 def check_fabric(n: Node) -> Finding:
-    switches = fabric.nvswitches(n.kernel.sys_dir)
-    if not switches:
-        return Finding("nvlink_fabric", OK, "no NVSwitch on the PCI bus: no fabric to wait for")
+    found = fabric.detect(n.kernel.sys_dir)
+    if not found.present:
+        return Finding("nvlink_fabric", OK, "no NVLink fabric (no NVSwitch on the PCI bus, no "
+                       "NVLink5 InfiniBand device): no fabric to wait for")
     files = fabric.nvswitch_device_files(n.kernel.dev_dir)
     try:
         res = n.runner.run([n.install.bin / "nvidia-smi", fabric.FABRIC_QUERY,
@@ -42,7 +43,10 @@ def check_fabric(n: Node) -> Finding:
         return Finding("nvlink_fabric", FAIL, f"nvidia-smi {fabric.FABRIC_QUERY} failed: "
                        f"{exc.stderr_tail(2)}", "fix nvidia_smi first")
     seen = ", ".join(r.describe() for r in rows) or "no GPU answered"
-    detail = f"{len(switches)} NVSwitch(es), device files: {', '.join(files) or 'none'}; {seen}"
+    detail = f"{found.describe()}, device files: {', '.join(files) or 'none'}; {seen}"
+    if not fabric.state_gated(found, rows):  # HGX A100: N/A; the cuda line proves it
+        return Finding("nvlink_fabric", OK, detail + " (these GPUs keep no fabric state: "
+                       "the cuda check proves the fabric)")
     if rows and all(r.done for r in rows):
         return Finding("nvlink_fabric", OK, detail)
     return Finding("nvlink_fabric", FAIL, detail, fabric.MANAGER_HINT)

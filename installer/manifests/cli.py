@@ -130,7 +130,10 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
               "Completed.")
 @click.option("--fabric-manager-config", metavar="CONFIGMAP",
               help="With --nvswitch: a ConfigMap whose fabricmanager.cfg the fabric manager "
-              "uses as it is [default: NVIDIA's, in the foreground, logging to stderr].")
+              "uses [default: NVIDIA's, in the foreground, logging to stderr]. The fabric "
+              "manager runs as root with the host's /dev: whoever may edit this ConfigMap "
+              "chooses what it writes, so the sidecar refuses a file path outside the "
+              "install dir; guard the ConfigMap as you guard the DaemonSet.")
 @click.option("--persistenced", is_flag=True,
               help="Add nvidia-persistenced as a native sidecar (NVIDIA's replacement for "
               "`nvidia-smi -pm 1`, which the 580 driver calls deprecated).")

@@ -22,11 +22,14 @@ from tests.fixtures import fabricmanager
 from tests.integration.conftest import V1
 from tests.pod import events, last_event, ok
 
+H100, A100 = "0x2330", "0x20b0"  # gpus.MODELS
 FM_PATH = f"/redist/fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-{V1}-archive.tar.xz"
 
 
 @pytest.fixture
 def nvswitch(kernel, server):
+    """HGX H100 (NVSwitch gen 3, ls10): the GPU an H100, whose fabric.state NVML keeps."""
+    kernel.add_gpu("0000:00:04.0", H100)
     kernel.add_nvswitch()
     return {"NVIDIA_FABRIC_MANAGER_BASE_URL": fabricmanager.serve(server, V1),
             "NVIDIA_FABRIC_DEADLINE": "60"}

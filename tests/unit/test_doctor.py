@@ -652,5 +652,6 @@ def test_a_dead_daemon_sidecar_and_an_unfinished_fabric_fail_their_lines(node, c
                                 "fix": "read the sidecar's log (kubectl logs <pod> -c "
                                 "nvidia-<daemon>)"}
     assert found["nvlink_fabric"]["verdict"] == "fail"
-    assert found["nvlink_fabric"]["detail"] == ("1 NVSwitch(es), device files: none; "
+    assert found["nvlink_fabric"]["detail"] == ("NVSwitch gen 3 (ls10, HGX H100/H200): "
+                                                "0000:00:10.0, device files: none; "
                                                 "00000000:00:04.0 In Progress/N/A")

@@ -87,18 +87,17 @@ def test_the_config_runs_in_the_foreground_logging_to_stderr(tmp_path):
 
 
 def test_nvlink5_names_what_is_missing(tmp_path):
-    sys_dir, dev = tmp_path / "sys", tmp_path / "dev"
-    _pci(sys_dir, "0000:18:00.0", "0x030200", "0x2901")  # B200
+    """gpu-driver-container ubuntu24.04/nvidia-driver _ensure_nvlink5_prerequisites
+    (mlx5_core, ib_umad) and _start_daemons (nvlsm): each one named."""
+    dev = tmp_path / "dev"
     dev.mkdir()
-    kernel = KernelState(proc_dir=tmp_path / "proc", sys_dir=sys_dir, dev_dir=dev)
+    kernel = KernelState(proc_dir=tmp_path / "proc", sys_dir=tmp_path / "sys", dev_dir=dev)
     missing = sidecars.nvlink5_missing(kernel, which=lambda _: None)
     assert missing == ["the mlx5_core kernel module (modprobe mlx5_core)",
                        "the ib_umad kernel module (modprobe ib_umad)",
                        "/dev/infiniband/umad* device files",
                        "nvlsm (NVIDIA's NVLink subnet manager) on PATH"]
-    h100 = KernelState(proc_dir=tmp_path / "proc", sys_dir=tmp_path / "h100", dev_dir=dev)
-    _pci(tmp_path / "h100", "0000:18:00.0", "0x030200", "0x2330")
-    assert sidecars.nvlink5_missing(h100, which=lambda _: None) == []
+    assert sidecars.nvlsm_missing(which=lambda _: "/usr/bin/nvlsm") == []
 
 
 def test_an_nvlink5_node_lacking_its_pieces_ends_the_sidecar_with_exit_9(tmp_path, monkeypatch,
@@ -108,8 +107,9 @@ def test_an_nvlink5_node_lacking_its_pieces_ends_the_sidecar_with_exit_9(tmp_pat
     from installer import cli, daemons
 
     missing = ["nvlsm (NVIDIA's NVLink subnet manager) on PATH"]
-    monkeypatch.setattr(fabric, "nvswitches", lambda _sys: ["0000:05:00.0"])
+    monkeypatch.setattr(fabric, "detect", lambda _sys: fabric.Fabric(fabric.NVLINK5, ("mlx5_0",)))
     monkeypatch.setattr(sidecars, "wait_for_driver", lambda *_a, **_k: (V, tmp_path / "fm"))
+    monkeypatch.setattr(sidecars, "nvlsm_missing", lambda: [])
     monkeypatch.setattr(sidecars, "nvlink5_missing", lambda _kernel: missing)
     with pytest.raises(SystemExit) as done:
         cli.main(["sidecar", "fabric-manager", "--install-dir", str(tmp_path),
