@@ -19,6 +19,7 @@ import pytest
 
 from installer import cuda_probe
 from tests.fixtures import fabricmanager
+from tests.fixtures.kernel import NVSWITCH_LR10
 from tests.integration.conftest import V1
 from tests.pod import events, last_event, ok
 
@@ -126,3 +127,80 @@ def test_a_node_without_nvswitch_plans_and_fetches_nothing_of_it(pod, server):
     seen = names(proc)
     assert "fabric_waiting" not in seen and "fabric_manager_installed" not in seen
     assert not [r for r in server.requests if "/redist/" in r.path]
+
+
+@pytest.fixture
+def hgx_a100(kernel, server):
+    """HGX A100: A100 GPUs (Ampere: NVML keeps no fabric state, nvidia-smi prints N/A) and an
+    NVSwitch gen 2 (lr10, open-gpu-kernel-modules nvswitch.c nvswitch_lr10_device_ids)."""
+    kernel.add_gpu("0000:00:04.0", A100)
+    kernel.add_nvswitch(device=NVSWITCH_LR10)
+    return {"NVIDIA_FABRIC_MANAGER_BASE_URL": fabricmanager.serve(server, V1),
+            "NVIDIA_FABRIC_DEADLINE": "60"}
+
+
+def fabric_columns(node, kernel) -> str:
+    """What the installed nvidia-smi prints for the fabric, as the gate asks it."""
+    res = subprocess.run([str(node.install_dir / "bin/nvidia-smi"),
+                          "--query-gpu=fabric.state,fabric.status", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **kernel.env(),
+                              "LD_LIBRARY_PATH": str(node.install_dir / "lib64")})
+    return res.stdout.strip()
+
+
+def test_hgx_a100_with_the_fabric_manager_running_is_ready_well_before_the_deadline(
+        pod, node, kernel, hgx_a100, start_sidecar):
+    """Issue 38 item 3: fabric.state reads N/A on Ampere with a healthy fabric manager; the
+    gate is cuInit past 802. Today's main waits for a Completed that never comes (exit 9 at
+    the deadline)."""
+    start_sidecar()
+    proc = ok(pod.run("install", env=hgx_a100))
+    seen = names(proc)
+    # The gate's own CUDA check ends the wait; verify's CUDA check follows it.
+    gate_end = seen.index("fabric_cuda_ready")
+    assert seen.index("fabric_waiting") < gate_end < len(seen) - 1 - seen[::-1].index(
+        "cuda_check_ok"), seen
+    assert fabric_columns(node, kernel) == "N/A, N/A"  # trained, and still N/A
+    ready = (node.root / "run/nvidia/validations/driver-ready").read_text()
+    assert "NVLINK_FABRIC=cuda" in ready.splitlines(), ready
+
+
+def test_hgx_a100_without_the_fabric_manager_exits_9_naming_it(pod, node, kernel, hgx_a100):
+    proc = pod.run("install", env={**hgx_a100, "NVIDIA_FABRIC_DEADLINE": "3"})
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    final = last_event(proc)
+    assert final["step"] == "verify"
+    assert final["error"] == (
+        "NVLink fabric (NVSwitch gen 2 (lr10, HGX A100)) not ready within 3s: CUDA still "
+        "returns 802 (system not ready) and no fabric manager reports on this node; these "
+        "GPUs keep no fabric state (N/A), only the fabric manager trains it"), final
+    assert "fabric-manager sidecar" in final["hint"]
+    assert not (node.root / "run/nvidia/validations/driver-ready").exists()
+
+
+def test_hgx_h100_gen3_is_gated_on_fabric_state(pod, node, kernel, nvswitch, start_sidecar):
+    """Gen 3 (ls10): NVML's fabric.state is the gate, Completed/Success once trained."""
+    start_sidecar()
+    ok(pod.run("install", env=nvswitch))
+    assert fabric_columns(node, kernel) == "Completed, Success"
+    ready = (node.root / "run/nvidia/validations/driver-ready").read_text()
+    assert "NVLINK_FABRIC=completed" in ready.splitlines(), ready
+
+
+def test_hgx_b200_nvlink5_is_recognised_and_the_sidecar_names_missing_nvlsm(
+        pod, node, kernel, start_sidecar):
+    """Issue 38 item 4: no NVSwitch on the host's PCI bus, an InfiniBand device whose VPD holds
+    SW_MNG (gpu-driver-container _assert_nvlink5_system). Today's main idles ("no NVSwitch")
+    and the CUDA check then sends the operator to that idle sidecar; now it exits 9 at once
+    naming nvlsm, which the node image lacks, and the state file says so for the gate."""
+    kernel.add_gpu("0000:00:04.0", "0x2901")  # B200
+    kernel.add_nvlink5_bridge()
+    sidecar = start_sidecar()
+    _out, err = sidecar.communicate(timeout=60)
+    assert sidecar.returncode == 9, err[-3000:]
+    final = events(err)[-1]
+    assert final["error"].startswith("NVLink5 node: the fabric cannot complete without nvlsm "
+                                     "(NVIDIA's NVLink subnet manager) on PATH"), final
+    state = json.loads((node.install_dir / "daemons/fabricmanager.json").read_text())
+    assert state["state"] == "refused" and "nvlsm" in state["detail"], state
