@@ -59,11 +59,12 @@ FAILURES = {
         "reset or a reboot"),
     802: CudaFailure(
         "CUDA_ERROR_SYSTEM_NOT_READY",
-        "the system is not ready: on an NVSwitch system the fabric manager has not finished "
-        "the NVLink fabric",
+        "the system is not ready: on an NVSwitch or NVLink5 system the fabric manager has not "
+        "finished the NVLink fabric",
         "run nvidia-fabricmanager of exactly this driver version (the fabric-manager sidecar, "
-        "manifests render --nvswitch) and wait for nvidia-smi --query-gpu=fabric.state to say "
-        "Completed"),
+        "manifests render --nvswitch) and let it train the fabric; where doctor's "
+        "nvlink_fabric line finds no fabric that sidecar idles and cannot help: read the "
+        "kernel log for NVRM lines"),
     803: CudaFailure(
         "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
         "the loaded kernel module is another driver version than this libcuda",

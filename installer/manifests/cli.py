@@ -125,9 +125,9 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
               "DaemonSets do (COS only): MIG node pools (gpu-partition-size) get their "
               "partitions; a no-op elsewhere.")
 @click.option("--nvswitch", is_flag=True,
-              help="NVSwitch node pools (HGX H100/H200/B200): add NVIDIA's fabric manager as a "
-              "native sidecar; the install is ready only once every GPU's NVLink fabric is "
-              "Completed.")
+              help="NVLink fabric node pools (HGX A100/H100/H200/B200): add NVIDIA's fabric "
+              "manager as a native sidecar; the install is ready only once the fabric is "
+              "trained (docs/node-shapes.md).")
 @click.option("--fabric-manager-config", metavar="CONFIGMAP",
               help="With --nvswitch: a ConfigMap whose fabricmanager.cfg the fabric manager "
               "uses [default: NVIDIA's, in the foreground, logging to stderr]. The fabric "
