@@ -127,6 +127,7 @@ def test_nvswitch_node_is_ready_through_the_fabric_gate(kubelet, tmp_path):
     version = manifest_env("ubuntu")["NVIDIA_DRIVER_VERSION"]
     with ArtifactServer() as server:
         node, _ = ubuntu_node(tmp_path, server)
+        node.kernel.add_gpu(device="0x2330")  # HGX H100: NVML keeps its fabric state (an L4 reads N/A)
         node.kernel.add_nvswitch()
         node.env["NVIDIA_FABRIC_MANAGER_BASE_URL"] = fabricmanager.serve(server, version)
         pod = kubelet.run(node, pod_name("nvswitch"), ds)
