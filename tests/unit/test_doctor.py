@@ -655,3 +655,17 @@ def test_a_dead_daemon_sidecar_and_an_unfinished_fabric_fail_their_lines(node, c
     assert found["nvlink_fabric"]["detail"] == ("NVSwitch gen 3 (ls10, HGX H100/H200): "
                                                 "0000:00:10.0, device files: none; "
                                                 "00000000:00:04.0 In Progress/N/A")
+
+
+def test_a_trained_hgx_a100_fabric_is_ok_though_nvml_reads_na(node, capsys):
+    """Issue 38 item 3: NVSwitch gen 2 (lr10, nvswitch.c nvswitch_lr10_device_ids); A100s keep
+    no fabric state (nvmlDeviceGetGpuFabricInfo is Hopper-or-newer), so N/A is no failure
+    there: the cuda line proves the fabric. Today's main fails this line for good."""
+    from tests.fixtures.kernel import NVSWITCH_LR10
+
+    node.kernel.add_nvswitch(device=NVSWITCH_LR10)
+    node.write(node.proc / "driver/nvidia/fake-fabric-state", "Completed\n")  # trained
+    node.set_smi("00000000:00:04.0, N/A, N/A")
+    _code, found = node.findings(capsys)
+    assert found["nvlink_fabric"]["verdict"] == "ok", found["nvlink_fabric"]
+    assert found["nvlink_fabric"]["detail"].startswith("NVSwitch gen 2 (lr10, HGX A100)")
