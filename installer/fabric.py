@@ -13,7 +13,8 @@ On an NVSwitch system nvidia-smi is green while every CUDA program fails with 80
   ``nvswitch_is_ls10_device_id`` test). Never told by /proc/devices: every 545+ driver
   registers ``nvidia-nvswitch`` there, also on a real H100 node without one
   (shared/reference/gpu-node/README.md, "CUDA errors and the fabric").
-- **NVLink5, HGX B200/GB200**: the switches are no PCI functions of the host; NVIDIA's
+- **NVLink5, HGX B200/GB200**: the switches are no PCI functions of the host (the host's
+  NVSwitch driver knows only lr10 and ls10: nvswitch.c's two id tables); NVIDIA's
   driver container recognises the system by an InfiniBand device whose VPD holds ``SW_MNG``
   (NVIDIA/gpu-driver-container ubuntu24.04/nvidia-driver ``_assert_nvlink5_system``: grep
   of ``/sys/class/infiniband/*/device/vpd``), and starts the fabric manager together with
