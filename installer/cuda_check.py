@@ -7,6 +7,17 @@ fabric"). So ``verify`` and every install's verify step also load the install di
 ``libcuda.so.1`` in a child process (``cuda_probe.py``) and make a context and a small memory
 round trip on each GPU. The child runs in its own process group under a deadline: a cuInit
 hung on a wedged GPU is killed, the installer is not.
+
+Node shapes (docs/node-shapes.md): GPUs in MIG mode are counted apart (gpu_modes.py). The
+GPUs not in MIG mode are probed together (CUDA_VISIBLE_DEVICES=<their GPU UUIDs>), each MIG
+device that exists alone (CUDA_VISIBLE_DEVICES=MIG-<uuid>: one CUDA process enumerates one MIG
+device at most); a MIG GPU without instances is no CUDA device, so its proof is deferred to
+the partitioner (GKE's partition-gpus runs after this container) and a later verify/doctor.
+A GPU bound to vfio-pci is not the driver's (gpus.PciGpu.driver). A GPU whose context or 1 MiB
+fails with 46 (busy: exclusive-process) or 2 (memory full) while nvidia-smi shows CUDA
+processes on it is busy, not broken: cuInit already succeeded in our child, and a CUDA process
+running there is proof a CUDA program runs on this driver; failing the pod would take a
+working node's GPUs away on every rerun. With no process shown, it fails as before.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from pathlib import Path
 
 import structlog
 
-from installer import cuda_probe, gpus
+from installer import cuda_probe, gpu_modes, gpus
 from installer.errors import VerifyError
 from installer.kernel import KernelState
 from installer.runner import CommandError, Runner
@@ -86,21 +97,44 @@ FAILURES = {
 }
 
 
+BUSY_CODES = frozenset({46, 2})  # CUDA_ERROR_DEVICES_UNAVAILABLE, CUDA_ERROR_OUT_OF_MEMORY
+
+
 @dataclass(frozen=True)
 class CudaResult:
     count: int
     devices: list[dict[str, object]]
     cuda_driver_version: int | None
     total_s: float
+    mig_devices: int = 0  # of ``count``: MIG devices, each proven in a child of its own
+    deferred: tuple[str, ...] = ()  # "MIG mode on GPU X, no instances yet"
+    busy: tuple[str, ...] = ()  # GPUs held by other CUDA processes (not a failure)
+
+    def summary(self) -> str:
+        """The one-line outcome for driver-ready's CUDA_CHECK and status.json."""
+        notes = [f"busy: {b}" for b in self.busy]
+        if self.deferred:
+            return "; ".join([f"deferred: {d}" for d in self.deferred] + notes)
+        return "; ".join(["passed", *notes])
+
+    def describe(self) -> str:
+        mig = f" ({self.mig_devices} MIG device(s))" if self.mig_devices else ""
+        return "; ".join([f"{self.count} device(s){mig}: a context and a memory round trip "
+                          f"each, {self.total_s:.2f}s", *[f"deferred: {d}" for d in self.deferred],
+                          *[f"busy: {b}" for b in self.busy]])
 
 
 def expected_gpus(kernel: KernelState, on_bus: Sequence[gpus.PciGpu]) -> list[str]:
     """PCI addresses of the NVIDIA GPUs CUDA must see: those on the bus (``on_bus``, the
     run's one scan: Context.pci_gpus) that the driver did not exclude (NVreg_ExcludedGpus:
     ``GPU Excluded: Yes`` in /proc/driver/nvidia/gpus/<bus>/information,
-    open-gpu-kernel-modules nv-procfs.c; the real node's file says ``GPU Excluded:\t No``)."""
+    open-gpu-kernel-modules nv-procfs.c; the real node's file says ``GPU Excluded:\t No``),
+    nor bound to another driver (vfio-pci: passed through to a VM, CUDA here never sees it)."""
     wanted = []
     for gpu in on_bus:
+        if gpus.bound_elsewhere(gpu):
+            log.info("cuda_check_gpu_not_ours", gpu=gpu.address, driver=gpu.driver)
+            continue
         info = kernel.proc_dir / "driver/nvidia/gpus" / gpu.address / "information"
         try:
             text = info.read_text(errors="replace")
@@ -127,30 +161,137 @@ def explain(call: str, rc: int | None, name: str = "") -> tuple[str, str]:
 
 def check(lib64: Path, kernel: KernelState, runner: Runner, on_bus: Sequence[gpus.PciGpu], *,
           deadline_s: float = DEFAULT_DEADLINE_S) -> CudaResult:
-    """cuInit, the device count, a context and a memory round trip per GPU; VerifyError
-    (exit 9) with the cause and its fix, else what CUDA saw."""
+    """cuInit, the device count, a context and a memory round trip per CUDA device (each
+    GPU not in MIG mode, each MIG device); VerifyError (exit 9) with the cause and its fix,
+    else what CUDA saw, with the MIG GPUs whose proof waits for their instances."""
     libcuda = lib64 / LIBCUDA
     if not libcuda.exists():
         raise VerifyError(f"CUDA check: {libcuda} is missing", path=str(libcuda),
                           hint="re-run install to put the driver's libraries back")
-    argv = [sys.executable, "-I", cuda_probe.__file__, str(libcuda), str(ROUND_TRIP_BYTES)]
-    try:
-        res = runner.run(argv, timeout=deadline_s)
-        doc = json.loads(res.stdout.strip().splitlines()[-1])
-    except CommandError as exc:
-        if exc.reason.startswith("timed out"):  # Runner stopped its process group
-            raise VerifyError(
-                f"CUDA check: no answer from libcuda within {deadline_s:g}s (cuInit or a "
-                "context hangs), the check was stopped",
-                hint="a hung GPU needs a reset or a reboot: run `nvidia-driver-installer "
-                "doctor` for Xid lines in the kernel log", path=str(libcuda)) from exc
-        raise VerifyError(f"CUDA check: the child died ({exc.reason}): "
-                          f"{exc.stderr_tail(2) or '(no output)'}", path=str(libcuda),
-                          hint="read the kernel log for NVIDIA Xid lines") from exc
-    except (IndexError, ValueError, AttributeError) as exc:
-        raise VerifyError("CUDA check: the child printed no result", path=str(libcuda),
-                          hint="read the kernel log for NVIDIA Xid lines") from exc
-    return judge(doc, expected_gpus(kernel, on_bus))
+    probe = _Probe(libcuda, runner, deadline_s, lib64.parent / "bin/nvidia-smi",
+                   {"LD_LIBRARY_PATH": str(lib64)})
+    expected = expected_gpus(kernel, on_bus)
+    modes = gpu_modes.query_modes(runner, probe.smi, probe.smi_env)
+    in_mig = [a for a in expected if a in modes and modes[a].mig]
+    if not in_mig:
+        return probe.prove(None, expected)
+    listed = gpu_modes.query_mig_devices(runner, probe.smi, probe.smi_env)
+    plain = [a for a in expected if a not in in_mig]
+    parts = [probe.prove([modes[a].uuid for a in plain], plain)] if plain else []
+    deferred = []
+    for address in in_mig:
+        instances = listed.get(modes[address].uuid, [])
+        if not instances:
+            deferred.append(f"MIG mode on GPU {address}, no instances yet")
+        parts += [probe.prove([mig.uuid], [address]) for mig in instances]
+    mig_count = sum(len(listed.get(modes[a].uuid, [])) for a in in_mig)
+    result = CudaResult(
+        sum(p.count for p in parts), [d for p in parts for d in p.devices],
+        next((p.cuda_driver_version for p in parts), None),
+        round(sum(p.total_s for p in parts), 3), mig_count, tuple(deferred),
+        tuple(b for p in parts for b in p.busy))
+    if deferred:
+        log.warning("cuda_check_deferred", deferred=list(deferred),
+                    why="a GPU in MIG mode without instances is no CUDA device; the MIG "
+                    "partitioner makes them after this container",
+                    then="verify or doctor proves CUDA on each instance once they exist")
+    return result
+
+
+@dataclass(frozen=True)
+class _Probe:
+    libcuda: Path
+    runner: Runner
+    deadline_s: float
+    smi: Path
+    smi_env: dict[str, str]
+
+    def child(self, visible: str | None) -> dict:
+        """One run of cuda_probe.py (CUDA_VISIBLE_DEVICES=``visible`` when given)."""
+        argv = [sys.executable, "-I", cuda_probe.__file__, str(self.libcuda),
+                str(ROUND_TRIP_BYTES)]
+        env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else None
+        try:
+            res = self.runner.run(argv, timeout=self.deadline_s, env=env)
+            return json.loads(res.stdout.strip().splitlines()[-1])
+        except CommandError as exc:
+            if exc.reason.startswith("timed out"):  # Runner stopped its process group
+                raise VerifyError(
+                    f"CUDA check: no answer from libcuda within {self.deadline_s:g}s (cuInit "
+                    "or a context hangs), the check was stopped",
+                    hint="a hung GPU needs a reset or a reboot: run `nvidia-driver-installer "
+                    "doctor` for Xid lines in the kernel log", path=str(self.libcuda)) from exc
+            raise VerifyError(f"CUDA check: the child died ({exc.reason}): "
+                              f"{exc.stderr_tail(2) or '(no output)'}", path=str(self.libcuda),
+                              hint="read the kernel log for NVIDIA Xid lines") from exc
+        except (IndexError, ValueError, AttributeError) as exc:
+            raise VerifyError("CUDA check: the child printed no result", path=str(self.libcuda),
+                              hint="read the kernel log for NVIDIA Xid lines") from exc
+
+    def prove(self, ids: list[str] | None, expected: list[str]) -> CudaResult:
+        """The devices ``ids`` name (None: CUDA's own enumeration) against ``expected``; a
+        busy device is noted and the check goes on with the ones after it."""
+        if not expected:  # no GPU to see: CUDA must agree (cuInit says 100 otherwise)
+            return judge(self.child(None if ids is None else ""), [])
+        busy: list[str] = []
+        devices: list[dict[str, object]] = []
+        start, first = 0, None
+        while start < len(expected):
+            names = ids if ids is not None else [str(i) for i in range(len(expected))]
+            visible = None if ids is None and start == 0 else ",".join(names[start:])
+            doc = self.child(visible)
+            try:
+                done = judge(doc, expected[start:])
+            except VerifyError as exc:
+                held = self.held(doc)
+                if held is None:
+                    if (cc := self.cc_not_ready(doc)) is not None:
+                        raise cc from exc
+                    raise
+                busy.append(held)
+                start += max(1, len(doc.get("devices") or []))
+                continue
+            first = first or done
+            devices += done.devices
+            break
+        total = len(devices) + len(busy)
+        return CudaResult(total, devices, first.cuda_driver_version if first else None,
+                          first.total_s if first else 0.0, busy=tuple(busy))
+
+    def cc_not_ready(self, doc: dict) -> VerifyError | None:
+        """802 with confidential computing on and its ready state not set: that, not the
+        fabric manager, is what CUDA waits for."""
+        error = doc.get("error") or {}
+        if error.get("rc") != 802:
+            return None
+        on, ready = gpu_modes.query_cc(self.runner, self.smi, self.smi_env)
+        if not on or ready:
+            return None
+        return VerifyError(
+            "CUDA check: cuInit returned 802 CUDA_ERROR_SYSTEM_NOT_READY: confidential "
+            "computing is on (nvidia-smi conf-compute -f: CC status: ON) and the GPUs' ready "
+            "state is not-ready, so CUDA refuses work", cuda_error=error,
+            hint="attest the GPUs, then set the ready state: re-run with --cc-set-ready "
+            "(NVIDIA_CC_SET_READY=true; it runs `nvidia-smi conf-compute -srs 1` after "
+            "persistenced), or run that command yourself; the fabric manager is not involved")
+
+    def held(self, doc: dict) -> str | None:
+        """"<bus>: held by <processes>" when CUDA failed on a device (46 or 2) that other
+        CUDA processes hold, per nvidia-smi; None: a failure to report."""
+        error = doc.get("error") or {}
+        devices = doc.get("devices") or []
+        if error.get("rc") not in BUSY_CODES or not devices:
+            return None
+        bus = str(devices[-1].get("bus_id") or "")
+        holders = gpu_modes.query_apps(self.runner, self.smi, self.smi_env).get(
+            gpu_modes.sysfs_address(bus), [])
+        if not holders:
+            return None
+        note = (f"GPU {gpu_modes.sysfs_address(bus)} held by {', '.join(holders)} "
+                f"({error.get('call')} returned {error.get('rc')})")
+        log.warning("cuda_check_gpu_busy", gpu=bus, processes=holders, cuda_error=error,
+                    why="another CUDA process runs there: CUDA works on this GPU")
+        return note
 
 
 def judge(doc: dict, expected: list[str]) -> CudaResult:

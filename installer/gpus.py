@@ -16,6 +16,7 @@ for Turing+ from R560.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +134,10 @@ class PciGpu:
     pci_class: str
     subsystem_device: str | None = None
     model: Model | None = None
+    # The driver it is bound to: the basename of its sysfs ``driver`` link (the kernel
+    # makes it on bind, drivers/base/bus.c); None while unbound. "vfio-pci": passed
+    # through to a VM, not this host's nvidia driver's.
+    driver: str | None = None
 
     @property
     def name(self) -> str:
@@ -187,8 +192,22 @@ def scan(sys_dir: Path) -> list[PciGpu]:
     for dev, pci_class in nvidia_functions(sys_dir, DISPLAY_CLASS_PREFIX):
         device_id = read_attr(dev / "device")
         found.append(PciGpu(dev.name, device_id, pci_class,
-                            read_attr(dev / "subsystem_device") or None, MODELS.get(device_id)))
+                            read_attr(dev / "subsystem_device") or None, MODELS.get(device_id),
+                            bound_driver(dev)))
     return found
+
+
+def bound_driver(dev: Path) -> str | None:
+    """The driver a PCI function is bound to (its ``driver`` link's target), or None."""
+    try:
+        return os.readlink(dev / "driver").rstrip("/").rsplit("/", 1)[-1] or None
+    except OSError:
+        return None
+
+
+def bound_elsewhere(gpu: PciGpu) -> bool:
+    """Bound to a driver other than nvidia (vfio-pci for passthrough): not the host's GPU."""
+    return gpu.driver not in (None, "nvidia")
 
 
 def unknown(found: list[PciGpu]) -> list[str]:

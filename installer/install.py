@@ -118,7 +118,7 @@ def _install(settings: Settings, started: float) -> Outcome:
             raise
         staged, waiting = ctx.work.staged_for_boot, ctx.work.module_args_waiting
         return _record(ctx, started, timings, plan, Outcome(
-            OK, 0, install_only=settings.install_only,
+            OK, 0, install_only=settings.install_only, cuda_check=ctx.work.cuda_check,
             gpus=tuple(asdict(g) for g in ctx.work.gpus or ()),
             driver_version=staged.running_version if staged else None,
             staged_driver_version=plan.driver_version if staged else None,

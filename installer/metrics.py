@@ -41,6 +41,11 @@ def format_metrics(outcome: Outcome, *, kernel_release: str,
          "(the running one is in use; drain and reboot to switch), else 0.",
          f'{p}_staged_for_next_boot{{driver_version="{_label(staged_version or "")}"}} '
          f'{1 if staged_version else 0}'),
+        ("cuda_check_deferred", "gauge", "1 while the CUDA proof waits for MIG instances "
+         "(a GPU in MIG mode without instances is no CUDA device; verify proves it once the "
+         "partitioner made them), else 0.",
+         f'{p}_cuda_check_deferred{{detail="{_label(outcome.cuda_check or "")}"}} '
+         f'{1 if outcome.cuda_deferred else 0}'),
         ("exit_code", "gauge", "Exit code of the last run (0 ok; see the README).",
          f"{p}_exit_code {outcome.exit_code}"),
         ("duration_seconds", "gauge", "Wall time of the last run.",

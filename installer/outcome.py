@@ -24,6 +24,9 @@ class Outcome:
     # The NVIDIA_MODULE_ARGS asked for that the in-use driver gets at its next load.
     module_args_waiting: tuple[str, ...] | None = None
     install_only: bool = False
+    # ok: what the CUDA check proved ("passed", "skipped", "deferred: MIG mode on GPU X, no
+    # instances yet", busy GPUs noted; cuda_check.CudaResult.summary)
+    cuda_check: str | None = None
     error_class: str | None = None
     message: str | None = None
     hint: str | None = None
@@ -39,6 +42,11 @@ class Outcome:
     installer_version: str | None = None
     finished_at: str | None = None
     dry_run: Mapping[str, Any] | None = None  # --dry-run: the plan document
+
+    @property
+    def cuda_deferred(self) -> bool:
+        """The CUDA proof waits for MIG instances (docs/node-shapes.md)."""
+        return self.outcome == OK and (self.cuda_check or "").startswith("deferred")
 
     @property
     def staged(self) -> bool:
@@ -81,6 +89,7 @@ class Outcome:
             in_use_by=because,
             module_args_waiting=_strings(doc, "module_args_waiting"),
             install_only=doc.get("install_only") is True,
+            cuda_check=_text(doc, "cuda_check"),
             error_class=_text(doc, "error_class"),
             message=_text(doc, "message"),
             hint=_text(doc, "hint"),

@@ -33,6 +33,12 @@ def readiness_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       default=60, show_default=True, show_envvar=True,
                       help="How long the CUDA check may take before it is stopped and the "
                       "verify fails (exit 9): a hung cuInit cannot hang the installer.")(fn)
+    fn = click.option("--cc-set-ready", is_flag=True, envvar="NVIDIA_CC_SET_READY",
+                      show_envvar=True,
+                      help="Confidential-computing GPUs (H100 CC mode on): set the GPUs' ready "
+                      "state (`nvidia-smi conf-compute -srs 1`, once persistenced is up) "
+                      "before the CUDA check. It changes a GPU setting: only on your say, "
+                      "after you have attested the GPUs.")(fn)
     return click.option("--skip-cuda-check", is_flag=True, envvar="NVIDIA_SKIP_CUDA_CHECK",
                         show_envvar=True,
                         help="Verify with nvidia-smi only, making no CUDA context (nodes "

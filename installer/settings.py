@@ -75,6 +75,7 @@ class Settings:
     # Issue 31: verify also runs CUDA (a context and a memory round trip on each GPU, in a
     # child under this deadline); skipped only by choice, where no context may be made.
     skip_cuda_check: bool = False
+    cc_set_ready: bool = False  # --cc-set-ready: nvidia-smi conf-compute -srs 1 before CUDA
     cuda_check_deadline_s: float = 60.0
     # Issue 31 §2, NVSwitch nodes: the fabric manager of the installed version (fabricmanager.py)
     # and how long the NVLink fabric may take to reach Completed.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cuda_check, daemons, fabric
+from installer import cuda_check, daemons, fabric, gpu_modes
 from installer.errors import VerifyError
 from installer.gpus import Gpu
 from installer.installdir import Tree
@@ -54,10 +54,34 @@ def workloads_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
         log.warning("cuda_check_skipped", risk="nvidia-smi alone passed: nothing proves a "
                     "CUDA program will run (NVSwitch fabric, UVM files, compute mode)")
     else:
-        cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner, ctx.pci_gpus,
-                         deadline_s=ctx.settings.cuda_check_deadline_s)
-        ctx.work.cuda_check = "passed"
+        if ctx.settings.cc_set_ready:
+            set_cc_ready(ctx)
+        result = cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner, ctx.pci_gpus,
+                                  deadline_s=ctx.settings.cuda_check_deadline_s)
+        ctx.work.cuda_check = result.summary()
     daemons.wait_up(ctx.install.root, ctx.settings.required_daemons, DAEMON_DEADLINE_S)
+
+
+def set_cc_ready(ctx: Context) -> None:
+    """--cc-set-ready: on a GPU with confidential computing on, ``nvidia-smi conf-compute
+    -srs 1`` once persistenced is up (NVIDIA's CC deployment guide sets it after
+    persistenced; GKE's confidential nodes do it in their persistenced installer). It
+    changes a GPU setting, so only when asked; a GPU with CC off is left alone."""
+    smi, env = ctx.install.bin / "nvidia-smi", {"LD_LIBRARY_PATH": str(ctx.install.lib64)}
+    on, ready = gpu_modes.query_cc(ctx.runner, smi, env)
+    if not on or ready:
+        log.info("cc_ready_state", cc_on=on, ready=ready, changed=False)
+        return
+    if daemons.PERSISTENCED in ctx.settings.required_daemons:
+        daemons.wait_up(ctx.install.root, [daemons.PERSISTENCED], DAEMON_DEADLINE_S)
+    try:
+        ctx.runner.run([smi, "conf-compute", "-srs", "1"], timeout=SMI_TIMEOUT_S, env=env)
+    except CommandError as exc:
+        raise VerifyError(f"nvidia-smi conf-compute -srs 1 failed ({exc.reason}): "
+                          f"{exc.stderr_tail(2) or '(no output)'}",
+                          hint="the GPUs' confidential-computing ready state could not be set: "
+                          "check the GPUs were attested and the container runs as root") from exc
+    log.info("cc_ready_state", cc_on=True, ready=True, changed=True)
 
 
 def fabric_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
@@ -115,9 +139,18 @@ def nvidia_smi(tree: Tree, runner: Runner, *, lib_dir: Path | None = None) -> li
             env=env,
         )
     except CommandError as exc:
-        detail = exc.stderr_tail(2) or exc.stdout.strip()[-300:]
-        hint = smi_failure_hint(exc.stdout + exc.stderr)
-        raise VerifyError(f"nvidia-smi failed: {detail}", hint=hint, path=str(smi)) from exc
+        if exc.returncode != INFOROM_CORRUPTED:
+            detail = exc.stderr_tail(2) or exc.stdout.strip()[-300:]
+            hint = smi_failure_hint(exc.stdout + exc.stderr, exc.returncode)
+            raise VerifyError(f"nvidia-smi failed: {detail}", hint=hint, path=str(smi)) from exc
+        # Exit 14: a GPU's infoROM is corrupted; every row printed is valid (nvidia-smi(1),
+        # RETURN VALUE; NVIDIA's GPU operator troubleshooting). A warning, not a failure:
+        # the CUDA check that follows still proves the GPU works.
+        log.warning("nvidia_smi_inforom_corrupted", exit_code=exc.returncode,
+                    lines=[line for line in exc.stdout.splitlines() if "infoROM" in line],
+                    hint="the GPU works, but its infoROM (ECC and page-retirement records) "
+                    "is unreliable: plan an RMA or an infoROM update with your provider")
+        result = exc.result
     gpus = parse_query_gpu(result.stdout)
     log.info("nvidia_smi_ok", gpus=[g.name for g in gpus],
              driver_version=gpus[0].driver_version if gpus else None)
@@ -144,7 +177,17 @@ SMI_FAILURES = (
 )
 
 
-def smi_failure_hint(output: str) -> str:
+INFOROM_CORRUPTED = gpu_modes.INFOROM_CORRUPTED
+GPU_LOST = 15  # nvidia-smi(1), RETURN VALUE: "The GPU has fallen off the bus or has otherwise
+#                become inaccessible"; the kernel log has Xid 79 for it (xid.REBOOT)
+GPU_LOST_HINT = ("a GPU has fallen off the bus (nvidia-smi exit 15; Xid 79 in the kernel "
+                 "log): drain the node and reboot it, nothing short of a reboot brings it "
+                 "back; if it recurs, have the GPU or its host replaced")
+
+
+def smi_failure_hint(output: str, returncode: int | None = None) -> str:
+    if returncode == GPU_LOST or "GPU is lost" in output:
+        return GPU_LOST_HINT
     return next((hint for text, hint in SMI_FAILURES if text in output),
                 "check the kernel log (dmesg) and that the modules above are loaded")
 

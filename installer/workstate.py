@@ -109,7 +109,7 @@ class WorkState:
         return readiness.loaded_module_args(readiness.parse(self.readiness_before))
     bundle_written: Written | None = None  # write_bundle (bundle build)
     persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
-    cuda_check: str = "not run"  # verify: "passed" or "skipped" (--skip-cuda-check)
+    cuda_check: str = "not run"  # verify: "passed", "skipped", "deferred: ..." (cuda_check)
     fabric: str = "not checked"  # verify: "none", "completed" (fabric.state) or "cuda" (gen 2)
 
     def staged(self) -> Tree:

@@ -60,8 +60,11 @@ def check_cuda(n: Node) -> Finding:
         result = cuda_check.check(n.install.lib64, n.kernel, n.runner, n.pci)
     except InstallerError as exc:
         return Finding("cuda", FAIL, exc.message, exc.hint or "")
-    return Finding("cuda", OK, f"{result.count} GPU(s): a context and a memory round trip "
-                   f"each, {result.total_s:.2f}s")
+    if result.deferred:
+        return Finding("cuda", WARN, result.describe(),
+                       "the MIG partitioner (GKE's partition-gpus) has not made the instances "
+                       "yet; run doctor or verify again once it has")
+    return Finding("cuda", OK, result.describe())
 
 
 def check_kernel_log(n: Node) -> Finding:

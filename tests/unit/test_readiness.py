@@ -74,7 +74,13 @@ def test_metrics_text_format():
     assert 'driver_version="5\\"50"' in text and 'error_class="build"' in text
     assert "nvidia_driver_installer_last_run_timestamp_seconds 1700000000" in text
     assert 'nvidia_driver_installer_staged_for_next_boot{driver_version=""} 0' in text
-    assert text.count("# TYPE") == 6
+    assert 'nvidia_driver_installer_cuda_check_deferred{detail=""} 0' in text
+    assert text.count("# TYPE") == 7
+    deferred = metrics.format_metrics(Outcome("ok", 0, cuda_check="deferred: MIG mode on GPU "
+                                              "0000:00:04.0, no instances yet"),
+                                      kernel_release="5.15")
+    assert ('nvidia_driver_installer_cuda_check_deferred{detail="deferred: MIG mode on GPU '
+            '0000:00:04.0, no instances yet"} 1') in deferred
     staged = metrics.format_metrics(Outcome("ok", 0, duration_s=1.0, driver_version="580.65.06",
                                             staged_driver_version="580.82.07", plan="staged"),
                                     kernel_release="5.15")
