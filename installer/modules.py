@@ -225,7 +225,10 @@ def _no_gpu_error(kernel: KernelState, runner: Runner) -> ModuleLoadError:
     kernel record that starts with ``NVRM:`` (xid.Record.nvrm: never a line someone else
     made the kernel log)."""
     records = read_kernel_log(kernel, runner)
-    nvrm = [r for r in records if r.nvrm] if not isinstance(records, str) else []
+    # From the last successful load on (xid.since_driver_load): an older driver's lines are
+    # not what this load said.
+    current = xid.since_driver_load(records)[0] if not isinstance(records, str) else []
+    nvrm = [r for r in current if r.nvrm]
     said = nvrm[-1].message.removeprefix(xid.NVRM) if nvrm else "No NVIDIA GPU found."
     release = kernel.release()
     return ModuleLoadError(
