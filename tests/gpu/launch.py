@@ -56,6 +56,15 @@ def node_device_files(dev: Path = Path("/dev")) -> list[tuple[str, int, int, int
     return out
 
 
+def node_char_links(dev: Path = Path("/dev")) -> list[tuple[str, str]]:
+    """The node's /dev/char links to NVIDIA device files: (name, target)."""
+    out = []
+    for p in sorted((dev / "char").glob("*")):
+        if p.is_symlink() and "nvidia" in (target := os.readlink(p)):
+            out.append((p.name, target))
+    return out
+
+
 def nvidia_modprobes(install_dir: str | None) -> list[str]:
     """Every nvidia-modprobe a command here could run (libcuda and NVML run the one on
     PATH; the installer, the install dir's)."""
@@ -74,8 +83,6 @@ def fresh_dev(copies: list[tuple[str, int, int, int, int]] = (),
                               ("kmsg", 11, 0o644)):  # kmsg: doctor reads the node's kernel log
         os.mknod(f"/dev/{name}", stat.S_IFCHR | mode, os.makedev(1, minor))
         os.chmod(f"/dev/{name}", mode)
-    for sub in ("char", "shm"):
-        os.mkdir(f"/dev/{sub}")
     for name, mode, uid, gid, rdev in copies:
         path = Path("/dev", name)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,11 +112,16 @@ def enter_private_node(parent_mnt_ns: int, install_dir: str | None,
     if os.stat("/proc/self/ns/mnt").st_ino == parent_mnt_ns:
         raise NotPrivate("not in a mount namespace of our own: nothing run")
     copies = node_device_files() if copy_devices else []
+    links = node_char_links() if copy_devices else []
     guard.ALLOW_MOUNT = True  # mounts from here on stay here (unshare --propagation private)
     try:
         stubbed = fresh_dev(copies, nvidia_modprobes(install_dir))
     finally:
         guard.ALLOW_MOUNT = False  # what runs next mounts nothing
+    for sub in ("char", "shm"):  # as devtmpfs has them (probe3.sh makes both too)
+        os.makedirs(f"/dev/{sub}", exist_ok=True)
+    for name, target in links:  # the node's /dev/char links to NVIDIA files, as they are
+        os.symlink(target, f"/dev/char/{name}")
     return {"mnt_ns": os.stat("/proc/self/ns/mnt").st_ino, "dev_fs": mount_type("/dev"),
             "stubbed": stubbed, "dev": dev_listing(Path("/dev"))}
 
