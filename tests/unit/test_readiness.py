@@ -254,9 +254,14 @@ def test_kernel_log_tail_keeps_relevant_lines(tmp_path):
         "4,1,2000000,-;NVRM: API mismatch: the client has the version 550.54.14",
         "12,2,2500000,-;nvidia: a user's line, facility 1",
         "3,3,3000000,-;Loading of unsigned module is rejected",
-        "6,4,4000000,-;usb 1-1: new device") == [
+        "6,4,4000000,-;usb 1-1: new device",
+        "5,5,5000000,-;Lockdown: insmod: unsigned module loading is restricted; see man "
+        "kernel_lockdown.7",
+        "3,6,6000000,-;tmpfs: Unknown parameter 'nvidia module signature'") == [
         "[    2.000000] NVRM: API mismatch: the client has the version 550.54.14",
-        "[    3.000000] Loading of unsigned module is rejected"]
+        "[    3.000000] Loading of unsigned module is rejected",
+        "[    5.000000] Lockdown: insmod: unsigned module loading is restricted; see man "
+        "kernel_lockdown.7"]
 
 
 def test_kernel_log_tail_never_shows_unrelated_lines(tmp_path):
