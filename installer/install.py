@@ -97,8 +97,8 @@ def _install(settings: Settings, started: float) -> Outcome:
             if ctx.work.gpus is not None:  # set by the verify step: no readiness for --preload
                 _write_ready(ctx, plan, len(ctx.work.gpus))
         except InstallerError as exc:
-            exc.context.update(failure_details(ctx.install, ctx.runner, exc.error_class,
-                                               started_wall))
+            exc.context.update(failure_details(ctx.install, ctx.kernel, ctx.runner,
+                                               exc.error_class, started_wall))
             _discard(ctx, exc)
             _record(ctx, started, timings, plan, Outcome(
                 ERROR, int(exc.exit_code), error_class=exc.error_class, message=exc.message,

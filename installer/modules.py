@@ -8,8 +8,8 @@ from pathlib import Path
 
 import structlog
 
-from installer import signing
-from installer.diagnostics import kernel_log_tail
+from installer import signing, xid
+from installer.diagnostics import read_kernel_log
 from installer.errors import ModuleLoadError, SecureBootError
 from installer.kernel import KernelState, module_name
 from installer.modinfo import module_depends, read_modinfo, vermagic_release
@@ -105,9 +105,9 @@ def load(
         for dep in item.in_tree_deps:
             if not kernel.module_present(dep):
                 argv = ["modprobe"] + (["-d", str(modprobe_root)] if modprobe_root else []) + [dep]
-                _run_load(runner, argv, dep, release, lockdown)
+                _run_load(kernel, runner, argv, dep, lockdown)
         words = [p.insmod_word for p in item.params]
-        _run_load(runner, ["insmod", str(item.path), *words], item.name, release, lockdown)
+        _run_load(kernel, runner, ["insmod", str(item.path), *words], item.name, lockdown)
         loaded_now.append(item.name)
         log.info("module_loaded", module=item.name, path=str(item.path), params=words)
     return loaded_now
@@ -190,7 +190,9 @@ def params_not_applied(kernel: KernelState, module: str,
             if a.param not in have or not _same_value(a.value, have[a.param])]
 
 
-def _run_load(runner: Runner, argv: list[str], name: str, release: str, lockdown: str) -> None:
+def _run_load(kernel: KernelState, runner: Runner, argv: list[str], name: str,
+              lockdown: str) -> None:
+    release = kernel.release()
     try:
         runner.run(argv, timeout=LOAD_TIMEOUT_S)
     except CommandError as exc:
@@ -205,7 +207,7 @@ def _run_load(runner: Runner, argv: list[str], name: str, release: str, lockdown
                 kernel_release=release,
             ) from exc
         if "No such device" in detail and name == "nvidia":
-            raise _no_gpu_error(runner, release) from exc
+            raise _no_gpu_error(kernel, runner) from exc
         hint = "see the kernel log (dmesg) for the reason"
         if "Unknown symbol" in detail:
             hint = "a module it depends on is missing or from another driver version; check dmesg"
@@ -216,20 +218,26 @@ def _run_load(runner: Runner, argv: list[str], name: str, release: str, lockdown
         ) from exc
 
 
-def _no_gpu_error(runner: Runner, release: str) -> ModuleLoadError:
+def _no_gpu_error(kernel: KernelState, runner: Runner) -> ModuleLoadError:
     """nvidia.ko's init returns ENODEV when it finds no GPU it drives (nv.c,
     ``nvidia_init_module``: ``NVRM: No NVIDIA GPU found.``): everything up to the
-    hardware worked, which is worth saying exactly."""
-    nvrm = [ln for ln in kernel_log_tail(runner) if "NVRM" in ln]
-    said = next((ln.split("NVRM:", 1)[1].strip() for ln in reversed(nvrm) if "NVRM:" in ln),
-                "No NVIDIA GPU found.")
+    hardware worked, which is worth saying exactly. The driver's own words are the last
+    kernel record that starts with ``NVRM:`` (xid.Record.nvrm: never a line someone else
+    made the kernel log)."""
+    records = read_kernel_log(kernel, runner)
+    # From the last successful load on (xid.since_driver_load): an older driver's lines are
+    # not what this load said.
+    current = xid.since_driver_load(records)[0] if not isinstance(records, str) else []
+    nvrm = [r for r in current if r.nvrm]
+    said = nvrm[-1].message.removeprefix(xid.NVRM) if nvrm else "No NVIDIA GPU found."
+    release = kernel.release()
     return ModuleLoadError(
         f"the driver built and the kernel accepted nvidia.ko, but no NVIDIA GPU is attached "
         f"to this node (kernel: NVRM: {said})",
         hint="run this on a node with an NVIDIA GPU (lspci -d 10de:); on a GPU node, check "
         "the GPU is not bound to another driver (vfio-pci) and is supported by this driver",
         kernel_release=release,
-        kernel_log=nvrm[-5:],
+        kernel_log=[r.show() for r in nvrm[-5:]],
     )
 
 

@@ -4,6 +4,7 @@ NVSwitch fabric, CUDA itself, and the kernel log's GPU faults."""
 from __future__ import annotations
 
 from installer import cuda_check, daemons, fabric, xid
+from installer.diagnostics import read_kernel_log
 from installer.doctor.node import FAIL, OK, WARN, Finding, Node
 from installer.errors import InstallerError
 from installer.runner import CommandError
@@ -68,18 +69,19 @@ def check_cuda(n: Node) -> Finding:
 
 
 def check_kernel_log(n: Node) -> Finding:
-    lines = xid.read_kmsg(n.kernel.dev_dir / "kmsg")
-    if lines is None:
-        try:
-            lines = n.runner.run(["dmesg"], timeout=10).stdout.splitlines()[-xid.MAX_RECORDS:]
-        except CommandError as exc:
-            return Finding("kernel_log", WARN, f"kernel log unreadable (/dev/kmsg, dmesg: "
-                           f"{exc.stderr_tail(1)})", "run doctor privileged to read Xid lines")
-    events = xid.parse(lines)
+    """Xid/GSP faults the driver logged since it was loaded (an Xid of an earlier load, or
+    of the GPU before a reboot, is no fault of the driver that runs now)."""
+    records = read_kernel_log(n.kernel, n.runner)
+    if isinstance(records, str):
+        return Finding("kernel_log", WARN, f"kernel log unreadable ({records})",
+                       "run doctor privileged to read Xid lines")
+    current, seen_load = xid.since_driver_load(records)
+    events = xid.parse(current)
     serious = [e for e in events if e.action]
+    span = "since the driver was loaded" if seen_load else "in the kernel log"
     if not serious:
-        return Finding("kernel_log", OK, f"{len(events)} NVIDIA Xid/GSP line(s), none asking "
-                       "for a GPU reset or a reboot")
+        return Finding("kernel_log", OK, f"{len(events)} NVIDIA Xid/GSP line(s) {span}, none "
+                       "asking for a GPU reset or a reboot")
     reboot = any(e.action == "reboot" for e in serious)
     shown = "; ".join(dict.fromkeys(e.describe() for e in serious))
     return Finding("kernel_log", FAIL, shown[:600],

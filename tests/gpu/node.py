@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,8 +124,21 @@ class GpuNode:
         return env
 
     def smi_run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.smi), *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.smi_env())
+        """nvidia-smi on the read-only node view (tests/gpu/launch.py job ``run``)."""
+        return self.smi_runs([list(args)], timeout=timeout)[0]
+
+    def smi_runs(self, argss: list[list[str]], timeout: float = 60
+                 ) -> list[subprocess.CompletedProcess[str]]:
+        """Several nvidia-smi runs in one private namespace."""
+        argvs = [[str(self.smi), *args] for args in argss]
+        with tempfile.TemporaryDirectory(prefix="ndi-gpu-smi-") as tmp:
+            out = in_namespace({"job": "run", "argvs": argvs, "env": self.smi_env(),
+                                "install_dir": str(self.install_dir), "timeout": timeout},
+                               Path(tmp) / "run.json", timeout=timeout * len(argvs) + 60)
+        if "runs" not in out:
+            raise AssertionError(f"nvidia-smi in the private namespace: {out}")
+        return [subprocess.CompletedProcess(argv, r["rc"], r["stdout"], r["stderr"])
+                for argv, r in zip(argvs, out["runs"], strict=True)]
 
     def query(self, fields: str) -> list[list[str]]:
         proc = self.smi_run(f"--query-gpu={fields}", "--format=csv,noheader")
@@ -149,15 +164,48 @@ class GpuNode:
         return _read(PROC / "driver/nvidia/params")
 
     def smi_state(self) -> dict[str, str]:
-        out = {}
-        for name in STATE_FIELDS:
-            proc = self.smi_run(f"--query-gpu=pci.bus_id,{name}", "--format=csv,noheader")
-            out[name] = proc.stdout.strip() if proc.returncode == 0 else "unsupported"
-        return out
+        procs = self.smi_runs([[f"--query-gpu=pci.bus_id,{name}", "--format=csv,noheader"]
+                               for name in STATE_FIELDS])
+        return {name: proc.stdout.strip() if proc.returncode == 0 else "unsupported"
+                for name, proc in zip(STATE_FIELDS, procs, strict=True)}
 
     def snapshot(self) -> dict[str, object]:
-        return {"modules": self.modules(), "params": self.params(), "smi": self.smi_state(),
-                "dev": dev_listing(Path("/dev"))}
+        """The node's state, read in this order: what needs no program first (the node's
+        /dev, module state, the install dir), nvidia-smi last (and in a private namespace:
+        it cannot add a file to the node's /dev before that was listed)."""
+        snap: dict[str, object] = {"dev": dev_listing(Path("/dev"))}
+        snap["modules"] = self.modules()
+        snap["params"] = self.params()
+        snap["install_dir"] = tree_listing(self.install_dir)
+        snap["smi"] = self.smi_state()
+        return snap
+
+
+TREE_LIMIT = 50_000
+
+
+def tree_listing(root: Path) -> dict[str, str]:
+    """Every file under ``root``: kind, mode, size, mtime (a link: its target); at most
+    TREE_LIMIT entries (then a marker says so)."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath, name)
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            rel = str(p.relative_to(root))
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = f"-> {os.readlink(p)}"
+            else:
+                out[rel] = (f"{stat.filemode(st.st_mode)} {st.st_size} {st.st_mtime_ns}"
+                            if not stat.S_ISDIR(st.st_mode) else f"{stat.filemode(st.st_mode)}")
+            if len(out) >= TREE_LIMIT:
+                out["..."] = f"more than {TREE_LIMIT} entries"
+                return out
+    return out
 
 
 def dev_listing(dev: Path) -> dict[str, str]:
@@ -203,6 +251,7 @@ class CliResult:
     stdout: str
     stderr: str
     seconds: float
+    namespace: dict[str, object] = field(default_factory=dict)  # launch.enter_private_node's
 
     def json(self) -> object:
         return json.loads(self.stdout)
@@ -213,12 +262,22 @@ class CliResult:
 
 
 def cli(*argv: str, timeout: float = 300) -> CliResult:
-    """The installer's CLI as a guarded child (every command it runs passes the guard)."""
+    """The installer's CLI as a guarded child on the read-only node view: its own mount
+    namespace, /dev a tmpfs with copies of the node's NVIDIA device files, module tools and
+    nvidia-modprobe stubbed (tests/gpu/launch.py). ``namespace`` says what it had."""
+    install_dir = argv[argv.index("--install-dir") + 1] if "--install-dir" in argv else None
     t = time.perf_counter()
-    proc = subprocess.run(launcher("cli", *argv), capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env=child_env())
+    with tempfile.TemporaryDirectory(prefix="ndi-gpu-cli-") as tmp:
+        attest = Path(tmp) / "namespace.json"
+        ns = {"parent_mnt_ns": os.stat("/proc/self/ns/mnt").st_ino,
+              "install_dir": install_dir, "attest": str(attest)}
+        proc = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "--", *launcher("cli", *argv)],
+            capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+            env=child_env(NDI_GPU_NS=json.dumps(ns)))
+        namespace = json.loads(attest.read_text()) if attest.is_file() else {}
     return CliResult(list(argv), proc.returncode, proc.stdout, proc.stderr,
-                     time.perf_counter() - t)
+                     time.perf_counter() - t, namespace)
 
 
 def in_namespace(spec: dict[str, object], out: Path, timeout: float = 300) -> dict[str, object]:

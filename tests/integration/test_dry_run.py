@@ -96,7 +96,11 @@ def test_dry_run_with_no_gpu_is_the_load_failure_it_leads_to(node, pod, kernel, 
     assert real.returncode == 8, real.stderr[-3000:]
     final = last_event(real)
     assert final["error_class"] == "module_load", final
-    assert "No NVIDIA GPU found" in final["error"], final
+    # The fake node's kernel log, never the machine's (issue 43): its last NVRM record is
+    # the driver's own "No NVIDIA GPU found." (fakekmod, as nv.c prints it).
+    assert "(kernel: NVRM: No NVIDIA GPU found.)" in final["error"], final
+    assert final["kernel_log"] == final["kernel_log_tail"] == [
+        "[    0.000000] NVRM: No NVIDIA GPU found."], final
 
 
 def test_install_only_dry_run_with_no_gpu_only_warns_as_its_real_run(node, pod, kernel, server):

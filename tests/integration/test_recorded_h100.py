@@ -82,6 +82,9 @@ def test_doctor_reports_a_working_node_image_driver_without_false_findings(node)
     assert code == 9 and doc["healthy"] is False
     assert doc["node"]["loaded_driver_version"] == VERSION
     assert doc["summary"].startswith("UNHEALTHY: 1 check(s) failed (dev_char_symlinks)")
+    # The node's own kernel log (its banner, as recorded), never the machine's (issue 43).
+    assert found["kernel_log"]["detail"].startswith(
+        "0 NVIDIA Xid/GSP line(s) since the driver was loaded"), found["kernel_log"]
 
 
 def test_doctor_says_whose_driver_it_is(node):

@@ -609,7 +609,8 @@ def test_xid_lines_that_need_a_reboot_or_reset_fail_the_kernel_log_line(node, ca
     node.kernel.kernel_log("NVRM: Xid (PCI:0000:00:04): 13, Graphics Exception")
     code, found = node.findings(capsys)
     assert code == 0 and found["kernel_log"]["verdict"] == "ok", found["kernel_log"]
-    assert "1 NVIDIA Xid/GSP line(s), none asking" in found["kernel_log"]["detail"]
+    assert found["kernel_log"]["detail"].startswith(
+        "1 NVIDIA Xid/GSP line(s) since the driver was loaded, none asking")
     node.kernel.kernel_log("NVRM: Xid (PCI:0000:00:04): 119, pid=1234, name=python, Timeout "
                            "after 6s of waiting for RPC response from GPU0 GSP!")
     code, found = node.findings(capsys)
@@ -628,6 +629,20 @@ def test_xid_154_says_the_recovery_in_words(node, capsys):
     _, found = node.findings(capsys)
     assert found["kernel_log"]["verdict"] == "fail"
     assert "Xid 154 (PCI:0000:00:04): GPU recovery action changed" in found["kernel_log"]["detail"]
+
+
+def test_an_xid_from_before_the_current_driver_load_does_not_fail_it(node, capsys):
+    """Issue 38 item 6: only lines since nvidia.ko's last load banner count (nv.c
+    nvidia_init_module: "NVRM: loading %s"; the H100 node's own banner below)."""
+    node.kernel.kernel_log("NVRM: Xid (PCI:0000:00:04): 79, GPU has fallen off the bus.")
+    node.kernel.kernel_log("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  "
+                           "580.159.04  Release Build  (nixbld@)  ")
+    code, found = node.findings(capsys)
+    assert found["kernel_log"]["verdict"] == "ok", found["kernel_log"]
+    assert found["kernel_log"]["detail"].startswith("0 NVIDIA Xid/GSP line(s) since the driver")
+    node.kernel.kernel_log("NVRM: Xid (PCI:0000:00:04): 79, GPU has fallen off the bus.")
+    code, found = node.findings(capsys)
+    assert code == 9 and found["kernel_log"]["fix"] == "drain the node, then reboot it"
 
 
 def test_a_cuda_failure_is_its_own_line_with_the_cause(node, capsys, monkeypatch):

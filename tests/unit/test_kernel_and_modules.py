@@ -115,9 +115,10 @@ def test_no_gpu_enodev_is_said_exactly(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     _tool(bin_dir, "insmod", 'echo "insmod: ERROR: could not insert module $1: No such device" >&2\n'
           "exit 1\n")
-    _tool(bin_dir, "dmesg", 'echo "[Mon Nov 23 11:00:00 2026] nvidia-nvlink: Nvlink Core is being '
-          'initialized, major device number 245"\n'
-          'echo "[Mon Nov 23 11:00:00 2026] NVRM: No NVIDIA GPU found."\n')
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kmsg").write_text(
+        "4,0,1000,-;nvidia-nvlink: Nvlink Core is being initialized, major device number 245\n"
+        "4,1,2000,-;NVRM: No NVIDIA GPU found.\n")
     monkeypatch.setenv("PATH", f"{bin_dir}:{'/usr/bin:/bin'}")
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/modules").write_text("")
@@ -129,7 +130,7 @@ def test_no_gpu_enodev_is_said_exactly(tmp_path, monkeypatch):
     assert err.value.message == (
         "the driver built and the kernel accepted nvidia.ko, but no NVIDIA GPU is attached to "
         "this node (kernel: NVRM: No NVIDIA GPU found.)")
-    assert err.value.context["kernel_log"][-1].endswith("NVRM: No NVIDIA GPU found.")
+    assert err.value.context["kernel_log"] == ["[    0.002000] NVRM: No NVIDIA GPU found."]
     assert err.value.exit_code == 8
 
 

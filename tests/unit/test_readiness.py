@@ -196,43 +196,82 @@ def test_download_failure_has_no_stale_installer_log(host, monkeypatch):
     assert "kernel_log_tail" not in err.value.context
 
 
-def test_kernel_log_tail_when_dmesg_is_unreadable(monkeypatch, tmp_path):
+def _dmesg_node(monkeypatch, tmp_path, script: str):
+    """A kernel whose /dev has no kmsg and counts as the running kernel's (so the reader
+    falls back to dmesg), with ``script`` as dmesg."""
+    from installer.kernel import KernelState
     from installer.runner import Runner
 
-    bin_dir = tmp_path / "bin"
+    bin_dir, dev = tmp_path / "bin", tmp_path / "dev"
     bin_dir.mkdir()
-    (bin_dir / "dmesg").write_text("#!/bin/sh\necho 'dmesg: read kernel buffer failed: "
-                                   "Operation not permitted' >&2\nexit 1\n")
+    dev.mkdir()
+    (bin_dir / "dmesg").write_text("#!/bin/sh\n" + script)
     (bin_dir / "dmesg").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path('/usr/bin')}:/bin")
-    assert diagnostics.kernel_log_tail(Runner()) == [
+    monkeypatch.setattr(diagnostics, "RUNNING_KERNEL_DEV", dev)
+    return KernelState(tmp_path / "proc", tmp_path / "sys", dev), Runner()
+
+
+def test_kernel_log_tail_when_dmesg_is_unreadable(monkeypatch, tmp_path):
+    kernel, runner = _dmesg_node(monkeypatch, tmp_path, "echo 'dmesg: read kernel buffer "
+                                 "failed: Operation not permitted' >&2\nexit 1\n")
+    assert diagnostics.kernel_log_tail(kernel, runner) == [
         "(kernel log not readable: dmesg: read kernel buffer failed: Operation not permitted)"]
 
 
-def _kernel_log_tail(monkeypatch, tmp_path, *lines: str) -> list[str]:
-    """diagnostics.kernel_log_tail with a dmesg printing ``lines``."""
+def test_kernel_log_tail_through_dmesg_keeps_the_kernels_own_records(monkeypatch, tmp_path):
+    """``dmesg --raw``'s ``<prio>`` is facility << 3 | level (util-linux dmesg.c,
+    LOG_RAW_FAC_PRI): <14> is a user's write to /dev/kmsg (facility 1), never the driver."""
+    kernel, runner = _dmesg_node(monkeypatch, tmp_path, """cat <<'EOF'
+<4>[   12.000001] NVRM: API mismatch: the client has the version 550.54.14
+<14>[   12.000002] NVRM: Xid (PCI:0000:00:04): 79, forged by a user
+<6>[   13.500000] eth0: link up
+EOF
+""")
+    assert diagnostics.kernel_log_tail(kernel, runner) == [
+        "[   12.000001] NVRM: API mismatch: the client has the version 550.54.14"]
+
+
+def test_a_fake_node_without_kmsg_never_reads_the_machines_kernel_log(tmp_path):
+    """dmesg reads the kernel this process runs on: for any other roots (a test's node) the
+    log is unreadable, never the machine's."""
+    from installer.kernel import KernelState
     from installer.runner import Runner
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "dmesg").write_text("#!/bin/sh\n" + "".join(f"echo '{ln}'\n" for ln in lines))
-    (bin_dir / "dmesg").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    return diagnostics.kernel_log_tail(Runner())
+    kernel = KernelState(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev")
+    assert diagnostics.kernel_log_tail(kernel, Runner()) == [
+        f"(kernel log not readable: {tmp_path / 'dev/kmsg'} cannot be read)"]
 
 
-def test_kernel_log_tail_keeps_relevant_lines(monkeypatch, tmp_path):
+def _kernel_log_tail(tmp_path, *records: str) -> list[str]:
+    """diagnostics.kernel_log_tail of a kernel whose /dev/kmsg holds ``records``."""
+    from installer.kernel import KernelState
+    from installer.runner import Runner
+
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kmsg").write_text("".join(f"{r}\n" for r in records))
+    kernel = KernelState(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev")
+    return diagnostics.kernel_log_tail(kernel, Runner())
+
+
+def test_kernel_log_tail_keeps_relevant_lines(tmp_path):
     assert _kernel_log_tail(
-        monkeypatch, tmp_path, "[Mon] eth0: link up",
-        "[Mon] NVRM: API mismatch: the client has the version 550.54.14",
-        "[Mon] Loading of unsigned module is rejected", "[Mon] usb 1-1: new device") == [
-        "[Mon] NVRM: API mismatch: the client has the version 550.54.14",
-        "[Mon] Loading of unsigned module is rejected"]
+        tmp_path, "6,0,1000000,-;eth0: link up",
+        "4,1,2000000,-;NVRM: API mismatch: the client has the version 550.54.14",
+        "12,2,2500000,-;nvidia: a user's line, facility 1",
+        "3,3,3000000,-;Loading of unsigned module is rejected",
+        "6,4,4000000,-;usb 1-1: new device",
+        "5,5,5000000,-;Lockdown: insmod: unsigned module loading is restricted; see man "
+        "kernel_lockdown.7",
+        "3,6,6000000,-;tmpfs: Unknown parameter 'nvidia module signature'") == [
+        "[    2.000000] NVRM: API mismatch: the client has the version 550.54.14",
+        "[    3.000000] Loading of unsigned module is rejected",
+        "[    5.000000] Lockdown: insmod: unsigned module loading is restricted; see man "
+        "kernel_lockdown.7"]
 
 
-def test_kernel_log_tail_never_shows_unrelated_lines(monkeypatch, tmp_path):
-    assert _kernel_log_tail(monkeypatch, tmp_path, "[Mon] eth0: link up",
-                            "[Mon] usb 1-1: new device") == [
+def test_kernel_log_tail_never_shows_unrelated_lines(tmp_path):
+    assert _kernel_log_tail(tmp_path, "6,0,1,-;eth0: link up", "6,1,2,-;usb 1-1: new device") == [
         "(no NVIDIA or kernel module lines in the kernel log)"]
 
 
