@@ -123,5 +123,6 @@ def persistenced(install_dir: Path, driver_wait_s: float, log_format: str,
     env = {**kernel.seam_env(), "LD_LIBRARY_PATH": str(install_dir / "lib64")}
     watch = forking.Watch(sidecars.PERSISTENCED_RUN_DIR / "nvidia-persistenced.pid",
                           sidecars.PERSISTENCED_RUN_DIR / "socket", start_wait_s)
+    forking.become_subreaper()  # the forked daemon becomes our child: its exit status
     return forking.run_forking(install_dir, name, sidecars.persistenced_argv(binary, install_dir),
                                env, watch, kernel.dev_dir / "log")

@@ -44,6 +44,9 @@ log = structlog.get_logger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 STOP_S = 10.0
+PID_FILE_S = 5.0
+RESTART_HINT = ("the sidecar exits so that the kubelet restarts it; read its daemon_syslog "
+                "lines (kubectl logs <pod> -c nvidia-persistenced)")
 SEVERITIES = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
 # glibc's syslog(3) datagram: "<PRI>Mmm dd hh:mm:ss TAG[PID]: message" (misc/syslog.c);
 # nvidia-persistenced opens it with no LOG_PID, so there is no [PID].
@@ -161,19 +164,24 @@ def _start(name: str, argv: Sequence[str], env: Mapping[str, str], watch: Watch,
                               timeout=watch.start_s)
     except subprocess.TimeoutExpired as exc:
         raise VerifyError(f"{name} did not finish starting within {watch.start_s:g}s",
-                          hint="read the daemon_syslog lines above") from exc
+                          hint=RESTART_HINT) from exc
     output = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     for line in output:
         sys.stderr.write(line + "\n")
     tail.extend(output)
-    end = time.monotonic() + (watch.start_s if proc.returncode == 0 else 0.0)
-    while (pid := read_pid(watch.pid_file)) is None:
+    if proc.returncode != 0:  # 1: "failed to initialize"; the reason is in its syslog
+        time.sleep(0.3)  # the child's last syslog lines
+        raise VerifyError(f"{name} exited with status {proc.returncode}: "
+                          f"{' | '.join(tail)[-1500:]}", hint=RESTART_HINT)
+    # NVIDIA's parent exits 0 only after its child wrote and locked the pid file (daemonize,
+    # then init_complete): a short bound is enough. A pid file of a dead daemon (a restarted
+    # container) does not count.
+    end = time.monotonic() + min(watch.start_s, PID_FILE_S)
+    while (pid := read_pid(watch.pid_file)) is None or exit_status(pid) is not None:
         if time.monotonic() >= end:
             said = " | ".join(tail)[-1500:] or "(no output)"
-            raise VerifyError(f"{name} exited with status {proc.returncode} and wrote no "
-                              f"{watch.pid_file}: {said}",
-                              hint="read the daemon_syslog lines above; restarting the pod "
-                              "retries it")
+            raise VerifyError(f"{name} exited with status 0 but no daemon wrote "
+                              f"{watch.pid_file}: {said}", hint=RESTART_HINT)
         time.sleep(0.2)
     return pid
 
@@ -194,8 +202,8 @@ def _stop(pid: int) -> None:
 def run_forking(install_root: Path, name: str, argv: Sequence[str | os.PathLike[str]],
                 env: Mapping[str, str], watch: Watch, syslog_path: Path | None) -> int:
     """Start the forking daemon and watch it while it lives; never returns while it does.
-    VerifyError (exit 9) once it failed to start or died, with the state file saying so."""
-    become_subreaper()
+    VerifyError (exit 9) once it failed to start or died, with the state file saying so.
+    The caller (the sidecar's CLI) has made this process a subreaper (become_subreaper)."""
     tail: collections.deque[str] = collections.deque(maxlen=daemons.TAIL_LINES)
     relay = SyslogRelay.open(syslog_path, name, tail) if syslog_path else None
     argv = [str(a) for a in argv]
@@ -211,8 +219,7 @@ def run_forking(install_root: Path, name: str, argv: Sequence[str | os.PathLike[
         time.sleep(0.3)  # its last syslog lines
         said = " | ".join(tail)[-1500:] or "(no output)"
         raise VerifyError(f"{name} (pid {pid}) exited with {status}: {said}",
-                          hint="the sidecar exits so that the kubelet restarts it; read the "
-                          "daemon_syslog lines above")
+                          hint=RESTART_HINT)
     except VerifyError as exc:
         daemons.write_state(install_root, name, daemons.EXITED, exc.message)
         pid = None

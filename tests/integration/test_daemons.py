@@ -98,7 +98,7 @@ def test_a_daemon_that_cannot_start_is_not_ready_and_says_why(pod, node, kernel,
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 9, err[-3000:]
     reason = last_event(SimpleNamespace(stderr=err))["error"]
-    assert reason.startswith("persistenced exited with status 1 and wrote no "), reason
+    assert reason.startswith("persistenced exited with status 1: "), reason
     assert "failed to initialize" in reason and "/sys/bus/pci/drivers/nvidia" in reason
     assert "\n" not in reason
     assert state(node)["state"] == "exited"
