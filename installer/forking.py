@@ -155,6 +155,11 @@ def read_pid(pid_file: Path) -> int | None:
     return None
 
 
+def said(tail: collections.deque[str]) -> str:
+    """The daemon's last words on one line (copied first: the relay thread appends)."""
+    return " | ".join(tail.copy())[-1500:] or "(no output)"
+
+
 def _start(name: str, argv: Sequence[str], env: Mapping[str, str], watch: Watch,
            tail: collections.deque[str]) -> int:
     """Run the daemon's parent to its exit, then wait for the pid file: the child's pid."""
@@ -172,16 +177,15 @@ def _start(name: str, argv: Sequence[str], env: Mapping[str, str], watch: Watch,
     if proc.returncode != 0:  # 1: "failed to initialize"; the reason is in its syslog
         time.sleep(0.3)  # the child's last syslog lines
         raise VerifyError(f"{name} exited with status {proc.returncode}: "
-                          f"{' | '.join(tail)[-1500:]}", hint=RESTART_HINT)
+                          f"{said(tail)}", hint=RESTART_HINT)
     # NVIDIA's parent exits 0 only after its child wrote and locked the pid file (daemonize,
     # then init_complete): a short bound is enough. A pid file of a dead daemon (a restarted
     # container) does not count.
     end = time.monotonic() + min(watch.start_s, PID_FILE_S)
     while (pid := read_pid(watch.pid_file)) is None or exit_status(pid) is not None:
         if time.monotonic() >= end:
-            said = " | ".join(tail)[-1500:] or "(no output)"
             raise VerifyError(f"{name} exited with status 0 but no daemon wrote "
-                              f"{watch.pid_file}: {said}", hint=RESTART_HINT)
+                              f"{watch.pid_file}: {said(tail)}", hint=RESTART_HINT)
         time.sleep(0.2)
     return pid
 
@@ -217,8 +221,7 @@ def run_forking(install_root: Path, name: str, argv: Sequence[str | os.PathLike[
             daemons.write_state(install_root, name, daemons.RUNNING, f"pid {pid}{sock}")
             time.sleep(daemons.HEARTBEAT_S)
         time.sleep(0.3)  # its last syslog lines
-        said = " | ".join(tail)[-1500:] or "(no output)"
-        raise VerifyError(f"{name} (pid {pid}) exited with {status}: {said}",
+        raise VerifyError(f"{name} (pid {pid}) exited with {status}: {said(tail)}",
                           hint=RESTART_HINT)
     except VerifyError as exc:
         daemons.write_state(install_root, name, daemons.EXITED, exc.message)

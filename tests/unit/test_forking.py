@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -83,3 +86,44 @@ def test_the_old_foreground_command_fails_with_one_line(tmp_path, monkeypatch):
     assert 'unrecognized option: "--foreground"' in message and "\n" not in message
     doc = json.loads(daemons.state_file(tmp_path, "persistenced").read_text())
     assert doc["state"] == daemons.EXITED and doc["detail"] == message
+
+
+FORKS = """#!/bin/sh
+# Forks: the child closes its standard files and, a moment later, writes the pid file; the
+# parent exits 0 at once (sooner than NVIDIA's, which waits for the child: the worst case).
+sh -c 'sleep 0.5; echo $$ > "$0.tmp" && mv "$0.tmp" "$0"; exec sleep 30' "$PID_FILE" \
+    </dev/null >/dev/null 2>&1 &
+"""
+
+
+def test_a_dead_daemons_pid_file_is_not_taken_for_the_new_one(tmp_path, monkeypatch):
+    """A restarted sidecar container keeps /var/run: the pid file of the daemon that died
+    must not pass for the new one; the watcher reaps the new one once it is killed."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    pid_file = tmp_path / "run.pid"
+    pid_file.write_text(f"{dead.pid}\n")
+    script = tmp_path / "forks"
+    script.write_text(FORKS)
+    script.chmod(0o755)
+    monkeypatch.setattr(daemons, "HEARTBEAT_S", 0.1)
+    watch = forking.Watch(pid_file, None, 10)
+    env = {"PID_FILE": str(pid_file)}
+    killer = threading.Thread(target=_kill_when_running, args=(tmp_path, dead.pid))
+    killer.start()
+    with pytest.raises(VerifyError) as caught:
+        forking.run_forking(tmp_path, "persistenced", [script], env, watch, None)
+    killer.join()
+    new_pid = int(pid_file.read_text())
+    assert new_pid != dead.pid
+    assert caught.value.message.startswith(f"persistenced (pid {new_pid}) exited with ")
+
+
+def _kill_when_running(install_root, stale_pid: int) -> None:
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        state = daemons.read_state(install_root, "persistenced")
+        if state is not None and state.state == daemons.RUNNING:
+            os.kill(int(state.detail.split()[1]), signal.SIGKILL)
+            return
+        time.sleep(0.05)
