@@ -27,6 +27,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -89,9 +90,11 @@ class SyslogRelay:
     def open(cls, path: Path, name: str, tail: collections.deque[str]) -> SyslogRelay | None:
         """The relay, or None where ``path`` is taken (a node's own syslog socket: the
         daemon's messages go there) or cannot be bound."""
-        if os.path.lexists(path):
+        if os.path.lexists(path) and not _dead_socket(path):
             log.info("daemon_syslog_elsewhere", daemon=name, path=str(path))
             return None
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a dead one: ours, left by a sidecar that was killed
         try:
             return cls(path, name, tail)
         except OSError as exc:
@@ -117,6 +120,22 @@ class SyslogRelay:
         self.sock.close()
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+def _dead_socket(path: Path) -> bool:
+    """A socket file (not a link: a node's /dev/log is one) that nobody receives on."""
+    if path.is_symlink() or not stat.S_ISSOCK(path.lstat().st_mode):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False
 
 
 def become_subreaper() -> bool:

@@ -59,6 +59,22 @@ def test_a_taken_dev_log_is_left_alone(tmp_path):
     assert path.is_symlink()
 
 
+def test_a_dead_socket_left_by_a_killed_sidecar_is_taken_over(tmp_path):
+    path = tmp_path / "log"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody receives
+    relay = forking.SyslogRelay.open(path, "persistenced", collections.deque())
+    assert relay is not None
+    relay.close()
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    live.bind(str(path))  # a live one (a node's syslog) is left alone
+    try:
+        assert forking.SyslogRelay.open(path, "persistenced", collections.deque()) is None
+    finally:
+        live.close()
+
+
 def test_exit_status_says_how_a_child_ended():
     child = subprocess.Popen(["sleep", "30"])
     assert forking.exit_status(child.pid) is None
