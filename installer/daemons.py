@@ -1,14 +1,18 @@
-"""The node's NVIDIA daemons as sidecars: run one in the foreground and say how it is.
+"""The node's NVIDIA daemons as sidecars: run one, watch it, and say how it is.
 
 The fabric manager (NVSwitch systems) and nvidia-persistenced run as native sidecars of the
 DaemonSet (init containers with ``restartPolicy: Always``, as GKE and NVIDIA run them now).
-Each sidecar is ``nvidia-driver-installer fabric-manager|persistenced``: it waits for the
-driver, then runs NVIDIA's daemon in the foreground (its output is the container's log) and
-keeps ``<install-dir>/daemons/<name>.json`` up to date: ``running`` with a heartbeat while it
-lives, ``exited`` with the exit status and the last lines of its output when it dies,
-``refused`` with the reason when it cannot start. The installer's readiness and ``doctor``
-read that file: another container of the pod cannot see the daemon's process, but it sees
-the install dir.
+Each sidecar is ``nvidia-driver-installer sidecar fabric-manager|persistenced``: it waits for
+the driver, then runs NVIDIA's daemon and keeps ``<install-dir>/daemons/<name>.json`` up to
+date: ``running`` with a heartbeat while it lives, ``exited`` with the exit status and the
+last lines of its output when it dies, ``refused`` with the reason when it cannot start. The
+installer's readiness and ``doctor`` read that file: another container of the pod cannot see
+the daemon's process, but it sees the install dir.
+
+The fabric manager runs in the foreground (``DAEMONIZE=0``, run_foreground). nvidia-persistenced
+has no foreground mode: it always forks, and its parent exits once the child has written its
+pid file (run_forking, forking.py); its messages go to syslog only, which the sidecar receives
+on ``/dev/log`` and writes to the container's log.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``sidecar fabric-manager`` and ``sidecar persistenced``: the DaemonSet's daemon sidecars.
 
-Each waits for the driver the install loads, then runs NVIDIA's daemon of that version in
-the foreground and keeps its state file (daemons.py) for the install's readiness and doctor.
+Each waits for the driver the install loads, then runs NVIDIA's daemon of that version (the
+fabric manager in the foreground, nvidia-persistenced forked and watched: forking.py) and
+keeps its state file (daemons.py) for the install's readiness and doctor.
 A sidecar that cannot start its daemon says why in the state file and exits 9, so the
 install fails with that cause instead of waiting out its deadline.
 """
@@ -126,10 +127,18 @@ def _refuse_nvlink5(missing: list[str]) -> None:
 
 @sidecar.command("persistenced", short_help="nvidia-persistenced.")
 @_options
-def persistenced(install_dir: Path, driver_wait_s: float, log_format: str) -> int:
-    """Wait for the driver, then run its nvidia-persistenced in the foreground: NVIDIA's
-    way to keep the GPUs initialised (580 calls `nvidia-smi -pm 1` deprecated)."""
-    from installer import daemons, sidecars
+@click.option("--start-wait", "start_wait_s", type=Seconds(open_min=True),
+              envvar="NVIDIA_PERSISTENCED_START_WAIT", default=120, show_default=True,
+              show_envvar=True, help="How long nvidia-persistenced may take to start (its "
+              "parent's exit and its pid file).")
+def persistenced(install_dir: Path, driver_wait_s: float, log_format: str,
+                 start_wait_s: float) -> int:
+    """Wait for the driver, then start its nvidia-persistenced (NVIDIA's way to keep the
+    GPUs initialised; 580 calls `nvidia-smi -pm 1` deprecated) as NVIDIA's systemd unit
+    does: it forks, and this sidecar watches its pid for as long as the pod lives, writing
+    its syslog messages to the container's log. It exits 9 with the reason when the daemon
+    fails to start or dies, so that the kubelet restarts it."""
+    from installer import daemons, forking, sidecars
     from installer.kernel import KernelState
     from installer.log import configure
 
@@ -144,4 +153,8 @@ def persistenced(install_dir: Path, driver_wait_s: float, log_format: str) -> in
         _refuse(install_dir, name, exc)
         raise
     env = {**kernel.seam_env(), "LD_LIBRARY_PATH": str(install_dir / "lib64")}
-    return daemons.run_foreground(install_dir, name, [binary, "--foreground", "--verbose"], env)
+    watch = forking.Watch(sidecars.PERSISTENCED_RUN_DIR / "nvidia-persistenced.pid",
+                          sidecars.PERSISTENCED_RUN_DIR / "socket", start_wait_s)
+    forking.become_subreaper()  # the forked daemon becomes our child: its exit status
+    return forking.run_forking(install_dir, name, sidecars.persistenced_argv(binary, install_dir),
+                               env, watch, kernel.dev_dir / "log")

@@ -2,7 +2,8 @@
 
 A sidecar starts with the pod, before the install has loaded the driver: it waits (bounded)
 for the loaded driver and for the daemon's files of that very version in the install dir,
-checks what the daemon needs, writes its config, then hands over to daemons.run_foreground.
+checks what the daemon needs, writes its config, then hands over to daemons.run_foreground
+(the fabric manager) or forking.run_forking (nvidia-persistenced, which always forks).
 """
 
 from __future__ import annotations
@@ -60,6 +61,20 @@ def persistenced_files(install_root: Path) -> Callable[[str], Path | None]:
         return binary if binary.is_file() else None
 
     return files_for
+
+
+# nvidia-persistenced's fixed runtime dir: pid file and RPC socket (nvpd_defs.h
+# NVPD_VAR_RUNTIME_DATA_PATH, NVIDIA/nvidia-persistenced).
+PERSISTENCED_RUN_DIR = Path("/var/run/nvidia-persistenced")
+
+
+def persistenced_argv(binary: Path, install_root: Path) -> list[str]:
+    """nvidia-persistenced's own options only (options.c, option-table.h): persistence mode
+    on for every GPU, verbose syslog (state changes too), and libnvidia-cfg.so.1 from the
+    install dir, which the node's ld cache does not know. No --user: the sidecar runs as
+    root and the device files are the driver's."""
+    return [str(binary), "--persistence-mode", "--verbose",
+            f"--nvidia-cfg-path={install_root / 'lib64'}"]
 
 
 def fabric_config(template: str, fm_dir: Path) -> str:

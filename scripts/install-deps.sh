@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=("$@")
 default=0
-((${#pkgs[@]})) || { default=1; pkgs=(makeself bubblewrap busybox-static cpio kmod util-linux gcc make python3-venv ca-certificates curl shellcheck); }
+((${#pkgs[@]})) || { default=1; pkgs=(makeself bubblewrap busybox-static cpio kmod util-linux gcc make python3-venv ca-certificates curl shellcheck libtirpc3); }
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -14,10 +14,12 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# NVIDIA's real nvidia-modprobe (Debian contrib, which the machine's apt config may not
-# enable) for the default run's fixture payload: fetched with a private apt config into
-# its cache (tests/fixtures/realmodprobe.py); /etc/apt is not touched.
+# NVIDIA's real nvidia-modprobe and nvidia-persistenced (Debian contrib, which the
+# machine's apt config may not enable) for the default run's fixture payload: fetched with
+# a private apt config into their caches (tests/fixtures/realmodprobe.py,
+# realpersistenced.py); /etc/apt is not touched. nvidia-persistenced needs libtirpc3.
 if ((default)); then
   cd "$(dirname "$0")/.."
   /usr/bin/python3 -m tests.fixtures.realmodprobe >/dev/null
+  /usr/bin/python3 -m tests.fixtures.realpersistenced >/dev/null
 fi
