@@ -168,8 +168,9 @@ def _refuse_nvlink5(missing: list[str]) -> None:
     if missing:
         raise VerifyError("NVLink5 node: the fabric cannot complete without "
                           + "; ".join(missing),
-                          hint="add what is missing to the node image (NVIDIA's NVLink5 "
-                          "prerequisites: nvlsm, mlx5_core, ib_umad), then restart the pod")
+                          hint="NVIDIA's NVLink5 prerequisites: the nvlsm package in this "
+                          "sidecar's image (or --nvlsm/--nvlsm-config), mlx5_core and ib_umad "
+                          "on the node; add what is missing, then restart the pod")
 
 
 @sidecar.command("persistenced", short_help="nvidia-persistenced.")

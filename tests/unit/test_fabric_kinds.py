@@ -267,3 +267,16 @@ def test_a_dead_or_zombie_pid_is_not_alive(tmp_path):
     assert sidecars.pid_alive(os.getpid(), tmp_path / "proc")  # no stat there: kill(0) says
     os.rename(proc, tmp_path / "proc" / str(os.getpid()))
     assert not sidecars.pid_alive(os.getpid(), tmp_path / "proc")
+
+
+def test_the_fake_nvlsm_takes_only_nvidias_options(tmp_path):
+    """The stand-in refuses what NVIDIA's start script does not pass, as OpenSM's getopt loop
+    sends anything else to show_usage (tests/fixtures/fabricmanager.py NVLSM)."""
+    import subprocess
+
+    from tests.fixtures import fabricmanager as fake_fm
+
+    binary, config = fake_fm.install_nvlsm(tmp_path)
+    res = subprocess.run([binary, "-F", config, "--foreground"], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 2 and "unrecognized option '--foreground'" in res.stdout
