@@ -58,10 +58,17 @@ def _refuse(install_dir: Path, name: str, exc: Exception) -> None:
               "as root with the host's /dev: every file path in it must lie inside the install "
               "dir, or the sidecar refuses it [default: the archive's, in the foreground, "
               "logging to stderr].")
+@click.option("--nvlsm", "nvlsm_binary", envvar="NVIDIA_NVLSM", show_envvar=True,
+              default="/opt/nvidia/nvlsm/sbin/nvlsm", show_default=True,
+              help="NVLink5 nodes: NVIDIA's NVLink subnet manager (the nvlsm package's path).")
+@click.option("--nvlsm-config", envvar="NVIDIA_NVLSM_CONFIG", show_envvar=True,
+              default="/usr/share/nvidia/nvlsm/nvlsm.conf", show_default=True,
+              help="NVLink5 nodes: nvlsm's config, as NVIDIA's start script passes it (-F).")
 def fabric_manager(install_dir: Path, driver_wait_s: float, log_format: str,
-                   config_file: Path | None) -> int:
+                   config_file: Path | None, nvlsm_binary: str, nvlsm_config: str) -> int:
     """Wait for the driver, then run nv-fabricmanager of exactly its version (fetched by the
-    install into <install-dir>/fabricmanager/<V>) until it exits."""
+    install into <install-dir>/fabricmanager/<V>) until it exits. On NVLink5 nodes nvlsm is
+    started first, as NVIDIA's nvidia-fabricmanager-start.sh does, and watched with it."""
     from installer import daemons, fabric, fabricmanager, sidecars
     from installer.kernel import KernelState
     from installer.log import configure
@@ -73,28 +80,69 @@ def fabric_manager(install_dir: Path, driver_wait_s: float, log_format: str,
     if not found.present:
         daemons.idle(install_dir, name, "no NVLink fabric on this node: no NVSwitch on the PCI "
                      "bus, no NVLink5 InfiniBand device (VPD with SW_MNG)")
+    guid = None
     try:
         daemons.write_state(install_dir, name, daemons.WAITING, "waiting for the driver")
         nvlink5 = found.kind == fabric.NVLINK5
-        if nvlink5:
-            _refuse_nvlink5(sidecars.nvlsm_missing())  # the image's: no use waiting
+        if nvlink5:  # the image's: no use waiting
+            _refuse_nvlink5(sidecars.nvlsm_missing(nvlsm_binary, nvlsm_config))
         version, fm_dir = sidecars.wait_for_driver(
             kernel, sidecars.fabric_manager_files(install_dir), name, driver_wait_s)
         if nvlink5:
-            _refuse_nvlink5(sidecars.nvlink5_missing(kernel))
-        config = config_file
-        if config is not None:  # the operator's, run by root with the host's /dev
-            fabricmanager.check_config(_read_config(config), install_dir)
-        else:
-            config = install_dir / daemons.STATE_DIR / "fabricmanager.cfg"
-            template = (fm_dir / "etc/fabricmanager.cfg").read_text(errors="replace")
-            config.write_text(sidecars.fabric_config(template, fm_dir))
+            _refuse_nvlink5(sidecars.nvlink5_missing(kernel, found.devices[0]))
+            guid = fabricmanager.port_guid(kernel.sys_dir, found.devices[0])
+        config = _fabric_config(install_dir, fm_dir, config_file)
     except Exception as exc:
         _refuse(install_dir, name, exc)
         raise
     env = {**kernel.seam_env(), "LD_LIBRARY_PATH": f"{fm_dir / 'lib'}:{install_dir / 'lib64'}"}
-    return daemons.run_foreground(install_dir, name,
-                                  [fm_dir / "bin/nv-fabricmanager", "-c", config], env)
+    argv = fabricmanager.fabric_manager_argv(fm_dir / "bin/nv-fabricmanager", config, guid)
+    if guid is None:
+        return daemons.run_foreground(install_dir, name, argv, env)
+    nvlsm = fabricmanager.nvlsm_argv(nvlsm_binary, nvlsm_config,
+                                     install_dir / daemons.STATE_DIR / "nvlsm.pid", guid)
+    return _run_with_nvlsm(install_dir, nvlsm, argv, env)
+
+
+def _fabric_config(install_dir: Path, fm_dir: Path, config_file: Path | None) -> Path:
+    from installer import daemons, fabricmanager, sidecars
+
+    if config_file is not None:  # the operator's, run by root with the host's /dev
+        fabricmanager.check_config(_read_config(config_file), install_dir)
+        return config_file
+    config = install_dir / daemons.STATE_DIR / "fabricmanager.cfg"
+    template = (fm_dir / "etc/fabricmanager.cfg").read_text(errors="replace")
+    config.write_text(sidecars.fabric_config(template, fm_dir))
+    return config
+
+
+def _run_with_nvlsm(install_dir: Path, nvlsm: list[str], argv: list[str],
+                    env: dict[str, str]) -> int:
+    """NVIDIA's order: nvlsm up (its pid file naming a live daemon, bounded), then the fabric
+    manager in the foreground; nvlsm dying ends the pod's sidecar (exit 9, named), and
+    however the fabric manager ends, nvlsm is stopped with it."""
+    from installer import daemons, sidecars
+    from installer.errors import VerifyError
+
+    name = daemons.FABRIC_MANAGER
+    state_dir = install_dir / daemons.STATE_DIR
+    try:
+        pid = sidecars.start_nvlsm(nvlsm, Path(nvlsm[nvlsm.index("--pid_file") + 1]), env,
+                                   state_dir / "nvlsm.log")
+    except Exception as exc:
+        _refuse(install_dir, name, exc)
+        raise
+    watch = sidecars.NvlsmWatch(pid)
+    try:
+        with watch:
+            rc = daemons.run_foreground(install_dir, name, argv, env)
+    except sidecars.NvlsmGone:
+        daemons.write_state(install_dir, name, daemons.EXITED, watch.died)
+        raise VerifyError(watch.died, hint="nvlsm's log (/var/log/nvlsm.log by its config) "
+                          "says why; the pod's sidecar restarts both") from None
+    finally:
+        sidecars.stop_pid(pid)
+    return rc
 
 
 def _read_config(path: Path) -> str:
@@ -121,8 +169,9 @@ def _refuse_nvlink5(missing: list[str]) -> None:
     if missing:
         raise VerifyError("NVLink5 node: the fabric cannot complete without "
                           + "; ".join(missing),
-                          hint="add what is missing to the node image (NVIDIA's NVLink5 "
-                          "prerequisites: nvlsm, mlx5_core, ib_umad), then restart the pod")
+                          hint="NVIDIA's NVLink5 prerequisites: the nvlsm package in this "
+                          "sidecar's image (or --nvlsm/--nvlsm-config), mlx5_core and ib_umad "
+                          "on the node; add what is missing, then restart the pod")
 
 
 @sidecar.command("persistenced", short_help="nvidia-persistenced.")

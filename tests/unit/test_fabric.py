@@ -88,16 +88,24 @@ def test_the_config_runs_in_the_foreground_logging_to_stderr(tmp_path):
 
 def test_nvlink5_names_what_is_missing(tmp_path):
     """gpu-driver-container ubuntu24.04/nvidia-driver _ensure_nvlink5_prerequisites
-    (mlx5_core, ib_umad) and _start_daemons (nvlsm): each one named."""
+    (mlx5_core, ib_umad), the umad device nvlsm binds through, the bridge port's GUID the start
+    script passes (-g), and nvlsm with its config (_start_daemons): each one named."""
     dev = tmp_path / "dev"
     dev.mkdir()
     kernel = KernelState(proc_dir=tmp_path / "proc", sys_dir=tmp_path / "sys", dev_dir=dev)
-    missing = sidecars.nvlink5_missing(kernel, which=lambda _: None)
+    missing = sidecars.nvlink5_missing(kernel, "mlx5_0")
     assert missing == ["the mlx5_core kernel module (modprobe mlx5_core)",
                        "the ib_umad kernel module (modprobe ib_umad)",
                        "/dev/infiniband/umad* device files",
-                       "nvlsm (NVIDIA's NVLink subnet manager) on PATH"]
-    assert sidecars.nvlsm_missing(which=lambda _: "/usr/bin/nvlsm") == []
+                       "the port GUID of mlx5_0 (/sys/class/infiniband/mlx5_0/ports/1/gids/0)"]
+    binary, config = tmp_path / "nvlsm", tmp_path / "nvlsm.conf"
+    assert sidecars.nvlsm_missing(str(binary), str(config)) == [
+        f"nvlsm (NVIDIA's NVLink subnet manager) at {binary}",
+        f"nvlsm's config {config} (the nvlsm package's)"]
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    config.write_text("")
+    assert sidecars.nvlsm_missing(str(binary), str(config)) == []
 
 
 def test_an_nvlink5_node_lacking_its_pieces_ends_the_sidecar_with_exit_9(tmp_path, monkeypatch,
@@ -109,8 +117,8 @@ def test_an_nvlink5_node_lacking_its_pieces_ends_the_sidecar_with_exit_9(tmp_pat
     missing = ["nvlsm (NVIDIA's NVLink subnet manager) on PATH"]
     monkeypatch.setattr(fabric, "detect", lambda _sys: fabric.Fabric(fabric.NVLINK5, ("mlx5_0",)))
     monkeypatch.setattr(sidecars, "wait_for_driver", lambda *_a, **_k: (V, tmp_path / "fm"))
-    monkeypatch.setattr(sidecars, "nvlsm_missing", lambda: [])
-    monkeypatch.setattr(sidecars, "nvlink5_missing", lambda _kernel: missing)
+    monkeypatch.setattr(sidecars, "nvlsm_missing", lambda _binary, _config: [])
+    monkeypatch.setattr(sidecars, "nvlink5_missing", lambda _kernel, _bridge: missing)
     with pytest.raises(SystemExit) as done:
         cli.main(["sidecar", "fabric-manager", "--install-dir", str(tmp_path),
                   "--log-format", "json"])

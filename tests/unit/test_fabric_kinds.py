@@ -9,11 +9,12 @@ so an HGX A100 reads N/A (shared/reference/anchors.md, "node shapes")."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
 
-from installer import fabric, fabric_steps, fabricmanager
+from installer import fabric, fabric_steps, fabricmanager, sidecars
 from installer.errors import UsageError, VerifyError
 from tests.fixtures.clock import Clock
 from tests.fixtures.kernel import NVSWITCH_LR10, NVSWITCH_LS10, FakeKernel
@@ -193,3 +194,89 @@ def test_the_sidecar_refuses_a_configmap_config_naming_a_host_path(tmp_path, mon
     assert "Traceback" not in err
     state = daemons.read_state(tmp_path / "install", daemons.FABRIC_MANAGER)
     assert state is not None and state.state == daemons.REFUSED
+
+
+# NVLink5: nvlsm as NVIDIA's nvidia-fabricmanager-start.sh starts it (fabricmanager.nvlsm_argv)
+
+
+def test_the_bridge_port_guid_is_gid_0s_interface_id_as_ibstat_prints_it(fake):
+    """libibumad umad_get_port: port_guid is GID 0's low 64 bits; ibstat prints 0x%016x."""
+    fake.add_nvlink5_bridge("mlx5_2")
+    assert fabricmanager.port_guid(fake.sys_dir, "mlx5_2") == "0x7425540300353de9"
+    assert fabricmanager.port_guid(fake.sys_dir, "mlx5_9") is None
+    gid = fake.sys_dir / "class/infiniband/mlx5_2/ports/1/gids/0"
+    gid.write_text("fe80::7425:5403:35:3de9\n")  # not sysfs's form: refused, never guessed
+    assert fabricmanager.port_guid(fake.sys_dir, "mlx5_2") is None
+
+
+def test_nvlsm_and_the_fabric_manager_get_exactly_nvidias_options(tmp_path):
+    """A B300 node's processes under nvidia-fabricmanager-start.sh: nvlsm -F <conf> -B
+    --pid_file <pid> -g <GUID>; nv-fabricmanager -c <cfg> -g <GUID>. Without a GUID (NVSwitch
+    gen 2/3) the fabric manager gets -c only, as gpu-driver-container runs it."""
+    pid = tmp_path / "nvlsm.pid"
+    assert fabricmanager.nvlsm_argv("/opt/nvidia/nvlsm/sbin/nvlsm", "/c", pid, "0x1") == [
+        "/opt/nvidia/nvlsm/sbin/nvlsm", "-F", "/c", "-B", "--pid_file", str(pid), "-g", "0x1"]
+    fm = tmp_path / "nv-fabricmanager"
+    assert fabricmanager.fabric_manager_argv(fm, tmp_path / "f.cfg", "0x1") == [
+        str(fm), "-c", str(tmp_path / "f.cfg"), "-g", "0x1"]
+    assert fabricmanager.fabric_manager_argv(fm, tmp_path / "f.cfg", None) == [
+        str(fm), "-c", str(tmp_path / "f.cfg")]
+
+
+def _launcher(tmp_path, body: str) -> list[str]:
+    script = tmp_path / "nvlsm"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return [str(script)]
+
+
+def test_nvlsm_whose_pid_file_never_names_a_live_daemon_fails_within_the_bound(tmp_path):
+    """The launcher returned 0 (daemonize() exits 0 before binding) but no daemon runs: the
+    wait ends at NVLSM_START_S on the fake clock, naming nvlsm and its last output."""
+    clock = Clock()
+    argv = _launcher(tmp_path, "echo 'Perhaps another instance of OpenSM is already running'\n")
+    with pytest.raises(VerifyError) as exc:
+        sidecars.start_nvlsm(argv, tmp_path / "nvlsm.pid", {}, tmp_path / "nvlsm.log",
+                             clock=clock, sleep=clock.sleep)
+    assert clock.now >= sidecars.NVLSM_START_S
+    assert exc.value.message == (
+        f"nvlsm wrote no live pid to {tmp_path / 'nvlsm.pid'} within 30s: Perhaps another "
+        "instance of OpenSM is already running")
+
+
+def test_nvlsm_refusing_its_options_is_named_at_once(tmp_path):
+    clock = Clock()
+    argv = _launcher(tmp_path, "echo \"nvlsm: unrecognized option '$1'\"; exit 2\n")
+    with pytest.raises(VerifyError) as exc:
+        sidecars.start_nvlsm([*argv, "--foo"], tmp_path / "nvlsm.pid", {},
+                             tmp_path / "nvlsm.log", clock=clock, sleep=clock.sleep)
+    assert clock.now == 0
+    assert exc.value.message == ("nvlsm exited with status 2 within 30s: nvlsm: unrecognized "
+                                 "option '--foo'")
+
+
+def test_a_dead_or_zombie_pid_is_not_alive(tmp_path):
+    import subprocess
+
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert not sidecars.pid_alive(child.pid)
+    proc = tmp_path / "proc" / "4242"
+    proc.mkdir(parents=True)
+    (proc / "stat").write_text("4242 (nv lsm) Z 1 4242 4242 0 -1\n")
+    assert sidecars.pid_alive(os.getpid(), tmp_path / "proc")  # no stat there: kill(0) says
+    os.rename(proc, tmp_path / "proc" / str(os.getpid()))
+    assert not sidecars.pid_alive(os.getpid(), tmp_path / "proc")
+
+
+def test_the_fake_nvlsm_takes_only_nvidias_options(tmp_path):
+    """The stand-in refuses what NVIDIA's start script does not pass, as OpenSM's getopt loop
+    sends anything else to show_usage (tests/fixtures/fabricmanager.py NVLSM)."""
+    import subprocess
+
+    from tests.fixtures import fabricmanager as fake_fm
+
+    binary, config = fake_fm.install_nvlsm(tmp_path)
+    res = subprocess.run([binary, "-F", config, "--foreground"], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 2 and "unrecognized option '--foreground'" in res.stdout
