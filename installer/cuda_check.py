@@ -23,7 +23,8 @@ import structlog
 from installer import cuda_probe, gpus
 from installer.errors import VerifyError
 from installer.kernel import KernelState
-from installer.runner import CommandError, Runner
+from installer.runner import CommandError, Runner, tail
+from installer.visible import visible
 
 log = structlog.get_logger(__name__)
 
@@ -124,6 +125,29 @@ def explain(call: str, rc: int | None, name: str = "") -> tuple[str, str]:
     return f"CUDA check: {call} returned {rc} {known.name}: {known.cause}", known.fix
 
 
+def probe_argv(libcuda: Path) -> list[str]:
+    """The probe in a pid namespace of its own, its output bounded (cuda_probe.bounded):
+    killed with the Runner's process group, it takes every child with it."""
+    return ["unshare", "--pid", "--fork", "--kill-child", "--", sys.executable, "-I",
+            cuda_probe.__file__, "--bounded", str(libcuda), str(ROUND_TRIP_BYTES)]
+
+
+def checked_file(lib64: Path) -> Path:
+    """The file ``libcuda.so.1`` leads to (a name beside it, one link at most): the file
+    whose digest the install's record holds (cache.LOADER_LINKS), which the probe loads by
+    its own path; VerifyError when the link leads anywhere else."""
+    libcuda = lib64 / LIBCUDA
+    if not libcuda.is_symlink():
+        return libcuda
+    target = os.readlink(libcuda)
+    real = lib64 / target
+    if "/" in target or real.is_symlink() or not real.is_file():
+        raise VerifyError(f"CUDA check: {libcuda} leads to {visible(target)!r}, not to a "
+                          "file beside it", path=str(libcuda),
+                          hint="re-run install to put the driver's libraries back")
+    return real
+
+
 def check(lib64: Path, kernel: KernelState, runner: Runner, on_bus: Sequence[gpus.PciGpu], *,
           deadline_s: float = DEFAULT_DEADLINE_S) -> CudaResult:
     """cuInit, the device count, a context and a memory round trip per GPU; VerifyError
@@ -132,7 +156,7 @@ def check(lib64: Path, kernel: KernelState, runner: Runner, on_bus: Sequence[gpu
     if not libcuda.exists():
         raise VerifyError(f"CUDA check: {libcuda} is missing", path=str(libcuda),
                           hint="re-run install to put the driver's libraries back")
-    argv = [sys.executable, "-I", cuda_probe.__file__, str(libcuda), str(ROUND_TRIP_BYTES)]
+    argv = probe_argv(checked_file(lib64))
     try:
         res = runner.run(argv, timeout=deadline_s)
         doc = json.loads(res.stdout.strip().splitlines()[-1])
@@ -143,8 +167,9 @@ def check(lib64: Path, kernel: KernelState, runner: Runner, on_bus: Sequence[gpu
                 "context hangs), the check was stopped",
                 hint="a hung GPU needs a reset or a reboot: run `nvidia-driver-installer "
                 "doctor` for Xid lines in the kernel log", path=str(libcuda)) from exc
+        said = " | ".join(visible(ln) for ln in tail(exc.stdout + exc.stderr, 2).splitlines())
         raise VerifyError(f"CUDA check: the child died ({exc.reason}): "
-                          f"{exc.stderr_tail(2) or '(no output)'}", path=str(libcuda),
+                          f"{said or '(no output)'}", path=str(libcuda),
                           hint="read the kernel log for NVIDIA Xid lines") from exc
     except (IndexError, ValueError, AttributeError) as exc:
         raise VerifyError("CUDA check: the child printed no result", path=str(libcuda),
@@ -156,6 +181,11 @@ def judge(doc: dict, expected: list[str]) -> CudaResult:
     """Read the child's JSON line: its error, the device count against the GPUs the PCI bus
     has, every round trip."""
     error = doc.get("error")
+    if isinstance(error, dict) and error.get("rc") is None and error.get("text"):
+        raise VerifyError(f"CUDA check: {visible(str(error.get('call')))} failed: "
+                          f"{visible(str(error['text']))}", cuda_error=error,
+                          hint="the install's libcuda.so.1 is not the driver's own: re-run "
+                          "install to put the driver's libraries back")
     if isinstance(error, dict):
         message, fix = explain(str(error.get("call")), error.get("rc"), str(error.get("name", "")))
         hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
