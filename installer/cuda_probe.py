@@ -22,6 +22,7 @@ never a traceback.
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -120,7 +121,8 @@ def run(argv: list) -> int:
     try:
         return main(argv)
     except AttributeError as exc:
-        symbol = str(exc).rsplit(":", 1)[-1].strip()
+        found = re.search(r"undefined symbol: ([\w.@]+)", str(exc))
+        symbol = found.group(1) if found else "an entry point"
         text = f"{argv[1]} has no {symbol} (undefined symbol): not a whole libcuda"
         error = {"call": "dlsym", "rc": None, "name": "", "text": text}
         print(json.dumps({"ok": False, "count": None, "devices": [], "error": error}),
