@@ -184,8 +184,8 @@ def judge(doc: dict, expected: list[str]) -> CudaResult:
     if isinstance(error, dict) and error.get("rc") is None and error.get("text"):
         raise VerifyError(f"CUDA check: {visible(str(error.get('call')))} failed: "
                           f"{visible(str(error['text']))}", cuda_error=error,
-                          hint="the install's libcuda.so.1 is not the driver's own: re-run "
-                          "install to put the driver's libraries back")
+                          hint="the install's libcuda.so.1 cannot be loaded as it is: "
+                          "re-run install to put the driver's libraries back")
     if isinstance(error, dict):
         message, fix = explain(str(error.get("call")), error.get("rc"), str(error.get("name", "")))
         hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
