@@ -30,6 +30,9 @@ from installer.kernel import KernelState
 from installer.runner import CommandResult, Runner
 from tests.attacks.conftest import event_names, outcome
 
+# The probe runs in a pid namespace of its own (unshare --pid): root, as the installer is.
+pytestmark = pytest.mark.chroot
+
 PLANTED = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,7 +87,6 @@ def _shared_object(out: Path, source: str, *defines: str) -> Path:
     return out
 
 
-@pytest.mark.chroot
 def test_a_planted_libcuda_link_is_no_cache_hit(ubuntu, tmp_path):
     """The record names lib64/libcuda.so.1 as a link to the hashed libcuda.so.<V>: a
     regular file in its place makes the cache broken, the driver is installed again, and
