@@ -24,7 +24,7 @@ from installer import cuda_probe, gpus
 from installer.errors import VerifyError
 from installer.kernel import KernelState
 from installer.runner import CommandError, Runner, tail
-from installer.visible import visible
+from installer.visible import visible as escaped  # `visible`: CUDA_VISIBLE_DEVICES' values
 
 log = structlog.get_logger(__name__)
 
@@ -142,7 +142,7 @@ def checked_file(lib64: Path) -> Path:
     target = os.readlink(libcuda)
     real = lib64 / target
     if "/" in target or real.is_symlink() or not real.is_file():
-        raise VerifyError(f"CUDA check: {libcuda} leads to {visible(target)!r}, not to a "
+        raise VerifyError(f"CUDA check: {libcuda} leads to {escaped(target)!r}, not to a "
                           "file beside it", path=str(libcuda),
                           hint="re-run install to put the driver's libraries back")
     return real
@@ -167,7 +167,7 @@ def check(lib64: Path, kernel: KernelState, runner: Runner, on_bus: Sequence[gpu
                 "context hangs), the check was stopped",
                 hint="a hung GPU needs a reset or a reboot: run `nvidia-driver-installer "
                 "doctor` for Xid lines in the kernel log", path=str(libcuda)) from exc
-        said = " | ".join(visible(ln) for ln in tail(exc.stdout + exc.stderr, 2).splitlines())
+        said = " | ".join(escaped(ln) for ln in tail(exc.stdout + exc.stderr, 2).splitlines())
         raise VerifyError(f"CUDA check: the child died ({exc.reason}): "
                           f"{said or '(no output)'}", path=str(libcuda),
                           hint="read the kernel log for NVIDIA Xid lines") from exc
@@ -182,8 +182,8 @@ def judge(doc: dict, expected: list[str]) -> CudaResult:
     has, every round trip."""
     error = doc.get("error")
     if isinstance(error, dict) and error.get("rc") is None and error.get("text"):
-        raise VerifyError(f"CUDA check: {visible(str(error.get('call')))} failed: "
-                          f"{visible(str(error['text']))}", cuda_error=error,
+        raise VerifyError(f"CUDA check: {escaped(str(error.get('call')))} failed: "
+                          f"{escaped(str(error['text']))}", cuda_error=error,
                           hint="the install's libcuda.so.1 cannot be loaded as it is: "
                           "re-run install to put the driver's libraries back")
     if isinstance(error, dict):
