@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import errno
 import os
+import posixpath
+import re
 import stat
 import time
 from collections.abc import Mapping
@@ -43,6 +45,13 @@ MAX_FILE_BYTES = 1 << 30
 MAX_HASHED_BYTES = 4 << 30  # all of a record's files together (a real install: ~0.3 GB)
 # A record without hashes (written by GKE's installers) is trusted only if these exist.
 REQUIRED_FILES = ("drivers/nvidia.ko", "bin/nvidia-smi", "lib64/libnvidia-ml.so.1")
+# The links the loader follows to a hashed file: the CUDA check and NVML load these names
+# (cuda_check.LIBCUDA; nvidia-smi's DT_NEEDED). Each must stay a link to a file whose digest
+# the record holds: a planted .so in its place would run as root at the next cache hit.
+LOADER_LINKS = ("lib64/libcuda.so.1", "lib64/libnvidia-ml.so.1")
+LINK_DIRS = ("lib64", "bin")  # every link here is recorded with its target (soname links)
+# A link target the record can hold: the jail chose it, and the record is shell-quoted text.
+_SAFE_TARGET = re.compile(r"[A-Za-z0-9._+-][A-Za-z0-9._+/-]*")
 
 
 # CACHE_FLAVOR, the record's one word for (source, module type): the spelling every
@@ -90,6 +99,9 @@ class CacheRecord:
     source: ModuleSource | None
     module_type: str | None  # "open" | "proprietary"
     file_hashes: dict[str, str] = field(default_factory=dict)
+    # Every link under LINK_DIRS when written, rel -> its target; None: a record written
+    # before links were recorded (only LOADER_LINKS are then checked).
+    file_links: dict[str, str] | None = None
     fields: dict[str, str] = field(default_factory=dict)
     # The stat signature of each hashed file when the record was written, and the
     # record file's own mtime (set by read()): see check_files' fast path.
@@ -109,8 +121,12 @@ class CacheRecord:
             parts = item.rsplit(":", 4)
             if len(parts) == 5 and parts[0] and all(p.isdigit() for p in parts[1:]):
                 stats[parts[0]] = tuple(int(p) for p in parts[1:])
+        links = None
+        if "CACHE_FILE_LINKS" in f:
+            links = dict(item.partition(":")[::2] for item in f["CACHE_FILE_LINKS"].split())
         source, module_type = _modules_of(f)
         return cls(
+            file_links=links,
             driver_version=f.get("CACHE_NVIDIA_DRIVER_VERSION") or f.get("DRIVER_VERSION"),
             kernel_release=f.get("CACHE_KERNEL_VERSION"),
             build_id=f.get("CACHE_BUILD_ID") or f.get("BUILD_ID"),
@@ -156,6 +172,63 @@ def hashed_files(install_dir: Path) -> list[str]:
     return rels
 
 
+def links(install_dir: Path) -> dict[str, str]:
+    """Every link under LINK_DIRS, rel -> target (those a record can hold)."""
+    found = {}
+    for top in LINK_DIRS:
+        for path in sorted((install_dir / top).rglob("*")):
+            if path.is_symlink():
+                rel, target = path.relative_to(install_dir).as_posix(), os.readlink(path)
+                if _SAFE_TARGET.fullmatch(rel) and _SAFE_TARGET.fullmatch(target):
+                    found[rel] = target
+    return found
+
+
+def _read_link(install_dir: Path, rel: str) -> str | None:
+    """The target of the link ``rel`` (no link followed on the way); None when ``rel`` is
+    absent, OSError(EINVAL) when it is not a link."""
+    parent, _, name = rel.rpartition("/")
+    try:
+        fd = open_beneath(install_dir, parent)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.readlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def check_links(record: CacheRecord, install_dir: Path) -> str | None:
+    """Why the links the loader follows cannot be trusted (None when they can): each
+    recorded link still leads where it did, no link was added, and LOADER_LINKS lead to a
+    file the record hashes."""
+    recorded = record.file_links or {}
+    wanted = {**{rel: "" for rel in LOADER_LINKS}, **recorded}
+    for rel, target in wanted.items():
+        try:
+            check_layout_path(rel, "link entry")
+            now = _read_link(install_dir, rel)
+        except ValueError as exc:
+            return f"the record is unusable: {exc}"
+        except OSError as exc:
+            what = "is no longer a link" if exc.errno == errno.EINVAL else "cannot be read"
+            return f"{rel} {what}" if exc.errno != errno.ELOOP else f"{rel} lies under a link"
+        if now is None:
+            if rel in recorded:
+                return f"{rel} is missing"
+            continue
+        if target and now != target:
+            return f"{rel} now leads to {now!r}, not {target!r}"
+        if rel in LOADER_LINKS and posixpath.join(posixpath.dirname(rel), now) not in (
+                record.file_hashes):
+            return f"{rel} leads to {now!r}, a file the record does not hash"
+    if record.file_links is not None and (added := set(links(install_dir)) - set(recorded)):
+        return f"{sorted(added)[0]} is a link the record does not name"
+    return None
+
+
 def read(cache_file: Path) -> CacheRecord | None:
     """The record, or None when there is none or it is unusable (a FIFO, a device, a
     directory, a huge file, a symlink loop: logged, and the next install replaces it)."""
@@ -196,6 +269,8 @@ def check_files(record: CacheRecord, install_dir: Path) -> str | None:
             if not (install_dir / rel).exists():
                 return f"{rel} is missing"
         return None
+    if (why := check_links(record, install_dir)) is not None:
+        return why
     budget = MAX_HASHED_BYTES
     for rel, digest in record.file_hashes.items():
         # The record is hostile input too: only the install's own files are hashed, never
@@ -246,6 +321,7 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
         return sha if size == signatures[rel][0] else sha256_file(install_dir / rel)
 
     hashes = " ".join(f"{rel}:{digest(rel)}" for rel in rels)
+    linked = " ".join(f"{rel}:{target}" for rel, target in links(install_dir).items())
     flavor = _FLAVORS[(key.source or ModuleSource.COMPILED, key.module_type or "proprietary")]
     # No comment line: cos-gpu-installer v2's reader rejects lines without '='.
     lines = [
@@ -262,6 +338,7 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
         f"CACHE_INSTALLED_AT={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
         f"CACHE_FILE_SHA256='{hashes}'",
         f"CACHE_FILE_STAT='{stats}'",
+        f"CACHE_FILE_LINKS='{linked}'",
         *key.compat_lines,
     ]
     write_record(cache_file, "\n".join(lines) + "\n")

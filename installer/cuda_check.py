@@ -34,7 +34,8 @@ import structlog
 from installer import cuda_probe, gpu_modes, gpus
 from installer.errors import VerifyError
 from installer.kernel import KernelState
-from installer.runner import CommandError, Runner
+from installer.runner import CommandError, Runner, tail
+from installer.visible import visible as escaped  # `visible`: CUDA_VISIBLE_DEVICES' values
 
 log = structlog.get_logger(__name__)
 
@@ -159,6 +160,29 @@ def explain(call: str, rc: int | None, name: str = "") -> tuple[str, str]:
     return f"CUDA check: {call} returned {rc} {known.name}: {known.cause}", known.fix
 
 
+def probe_argv(libcuda: Path) -> list[str]:
+    """The probe in a pid namespace of its own, its output bounded (cuda_probe.bounded):
+    killed with the Runner's process group, it takes every child with it."""
+    return ["unshare", "--pid", "--fork", "--kill-child", "--", sys.executable, "-I",
+            cuda_probe.__file__, "--bounded", str(libcuda), str(ROUND_TRIP_BYTES)]
+
+
+def checked_file(lib64: Path) -> Path:
+    """The file ``libcuda.so.1`` leads to (a name beside it, one link at most): the file
+    whose digest the install's record holds (cache.LOADER_LINKS), which the probe loads by
+    its own path; VerifyError when the link leads anywhere else."""
+    libcuda = lib64 / LIBCUDA
+    if not libcuda.is_symlink():
+        return libcuda
+    target = os.readlink(libcuda)
+    real = lib64 / target
+    if "/" in target or real.is_symlink() or not real.is_file():
+        raise VerifyError(f"CUDA check: {libcuda} leads to {escaped(target)!r}, not to a "
+                          "file beside it", path=str(libcuda),
+                          hint="re-run install to put the driver's libraries back")
+    return real
+
+
 def check(lib64: Path, kernel: KernelState, runner: Runner, on_bus: Sequence[gpus.PciGpu], *,
           deadline_s: float = DEFAULT_DEADLINE_S) -> CudaResult:
     """cuInit, the device count, a context and a memory round trip per CUDA device (each
@@ -168,7 +192,7 @@ def check(lib64: Path, kernel: KernelState, runner: Runner, on_bus: Sequence[gpu
     if not libcuda.exists():
         raise VerifyError(f"CUDA check: {libcuda} is missing", path=str(libcuda),
                           hint="re-run install to put the driver's libraries back")
-    probe = _Probe(libcuda, runner, deadline_s, lib64.parent / "bin/nvidia-smi",
+    probe = _Probe(checked_file(lib64), runner, deadline_s, lib64.parent / "bin/nvidia-smi",
                    {"LD_LIBRARY_PATH": str(lib64)})
     expected = expected_gpus(kernel, on_bus)
     modes = gpu_modes.query_modes(runner, probe.smi, probe.smi_env)
@@ -208,8 +232,7 @@ class _Probe:
 
     def child(self, visible: str | None) -> dict:
         """One run of cuda_probe.py (CUDA_VISIBLE_DEVICES=``visible`` when given)."""
-        argv = [sys.executable, "-I", cuda_probe.__file__, str(self.libcuda),
-                str(ROUND_TRIP_BYTES)]
+        argv = probe_argv(self.libcuda)
         env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else None
         try:
             res = self.runner.run(argv, timeout=self.deadline_s, env=env)
@@ -221,8 +244,10 @@ class _Probe:
                     "or a context hangs), the check was stopped",
                     hint="a hung GPU needs a reset or a reboot: run `nvidia-driver-installer "
                     "doctor` for Xid lines in the kernel log", path=str(self.libcuda)) from exc
+            said = " | ".join(escaped(ln)
+                              for ln in tail(exc.stdout + exc.stderr, 2).splitlines())
             raise VerifyError(f"CUDA check: the child died ({exc.reason}): "
-                              f"{exc.stderr_tail(2) or '(no output)'}", path=str(self.libcuda),
+                              f"{said or '(no output)'}", path=str(self.libcuda),
                               hint="read the kernel log for NVIDIA Xid lines") from exc
         except (IndexError, ValueError, AttributeError) as exc:
             raise VerifyError("CUDA check: the child printed no result", path=str(self.libcuda),
@@ -298,6 +323,11 @@ def judge(doc: dict, expected: list[str]) -> CudaResult:
     """Read the child's JSON line: its error, the device count against the GPUs the PCI bus
     has, every round trip."""
     error = doc.get("error")
+    if isinstance(error, dict) and error.get("rc") is None and error.get("text"):
+        raise VerifyError(f"CUDA check: {escaped(str(error.get('call')))} failed: "
+                          f"{escaped(str(error['text']))}", cuda_error=error,
+                          hint="the install's libcuda.so.1 cannot be loaded as it is: "
+                          "re-run install to put the driver's libraries back")
     if isinstance(error, dict):
         message, fix = explain(str(error.get("call")), error.get("rc"), str(error.get("name", "")))
         hidden = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -9,14 +9,28 @@ trip (cuMemAlloc, cuMemsetD8, cuMemcpyDtoH, compare, cuMemFree, cuCtxDestroy). T
 their ``_v2`` names are those of NVIDIA's cuda.h (the names libcuda exports for the 64-bit API);
 the sequence is the probe that ran on a real H100, shared/reference/gpu-node/cudacheck.py
 (0.29-0.41 s in all there). Prints one JSON line; the exit status is 0 whenever it printed.
+
+``cuda_probe.py --bounded LIB BYTES`` is how the installer starts it: as pid 1 of a pid
+namespace of its own (``unshare --pid --fork --kill-child``, cuda_check.probe_argv), it runs
+the probe as its child and prints only the last OUTPUT_MAX_BYTES of what the probe and
+libcuda printed; when it exits, or is killed with the Runner's process group, the kernel
+kills everything left in the namespace, a child that left the session (setsid) included.
+A libcuda without an entry point the probe calls is a JSON error too (``call: dlsym``),
+never a traceback.
 """
 
 import ctypes
 import json
+import os
+import re
+import subprocess
 import sys
+import threading
 import time
 
 PATTERN = 0xA5
+OUTPUT_MAX_BYTES = 64 << 10  # the JSON line is well under 4 KiB per GPU
+DRAIN_S = 1.0  # after the probe exits: what a child still holding the pipe may add
 
 
 def main(argv: list) -> int:
@@ -101,5 +115,44 @@ def round_trip(cuda: ctypes.CDLL, index: int, size: int, device: dict) -> tuple 
     return None
 
 
+def run(argv: list) -> int:
+    """``main``, with an entry point libcuda lacks (ctypes' AttributeError: ``…: undefined
+    symbol: cuDeviceGet``) answered as the probe's JSON error."""
+    try:
+        return main(argv)
+    except AttributeError as exc:
+        found = re.search(r"undefined symbol: ([\w.@]+)", str(exc))
+        symbol = found.group(1) if found else "an entry point"
+        text = f"{argv[1]} has no {symbol} (undefined symbol): not a whole libcuda"
+        error = {"call": "dlsym", "rc": None, "name": "", "text": text}
+        print(json.dumps({"ok": False, "count": None, "devices": [], "error": error}),
+              flush=True)
+        return 0
+
+
+def bounded(argv: list) -> int:
+    """The probe as a child, its stdout and stderr together kept to their last
+    OUTPUT_MAX_BYTES, printed once it exits; its exit status (128+N for a signal)."""
+    child = subprocess.Popen([sys.executable, "-I", __file__, *argv],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL)
+    kept = bytearray()
+
+    def drain() -> None:
+        while chunk := os.read(child.stdout.fileno(), 1 << 16):
+            kept.extend(chunk)
+            del kept[:-OUTPUT_MAX_BYTES]
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    rc = child.wait()
+    reader.join(DRAIN_S)  # a child of the probe holding the pipe: not waited for
+    sys.stdout.buffer.write(bytes(kept[-OUTPUT_MAX_BYTES:]))
+    sys.stdout.flush()
+    return rc if rc >= 0 else 128 - rc
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    if sys.argv[1:2] == ["--bounded"]:
+        sys.exit(bounded(sys.argv[2:]))
+    sys.exit(run(sys.argv))

@@ -7,9 +7,11 @@ import re
 from pathlib import Path
 
 from installer import xid
+from installer.harvest import read_tail
 from installer.installdir import InstallDir
 from installer.kernel import KernelState
 from installer.runner import CommandError, Runner
+from installer.visible import visible
 
 # Failure classes where the kernel's own log usually says why.
 KERNEL_LOG_CLASSES = {"module_load", "verify", "secure_boot", "build", "internal"}
@@ -36,7 +38,9 @@ def installer_log_tail(install: InstallDir, since_wall: float) -> list[str]:
     if not fresh:
         return []
     path = max(fresh)[1]
-    lines = path.read_text(errors="replace").rstrip().splitlines()[-TAIL_LINES:]
+    # A tail, never the whole: the jail may have printed 200 MiB; each line made visible
+    # (names and lines NVIDIA's code chose go into the final event and status.json).
+    lines = [visible(ln) for ln in read_tail(path).rstrip().splitlines()[-TAIL_LINES:]]
     return [f"({path.name})", *lines]
 
 

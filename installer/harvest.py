@@ -7,27 +7,40 @@ path is opened one component at a time with O_NOFOLLOW from a directory we hold,
 only regular files, directories and links that stay inside the moved tree are taken;
 anything else (a link out, a device, a FIFO, a socket) is refused, and the install
 with it.
+
+What is taken gets modes we choose, not the jail's (``chosen_mode``): 0755 for what has an
+execute bit and for dirs, 0644 for the rest; never setuid, setgid, sticky or
+world-writable. NVIDIA's own installer makes nvidia-modprobe setuid root
+(NVIDIA/nvidia-modprobe nvidia-modprobe.c: "a small setuid utility for loading the NVIDIA
+kernel module and creating NVIDIA device files"); here it is not: this installer runs it
+as root itself to make every device file (devnodes.py, the activate step) before a
+workload starts, and the install dir is a hostPath mounted into GPU pods, where a
+setuid-root binary would hand root to any process that can exec it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import posixpath
 import stat
 from pathlib import Path
 
+from installer.visible import visible
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH = 32  # NVIDIA's deepest harvested dir is 2 below its top
 COPY_CHUNK = 1 << 20
+# What the jail printed is read only as its last bytes: a jail printing 200 MiB must not
+# take the installer's memory with it (issue 39 J5); its errors are at the end.
+TAIL_BYTES = 256 << 10
 
 
 class Refused(Exception):
     """An entry the jail left that we will not take (``where`` names it in the jail)."""
 
     def __init__(self, where: str, what: str) -> None:
-        super().__init__(f"{where} is {what}")
+        super().__init__(visible(f"{where} is {what}"))  # names the jail chose
 
 
 def _kind(mode: int) -> str:
@@ -70,6 +83,27 @@ def check_owned(fd: int, where: str) -> None:
         raise Refused(where, f"owned by uid {st.st_uid}, not by us")
 
 
+def chosen_mode(mode: int) -> int:
+    """The mode a harvested file gets: 0755 when the jail left any execute bit, else
+    0644 (no setuid, setgid, sticky or group/world-writable bit survives)."""
+    return 0o755 if mode & 0o111 else 0o644
+
+
+def _take_file(name: str, src: int, dst: int) -> None:
+    """Move the regular file ``name`` from dir ``src`` to dir ``dst`` with a mode we chose
+    (set on the open file, before the move: never through a path a link could swap)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                 dir_fd=src)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(name, _kind(st.st_mode))
+        os.fchmod(fd, chosen_mode(st.st_mode))
+    finally:
+        os.close(fd)
+    os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)
+
+
 def _is_whiteout(st: os.stat_result) -> bool:
     """overlayfs's mark of a deleted lower file: nothing to take."""
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
@@ -85,6 +119,20 @@ def _link_stays_inside(target: str, rel_dir: str) -> bool:
     return resolved != ".." and not resolved.startswith("../")
 
 
+def _make_dir(name: str, dst: int) -> None:
+    """The dir ``name`` in ``dst``, 0755 whatever the umask (an existing one is checked
+    to be a dir where it is opened)."""
+    try:
+        os.mkdir(name, 0o755, dir_fd=dst)
+    except FileExistsError:
+        return
+    fd = os.open(name, DIR_FLAGS, dir_fd=dst)
+    try:
+        os.fchmod(fd, 0o755)
+    finally:
+        os.close(fd)
+
+
 def move_tree(src: int, dst: int, where: str, rel_dir: str = "", depth: int = 0) -> int:
     """Move everything under the dir ``src`` into the dir ``dst`` (both fds, kept open by
     the caller), keeping sub-dirs; whiteouts are skipped. The count of entries moved."""
@@ -95,8 +143,7 @@ def move_tree(src: int, dst: int, where: str, rel_dir: str = "", depth: int = 0)
         st = os.stat(name, dir_fd=src, follow_symlinks=False)
         here = f"{where}/{name}"
         if stat.S_ISDIR(st.st_mode):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o755, dir_fd=dst)
+            _make_dir(name, dst)
             sub_src = os.open(name, DIR_FLAGS, dir_fd=src)
             try:
                 sub_dst = _sub_dir(dst, name, f"{where} (destination)")
@@ -111,9 +158,11 @@ def move_tree(src: int, dst: int, where: str, rel_dir: str = "", depth: int = 0)
                 os.close(sub_dst)
         elif _is_whiteout(st):
             continue
-        elif stat.S_ISREG(st.st_mode) or (
-                stat.S_ISLNK(st.st_mode)
-                and _link_stays_inside(os.readlink(name, dir_fd=src), rel_dir)):
+        elif stat.S_ISREG(st.st_mode):
+            _take_file(name, src, dst)
+            count += 1
+        elif stat.S_ISLNK(st.st_mode) and _link_stays_inside(os.readlink(name, dir_fd=src),
+                                                             rel_dir):
             os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)  # moves a link, never follows
             count += 1
         elif stat.S_ISLNK(st.st_mode):
@@ -138,7 +187,7 @@ def move_files(root: Path, rel: str, names: tuple[str, ...], dest: Path) -> list
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     raise Refused(f"/{rel}/{name}", _kind(st.st_mode))
-                os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)
+                _take_file(name, src, dst)
                 moved.append(name)
         finally:
             os.close(dst)
@@ -196,3 +245,17 @@ def copy_regular(root: Path | str, rel: str, dest: Path) -> bool:
         while chunk := src.read(COPY_CHUNK):
             out.write(chunk)
     return True
+
+
+def read_tail(path: Path, max_bytes: int = TAIL_BYTES) -> str:
+    """The last ``max_bytes`` of ``path`` as text ("" when it is absent), its first,
+    likely cut, line dropped when the file is longer."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            data = f.read(max_bytes)
+    except (FileNotFoundError, IsADirectoryError):
+        return ""
+    text = data.decode(errors="replace")
+    return text.partition("\n")[2] if size > max_bytes else text

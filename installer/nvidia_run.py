@@ -27,6 +27,7 @@ from installer.nvidia_urls import named_version, run_file_name
 from installer.runner import CommandError, Runner, tail
 from installer.sandbox import SandboxSpec, write_spec
 from installer.values import is_driver_version
+from installer.visible import visible
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +39,18 @@ JAIL_PIDS_MAX = 4096
 EXTRACT_IN_CHROOT = "/tmp/nvidia-driver-installer/extract"
 KBUILD_LOG = BUILD_LOG  # make's output, in the staging dir, then beside the install
 FAILED_LOG = "nvidia-installer.failed.log"  # the failed build's log, beside the install
+# No file the jail writes may grow past this (RLIMIT_FSIZE, which its uid 0 without
+# CAP_SYS_RESOURCE cannot raise): its output file included. The largest file NVIDIA's build
+# writes is ~200 MB (nvidia.ko with debug info, cache.MAX_FILE_BYTES); a writer past the
+# bound gets EFBIG and SIGXFSZ, and the build fails with its output's tail (docs/jail.md).
+JAIL_FILE_MAX_BYTES = 1 << 30
+
+
+def bounded_argv(argv: list[str]) -> list[str]:
+    """``argv`` run under the jail's file-size bound (util-linux ``prlimit``: one value
+    sets the soft and the hard limit)."""
+    return ["prlimit", f"--fsize={JAIL_FILE_MAX_BYTES}", "--", *argv]
+
 
 
 def check_version(version: str) -> str:
@@ -62,7 +75,7 @@ def check_extracted_version(extract_dir: Path, wanted: str, url: str | None) -> 
     if head is None:  # link would put a host file's line in the message
         return  # no manifest to tell: nvidia-installer itself refuses such a tree
     lines = head.decode(errors="replace").splitlines()[:2]
-    found = lines[1].strip() if len(lines) == 2 else ""
+    found = visible(lines[1].strip()) if len(lines) == 2 else ""
     if found and found != wanted:
         raise IntegrityError(
             f"the .run{' at ' + url if url else ''} is driver {found}, not {wanted}",
@@ -181,7 +194,7 @@ def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: flo
         if _ENOSPC in exc.stderr:
             raise _out_of_space(spec_file.parent, exc.stderr_tail(2)) from exc
         raise BuildError(
-            f"could not run {what} in the build jail: {exc.stderr_tail(3)}",
+            f"could not run {what} in the build jail: {visible(exc.stderr_tail(3))}",
             hint="the installer container must be privileged (it mounts an overlay and "
             "runs bwrap, Debian's bubblewrap)",
         ) from exc
@@ -195,7 +208,8 @@ def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: flo
 
 def _refusal(what: str, why: str) -> BuildError:
     return BuildError(
-        f"{what} left something the install will not take: {why} (installer/harvest.py); "
+        f"{what} left something the install will not take: {visible(why)} "
+        "(installer/harvest.py); "
         "nothing was installed",
         hint="NVIDIA's .run makes only files, dirs and links inside its own tree: this one "
         "is not as published; check --driver-url and pin --driver-sha256")
@@ -243,7 +257,7 @@ def extract(runner: Runner, run_file: Path, target: Path,
     output = workdir / "output.log"
     spec = SandboxSpec(
         workdir=str(workdir),
-        argv=extract_argv(run_file.name, target.name),
+        argv=bounded_argv(extract_argv(run_file.name, target.name)),
         cwd="/", env={},
         binds=[(str(run_file.parent), RUN_IN_CHROOT)],
         rw_binds=[*(rw_binds or []), (str(out), OUT_IN_CHROOT)],
@@ -255,7 +269,7 @@ def extract(runner: Runner, run_file: Path, target: Path,
     try:
         rc = _in_sandbox(runner, spec, workdir / "sandbox.json", EXTRACT_TIMEOUT_S,
                          what)["returncode"]
-        text = output.read_text(errors="replace") if output.is_file() else ""
+        text = harvest.read_tail(output)
         if rc == 0:
             _take_extracted(out, target, what)
     finally:
@@ -361,8 +375,8 @@ def run_tree_tool(runner: Runner, argv: list[str], what: str, *, extract_dir: Pa
     rc = _on_extracted_tree(runner, argv, what, extract_dir=extract_dir, staging=staging,
                             binds=[], rw_binds=None, env={}, output=output)["returncode"]
     if rc != 0:
-        text = (staging.root / output).read_text(errors="replace")
-        raise BuildError(f"{what} failed (exit {rc}): {tail(text, 3) or '(no output)'}")
+        text = _last_lines(harvest.read_tail(staging.root / output))
+        raise BuildError(f"{what} failed (exit {rc}): {text or '(no output)'}")
 
 
 def _on_extracted_tree(runner: Runner, argv: list[str], what: str, *, extract_dir: Path,
@@ -375,7 +389,7 @@ def _on_extracted_tree(runner: Runner, argv: list[str], what: str, *, extract_di
     workdir = staging.root / "sandbox"
     workdir.mkdir(exist_ok=True)
     spec = SandboxSpec(
-        workdir=str(workdir), argv=argv, cwd=EXTRACT_IN_CHROOT, env=env, binds=binds,
+        workdir=str(workdir), argv=bounded_argv(argv), cwd=EXTRACT_IN_CHROOT, env=env, binds=binds,
         rw_binds=[*(rw_binds or []), (str(extract_dir), EXTRACT_IN_CHROOT)],
         exec_binds=[EXTRACT_IN_CHROOT], log_file=log_file, pids_max=JAIL_PIDS_MAX,
         harvest_to=str(staging.root) if harvest else "",
@@ -397,8 +411,9 @@ def _raise_for(rc: int, staging: Tree, what: str, kernel_release: str) -> None:
 
 
 def _installer_texts(staging: Tree) -> list[str]:
+    """The tails of make's output, nvidia-installer's log and its output."""
     return [
-        path.read_text(errors="replace")
+        harvest.read_tail(path)
         for path in (staging.root / KBUILD_LOG, staging.root / "nvidia-installer.log",
                      staging.root / "installer-output.log")
         if path.is_file()
@@ -413,7 +428,7 @@ def installer_error(staging: Tree) -> str:
     person fixes) with the step NVIDIA's installer was in, else its ERROR lines, else
     the output's tail."""
     texts = _installer_texts(staging)
-    lines = [ln.strip() for t in texts for ln in t.splitlines()]
+    lines = [visible(ln.strip()) for t in texts for ln in t.splitlines()]
     compiler = next((m.group(1) for ln in lines if (m := _COMPILER_ERROR.search(ln))), None)
     errors = list(dict.fromkeys(ln for ln in lines if ln.startswith("ERROR") or "error:" in ln))
     if compiler:
@@ -423,7 +438,12 @@ def installer_error(staging: Tree) -> str:
         return " | ".join(x for x in (f"{short}:{rest}", step) if x)
     if errors:
         return " | ".join(errors[-4:])
-    return tail(texts[-1], 3) if texts else "(no output)"
+    return _last_lines(texts[-1]) if texts else "(no output)"
+
+
+def _last_lines(text: str, count: int = 3) -> str:
+    """The last ``count`` lines of ``text`` on one line, each made visible."""
+    return " | ".join(visible(ln) for ln in tail(text, count).splitlines())
 
 
 def keep_failure_log(staging: Tree, install_log: Path) -> Path | None:

@@ -135,3 +135,34 @@ def test_known_hashes_are_used_when_the_size_agrees(tmp_path, monkeypatch):
     cache.write(root / ".cache", KEY, root, "test", known)
     assert read == ["nvidia-smi"]
     assert cache.read(root / ".cache").file_hashes == real
+
+
+def test_the_links_the_loader_follows_are_checked(tmp_path):
+    """Issue 39 C1: a record keeps every link under lib64/ and bin/ with its target; a hit
+    needs each to lead where it did, no link added, and the loader's links to lead to a
+    hashed file (a record written before links were kept: that last check alone)."""
+    root = _install(tmp_path)
+    (root / "lib64/libcuda.so.550.54.14").write_bytes(b"cuda")
+    (root / "lib64/libcuda.so.1").symlink_to("libcuda.so.550.54.14")
+    cache.write(root / ".cache", KEY, root, "test")
+    record = cache.read(root / ".cache")
+    assert record.file_links == {"lib64/libcuda.so.1": "libcuda.so.550.54.14",
+                                 "lib64/libnvidia-ml.so.1": "libnvidia-ml.so.550.54.14"}
+    assert cache.check_files(record, root) is None
+    link = root / "lib64/libcuda.so.1"
+    link.unlink()
+    link.write_bytes(b"planted")
+    assert cache.check_files(record, root) == "lib64/libcuda.so.1 is no longer a link"
+    link.unlink()
+    (root / "lib64/planted.so").write_bytes(b"planted")
+    link.symlink_to("planted.so")
+    assert cache.check_files(record, root) == (
+        "lib64/libcuda.so.1 now leads to 'planted.so', not 'libcuda.so.550.54.14'")
+    old = cache.CacheRecord.parse((root / ".cache").read_text().replace("CACHE_FILE_LINKS", "X"))
+    assert old.file_links is None
+    assert cache.check_files(old, root) == (
+        "lib64/libcuda.so.1 leads to 'planted.so', a file the record does not hash")
+    link.unlink()
+    link.symlink_to("libcuda.so.550.54.14")
+    (root / "lib64/libextra.so.1").symlink_to("planted.so")
+    assert cache.check_files(record, root) == "lib64/libextra.so.1 is a link the record does not name"

@@ -1,4 +1,5 @@
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -90,7 +91,11 @@ def test_symlinked_tmp_resolves_inside_the_host_root(host, tmp_path):
 
 
 @pytest.mark.parametrize("plant", ["symlink", "dangling", "fifo", "hardlink", "other_owner"])
-def test_planted_lock_files_are_refused_untouched(host, tmp_path, plant):
+def test_planted_lock_files_no_one_holds_are_replaced_never_followed(host, tmp_path, plant):
+    """Issue 39, the lock trap: a lock file that is not a plain file of ours and that no
+    live process holds (a planted link, a FIFO, a hard link to a victim, another user's
+    file, such as a non-root run once left) is replaced by a fresh file of ours: its entry
+    renamed over, what it names never opened, written or truncated."""
     lock = host.root / "tmp/cos_gpu_installer_lock"
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
@@ -105,11 +110,24 @@ def test_planted_lock_files_are_refused_untouched(host, tmp_path, plant):
     else:
         lock.write_text("12\n")
         os.chown(lock, 65534, 65534)
-    with pytest.raises(LockHeldError, match="refusing the host lock") as err, HostLock(host):
-        pass
-    assert err.value.exit_code == 4
+    with HostLock(host):
+        st = lock.lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
+        assert lock.read_text() == f"{os.getpid()}\n"
     assert victim.read_text() == "precious\n"
     assert not (tmp_path / "nowhere").exists()
+    assert sorted(p.name for p in lock.parent.iterdir()) == [lock.name]  # no temp left
+
+
+def test_another_users_lock_file_a_live_process_holds_is_refused(host, holder):
+    """A foreign file held by a live process is not replaced (it may be an installer's)."""
+    lock, _proc = holder
+    os.chown(lock, 65534, 65534)
+    with pytest.raises(LockHeldError, match="owned by uid 65534.*live process") as err, \
+            HostLock(host):
+        pass
+    assert err.value.exit_code == 4
+    assert lock.stat().st_uid == 65534
 
 
 def test_a_lock_file_holding_more_than_a_pid_is_not_truncated(host):
