@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from installer import harvest as harvest_fs
-from installer import jail_limits
+from installer import jail_limits, jail_seccomp
 
 # Where things land in the upper dir (relative paths), merged-/usr or not.
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
@@ -140,9 +140,12 @@ def _exec_source(src: str) -> None:
     _mount("-o", "remount,bind,exec", src)
 
 
-def bwrap_argv(merged: Path, spec: SandboxSpec) -> list[str]:
-    """The jail: see the module docstring."""
+def bwrap_argv(merged: Path, spec: SandboxSpec, seccomp_fd: int | None = None) -> list[str]:
+    """The jail: see the module docstring. ``seccomp_fd``: the filter's BPF
+    (jail_seccomp.py), which bwrap loads after its own mounts, before it execs."""
     argv = ["bwrap", *BWRAP_ISOLATION]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     for name in SYSTEM_DIRS:
         path = merged / name
         if path.is_symlink():  # merged /usr: /bin -> usr/bin
@@ -225,11 +228,15 @@ def main(spec_path: str) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         jail_limits.enter(bound)
 
+    seccomp_fd = jail_seccomp.bpf_fd()
     with open(spec.output_file, "wb") as output, \
             jail_limits.pids_cgroup(spec.pids_max, f"ndi-jail-{os.getpid()}") as bound:
-        proc = subprocess.run(bwrap_argv(merged, spec), env=env, stdout=output,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              preexec_fn=lambda: start_jail(bound))
+        try:
+            proc = subprocess.run(bwrap_argv(merged, spec, seccomp_fd), env=env, stdout=output,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  pass_fds=(seccomp_fd,), preexec_fn=lambda: start_jail(bound))
+        finally:
+            os.close(seccomp_fd)
     if stopping:  # the Runner is stopping the install: its staging tree is being discarded
         return 128 + signal.SIGTERM
     refused = None
