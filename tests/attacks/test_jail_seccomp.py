@@ -15,7 +15,6 @@ cgroups): J1 started all 200 processes past the bound of 64; J4's key was in
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import uuid
 from pathlib import Path
