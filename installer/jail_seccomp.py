@@ -45,6 +45,8 @@ import errno
 import os
 import tempfile
 
+import pyseccomp as seccomp  # ctypes: loads libseccomp.so.2 (Debian libseccomp2)
+
 # Each answered EPERM, as Docker's profile does.
 REFUSED = (
     "unshare", "setns",
@@ -70,8 +72,6 @@ CLONE_NEW_FLAGS = {
 
 def build_filter():
     """The filter, as a libseccomp ``SyscallFilter``: allow, except the refused."""
-    import pyseccomp as seccomp  # loads libseccomp.so.2: only where a jail is made
-
     flt = seccomp.SyscallFilter(seccomp.ALLOW)
     if seccomp.system_arch() == seccomp.Arch.X86_64:
         # The 32-bit and x32 entry points get the same rules (any other arch is killed:
