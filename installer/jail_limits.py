@@ -18,7 +18,8 @@ neither the limit above it nor the container's own files (``memory.limit_in_byte
 the first place: jail_seccomp.py.)
 
 - cgroup v1: plain dirs; a new cpuset gets its parent's ``cpus`` and ``mems`` (a cpuset
-  without them takes no process).
+  without them takes no process); where our memory cgroup is flat (``use_hierarchy``
+  0, kernels before 5.11), ``ndi-jail-<pid>`` gets our memory limit itself.
 - cgroup v2: with the pids controller, *threaded* children, because our own cgroup holds
   our processes and the no-internal-process rule forbids a domain child with a domain
   controller; pids is a threaded controller, which may be enabled on a cgroup with
@@ -107,6 +108,13 @@ def _write(path: Path, text: str) -> None:
         f.write(text)
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _v2_pids(own: Path) -> bool:
     with contextlib.suppress(OSError):
         return "pids" in (own / "cgroup.controllers").read_text().split()
@@ -131,6 +139,10 @@ def _make(h: Hierarchy, name: str, limit: int, undo: list[Callable[[], None]]) -
                 _write(d / knob, (d.parent / knob).read_text().strip())
     if pids:
         _write(outer / "pids.max", str(limit))
+    if "memory" in h.controllers and _read(h.own / "memory.use_hierarchy") == "0":
+        # A kernel before 5.11 may leave v1 memcgs flat: a child would not be held by
+        # our limit, so it gets it itself (mm/memcontrol.c, "use_hierarchy").
+        _write(outer / "memory.limit_in_bytes", _read(h.own / "memory.limit_in_bytes"))
     return pids
 
 

@@ -77,3 +77,13 @@ def test_a_hierarchy_where_no_child_can_be_made_is_named(tmp_path):
     with jail_limits.jail_cgroups(7, "ndi", cg, _self(tmp_path, "3:pids:/ctr\n")) as made:
         assert made.procs == [] and "cannot make a pids cgroup" in made.why_not
         assert made.shared and str(pids) in made.shared[0]
+
+
+def test_a_flat_v1_memory_cgroup_gives_its_limit_to_the_jails(tmp_path):
+    cg = tmp_path / "cg"
+    memory = _hierarchy(cg / "memory", "ctr")
+    (memory / "memory.use_hierarchy").write_text("0\n")
+    (memory / "memory.limit_in_bytes").write_text("4294967296\n")
+    with jail_limits.jail_cgroups(7, "ndi", cg, _self(tmp_path, "4:memory:/ctr\n")) as made:
+        assert (memory / "ndi" / "memory.limit_in_bytes").read_text() == "4294967296"
+        assert made.procs == [memory / "ndi" / "jail" / "cgroup.procs"]
