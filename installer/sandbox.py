@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from installer import harvest as harvest_fs
-from installer import jail_limits
+from installer import jail_limits, jail_seccomp
 
 # Where things land in the upper dir (relative paths), merged-/usr or not.
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
@@ -87,6 +87,7 @@ BWRAP_ISOLATION = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare
 # --default-signal``): NVIDIA's code is asked first, and the Runner's SIGKILL after its
 # grace still takes bwrap and, through --die-with-parent, everything in the jail.
 RESTORE_TERM = ("env", "--default-signal=TERM", "--")
+CGROUP_FS, CGROUP_COVER_BYTES = "/sys/fs/cgroup", 4096
 
 
 @dataclass
@@ -140,9 +141,12 @@ def _exec_source(src: str) -> None:
     _mount("-o", "remount,bind,exec", src)
 
 
-def bwrap_argv(merged: Path, spec: SandboxSpec) -> list[str]:
-    """The jail: see the module docstring."""
+def bwrap_argv(merged: Path, spec: SandboxSpec, seccomp_fd: int | None = None) -> list[str]:
+    """The jail: see the module docstring. ``seccomp_fd``: the filter's BPF
+    (jail_seccomp.py), which bwrap loads after its own mounts, before it execs."""
     argv = ["bwrap", *BWRAP_ISOLATION]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     for name in SYSTEM_DIRS:
         path = merged / name
         if path.is_symlink():  # merged /usr: /bin -> usr/bin
@@ -153,6 +157,10 @@ def bwrap_argv(merged: Path, spec: SandboxSpec) -> list[str]:
     for path, size in JAIL_TMPFS:
         argv += ["--size", str(size), "--tmpfs", path]
     argv += ["--remount-ro", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
+    # None of the container's cgroup files (its limits, freezer.state): an empty
+    # read-only tmpfs over them (the jail's own cgroups: jail_limits.py).
+    argv += ["--size", str(CGROUP_COVER_BYTES), "--tmpfs", CGROUP_FS,
+             "--remount-ro", CGROUP_FS]
     for path in PROC_READ_ONLY:
         argv += ["--ro-bind-try", path, path]
     for src, dst in spec.binds:
@@ -221,15 +229,19 @@ def main(spec_path: str) -> int:
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
 
-    def start_jail(bound: jail_limits.PidsBound) -> None:
+    def start_jail(bound: jail_limits.JailCgroups) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         jail_limits.enter(bound)
 
+    seccomp_fd = jail_seccomp.bpf_fd()
     with open(spec.output_file, "wb") as output, \
-            jail_limits.pids_cgroup(spec.pids_max, f"ndi-jail-{os.getpid()}") as bound:
-        proc = subprocess.run(bwrap_argv(merged, spec), env=env, stdout=output,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              preexec_fn=lambda: start_jail(bound))
+            jail_limits.jail_cgroups(spec.pids_max, f"ndi-jail-{os.getpid()}") as bound:
+        try:
+            proc = subprocess.run(bwrap_argv(merged, spec, seccomp_fd), env=env, stdout=output,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  pass_fds=(seccomp_fd,), preexec_fn=lambda: start_jail(bound))
+        finally:
+            os.close(seccomp_fd)
     if stopping:  # the Runner is stopping the install: its staging tree is being discarded
         return 128 + signal.SIGTERM
     refused = None
@@ -242,7 +254,7 @@ def main(spec_path: str) -> int:
         refused = str(exc)
     Path(spec.result_file).write_text(json.dumps(
         {"returncode": proc.returncode, "harvested": spec.harvested, "refused": refused,
-         "pids_unbounded": bound.why_not}))
+         "pids_unbounded": bound.why_not, "cgroups_shared": bound.shared}))
     return 0
 
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=("$@")
 default=0
-((${#pkgs[@]})) || { default=1; pkgs=(makeself bubblewrap busybox-static cpio kmod util-linux gcc make python3-venv ca-certificates curl shellcheck libtirpc3); }
+((${#pkgs[@]})) || { default=1; pkgs=(makeself bubblewrap libseccomp2 busybox-static cpio kmod util-linux gcc make python3-venv ca-certificates curl shellcheck libtirpc3); }
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,8 +1,8 @@
-"""jail_limits.pids_cgroup's choices on fake cgroupfs trees (the real one: the attack test
-tests/attacks/test_jail_limits.py, on this machine's hierarchy). The v2 steps follow
-Documentation/admin-guide/cgroup-v2.rst, "Threads": a threaded controller (pids) is
-enabled in our cgroup's subtree_control although it holds processes, and the child is
-made threaded."""
+"""jail_limits.jail_cgroups's choices on fake cgroupfs trees (the real one: the attack tests
+tests/attacks/test_jail_limits.py and test_jail_cgroups.py, on this machine's hybrid
+hierarchy). The v2 steps follow Documentation/admin-guide/cgroup-v2.rst, "Threads": a
+threaded controller (pids) is enabled in our cgroup's subtree_control although it holds
+processes, and the children are made threaded."""
 
 from __future__ import annotations
 
@@ -17,32 +17,73 @@ def _self(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_v2_makes_a_threaded_child_with_pids_max_and_sets_our_cgroup_back(tmp_path):
+def _hierarchy(root: Path, *own: str) -> Path:
+    """A fake mounted hierarchy at ``root`` with our cgroup at ``own``."""
+    root.mkdir(parents=True)
+    (root / "cgroup.procs").write_text("")
+    d = root.joinpath(*own)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def test_v2_makes_threaded_children_with_pids_max_one_level_above_the_jail(tmp_path):
     root = tmp_path / "cg"
-    root.mkdir()
+    _hierarchy(root)
     (root / "cgroup.controllers").write_text("cpu memory pids\n")
     (root / "cgroup.subtree_control").write_text("")
-    with jail_limits.pids_cgroup(99, "jail", root, _self(tmp_path, "0::/\n")) as bound:
-        assert bound.procs == root / "jail" / "cgroup.procs"
-        assert (root / "jail" / "cgroup.type").read_text() == "threaded"
-        assert (root / "jail" / "pids.max").read_text() == "99"
+    with jail_limits.jail_cgroups(99, "ndi", root, _self(tmp_path, "0::/\n")) as made:
+        assert made.procs == [root / "ndi" / "jail" / "cgroup.procs"] and made.why_not == ""
+        for d in (root / "ndi", root / "ndi" / "jail"):
+            assert (d / "cgroup.type").read_text() == "threaded"
+        assert (root / "ndi" / "pids.max").read_text() == "99"
+        assert not (root / "ndi" / "jail" / "pids.max").exists()
         assert (root / "cgroup.subtree_control").read_text() == "+pids"
     assert (root / "cgroup.subtree_control").read_text() == "-pids"
 
 
-def test_v1_makes_a_child_in_our_pids_cgroup(tmp_path):
-    own = tmp_path / "cg" / "pids" / "pod" / "ctr"
-    own.mkdir(parents=True)
-    self_cgroup = _self(tmp_path, "4:memory:/pod/ctr\n3:pids:/pod/ctr\n0::/\n")
-    with jail_limits.pids_cgroup(7, "jail", tmp_path / "cg", self_cgroup) as bound:
-        assert bound.procs == own / "jail" / "cgroup.procs"
-        assert (own / "jail" / "pids.max").read_text() == "7"
+def test_v1_makes_a_child_in_every_hierarchy_and_the_limit_on_the_pids_one(tmp_path):
+    cg = tmp_path / "cg"
+    pids = _hierarchy(cg / "pids", "pod", "ctr")
+    memory = _hierarchy(cg / "memory", "pod", "ctr")
+    cpu = _hierarchy(cg / "cpu,cpuacct", "pod", "ctr")
+    cpuset = _hierarchy(cg / "cpuset", "pod", "ctr")
+    for knob, value in (("cpuset.cpus", "0-3\n"), ("cpuset.mems", "0\n")):
+        (cpuset / knob).write_text(value)
+    systemd = _hierarchy(cg / "systemd", "pod", "ctr")
+    self_cgroup = _self(tmp_path, "9:name=systemd:/pod/ctr\n6:cpuset:/pod/ctr\n"
+                        "5:cpu,cpuacct:/pod/ctr\n4:memory:/pod/ctr\n3:pids:/pod/ctr\n0::/\n")
+    with jail_limits.jail_cgroups(7, "ndi", cg, self_cgroup) as made:
+        assert sorted(made.procs) == sorted(d / "ndi" / "jail" / "cgroup.procs"
+                                            for d in (pids, memory, cpu, cpuset, systemd))
+        assert (pids / "ndi" / "pids.max").read_text() == "7"
+        assert (cpuset / "ndi" / "jail" / "cpuset.cpus").read_text() == "0-3"
+        assert made.why_not == "" and made.shared == []
 
 
 def test_without_a_pids_controller_the_reason_is_given(tmp_path):
     root = tmp_path / "cg"
-    root.mkdir()
+    _hierarchy(root)
     (root / "cgroup.controllers").write_text("cpu memory\n")
-    with jail_limits.pids_cgroup(7, "jail", root, _self(tmp_path, "0::/\n")) as bound:
-        assert bound.procs is None and "no pids cgroup controller" in bound.why_not
-    assert not (root / "jail").exists()
+    with jail_limits.jail_cgroups(7, "ndi", root, _self(tmp_path, "0::/\n")) as made:
+        assert "no pids cgroup controller" in made.why_not
+        assert made.procs == [root / "ndi" / "jail" / "cgroup.procs"]  # a plain child still
+    assert not (root / "ndi").exists()
+
+
+def test_a_hierarchy_where_no_child_can_be_made_is_named(tmp_path):
+    cg = tmp_path / "cg"
+    pids = _hierarchy(cg / "pids", "ctr")
+    (pids / "ndi").write_text("in the way")  # mkdir fails: EEXIST
+    with jail_limits.jail_cgroups(7, "ndi", cg, _self(tmp_path, "3:pids:/ctr\n")) as made:
+        assert made.procs == [] and "cannot make a pids cgroup" in made.why_not
+        assert made.shared and str(pids) in made.shared[0]
+
+
+def test_a_flat_v1_memory_cgroup_gives_its_limit_to_the_jails(tmp_path):
+    cg = tmp_path / "cg"
+    memory = _hierarchy(cg / "memory", "ctr")
+    (memory / "memory.use_hierarchy").write_text("0\n")
+    (memory / "memory.limit_in_bytes").write_text("4294967296\n")
+    with jail_limits.jail_cgroups(7, "ndi", cg, _self(tmp_path, "4:memory:/ctr\n")) as made:
+        assert (memory / "ndi" / "memory.limit_in_bytes").read_text() == "4294967296"
+        assert made.procs == [memory / "ndi" / "jail" / "cgroup.procs"]
