@@ -45,7 +45,12 @@ import errno
 import os
 import tempfile
 
-import pyseccomp as seccomp  # ctypes: loads libseccomp.so.2 (Debian libseccomp2)
+try:
+    import pyseccomp as seccomp  # ctypes: loads libseccomp.so.2 (Debian libseccomp2)
+    MISSING = None
+except (RuntimeError, OSError) as exc:  # no libseccomp.so.2: the jail refuses to start
+    seccomp = None
+    MISSING = f"libseccomp could not be loaded ({exc})"
 
 # Each answered EPERM, as Docker's profile does.
 REFUSED = (
@@ -71,7 +76,12 @@ CLONE_NEW_FLAGS = {
 
 
 def build_filter():
-    """The filter, as a libseccomp ``SyscallFilter``: allow, except the refused."""
+    """The filter, as a libseccomp ``SyscallFilter``: allow, except the refused. Without
+    libseccomp the jail does not run at all (SystemExit: one line on the jail's stderr,
+    which the installer quotes as the build's error): never a jail without its filter."""
+    if seccomp is None:
+        raise SystemExit(f"the build jail needs its seccomp filter: {MISSING}; install "
+                         "libseccomp2 (Debian/Ubuntu) in the installer's image")
     flt = seccomp.SyscallFilter(seccomp.ALLOW)
     if seccomp.system_arch() == seccomp.Arch.X86_64:
         # The 32-bit and x32 entry points get the same rules (any other arch is killed:

@@ -62,3 +62,13 @@ print("fork", os.waitpid(pid, 0)[1] >> 8)
                    "clone3": "Function not implemented", "add_key": "Operation not permitted",
                    "keyctl": "Operation not permitted", "mount": "Operation not permitted",
                    "fork": "7"}, out
+
+
+def test_without_libseccomp_the_jail_refuses_to_start_with_one_line(monkeypatch):
+    """No libseccomp.so.2 (pyseccomp raises on import): the installer still starts, and
+    the jail, never run without its filter, ends with one line naming the package."""
+    monkeypatch.setattr(jail_seccomp, "seccomp", None)
+    monkeypatch.setattr(jail_seccomp, "MISSING", "libseccomp could not be loaded (x)")
+    with pytest.raises(SystemExit) as exc:
+        jail_seccomp.bpf_fd()
+    assert "libseccomp2" in str(exc.value) and "\n" not in str(exc.value)
