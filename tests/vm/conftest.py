@@ -81,7 +81,7 @@ TEST_ORDER = ("test_harness.py", "test_vm.py", "test_real_modules.py", "test_rea
 def _order(item: pytest.Item) -> int:
     path = Path(str(item.path))
     if HERE not in path.parents:
-        return -1  # other dirs keep their place, before this tier's
+        return len(TEST_ORDER) + 1  # other dirs (tests/realparts) after this tier's own
     return TEST_ORDER.index(path.name) if path.name in TEST_ORDER else len(TEST_ORDER)
 
 

@@ -6,7 +6,10 @@ running one step that prints the kernel's clock messages, and counts the boots w
 kernel crashed (before or after the payload started) or did not finish.
 
     .venv/bin/python -m tests.vm.soak [--boots 20] [--accel tcg,thread=single] [--smp 2]
-        [--kernels 6.1,6.12] [--report docs/vm-boot-soak.md]
+        [--kernels 6.1,6.12] [--work SH] [--report FILE]
+
+``--work SH`` adds a timed step (e.g. two CPU-bound processes at once, to see what a
+guest's parallel work costs under an ``--accel``).
 
 Exit 0 only when every boot finished without a crash. The report (Markdown) names the
 conditions (qemu, accel, smp, host load), the boot times and every failure.
@@ -43,11 +46,12 @@ def guests(which: set[str]) -> dict[str, prov.VMAssets]:
     return out
 
 
-def soak_one(assets: prov.VMAssets, boots: int, accel: str, smp: int, work: Path) -> dict:
-    guest = GuestVM(assets, work / assets.abi, accel=accel, smp=smp)
+def soak_one(assets: prov.VMAssets, args: argparse.Namespace, work: Path) -> dict:
+    guest = GuestVM(assets, work / assets.abi, accel=args.accel, smp=args.smp)
+    steps = [CLOCK_STEP] + ([Step("work", args.work, timeout=600)] if args.work else [])
     rows = []
-    for i in range(boots):
-        r = guest.boot(f"soak-{i + 1}", [CLOCK_STEP], timeout=900)
+    for i in range(args.boots):
+        r = guest.boot(f"soak-{i + 1}", steps, timeout=900)
         crash = r.crashed_before_payload
         any_crash = _CRASH.search(r.serial)
         clock = r.steps["clock"].stdout if "clock" in r.steps else ""
@@ -55,9 +59,10 @@ def soak_one(assets: prov.VMAssets, boots: int, accel: str, smp: int, work: Path
                      "crash_before_payload": crash.splitlines()[0] if crash else "",
                      "crash": any_crash.group(0) if any_crash else "",
                      "sched_clock_unstable": "sched_clock: Marking unstable" in clock,
+                     "work_s": r.steps["work"].seconds if "work" in r.steps else None,
                      "log": str(r.serial_log)})
-        print(f"{assets.abi} boot {i + 1}/{boots}: {r.seconds} s finished={r.finished} "
-              f"crash={rows[-1]['crash'] or '-'}", flush=True)
+        print(f"{assets.abi} boot {i + 1}/{args.boots}: {r.seconds} s finished={r.finished} "
+              f"crash={rows[-1]['crash'] or '-'} work={rows[-1]['work_s']}", flush=True)
     return {"abi": assets.abi, "rows": rows, "clock_sample": clock}
 
 
@@ -66,7 +71,8 @@ def report(results: list[dict], args: argparse.Namespace, started: str) -> str:
     lines = [f"# Boot soak: {args.boots} boots per guest kernel", "",
              f"- started {started}, host {platform.node()} ({os.cpu_count()} CPUs, load average at "
              f"the end {os.getloadavg()[0]:.1f}), {qemu.splitlines()[0] if qemu else 'qemu ?'}",
-             f"- `-accel {args.accel} -smp {args.smp} -machine pc -cpu qemu64`, no KVM", "",
+             f"- `-accel {args.accel} -smp {args.smp} -machine pc -cpu qemu64`"
+             + (f"; `--work`: `{args.work}`" if args.work else ""), "",
              "| guest kernel | boots | finished | kernel crashes | before user space | "
              "boot time median (min-max) s | sched_clock marked unstable |",
              "|---|---|---|---|---|---|---|"]
@@ -78,6 +84,10 @@ def report(results: list[dict], args: argparse.Namespace, started: str) -> str:
             f"{sum(bool(r['crash']) for r in rows)} | {sum(bool(r['crash_before_payload']) for r in rows)} | "
             f"{statistics.median(secs):.1f} ({min(secs):.1f}-{max(secs):.1f}) | "
             f"{sum(r['sched_clock_unstable'] for r in rows)} |")
+        work = [r["work_s"] for r in rows if r["work_s"] is not None]
+        if work:
+            lines.append(f"|   `--work` step | | | | | {statistics.median(work):.1f} "
+                         f"({min(work):.1f}-{max(work):.1f}) | |")
     for res in results:
         for r in res["rows"]:
             if r["crash"] or not r["finished"]:
@@ -95,13 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accel", default=ACCEL)
     ap.add_argument("--smp", type=int, default=2)
     ap.add_argument("--kernels", default="6.1,6.12")
+    ap.add_argument("--work", help="a shell step timed in every boot")
     ap.add_argument("--report", type=Path)
     args = ap.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results = []
     with tempfile.TemporaryDirectory(prefix="ndi-soak-", dir=os.environ.get("NDI_VM_KEEP")) as tmp:
         for assets in guests(set(args.kernels.split(","))).values():
-            results.append(soak_one(assets, args.boots, args.accel, args.smp, Path(tmp)))
+            results.append(soak_one(assets, args, Path(tmp)))
         text = report(results, args, started)
     print(text)
     if args.report:

@@ -82,3 +82,12 @@ def test_qemu_runs_single_threaded_tcg_by_default():
     if "NDI_VM_ACCEL" in os.environ:
         pytest.skip("NDI_VM_ACCEL overrides the default")
     assert harness.ACCEL == "tcg,thread=single"
+
+
+def test_every_test_file_of_the_tier_has_its_place_in_the_run_order():
+    """A file left out of TEST_ORDER would still run, but last, after the real builds it
+    could have overlapped with (tests/vm/host_builds.py)."""
+    from tests.vm import conftest
+
+    files = sorted(p.name for p in Path(conftest.__file__).parent.glob("test_*.py"))
+    assert sorted(conftest.TEST_ORDER) == files
