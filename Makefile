@@ -22,7 +22,7 @@ install: $(VENV)/.installed  ## the Python environment (package + test/lint tool
 deps:  ## Debian packages the tests and the demo need (root)
 	bash scripts/install-deps.sh
 
-test: install  ## the default test run (unit + chroot fixture tests), 11-15 min on 2 shared vCPUs
+test: install  ## the default test run (unit + chroot fixture tests), about 17 min on 2 cores
 	$(PY) -m pytest tests --ignore=tests/vm --ignore=tests/realparts --ignore=tests/gpu $(PYTEST_ARGS)
 
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
