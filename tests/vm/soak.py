@@ -110,10 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results = []
-    with tempfile.TemporaryDirectory(prefix="ndi-soak-", dir=os.environ.get("NDI_VM_KEEP")) as tmp:
-        for assets in guests(set(args.kernels.split(","))).values():
-            results.append(soak_one(assets, args, Path(tmp)))
-        text = report(results, args, started)
+    # The serial logs stay (a crash must be readable afterwards); the disks go.
+    work = Path(tempfile.mkdtemp(prefix="ndi-soak-", dir=os.environ.get("NDI_VM_KEEP")))
+    for assets in guests(set(args.kernels.split(","))).values():
+        results.append(soak_one(assets, args, work))
+    for disk in work.glob("*/root.qcow2"):
+        disk.unlink()
+    text = report(results, args, started) + f"\nSerial logs: {work}\n"
     print(text)
     if args.report:
         args.report.write_text(text)
