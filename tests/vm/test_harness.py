@@ -91,3 +91,32 @@ def test_every_test_file_of_the_tier_has_its_place_in_the_run_order():
 
     files = sorted(p.name for p in Path(conftest.__file__).parent.glob("test_*.py"))
     assert sorted(conftest.TEST_ORDER) == files
+
+
+class _Item:
+    def __init__(self, *fixturenames: str) -> None:
+        self.fixturenames = list(fixturenames)
+
+
+class _Session:
+    def __init__(self, *items: _Item) -> None:
+        self.items = list(items)
+
+
+def test_real_builds_start_once_and_only_for_the_tests_collected(monkeypatch):
+    """host_builds.start submits each build the collected tests need, once, in the order
+    a session would ask for them; a collected run without real-module tests builds none."""
+    from tests.vm import host_builds
+
+    calls: list[str] = []
+    monkeypatch.setattr(host_builds, "_STARTED", {})
+    monkeypatch.setattr(host_builds, "_build_real_installs", lambda a, t: calls.append("real") or "R")
+    monkeypatch.setattr(host_builds, "_build_r550", lambda a, t: calls.append("r550") or "N")
+    host_builds.start(_Session(_Item("node")), None, {})
+    assert host_builds._STARTED == {}
+    session = _Session(_Item("node"), _Item("boot_real", "real_installs"), _Item("newer_kernel"))
+    host_builds.start(session, None, {})
+    host_builds.start(session, None, {})
+    assert host_builds.real_installs(None, {}).result() == "R"
+    assert host_builds.r550(None, {}).result() == "N"
+    assert calls == ["real", "r550"]
