@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 GUEST_SRC = HERE / "guest"
 GUEST_PYTHON_PATHS = ("/ndi/site", "/opt/ndi/deps")
 # A boot's bound. The first install compiles in the guest: 1.5-2.5 min before (multi-
-# threaded TCG), 3.8 min single-threaded at load 7, and not done in 10 min at load 10-12
+# threaded TCG), 3.8 min single-threaded at load 7, and not done after 8 min at load 10-12
 # (2 cores; issue 43), hence 20 min; a kernel that crashes before the payload is stopped
 # within seconds (_wait).
 DEFAULT_TIMEOUT_S = float(os.environ.get("NDI_VM_BOOT_TIMEOUT", "1200"))
