@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install deps test test-vm test-gpu demo lint manifests lock images push test-images test-pod bench clean
+.PHONY: help install deps deps-tiers test test-vm soak-vm test-gpu demo lint manifests lock images push test-images test-pod bench clean
 
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -22,7 +22,7 @@ install: $(VENV)/.installed  ## the Python environment (package + test/lint tool
 deps:  ## Debian packages the tests and the demo need (root)
 	bash scripts/install-deps.sh
 
-test: install  ## the default test run (unit + chroot fixture tests), 11-15 min on 2 shared vCPUs
+test: install  ## the default test run (unit + chroot fixture tests), about 17 min on 2 cores
 	$(PY) -m pytest tests --ignore=tests/vm --ignore=tests/realparts --ignore=tests/gpu $(PYTEST_ARGS)
 
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
@@ -62,8 +62,20 @@ test-pod: install  ## the committed manifests' pods under podman + runc on fixtu
 	bash scripts/install-deps.sh $(POD_DEPS)
 	NDI_POD_TESTS=1 $(PY) -m pytest tests/pod_tier $(PYTEST_ARGS)
 
-test-vm: install  ## NVIDIA's real 535/470 (6.1) and 550 open+proprietary (6.12) modules built through the installer, loaded in real kernels under qemu (slow tier, ~18 min cold)
-	$(PY) -m pytest tests/realparts tests/vm $(PYTEST_ARGS)
+# The VM tier's own tests first: their guests boot while NVIDIA's real builds run in the
+# background (tests/vm/host_builds.py); tests/realparts then finds those builds cached.
+test-vm: install  ## NVIDIA's real 535/470 (6.1) and 550 open+proprietary (6.12) modules built through the installer, loaded in real kernels under qemu (slow tier; see README for times)
+	$(PY) -m pytest tests/vm tests/realparts $(PYTEST_ARGS)
+
+SOAK_BOOTS ?= 20
+soak-vm: install  ## not CI: boot every guest kernel of the VM tier SOAK_BOOTS times (default 20), count kernel crashes (report: tests/vm/README.md)
+	$(PY) -m tests.vm.soak --boots $(SOAK_BOOTS) $(if $(SOAK_REPORT),--report $(SOAK_REPORT))
+
+# Every slow tier's Debian packages in one apt run, before tiers run side by side
+# (.ci/run): two apt-get runs at once would fight over the dpkg lock.
+VM_DEPS := qemu-system-x86 qemu-utils debootstrap e2fsprogs pahole
+deps-tiers:  ## the slow tiers' Debian packages (root), all at once
+	bash scripts/install-deps.sh $(sort $(IMAGE_DEPS) $(POD_DEPS) $(VM_DEPS))
 
 test-gpu: install  ## on a real NVIDIA GPU node (root): detect, verify, doctor, the device-file step + CUDA as uid 65534, nvidia-smi exit 9/12, dry run, verify timing; READ-ONLY (no module load/unload, no GPU setting; device files only in a private tmpfs /dev); report in NDI_GPU_REPORT_DIR; skips in seconds without a GPU (NDI_GPU_REQUIRED=1: fail)
 	$(PY) -m pytest tests/gpu $(PYTEST_ARGS)

@@ -10,6 +10,11 @@ and ``boot_bundle`` (the real 535 install as a bundle, installed with
 ``--prebuilt-only``; tests/vm/bundles.py). Each test asserts on the results of the
 steps those boots ran.
 
+NVIDIA's real builds (535, 470 for 6.1; 550 open and proprietary for 6.12) run on one
+background thread, started when the first guest boots: on two cores the host builds and
+the single-threaded qemu overlap instead of taking turns. The tests run in the order
+that lets them (``TEST_ORDER``): the guests that need no real build first.
+
 Environment:
   NDI_VM_SKIP=1        skip the tier
   NDI_VM=1             run it even when pytest is not pointed at tests/vm (plain
@@ -31,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests import tiers
-from tests.vm import driver_run
+from tests.vm import driver_run, host_builds
 from tests.vm import provision as prov
 from tests.vm.harness import BootResult, GuestVM, make_data_disk
 from tests.vm.scenario import (
@@ -67,9 +72,23 @@ def _asked_for_vm(config: pytest.Config) -> bool:
     return tiers.asked_for(config, HERE, "NDI_VM")
 
 
+# Files in the order they run: the guests that need no real NVIDIA build first, while
+# those builds run in the background (module docstring).
+TEST_ORDER = ("test_harness.py", "test_vm.py", "test_real_modules.py", "test_real_bundle.py",
+              "test_r550.py")
+
+
+def _order(item: pytest.Item) -> int:
+    path = Path(str(item.path))
+    if HERE not in path.parents:
+        return len(TEST_ORDER) + 1  # other dirs (tests/realparts) after this tier's own
+    return TEST_ORDER.index(path.name) if path.name in TEST_ORDER else len(TEST_ORDER)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The plain test run (pytest, make test) leaves this slow tier to make test-vm."""
     if _asked_for_vm(config):
+        items.sort(key=_order)  # stable: each file keeps its own order
         return
     skip = pytest.mark.skip(reason="qemu tier: run `make test-vm` (or pytest tests/vm)")
     for item in items:
@@ -166,7 +185,8 @@ def driver_files(vm_assets: prov.VMAssets, vm_workdir: Path):
 
 
 @pytest.fixture(scope="session")
-def node(vm_assets: prov.VMAssets, vm_workdir: Path):
+def node(request: pytest.FixtureRequest, vm_assets: prov.VMAssets, vm_workdir: Path):
+    host_builds.start(request.session, vm_assets, TIMINGS)  # while this guest boots
     guest = GuestVM(vm_assets, vm_workdir / "node")
     yield guest
     if not os.environ.get("NDI_VM_KEEP"):
@@ -178,10 +198,7 @@ def _boot(node: GuestVM, name: str, steps, files, cmdline: str = "") -> BootResu
     BOOTS.append(result)
     TIMINGS[f"boot {name}"] = result.seconds
     if not result.finished:
-        pytest.fail(
-            f"the guest did not finish boot {name!r} (timed out: {result.timed_out}, "
-            f"qemu rc {result.qemu_rc}); serial log {result.serial_log}:\n" + result.serial[-6000:]
-        )
+        pytest.fail(result.failure())
     return result
 
 
@@ -209,31 +226,22 @@ def _real_parts_unavailable(what: str, exc: Exception) -> None:
     pytest.skip(f"{what}: {exc}")
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    host_builds.POOL.shutdown(wait=False, cancel_futures=True)
+
 
 @pytest.fixture(scope="session")
-def real_installs(vm_assets: prov.VMAssets):
+def real_installs(request: pytest.FixtureRequest, vm_assets: prov.VMAssets):
     """NVIDIA's real 535 (proprietary, open) and 470 installs, built on this machine by the
     installer itself through its sandbox (tests/realparts, cached). Returns
     ({REAL_FLAVORS name: install dir}, {"main": V, "legacy": V})."""
-    from tests.fixtures.runfile import driver_payload
-    from tests.realparts import kbuild, provision, runfile
-    from tests.realparts.through_installer import install_real
+    from tests.realparts import provision
 
-    t0 = time.monotonic()
+    host_builds.start(request.session, vm_assets, TIMINGS)
     try:
-        parts = provision.provision()
-        headers = kbuild.kernel_headers()
+        return host_builds.real_installs(vm_assets, TIMINGS).result()
     except provision.ProvisionError as exc:
         _real_parts_unavailable("cannot provision NVIDIA's real parts", exc)
-    assert headers.abi == vm_assets.kernel_release, "host headers and guest kernel must agree"
-    versions = {"main": parts.main.version, "legacy": parts.legacy.version}
-    installs = {}
-    for name, (key, module_type) in REAL_FLAVORS.items():
-        v = versions[key]
-        run = runfile.build_real_run(v, "full", parts, userspace=driver_payload(v))
-        installs[name] = install_real(run, v, module_type, headers).install_dir
-    TIMINGS["real parts: host builds through the installer"] = round(time.monotonic() - t0, 1)
-    return installs, versions
 
 
 @pytest.fixture(scope="session")
@@ -290,8 +298,7 @@ def _boot_real(node: GuestVM, name: str, steps, image: Path, cmdline: str = "") 
     BOOTS.append(result)
     TIMINGS[f"boot {name}"] = result.seconds
     if not result.finished:
-        pytest.fail(f"the guest did not finish boot {name!r} (timed out: {result.timed_out}); "
-                    f"serial log {result.serial_log}:\n" + result.serial[-6000:])
+        pytest.fail(result.failure())
     return result
 
 
@@ -318,43 +325,29 @@ def boot_bundle(real_node: GuestVM, real_bundle_data) -> BootResult:
 # ------------------------------ R550 (open and proprietary) in Debian's 6.12 kernel
 
 
-@pytest.fixture(scope="session")
-def newer_kernel(vm_assets: prov.VMAssets):
-    """Debian's 6.12 (tests/realparts/newer_kernel.py) under the same guest userland.
-    Returns (VMAssets of the 6.12 guest, its unpacked Headers)."""
-    from tests.realparts import newer_kernel as nk
+def _r550(request: pytest.FixtureRequest, vm_assets: prov.VMAssets) -> tuple:
     from tests.realparts.provision import ProvisionError
 
-    t0 = time.monotonic()
+    host_builds.start(request.session, vm_assets, TIMINGS)
     try:
-        k = nk.newer_kernel()
-        assets = prov.provision_extra_kernel(k.headers.abi, k.image_deb, k.headers.output, vm_assets)
+        return host_builds.r550(vm_assets, TIMINGS).result()
     except (ProvisionError, prov.ProvisionError) as exc:
-        _real_parts_unavailable("cannot provision the 6.12 kernel", exc)
-    TIMINGS["6.12 kernel: headers, image, guest root"] = round(time.monotonic() - t0, 1)
-    return assets, k.headers
+        _real_parts_unavailable("cannot provision the 6.12 kernel or NVIDIA's 550 parts", exc)
 
 
 @pytest.fixture(scope="session")
-def r550_installs(newer_kernel):
-    """NVIDIA's real 550.163.01, open and proprietary, built for 6.12 by the installer
-    itself through its sandbox (cached by inputs). Returns ({R550_FLAVORS name:
-    RealInstall}, the version, the real parts)."""
-    from tests.fixtures.runfile import driver_payload
-    from tests.realparts import provision, runfile
-    from tests.realparts.through_installer import install_real
+def newer_kernel(request: pytest.FixtureRequest, vm_assets: prov.VMAssets):
+    """Debian's 6.12 (tests/realparts/newer_kernel.py) under the same guest userland.
+    Returns (VMAssets of the 6.12 guest, its unpacked Headers)."""
+    assets, headers, *_ = _r550(request, vm_assets)
+    return assets, headers
 
-    _assets, headers = newer_kernel
-    t0 = time.monotonic()
-    try:
-        parts = provision.provision()
-    except provision.ProvisionError as exc:
-        _real_parts_unavailable("cannot provision NVIDIA's 550 parts", exc)
-    v = parts.r550.version
-    run = runfile.build_real_run(v, "full", parts, userspace=driver_payload(v))
-    installs = {name: install_real(run, v, module_type, headers)
-                for name, module_type in R550_FLAVORS.items()}
-    TIMINGS["550: host builds through the installer (cold: minutes)"] = round(time.monotonic() - t0, 1)
+
+@pytest.fixture(scope="session")
+def r550_installs(request: pytest.FixtureRequest, vm_assets: prov.VMAssets, newer_kernel):
+    """NVIDIA's real 550.163.01, open and proprietary, built for 6.12. Returns
+    ({R550_FLAVORS name: RealInstall}, the version, the real parts)."""
+    _assets, _headers, installs, v, parts = _r550(request, vm_assets)
     for name, done in installs.items():
         BUILT[name] = done
     return installs, v, parts

@@ -15,7 +15,7 @@ mkdir -p /newroot
 if ! mount -t ext4 -o rw /dev/vda /newroot; then
     echo "MARK stage1-error cannot mount /dev/vda"
     echo o > /proc/sysrq-trigger
-    sleep 30
+    while :; do sleep 60; done  # never exit as PID 1 (init.sh says why)
 fi
 rm -rf /newroot/ndi
 mkdir -p /newroot/ndi
