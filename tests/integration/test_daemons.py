@@ -25,7 +25,7 @@ STATE = "daemons/persistenced.json"
 @pytest.fixture
 def persistenced(pod, node, sidecars):
     """The install put the .run's nvidia-persistenced (NVIDIA's, behind payload/
-    nvidia-persistenced.sh) and libnvidia-cfg.so.1 in the install dir."""
+    real-binary.sh) and libnvidia-cfg.so.1 in the install dir."""
     ok(pod.run("install"))
     assert (node.install_dir / "bin/nvidia-persistenced").is_file()
     assert (node.install_dir / "lib64/libnvidia-cfg.so.1").exists()
