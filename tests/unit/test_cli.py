@@ -453,9 +453,12 @@ def test_every_variable_the_source_reads_is_in_the_readme():
 
 
 @pytest.mark.parametrize("command", ["status", "verify", "doctor", "detect"])
-def test_a_report_s_log_lines_follow_its_output_format(capsys, monkeypatch, tmp_path, command):
+def test_a_report_s_log_lines_follow_its_output_format(capsys, monkeypatch, tmp_path, command,
+                                                      fake_kernel):
     """Issue 34 §5: text on stdout and JSON on stderr (LOG_FORMAT=json from a pod's env, or
-    auto with stderr not a terminal) mixed two formats. -o picks both; --log-format wins."""
+    auto with stderr not a terminal) mixed two formats. -o picks both; --log-format wins.
+    The reports read a fake kernel (doctor reads the kernel log: never the machine's)."""
+    fake_kernel.activate(monkeypatch)
     monkeypatch.setenv("LOG_FORMAT", "json")
     args = [command, "--host-root", str(tmp_path), "--install-dir", str(tmp_path)]
     _, _, err = run_main(capsys, [*args, "-o", "text"])
