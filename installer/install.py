@@ -155,8 +155,9 @@ def _discard(ctx: Context, error: BaseException) -> None:
 
 
 def _warn_unpinned(ctx: Context, plan, distro: Flow) -> None:
-    """A fresh install runs the NVIDIA .run as root: say so when nothing pins it."""
-    if plan.kind != "fresh":
+    """A plan that downloads and runs the NVIDIA .run as root (``fresh``, and ``staged``:
+    the same fill, kept for the next boot) says so when nothing pins it."""
+    if plan.kind not in ("fresh", "staged"):
         return
     unpinned = []
     if not (ctx.settings.driver_sha256 or plan.driver_sha256):

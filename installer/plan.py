@@ -33,7 +33,7 @@ class Plan:
     status, the unpinned warning); ``display`` is for people only (the plan_ready event,
     --dry-run): nothing may read a decision out of it."""
 
-    kind: str  # "fresh", "cached", "preload", "bundle"
+    kind: str  # "fresh", "staged", "cached", "preload", "bundle"
     steps: tuple[Step, ...]
     driver_version: str | None = None
     kernel_module_type: str | None = None  # "open" | "proprietary"

@@ -48,6 +48,9 @@ def test_in_use_driver_keeps_running_and_the_new_one_is_staged(node, pod, kernel
     proc, live, calls = _staged(node, pod, kernel, server)
     final = last_event(proc)
     assert final["plan"] == "staged" and final["outcome"] == "ok"
+    # The staged plan downloads and runs the new .run as root as a fresh one does: unpinned,
+    # it is warned about the same way (issue 40: only "fresh" plans were).
+    assert [e["event"] for e in events(proc.stderr)].count("artifacts_unpinned") == 1
     assert final["message"].startswith(f"NVIDIA driver {V1} keeps running (in use: nvidia: 1 "
                                        "reference(s)) and verified; ")
     assert f"{V2} is staged and installs at the next boot" in final["message"]
