@@ -105,9 +105,10 @@ def load(
         for dep in item.in_tree_deps:
             if not kernel.module_present(dep):
                 argv = ["modprobe"] + (["-d", str(modprobe_root)] if modprobe_root else []) + [dep]
-                _run_load(kernel, runner, argv, dep, lockdown)
+                _run_load(kernel, runner, argv, dep, release, lockdown)
         words = [p.insmod_word for p in item.params]
-        _run_load(kernel, runner, ["insmod", str(item.path), *words], item.name, lockdown)
+        _run_load(kernel, runner, ["insmod", str(item.path), *words], item.name, release,
+                  lockdown)
         loaded_now.append(item.name)
         log.info("module_loaded", module=item.name, path=str(item.path), params=words)
     return loaded_now
@@ -190,9 +191,8 @@ def params_not_applied(kernel: KernelState, module: str,
             if a.param not in have or not _same_value(a.value, have[a.param])]
 
 
-def _run_load(kernel: KernelState, runner: Runner, argv: list[str], name: str,
+def _run_load(kernel: KernelState, runner: Runner, argv: list[str], name: str, release: str,
               lockdown: str) -> None:
-    release = kernel.release()
     try:
         runner.run(argv, timeout=LOAD_TIMEOUT_S)
     except CommandError as exc:
@@ -207,7 +207,7 @@ def _run_load(kernel: KernelState, runner: Runner, argv: list[str], name: str,
                 kernel_release=release,
             ) from exc
         if "No such device" in detail and name == "nvidia":
-            raise _no_gpu_error(kernel, runner) from exc
+            raise _no_gpu_error(kernel, runner, release) from exc
         hint = "see the kernel log (dmesg) for the reason"
         if "Unknown symbol" in detail:
             hint = "a module it depends on is missing or from another driver version; check dmesg"
@@ -218,7 +218,7 @@ def _run_load(kernel: KernelState, runner: Runner, argv: list[str], name: str,
         ) from exc
 
 
-def _no_gpu_error(kernel: KernelState, runner: Runner) -> ModuleLoadError:
+def _no_gpu_error(kernel: KernelState, runner: Runner, release: str) -> ModuleLoadError:
     """nvidia.ko's init returns ENODEV when it finds no GPU it drives (nv.c,
     ``nvidia_init_module``: ``NVRM: No NVIDIA GPU found.``): everything up to the
     hardware worked, which is worth saying exactly. The driver's own words are the last
@@ -230,7 +230,6 @@ def _no_gpu_error(kernel: KernelState, runner: Runner) -> ModuleLoadError:
     current = xid.since_driver_load(records)[0] if not isinstance(records, str) else []
     nvrm = [r for r in current if r.nvrm]
     said = nvrm[-1].message.removeprefix(xid.NVRM) if nvrm else "No NVIDIA GPU found."
-    release = kernel.release()
     return ModuleLoadError(
         f"the driver built and the kernel accepted nvidia.ko, but no NVIDIA GPU is attached "
         f"to this node (kernel: NVRM: {said})",

@@ -19,6 +19,7 @@ import pytest
 from installer import nvidia_run
 from installer.errors import BuildError
 from installer.runner import Runner
+from tests.attacks.payloads import fork_loop
 
 pytestmark = pytest.mark.chroot
 
@@ -32,17 +33,7 @@ label="NVIDIA Accelerated Graphics Driver for Linux-x86_64 550.54.14"
 skip="1"
 python3 - <<'EOF'
 import os, time
-started = 0
-for _ in range({TRIES}):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(60)  # the jail's PID namespace ends them all when the header exits
-        os._exit(0)
-    started += 1
-mounts = [ln.split() for ln in open("/proc/self/mountinfo")]
+{fork_loop(TRIES)}mounts = [ln.split() for ln in open("/proc/self/mountinfo")]
 unsized = sorted(m[4] for m in mounts if m[m.index("-") + 1] == "tmpfs"
                  and m[5].split(",")[0] == "rw" and "size=" not in m[-1])
 dev_rw = any(m[4] == "/dev" and m[5].split(",")[0] == "rw" for m in mounts)

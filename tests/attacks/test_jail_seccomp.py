@@ -24,6 +24,7 @@ import pytest
 from installer import nvidia_run
 from installer.errors import BuildError
 from installer.runner import Runner
+from tests.attacks.payloads import fork_loop
 
 pytestmark = pytest.mark.chroot
 
@@ -58,17 +59,7 @@ else:
             steps.append("pids.max: max")
         except OSError as exc:
             steps.append("pids.max: " + exc.strerror)
-started = 0
-for _ in range({TRIES}):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(60)  # the jail's PID namespace ends them all when the header exits
-        os._exit(0)
-    started += 1
-print(f"j1: started {{started}}; {{'; '.join(steps)}}")
+{fork_loop(TRIES)}print(f"j1: started {{started}}; {{'; '.join(steps)}}")
 """
 KEY_SPEC_USER_KEYRING = -4
 ADD_KEY = """
