@@ -121,7 +121,7 @@ def _run_with_nvlsm(install_dir: Path, nvlsm: list[str], argv: list[str],
     """NVIDIA's order: nvlsm up (its pid file naming a live daemon, bounded), then the fabric
     manager in the foreground; nvlsm dying ends the pod's sidecar (exit 9, named), and
     however the fabric manager ends, nvlsm is stopped with it."""
-    from installer import daemons, sidecars
+    from installer import daemons, forking, sidecars
     from installer.errors import VerifyError
 
     name = daemons.FABRIC_MANAGER
@@ -141,7 +141,7 @@ def _run_with_nvlsm(install_dir: Path, nvlsm: list[str], argv: list[str],
         raise VerifyError(watch.died, hint="nvlsm's log (/var/log/nvlsm.log by its config) "
                           "says why; the pod's sidecar restarts both") from None
     finally:
-        sidecars.stop_pid(pid)
+        forking.stop_pid(pid, sidecars.NVLSM_STOP_S)
     return rc
 
 

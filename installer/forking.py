@@ -46,6 +46,7 @@ log = structlog.get_logger(__name__)
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 STOP_S = 10.0
 PID_FILE_S = 5.0
+PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling (include/linux/threads.h, 64-bit)
 RESTART_HINT = ("the sidecar exits so that the kubelet restarts it; read its daemon_syslog "
                 "lines (kubectl logs <pod> -c nvidia-persistenced)")
 SEVERITIES = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
@@ -167,11 +168,50 @@ def exit_status(pid: int) -> str | None:
 
 
 def read_pid(pid_file: Path) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
+    """The pid a daemon's pid file names; None for none, or for anything but a pid above 1
+    and at most the kernel's ceiling (0 or -1 would make kill and waitpid act on a whole
+    group, a huge number overflows them: a pid file is the daemon's to write, not ours to
+    trust)."""
+    try:
         text = pid_file.read_text(errors="replace")[:32].strip()
-        if text:
-            return int(text)
-    return None
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and 1 < int(text) <= PID_MAX_LIMIT else None
+
+
+def pid_alive(pid: int, proc_dir: Path = Path("/proc")) -> bool:
+    """Whether ``pid`` runs: not gone and no zombie. A daemonized process is re-parented to
+    the container's init, maybe this process: reap it if so; a zombie answers kill(pid, 0)."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        stat_line = (proc_dir / str(pid) / "stat").read_text()
+    except OSError:
+        return True
+    return stat_line.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def stop_pid(pid: int, wait_s: float) -> None:
+    """SIGTERM (a daemon removes its pid file and socket), up to ``wait_s`` for it to go,
+    then SIGKILL and up to ``wait_s`` more: bounded, as every wait here (one stuck in the
+    kernel outlives both; the container's end takes it)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        end = time.monotonic() + wait_s
+        while pid_alive(pid):
+            if time.monotonic() >= end:
+                break
+            time.sleep(0.1)
+        else:
+            return
 
 
 def said(tail: collections.deque[str]) -> str:
@@ -209,19 +249,6 @@ def _start(name: str, argv: Sequence[str], env: Mapping[str, str], watch: Watch,
     return pid
 
 
-def _stop(pid: int) -> None:
-    """SIGTERM (the daemon removes its pid file and socket), SIGKILL after STOP_S."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    end = time.monotonic() + STOP_S
-    while exit_status(pid) is None:
-        if time.monotonic() >= end:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            end = time.monotonic() + STOP_S
-        time.sleep(0.1)
-
-
 def run_forking(install_root: Path, name: str, argv: Sequence[str | os.PathLike[str]],
                 env: Mapping[str, str], watch: Watch, syslog_path: Path | None) -> int:
     """Start the forking daemon and watch it while it lives; never returns while it does.
@@ -248,7 +275,7 @@ def run_forking(install_root: Path, name: str, argv: Sequence[str | os.PathLike[
         raise
     finally:
         if pid is not None and exit_status(pid) is None:  # we were stopped: stop it too
-            _stop(pid)
+            stop_pid(pid, STOP_S)
             daemons.write_state(install_root, name, daemons.EXITED,
                                 f"{name} (pid {pid}) stopped with its sidecar")
         if relay is not None:

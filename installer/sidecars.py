@@ -9,7 +9,6 @@ checks what the daemon needs, writes its config, then hands over to daemons.run_
 from __future__ import annotations
 
 import _thread
-import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ import structlog
 
 from installer import fabricmanager, modules
 from installer.errors import VerifyError
+from installer.forking import pid_alive, read_pid
 from installer.kernel import KernelState
 
 log = structlog.get_logger(__name__)
@@ -107,6 +107,7 @@ def fabric_config(template: str, fm_dir: Path) -> str:
 NVLSM = "nvlsm"
 NVLSM_START_S = 30.0  # nvlsm -B: its launcher returns and its pid file names a live daemon
 NVLSM_POLL_S = 1.0
+NVLSM_STOP_S = 5.0  # NVIDIA's stop path: SIGTERM, 50 x 0.1 s, then SIGKILL
 
 
 def nvlsm_missing(binary: str, config: str) -> list[str]:
@@ -130,33 +131,6 @@ def nvlink5_missing(kernel: KernelState, bridge: str) -> list[str]:
         missing.append(f"the port GUID of {bridge} "
                        f"(/sys/class/infiniband/{bridge}/ports/1/gids/0)")
     return missing
-
-
-def pid_alive(pid: int, proc_dir: Path = Path("/proc")) -> bool:
-    """Whether ``pid`` runs: not gone and no zombie. A daemonized nvlsm is re-parented to the
-    container's init, maybe this process: reap it if so, a zombie answers kill(pid, 0)."""
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        stat = (proc_dir / str(pid) / "stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
-
-
-def read_pid(pid_file: Path) -> int | None:
-    try:
-        text = pid_file.read_text(errors="replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() and int(text) > 1 else None
 
 
 def start_nvlsm(argv: list[str], pid_file: Path, env: dict[str, str], log_file: Path, *,
@@ -188,18 +162,6 @@ def start_nvlsm(argv: list[str], pid_file: Path, env: dict[str, str], log_file: 
     raise VerifyError(f"nvlsm {status} within {NVLSM_START_S:g}s: {said[-500:] or '(no output)'}",
                       hint="nvlsm's log and config (the nvlsm package's) say why; the fabric "
                       "cannot complete without it")
-
-
-def stop_pid(pid: int, *, wait_s: float = 5.0) -> None:
-    """SIGTERM, then up to ``wait_s`` for it to go (NVIDIA's stop path: 50 x 0.1 s), then
-    SIGKILL."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + wait_s
-        while pid_alive(pid) and time.monotonic() < end:
-            time.sleep(0.1)
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 class NvlsmGone(BaseException):

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer import fabric, fabric_steps, fabricmanager, sidecars
+from installer import fabric, fabric_steps, fabricmanager, forking, sidecars
 from installer.errors import UsageError, VerifyError
 from tests.fixtures.clock import Clock
 from tests.fixtures.kernel import NVSWITCH_LR10, NVSWITCH_LS10, FakeKernel
@@ -260,13 +260,13 @@ def test_a_dead_or_zombie_pid_is_not_alive(tmp_path):
 
     child = subprocess.Popen(["true"])
     child.wait()
-    assert not sidecars.pid_alive(child.pid)
+    assert not forking.pid_alive(child.pid)
     proc = tmp_path / "proc" / "4242"
     proc.mkdir(parents=True)
     (proc / "stat").write_text("4242 (nv lsm) Z 1 4242 4242 0 -1\n")
-    assert sidecars.pid_alive(os.getpid(), tmp_path / "proc")  # no stat there: kill(0) says
+    assert forking.pid_alive(os.getpid(), tmp_path / "proc")  # no stat there: kill(0) says
     os.rename(proc, tmp_path / "proc" / str(os.getpid()))
-    assert not sidecars.pid_alive(os.getpid(), tmp_path / "proc")
+    assert not forking.pid_alive(os.getpid(), tmp_path / "proc")
 
 
 def test_the_fake_nvlsm_takes_only_nvidias_options(tmp_path):

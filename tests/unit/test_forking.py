@@ -143,3 +143,22 @@ def _kill_when_running(install_root, stale_pid: int) -> None:
             os.kill(int(state.detail.split()[1]), signal.SIGKILL)
             return
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("text", ["0", "1", "-1", " 12x", "", "9" * 40])
+def test_a_pid_file_naming_no_single_process_is_no_pid(tmp_path, text):
+    """0 and -1 would make kill and waitpid act on a whole group, 1 is init: the pid file is
+    the daemon's to write, so anything but a pid above 1 reads as none."""
+    pid_file = tmp_path / "daemon.pid"
+    pid_file.write_text(text + "\n")
+    assert forking.read_pid(pid_file) is None
+    pid_file.write_text("4242\n")
+    assert forking.read_pid(pid_file) == 4242
+
+
+def test_stopping_a_process_that_ignores_sigterm_ends_in_sigkill_within_its_bound():
+    child = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 30"])
+    time.sleep(0.3)  # its trap set
+    start = time.monotonic()
+    forking.stop_pid(child.pid, 1.0)
+    assert not forking.pid_alive(child.pid) and time.monotonic() - start < 3
