@@ -237,13 +237,37 @@ if [[ -s $host_ca ]]; then
   build_args+=(--build-arg PIP_CERT=/run/ndi-build-ca.pem)
 fi
 
+# buildah's chroot isolation re-executes buildah from a sealed memfd copy of itself
+# (containers/storage pkg/unshare/unshare.c, copy_self_proc_exe). Sealing with
+# F_SEAL_WRITE fails with EBUSY when the kernel still sees extra references on the
+# copy's pages after about 150 ms of backoff (mm/memfd.c, memfd_wait_for_pins): a
+# transient state of the machine, not of the build, seen once in CI as
+# "Close_Fd sealing memfd copy: Device or resource busy". Only that failure is
+# retried, at most twice; the layer cache keeps the steps already built.
+bud_with_retry() {
+  local flavor=$1 image=$2 attempt err
+  err=$(mktemp "$CACHE/bud-stderr.XXXXXX")
+  for attempt in 1 2 3; do
+    if bah bud --isolation chroot --pull-never --layers --quiet \
+      "${volumes[@]}" "${build_args[@]}" \
+      -f "$REPO/images/$flavor/Dockerfile" -t "$image" "$ctx" >/dev/null 2>"$err"; then
+      cat "$err" >&2
+      rm -f "$err"
+      return 0
+    fi
+    cat "$err" >&2
+    if ! grep -q 'sealing memfd copy' "$err" || ((attempt == 3)); then break; fi
+    log "attempt $attempt of $image hit buildah's re-exec seal (EBUSY, transient): retrying"
+  done
+  rm -f "$err"
+  die "building $image failed (buildah's output above)"
+}
+
 for flavor in "${FLAVORS[@]}"; do
   image=localhost/nvidia-driver-installer-$flavor:$TAG
   t=$SECONDS
   log "building $image from images/$flavor/Dockerfile ..."
-  bah bud --isolation chroot --pull-never --layers --quiet \
-    "${volumes[@]}" "${build_args[@]}" \
-    -f "$REPO/images/$flavor/Dockerfile" -t "$image" "$ctx" >/dev/null
+  bud_with_retry "$flavor" "$image"
   log "built $image ($(bah images --format '{{.ID}}, {{.Size}}' "$image"), $((SECONDS - t)) s)"
   if [[ -n ${NDI_EXPORT_DIR:-} ]]; then
     mkdir -p "$NDI_EXPORT_DIR"
