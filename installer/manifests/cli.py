@@ -137,6 +137,12 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
 @click.option("--persistenced", is_flag=True,
               help="Add nvidia-persistenced as a native sidecar (NVIDIA's replacement for "
               "`nvidia-smi -pm 1`, which the 580 driver calls deprecated).")
+@click.option("--health", is_flag=True,
+              help="Add the GPU health sidecar (`sidecar health`): Xid events, GPUs gone, "
+              "daemons down; /metrics for Prometheus and /healthz as its readiness "
+              "(docs/health-and-metrics.md).")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=9402,
+              show_default=True, help="With --health: the port of /metrics and /healthz.")
 @click.option("--partition-gpus-image", metavar="REF", default=PARTITION_GPUS_IMAGE,
               show_default=True, help="The partition-gpus image (a mirror of GKE's, pinned "
               "by digest) with --partition-gpus.")
@@ -194,8 +200,11 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
 def _check_combinations(selected: Sequence[str], node_labels: Sequence[str],
                         extra_env: Mapping[str, str], *, image: str | None, affinity: str,
                         partition_gpus: bool, driver_sha256: str | None,
-                        metrics_file: str | None, **_: Any) -> None:
+                        metrics_file: str | None, health: bool, metrics_port: int,
+                        **_: Any) -> None:
     """Options that make no sense together (each alone is checked with the flavours)."""
+    if metrics_port != RenderOptions.metrics_port and not health:
+        raise click.UsageError("--metrics-port is the health sidecar's: add --health")
     for flag, value, var in (("--driver-sha256", driver_sha256, "NVIDIA_DRIVER_SHA256"),
                              ("--metrics-file", metrics_file, "NVIDIA_INSTALLER_METRICS_FILE")):
         if value and var in extra_env:
