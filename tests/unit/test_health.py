@@ -276,3 +276,20 @@ def health_metric_names() -> list[str]:
     text = metrics.format_metrics(Outcome("ok"), kernel_release="k") + health.format_gauges(
         health.Health(0.0, V, "x", 1, 1, {("79", "reboot"): 1}, {"persistenced": "running"}))
     return sorted({line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")})
+
+
+def test_the_sidecar_on_a_port_in_use_exits_2_with_one_line(tmp_path, capsys, monkeypatch):
+    from installer.cli import main
+
+    busy = MetricsServer("127.0.0.1", 0, lambda: "", lambda: (True, "ok")).start()
+    monkeypatch.setenv("LOG_FORMAT", "json")
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["sidecar", "health", "--install-dir", str(tmp_path), "--listen-address",
+                  "127.0.0.1", "--port", str(busy.port)])
+    finally:
+        busy.close()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert f"cannot serve metrics on 127.0.0.1:{busy.port}: Address already in use" in err
+    assert "Traceback" not in err
