@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from pathlib import Path
 
+from tests.fixtures import realprometheus
 from tests.integration.conftest import V1
 from tests.pod import ok
+
+ALERTS = Path(__file__).parents[2] / "docs/examples/prometheus-alerts.yaml"
 
 XID79 = "NVRM: Xid (PCI:0000:00:04): 79, GPU has fallen off the bus."  # kernel_rc.c's format
 INTERVAL_S = 0.5
@@ -93,3 +99,59 @@ def test_xid_79_in_the_kernel_log_turns_the_node_unhealthy_within_seconds(
                  ) == "1"
     doc = json.loads((node.install_dir / "daemons/health.json").read_text())
     assert (doc["healthy"], doc["action"], doc["driver_version"]) == (False, "reboot", V1)
+
+
+def prometheus_config(tmp_path, target: str) -> str:
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files:\n  - {ALERTS}\n"
+        "scrape_configs:\n  - job_name: nvidia-driver-installer\n"
+        f"    static_configs:\n      - targets: ['{target}']\n")
+    return str(config)
+
+
+def query(base: str, promql: str) -> list[dict]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    status, body = get(url)
+    assert status == 200, body
+    return json.loads(body)["data"]["result"]
+
+
+def test_a_real_prometheus_scrapes_the_sidecar_and_loads_the_alert_rules(
+        pod, node, kernel, sidecars, tmp_path):
+    """Debian's prometheus server (tests/fixtures/realprometheus.py) scrapes the sidecar on
+    loopback; the install's and the health series come back through its HTTP API, and it
+    loads docs/examples/prometheus-alerts.yaml and evaluates every rule without error."""
+    binary = realprometheus.prometheus()
+    ok(pod.run("install"))
+    port, prom_port = free_port(), free_port()
+    health = sidecars("health", NVIDIA_METRICS_ADDRESS="127.0.0.1",
+                      NVIDIA_METRICS_PORT=str(port), NVIDIA_HEALTH_INTERVAL=str(INTERVAL_S))
+    poll(lambda: get(f"http://127.0.0.1:{port}/healthz"), lambda r: r[0] == 200, health)
+    prom = subprocess.Popen(
+        [str(binary), f"--config.file={prometheus_config(tmp_path, f'127.0.0.1:{port}')}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"),  # noqa: SIM115
+        start_new_session=True)
+    base = f"http://127.0.0.1:{prom_port}"
+    try:
+        found = poll(lambda: query(base, "nvidia_driver_installer_success"), bool, prom)
+        assert found[0]["metric"]["job"] == "nvidia-driver-installer"
+        assert found[0]["value"][1] == "1"
+        info = query(base, f'nvidia_driver_installer_info{{driver_version="{V1}"}}')
+        assert info and info[0]["metric"]["outcome"] == "ok", info
+        assert query(base, "nvidia_driver_installer_health_ok")[0]["value"][1] == "1"
+        rules = poll(lambda: json.loads(get(f"{base}/api/v1/rules")[1])["data"]["groups"],
+                     lambda g: g and all(r.get("lastEvaluation", "").startswith("2")
+                                         and not r["lastEvaluation"].startswith("0001")
+                                         for r in g[0]["rules"]), prom)
+        assert [r["health"] for r in rules[0]["rules"]] == ["ok"] * len(rules[0]["rules"])
+        assert len(rules[0]["rules"]) >= 9
+    finally:
+        prom.terminate()
+        try:
+            prom.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+            prom.wait(timeout=30)

@@ -5,6 +5,7 @@ silently: Prometheus evaluates an unknown series as no data, never as an error).
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,31 @@ def test_the_name_finder_sees_through_promql():
     assert metric_names('time() - a_b{x="y{z}"} > 300 and on (node) c[5m] offset 1m') == {
         "a_b", "c"}
     assert metric_names("sum by (daemon) (nope_total) == 0") == {"nope_total"}
+
+
+def test_promtool_passes_the_rules_and_the_sidecars_metrics(tmp_path):
+    """Prometheus's own checker (Debian's promtool, tests/fixtures/realprometheus.py): the
+    rule file loads, and the exposition text (every metric, with labels) lints clean."""
+    from installer import health, metrics
+    from installer.outcome import Outcome
+    from tests.fixtures import realprometheus
+
+    promtool = str(realprometheus.promtool())
+    rules = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True,
+                           text=True, timeout=60)
+    assert rules.returncode == 0 and f"SUCCESS: {len(alerts())} rules found" in rules.stdout, (
+        rules.stdout + rules.stderr)
+    text = metrics.format_metrics(
+        Outcome("ok", driver_version="580.95.05", plan="fresh", staged_driver_version="580.105.08"),
+        kernel_release="6.8.0-1015-gcp") + health.format_gauges(
+        health.Health(0.0, "580.95.05", "580.105.08", 2, 1, {("79", "reboot"): 1, ("13", "app"): 2},
+                      {"persistenced": "exited"}, ("GPU gone",), "reboot"))
+    lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=60)
+    assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), (
+        lint.stdout + lint.stderr)
+    # The check can fail: a counter without its _total suffix is one of promtool's lints.
+    broken = subprocess.run([promtool, "check", "metrics"], input=text.replace(
+        "health_problems gauge", "health_problems counter"), capture_output=True, text=True,
+        timeout=60)
+    assert "_total" in broken.stdout + broken.stderr, broken
