@@ -21,8 +21,9 @@ from installer.clitypes import LOG_FORMATS, Seconds
 
 @click.group("sidecar", short_help="Run an NVIDIA daemon as the DaemonSet's sidecar.")
 def sidecar() -> None:
-    """NVIDIA's daemons as native sidecars (init containers with restartPolicy: Always),
-    rendered by `manifests render --nvswitch / --persistenced`."""
+    """NVIDIA's daemons, and the GPU health watcher, as native sidecars (init containers
+    with restartPolicy: Always), rendered by `manifests render --nvswitch / --persistenced /
+    --health`."""
 
 
 def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
