@@ -22,6 +22,7 @@ from installer.manifests.render import (
     needs_nfd,
     render,
     render_files,
+    render_pod_monitoring,
     sidecars,
 )
 from installer.manifests.validate import (
@@ -143,6 +144,9 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
               "(docs/health-and-metrics.md).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=9402,
               show_default=True, help="With --health: the port of /metrics and /healthz.")
+@click.option("--pod-monitoring", is_flag=True,
+              help="With --health: add a GKE Managed Prometheus PodMonitoring that scrapes "
+              "the sidecars' /metrics (podmonitoring.yaml with --output-dir).")
 @click.option("--partition-gpus-image", metavar="REF", default=PARTITION_GPUS_IMAGE,
               show_default=True, help="The partition-gpus image (a mirror of GKE's, pinned "
               "by digest) with --partition-gpus.")
@@ -192,7 +196,8 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
                    "cloud.google.com/ label (GKE) GKE's own OS label is used instead, for the "
                    "flavours GKE has node images of", err=True)
     if output_dir is None:
-        click.echo("".join(render(f, opts) for f in selected), nl=False)
+        monitoring = render_pod_monitoring(selected, opts) if opts.pod_monitoring else ""
+        click.echo("".join(render(f, opts) for f in selected) + monitoring, nl=False)
     else:
         _write(output_dir, render_files(selected, opts))
 
@@ -201,8 +206,10 @@ def _check_combinations(selected: Sequence[str], node_labels: Sequence[str],
                         extra_env: Mapping[str, str], *, image: str | None, affinity: str,
                         partition_gpus: bool, driver_sha256: str | None,
                         metrics_file: str | None, health: bool, metrics_port: int,
-                        **_: Any) -> None:
+                        pod_monitoring: bool, **_: Any) -> None:
     """Options that make no sense together (each alone is checked with the flavours)."""
+    if pod_monitoring and not health:
+        raise click.UsageError("--pod-monitoring scrapes the health sidecar: add --health")
     if metrics_port != RenderOptions.metrics_port and not health:
         raise click.UsageError("--metrics-port is the health sidecar's: add --health")
     for flag, value, var in (("--driver-sha256", driver_sha256, "NVIDIA_DRIVER_SHA256"),

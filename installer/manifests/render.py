@@ -60,6 +60,8 @@ TEMPLATE_PACKAGE = "installer"
 TEMPLATE_DIR = "templates"
 DAEMONSET_TEMPLATE = "daemonset.yaml.j2"
 KUSTOMIZATION_TEMPLATE = "kustomization.yaml.j2"
+POD_MONITORING_TEMPLATE = "pod-monitoring.yaml.j2"
+POD_MONITORING_FILE = "podmonitoring.yaml"
 
 _PLAIN_SCALAR = re.compile(r"^[A-Za-z/][A-Za-z0-9._/@+-]*(?::[A-Za-z0-9._/@+-]+)*$")
 _YAML11_SPECIAL = re.compile(r"^(?:y|yes|n|no|true|false|on|off|null|~)$", re.IGNORECASE)
@@ -105,6 +107,7 @@ class RenderOptions:
     metrics_file: str | None = None  # host path of a node_exporter textfile
     health: bool = False  # issue 41: the health sidecar, /metrics and /healthz on metrics_port
     metrics_port: int = 9402
+    pod_monitoring: bool = False  # with health: GKE Managed Prometheus's PodMonitoring
 
 
 # The daemon sidecars, in the order they start (before the install: each waits for the driver).
@@ -339,6 +342,15 @@ def render(flavor: str, opts: RenderOptions | None = None) -> str:
     return environment().get_template(DAEMONSET_TEMPLATE).render(**context)
 
 
+def render_pod_monitoring(flavors: Sequence[str], opts: RenderOptions) -> str:
+    """GKE Managed Prometheus's PodMonitoring of the rendered DaemonSets' pods: their
+    ``metrics`` port (the health sidecar's), every 30 s."""
+    suffix = f"-{opts.instance}" if opts.instance else ""
+    return environment().get_template(POD_MONITORING_TEMPLATE).render(
+        name=f"nvidia-driver-installer{suffix}", namespace=opts.namespace,
+        instances=[daemonset_name(f, opts.instance) for f in flavors])
+
+
 def render_kustomization(files: Sequence[str]) -> str:
     return environment().get_template(KUSTOMIZATION_TEMPLATE).render(resources=list(files))
 
@@ -348,5 +360,7 @@ def render_files(flavors: Sequence[str], opts: RenderOptions | None = None) -> d
     plus a kustomization.yaml listing them."""
     instance = opts.instance if opts else None
     files = {daemonset_filename(f, instance): render(f, opts) for f in flavors}
+    if opts and opts.pod_monitoring:
+        files[POD_MONITORING_FILE] = render_pod_monitoring(flavors, opts)
     files["kustomization.yaml"] = render_kustomization(list(files))
     return files

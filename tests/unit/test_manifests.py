@@ -342,6 +342,45 @@ def test_a_metrics_port_without_the_health_sidecar_is_refused():
     assert "--metrics-port is the health sidecar's: add --health" in result.output
 
 
+def test_pod_monitoring_scrapes_the_metrics_port_of_exactly_the_rendered_daemonsets(tmp_path):
+    """Issue 41: `--pod-monitoring` adds GKE Managed Prometheus's PodMonitoring, selecting
+    the pods of the DaemonSets rendered with it (their instance labels) by port name."""
+    result = render_cli("--all", "--health", "--pod-monitoring", "--name", "a100",
+                        "--namespace", "gpu-system")
+    assert result.exit_code == 0, result.output
+    *daemonsets, monitoring = _docs(result.stdout)
+    assert [d["kind"] for d in daemonsets] == ["DaemonSet"] * len(daemonsets)
+    assert monitoring["apiVersion"] == "monitoring.googleapis.com/v1"
+    assert monitoring["kind"] == "PodMonitoring"
+    assert monitoring["metadata"]["name"] == "nvidia-driver-installer-a100"
+    assert monitoring["metadata"]["namespace"] == "gpu-system"
+    assert monitoring["spec"]["endpoints"] == [{"port": "metrics", "interval": "30s"}]
+    selector = monitoring["spec"]["selector"]
+    (expr,) = selector["matchExpressions"]
+    for ds in daemonsets:
+        labels = _pod_labels(ds)
+        assert selector["matchLabels"].items() <= labels.items()
+        assert expr["operator"] == "In" and labels[expr["key"]] in expr["values"]
+        ports = {p["name"] for c in _pod(ds)["initContainers"] for p in c.get("ports", ())}
+        assert ports == {"metrics"}
+    assert len(expr["values"]) == len(daemonsets)
+    out = tmp_path / "out"
+    assert render_cli("--all", "--health", "--pod-monitoring", "--output-dir",
+                      str(out)).exit_code == 0
+    assert "- podmonitoring.yaml" in (out / "kustomization.yaml").read_text()
+    assert _one((out / "podmonitoring.yaml").read_text())["kind"] == "PodMonitoring"
+
+
+def test_pod_monitoring_without_the_health_sidecar_is_refused():
+    result = render_cli("--flavor", "ubuntu", "--pod-monitoring")
+    assert result.exit_code == 2
+    assert "--pod-monitoring scrapes the health sidecar: add --health" in result.output
+
+
+def _pod_labels(ds: dict) -> dict:
+    return ds["spec"]["template"]["metadata"]["labels"]
+
+
 def test_committed_defaults():
     cos = _one((MANIFESTS / "daemonset-cos.yaml").read_text())
     ubuntu = _one((MANIFESTS / "daemonset-ubuntu.yaml").read_text())
