@@ -21,8 +21,9 @@ from installer.clitypes import LOG_FORMATS, Seconds
 
 @click.group("sidecar", short_help="Run an NVIDIA daemon as the DaemonSet's sidecar.")
 def sidecar() -> None:
-    """NVIDIA's daemons as native sidecars (init containers with restartPolicy: Always),
-    rendered by `manifests render --nvswitch / --persistenced`."""
+    """NVIDIA's daemons, and the GPU health watcher, as native sidecars (init containers
+    with restartPolicy: Always), rendered by `manifests render --nvswitch / --persistenced /
+    --health`."""
 
 
 def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -207,3 +208,71 @@ def persistenced(install_dir: Path, driver_wait_s: float, log_format: str,
     forking.become_subreaper()  # the forked daemon becomes our child: its exit status
     return forking.run_forking(install_dir, name, sidecars.persistenced_argv(binary, install_dir),
                                env, watch, kernel.dev_dir / "log")
+
+
+@sidecar.command("health", short_help="Watch the GPUs after the install; serve /metrics.")
+@click.option("--install-dir", type=click.Path(path_type=Path),
+              envvar="NVIDIA_INSTALL_DIR_CONTAINER", show_envvar=True,
+              default=str(podcontract.INSTALL_DIR_CONTAINER), show_default=True,
+              help="This container's view of the install dir.")
+@click.option("--interval", "interval_s", type=Seconds(open_min=True),
+              envvar="NVIDIA_HEALTH_INTERVAL", default=30, show_default=True,
+              show_envvar=True, help="Time between two checks (each reads the kernel log, "
+              "bounded: 8 MiB, 3 s).")
+@click.option("--listen-address", envvar="NVIDIA_METRICS_ADDRESS", show_envvar=True,
+              default="0.0.0.0", show_default=True,
+              help="Address /metrics and /healthz are served on (127.0.0.1: this node only).")
+@click.option("--port", type=click.IntRange(0, 65535), envvar="NVIDIA_METRICS_PORT",
+              show_envvar=True, default=9402, show_default=True,
+              help="Port of /metrics and /healthz (0: any free one, logged).")
+@click.option("--log-format", type=LOG_FORMATS, envvar="LOG_FORMAT", default="auto",
+              show_default=True, show_envvar=True)
+def health(install_dir: Path, interval_s: float, listen_address: str, port: int,
+           log_format: str) -> int:
+    """Check the node's GPUs every --interval seconds after the install: Xid/GSP events in
+    the kernel log since the driver's load (the kernel's own records only), GPUs gone from
+    the driver, daemon sidecars down, a driver staged for the next boot. The verdict goes to
+    <install-dir>/daemons/health.json and, with the install's own metrics, to /metrics;
+    /healthz answers 503 with the reasons while the node needs action. Reads only: it never
+    changes a GPU setting. Runs until the pod stops (docs/health-and-metrics.md)."""
+    from installer import health as checks
+    from installer.errors import UsageError
+    from installer.installdir import InstallDir
+    from installer.kernel import KernelState
+    from installer.log import configure
+    from installer.metrics_http import MetricsServer
+    from installer.runner import Runner
+
+    configure(log_format)
+    kernel = KernelState()
+    install = InstallDir(install_dir, podcontract.INSTALL_DIR_HOST)
+    watcher = checks.Watcher(install, kernel, Runner(env=kernel.seam_env()))
+    try:
+        server = MetricsServer(listen_address, port, lambda: _scrape(watcher),
+                               lambda: _healthz(watcher)).start()
+    except OSError as exc:
+        raise UsageError(f"cannot serve metrics on {listen_address}:{port}: {exc.strerror}",
+                         hint="choose a free port (--port / NVIDIA_METRICS_PORT) and an "
+                         "address of this pod (--listen-address)") from None
+    checks.log.info("health_serving", address=server.host, port=server.port)
+    try:
+        checks.watch(watcher, interval_s)
+    finally:
+        server.close()
+    return 0
+
+
+def _scrape(watcher: Any) -> str:
+    from installer import health as checks
+
+    return (checks.install_metrics(watcher.install, watcher.kernel)
+            + checks.format_gauges(watcher.last))
+
+
+def _healthz(watcher: Any) -> tuple[bool, str]:
+    last = watcher.last
+    if last is None:
+        return False, "not checked yet"
+    if last.healthy:
+        return True, "ok"
+    return False, f"action {last.action}: " + "; ".join(last.problems)

@@ -17,7 +17,8 @@ log = structlog.get_logger(__name__)
 METRIC_PREFIX = "nvidia_driver_installer"
 
 
-def _label(value: object) -> str:
+def label_value(value: object) -> str:
+    """A label value escaped as the Prometheus text format wants it."""
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
@@ -25,10 +26,10 @@ def format_metrics(outcome: Outcome, *, kernel_release: str,
                    finished_at: float | None = None) -> str:
     """node_exporter textfile: HELP/TYPE lines, one sample per metric. ``_info`` names the
     driver that runs; a version staged for the next boot has a metric of its own."""
-    labels = (f'driver_version="{_label(outcome.driver_version or "")}",'
-              f'plan="{_label(outcome.plan or "")}",'
-              f'kernel_release="{_label(kernel_release)}",outcome="{_label(outcome.outcome)}",'
-              f'error_class="{_label(outcome.error_class or "")}"')
+    labels = (f'driver_version="{label_value(outcome.driver_version or "")}",'
+              f'plan="{label_value(outcome.plan or "")}",'
+              f'kernel_release="{label_value(kernel_release)}",outcome="{label_value(outcome.outcome)}",'
+              f'error_class="{label_value(outcome.error_class or "")}"')
     staged_version = outcome.staged_driver_version if outcome.staged else None
     p = METRIC_PREFIX
     samples = [
@@ -39,12 +40,12 @@ def format_metrics(outcome: Outcome, *, kernel_release: str,
          f"{p}_success {1 if outcome.outcome == OK else 0}"),
         ("staged_for_next_boot", "gauge", "1 while a driver version waits for the next boot "
          "(the running one is in use; drain and reboot to switch), else 0.",
-         f'{p}_staged_for_next_boot{{driver_version="{_label(staged_version or "")}"}} '
+         f'{p}_staged_for_next_boot{{driver_version="{label_value(staged_version or "")}"}} '
          f'{1 if staged_version else 0}'),
         ("cuda_check_deferred", "gauge", "1 while the CUDA proof waits for MIG instances "
          "(a GPU in MIG mode without instances is no CUDA device; verify proves it once the "
          "partitioner made them), else 0.",
-         f'{p}_cuda_check_deferred{{detail="{_label(outcome.cuda_check or "")}"}} '
+         f'{p}_cuda_check_deferred{{detail="{label_value(outcome.cuda_check or "")}"}} '
          f'{1 if outcome.cuda_deferred else 0}'),
         ("exit_code", "gauge", "Exit code of the last run (0 ok; see the README).",
          f"{p}_exit_code {outcome.exit_code}"),

@@ -22,4 +22,7 @@ if ((default)); then
   cd "$(dirname "$0")/.."
   /usr/bin/python3 -m tests.fixtures.realmodprobe >/dev/null
   /usr/bin/python3 -m tests.fixtures.realpersistenced >/dev/null
+  # Debian's prometheus and promtool (main), the same way: the health sidecar's scrape
+  # and alert-rule tests (tests/fixtures/realprometheus.py).
+  /usr/bin/python3 -m tests.fixtures.realprometheus >/dev/null
 fi

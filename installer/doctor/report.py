@@ -38,6 +38,7 @@ from installer.doctor.workload import (
     check_cuda,
     check_daemons,
     check_fabric,
+    check_gpu_health,
     check_kernel_log,
 )
 from installer.errors import ExitCode
@@ -61,6 +62,7 @@ CHECKS: tuple[tuple[str, Callable[[Node], Finding]], ...] = (
     ("nvlink_fabric", check_fabric),
     ("cuda", check_cuda),
     ("kernel_log", check_kernel_log),
+    ("gpu_health", check_gpu_health),
     ("host_ld_cache", check_host_ld_cache),
     ("readiness", check_readiness),
     ("device_plugin", check_device_plugin),

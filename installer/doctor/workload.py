@@ -3,7 +3,7 @@ NVSwitch fabric, CUDA itself, and the kernel log's GPU faults."""
 
 from __future__ import annotations
 
-from installer import cuda_check, daemons, fabric, xid
+from installer import cuda_check, daemons, fabric, health, xid
 from installer.diagnostics import read_kernel_log
 from installer.doctor.node import FAIL, OK, WARN, Finding, Node
 from installer.errors import InstallerError
@@ -87,3 +87,21 @@ def check_kernel_log(n: Node) -> Finding:
     return Finding("kernel_log", FAIL, shown[:600],
                    "drain the node, then " + ("reboot it" if reboot else
                                               "reset the GPU (nvidia-smi -r) or reboot"))
+
+
+def check_gpu_health(n: Node) -> Finding:
+    """The health sidecar's last verdict (<install-dir>/daemons/health.json), as old as it is:
+    doctor's own kernel_log line reads the log now, this one says what the cluster sees."""
+    doc = health.read_status(n.install.root)
+    if doc is None:
+        return Finding("gpu_health", OK, "no health sidecar reports here (manifests render "
+                       "--health adds one)")
+    when = str(doc.get("checked_at", "?"))
+    if doc.get("healthy") is True:
+        return Finding("gpu_health", OK, f"the health sidecar found no problem (checked {when})")
+    problems = doc.get("problems")
+    shown = "; ".join(map(str, problems)) if isinstance(problems, list) else "?"
+    return Finding("gpu_health", FAIL, f"the health sidecar says action "
+                   f"{doc.get('action', '?')} (checked {when}): {shown}"[:600],
+                   "docs/health-and-metrics.md says what each action needs; "
+                   "kubectl logs <pod> -c nvidia-gpu-health")

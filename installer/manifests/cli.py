@@ -22,6 +22,7 @@ from installer.manifests.render import (
     needs_nfd,
     render,
     render_files,
+    render_pod_monitoring,
     sidecars,
 )
 from installer.manifests.validate import (
@@ -137,6 +138,15 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
 @click.option("--persistenced", is_flag=True,
               help="Add nvidia-persistenced as a native sidecar (NVIDIA's replacement for "
               "`nvidia-smi -pm 1`, which the 580 driver calls deprecated).")
+@click.option("--health", is_flag=True,
+              help="Add the GPU health sidecar (`sidecar health`): Xid events, GPUs gone, "
+              "daemons down; /metrics for Prometheus and /healthz as its readiness "
+              "(docs/health-and-metrics.md).")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=9402,
+              show_default=True, help="With --health: the port of /metrics and /healthz.")
+@click.option("--pod-monitoring", is_flag=True,
+              help="With --health: add a GKE Managed Prometheus PodMonitoring that scrapes "
+              "the sidecars' /metrics (podmonitoring.yaml with --output-dir).")
 @click.option("--partition-gpus-image", metavar="REF", default=PARTITION_GPUS_IMAGE,
               show_default=True, help="The partition-gpus image (a mirror of GKE's, pinned "
               "by digest) with --partition-gpus.")
@@ -186,7 +196,8 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
                    "cloud.google.com/ label (GKE) GKE's own OS label is used instead, for the "
                    "flavours GKE has node images of", err=True)
     if output_dir is None:
-        click.echo("".join(render(f, opts) for f in selected), nl=False)
+        monitoring = render_pod_monitoring(selected, opts) if opts.pod_monitoring else ""
+        click.echo("".join(render(f, opts) for f in selected) + monitoring, nl=False)
     else:
         _write(output_dir, render_files(selected, opts))
 
@@ -194,8 +205,13 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
 def _check_combinations(selected: Sequence[str], node_labels: Sequence[str],
                         extra_env: Mapping[str, str], *, image: str | None, affinity: str,
                         partition_gpus: bool, driver_sha256: str | None,
-                        metrics_file: str | None, **_: Any) -> None:
+                        metrics_file: str | None, health: bool, metrics_port: int,
+                        pod_monitoring: bool, **_: Any) -> None:
     """Options that make no sense together (each alone is checked with the flavours)."""
+    if pod_monitoring and not health:
+        raise click.UsageError("--pod-monitoring scrapes the health sidecar: add --health")
+    if metrics_port != RenderOptions.metrics_port and not health:
+        raise click.UsageError("--metrics-port is the health sidecar's: add --health")
     for flag, value, var in (("--driver-sha256", driver_sha256, "NVIDIA_DRIVER_SHA256"),
                              ("--metrics-file", metrics_file, "NVIDIA_INSTALLER_METRICS_FILE")):
         if value and var in extra_env:

@@ -60,6 +60,8 @@ TEMPLATE_PACKAGE = "installer"
 TEMPLATE_DIR = "templates"
 DAEMONSET_TEMPLATE = "daemonset.yaml.j2"
 KUSTOMIZATION_TEMPLATE = "kustomization.yaml.j2"
+POD_MONITORING_TEMPLATE = "pod-monitoring.yaml.j2"
+POD_MONITORING_FILE = "podmonitoring.yaml"
 
 _PLAIN_SCALAR = re.compile(r"^[A-Za-z/][A-Za-z0-9._/@+-]*(?::[A-Za-z0-9._/@+-]+)*$")
 _YAML11_SPECIAL = re.compile(r"^(?:y|yes|n|no|true|false|on|off|null|~)$", re.IGNORECASE)
@@ -103,6 +105,9 @@ class RenderOptions:
     partition_gpus_image: str = PARTITION_GPUS_IMAGE
     driver_sha256: str | None = None  # pins the .run of driver_version
     metrics_file: str | None = None  # host path of a node_exporter textfile
+    health: bool = False  # issue 41: the health sidecar, /metrics and /healthz on metrics_port
+    metrics_port: int = 9402
+    pod_monitoring: bool = False  # with health: GKE Managed Prometheus's PodMonitoring
 
 
 # The daemon sidecars, in the order they start (before the install: each waits for the driver).
@@ -129,7 +134,22 @@ def sidecars(opts: RenderOptions) -> list[dict[str, Any]]:
             "daemon": "persistenced",
             "env": [], "why": ("nvidia-persistenced keeps the GPUs initialised with no client",
                                "(the 580 driver calls `nvidia-smi -pm 1` deprecated).")})
+    if opts.health:
+        out.append(health_sidecar(opts.metrics_port))
     return out
+
+
+def health_sidecar(port: int) -> dict[str, Any]:
+    """``sidecar health`` (docs/health-and-metrics.md): no daemon the install waits for, a
+    port Prometheus scrapes, /healthz as its readiness (a node that needs a reset or a reboot
+    shows as a not-ready pod) and /metrics as its liveness (200 while it serves)."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"the metrics port {port} is not a TCP port (1-65535)")
+    return {"name": "nvidia-gpu-health", "command": "health", "config_map": None,
+            "daemon": None, "port": port,
+            "env": [("NVIDIA_METRICS_PORT", str(port))],
+            "why": ("Watches the GPUs after the install: Xid events, GPUs gone, daemons",
+                    "down; serves /metrics and /healthz (docs/health-and-metrics.md).")}
 
 
 def match_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]]:
@@ -241,7 +261,7 @@ def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
         if key in OWN_ENV and key not in needs.own_env:
             continue  # another distro's setting (COS artifacts mean nothing elsewhere; its pin is refused)
         env[key] = value
-    if required := " ".join(s["daemon"] for s in sidecars(opts)):
+    if required := " ".join(s["daemon"] for s in sidecars(opts) if s["daemon"]):
         env["NVIDIA_REQUIRED_DAEMONS"] = required  # ready only with the sidecars up
     return list(env.items())
 
@@ -322,6 +342,15 @@ def render(flavor: str, opts: RenderOptions | None = None) -> str:
     return environment().get_template(DAEMONSET_TEMPLATE).render(**context)
 
 
+def render_pod_monitoring(flavors: Sequence[str], opts: RenderOptions) -> str:
+    """GKE Managed Prometheus's PodMonitoring of the rendered DaemonSets' pods: their
+    ``metrics`` port (the health sidecar's), every 30 s."""
+    suffix = f"-{opts.instance}" if opts.instance else ""
+    return environment().get_template(POD_MONITORING_TEMPLATE).render(
+        name=f"nvidia-driver-installer{suffix}", namespace=opts.namespace,
+        instances=[daemonset_name(f, opts.instance) for f in flavors])
+
+
 def render_kustomization(files: Sequence[str]) -> str:
     return environment().get_template(KUSTOMIZATION_TEMPLATE).render(resources=list(files))
 
@@ -331,5 +360,7 @@ def render_files(flavors: Sequence[str], opts: RenderOptions | None = None) -> d
     plus a kustomization.yaml listing them."""
     instance = opts.instance if opts else None
     files = {daemonset_filename(f, instance): render(f, opts) for f in flavors}
+    if opts and opts.pod_monitoring:
+        files[POD_MONITORING_FILE] = render_pod_monitoring(flavors, opts)
     files["kustomization.yaml"] = render_kustomization(list(files))
     return files

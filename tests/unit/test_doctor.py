@@ -684,3 +684,25 @@ def test_a_trained_hgx_a100_fabric_is_ok_though_nvml_reads_na(node, capsys):
     _code, found = node.findings(capsys)
     assert found["nvlink_fabric"]["verdict"] == "ok", found["nvlink_fabric"]
     assert found["nvlink_fabric"]["detail"].startswith("NVSwitch gen 2 (lr10, HGX A100)")
+
+
+def test_the_health_sidecars_verdict_is_a_line_of_its_own(node, capsys):
+    """Issue 41: doctor reads the verdict the health sidecar keeps (daemons/health.json)."""
+    from installer import health
+    from installer.health import Health
+
+    _, found = node.findings(capsys)
+    assert found["gpu_health"]["detail"].startswith("no health sidecar reports here")
+    health.write_status(node.install, Health(0.0, V, None, 1, 1))
+    _, found = node.findings(capsys)
+    assert found["gpu_health"] == {
+        "check": "gpu_health", "verdict": "ok", "fix": "",
+        "detail": "the health sidecar found no problem (checked 1970-01-01T00:00:00Z)"}
+    health.write_status(node.install, Health(
+        0.0, V, None, 1, 1, {("79", "reboot"): 1}, {},
+        ("Xid 79 (PCI:0000:00:04): GPU has fallen off the bus",), "reboot"))
+    code, found = node.findings(capsys)
+    assert code != 0 and found["gpu_health"]["verdict"] == "fail"
+    assert found["gpu_health"]["detail"] == (
+        "the health sidecar says action reboot (checked 1970-01-01T00:00:00Z): "
+        "Xid 79 (PCI:0000:00:04): GPU has fallen off the bus")

@@ -86,6 +86,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # Issue 31: the daemon sidecars, the fabric manager with its own config.
     "nvswitch-sidecars": ("--flavor", "ubuntu", "--nvswitch", "--fabric-manager-config",
                           "hgx-fabricmanager", "--persistenced"),
+    # Issue 41: the health sidecar, after the daemons', on its own port.
+    "health-sidecar": ("--flavor", "ubuntu", "--persistenced", "--health",
+                       "--metrics-port", "9500"),
 }
 
 
@@ -157,7 +160,7 @@ def test_kubernetes_validate_strict(version, variant_texts):
     import kubernetes_validate
 
     for label, ds in all_daemonsets(variant_texts):
-        if label.startswith("nvswitch-sidecars/") and version < "1.29":
+        if label.startswith(("nvswitch-sidecars/", "health-sidecar/")) and version < "1.29":
             continue  # native sidecars (an init container's restartPolicy): Kubernetes 1.29+
         try:
             kubernetes_validate.validate(ds, version, strict=True)
@@ -312,6 +315,70 @@ def test_daemon_sidecars_start_first_as_native_sidecars(variant_texts):
     assert volumes["fabric-manager-config"]["configMap"]["name"] == "hgx-fabricmanager"
     (plain,) = _docs(render_cli("--flavor", "ubuntu").stdout)
     assert [c["name"] for c in _pod(plain)["initContainers"]] == ["nvidia-driver-installer"]
+
+
+def test_the_health_sidecar_serves_its_port_with_probes_and_is_no_required_daemon(
+        variant_texts):
+    """Issue 41: `--health` adds `sidecar health` as a native sidecar with the metrics port,
+    /healthz as readiness and /metrics as liveness; the install does not wait for it."""
+    (ds,) = _docs(variant_texts["health-sidecar"])
+    inits = _pod(ds)["initContainers"]
+    assert [c["name"] for c in inits] == ["nvidia-persistenced", "nvidia-gpu-health",
+                                          "nvidia-driver-installer"]
+    sidecar = inits[1]
+    assert (sidecar["restartPolicy"], sidecar["args"]) == ("Always", ["sidecar", "health"])
+    assert sidecar["ports"] == [{"name": "metrics", "containerPort": 9500}]
+    assert {e["name"]: e["value"] for e in sidecar["env"]}["NVIDIA_METRICS_PORT"] == "9500"
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert "/dev" in {m["mountPath"] for m in sidecar["volumeMounts"]}  # /dev/kmsg
+    assert _env(ds)["NVIDIA_REQUIRED_DAEMONS"] == "persistenced"
+    assert "ports" not in inits[0] and "readinessProbe" not in inits[0]
+
+
+def test_a_metrics_port_without_the_health_sidecar_is_refused():
+    result = render_cli("--flavor", "ubuntu", "--metrics-port", "9500")
+    assert result.exit_code == 2
+    assert "--metrics-port is the health sidecar's: add --health" in result.output
+
+
+def test_pod_monitoring_scrapes_the_metrics_port_of_exactly_the_rendered_daemonsets(tmp_path):
+    """Issue 41: `--pod-monitoring` adds GKE Managed Prometheus's PodMonitoring, selecting
+    the pods of the DaemonSets rendered with it (their instance labels) by port name."""
+    result = render_cli("--all", "--health", "--pod-monitoring", "--name", "a100",
+                        "--namespace", "gpu-system")
+    assert result.exit_code == 0, result.output
+    *daemonsets, monitoring = _docs(result.stdout)
+    assert [d["kind"] for d in daemonsets] == ["DaemonSet"] * len(daemonsets)
+    assert monitoring["apiVersion"] == "monitoring.googleapis.com/v1"
+    assert monitoring["kind"] == "PodMonitoring"
+    assert monitoring["metadata"]["name"] == "nvidia-driver-installer-a100"
+    assert monitoring["metadata"]["namespace"] == "gpu-system"
+    assert monitoring["spec"]["endpoints"] == [{"port": "metrics", "interval": "30s"}]
+    selector = monitoring["spec"]["selector"]
+    (expr,) = selector["matchExpressions"]
+    for ds in daemonsets:
+        labels = _pod_labels(ds)
+        assert selector["matchLabels"].items() <= labels.items()
+        assert expr["operator"] == "In" and labels[expr["key"]] in expr["values"]
+        ports = {p["name"] for c in _pod(ds)["initContainers"] for p in c.get("ports", ())}
+        assert ports == {"metrics"}
+    assert len(expr["values"]) == len(daemonsets)
+    out = tmp_path / "out"
+    assert render_cli("--all", "--health", "--pod-monitoring", "--output-dir",
+                      str(out)).exit_code == 0
+    assert "- podmonitoring.yaml" in (out / "kustomization.yaml").read_text()
+    assert _one((out / "podmonitoring.yaml").read_text())["kind"] == "PodMonitoring"
+
+
+def test_pod_monitoring_without_the_health_sidecar_is_refused():
+    result = render_cli("--flavor", "ubuntu", "--pod-monitoring")
+    assert result.exit_code == 2
+    assert "--pod-monitoring scrapes the health sidecar: add --health" in result.output
+
+
+def _pod_labels(ds: dict) -> dict:
+    return ds["spec"]["template"]["metadata"]["labels"]
 
 
 def test_committed_defaults():
