@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from installer import __version__
+from installer.branches import EXAMPLE_BRANCH
 from installer.clitypes import LOG_FORMATS, Seconds
 from installer.distros import DISTROS
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
@@ -211,7 +212,7 @@ def _exit_codes_epilog() -> str:
 @_host_options
 @readiness_options
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
-              help="Driver version, or on COS an alias: default, latest, R535 … "
+              help=f"Driver version, or on COS an alias: default, latest, {EXAMPLE_BRANCH} … "
               "[default: COS: default; Ubuntu: a pinned, tested version]")
 @click.option("--driver-url", envvar="NVIDIA_DRIVER_DOWNLOAD_URL", show_envvar=True,
               help="Full URL (https:// or file://) of the NVIDIA .run [default: from --driver-base-url].")

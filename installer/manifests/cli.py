@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from installer.branches import EXAMPLE_VERSION
 from installer.distros import BUNDLE_BUILDER, DISTROS
 from installer.manifests.bundle_job import JobOptions
 from installer.manifests.bundle_job import render as render_job
@@ -299,7 +300,7 @@ def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, st
 
 @manifests.command("bundle-job")
 @click.option("--target", "targets", metavar="DRIVER@KERNEL", multiple=True,
-              help="One bundle to build (repeatable), e.g. 550.127.05@6.8.0-1015-gke.")
+              help=f"One bundle to build (repeatable), e.g. {EXAMPLE_VERSION}@6.8.0-1015-gke.")
 @click.option("--kernel-module-type", "module_type",
               type=click.Choice(["auto", "open", "proprietary"]), default="auto",
               show_default=True, help="Module type built; auto: NVIDIA's default for each "
