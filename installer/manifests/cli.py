@@ -26,6 +26,7 @@ from installer.manifests.render import (
     sidecars,
 )
 from installer.manifests.validate import (
+    fill_flavor,
     parse_env,
     parse_image,
     validate_digest,
@@ -209,6 +210,11 @@ def _check_combinations(selected: Sequence[str], node_labels: Sequence[str],
     if affinity == "none" and len(selected) > 1:
         raise click.UsageError("--affinity none puts every flavor on every node: render one "
                                "--flavor, or use --affinity gke or label")
+    if image:
+        try:
+            fill_flavor(image, "x", what="image")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--image") from None
     if image and len(selected) > 1 and "{flavor}" not in image:
         raise click.BadParameter(
             "each flavor has its own image: include '{flavor}' in REF or render one --flavor",

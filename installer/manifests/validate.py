@@ -144,13 +144,27 @@ def validate_metrics_file(value: str) -> str:
     return value
 
 
+# The placeholders --image and --node-label fill in; any other {word} is a typo (issue 41:
+# `{flavour}` got only "not a valid image reference").
+PLACEHOLDERS = ("{flavor}",)
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+
+
+def fill_flavor(text: str, flavor: str, *, what: str) -> str:
+    """``text`` with ``{flavor}`` replaced; ValueError naming any other placeholder."""
+    unknown = [p for p in _PLACEHOLDER.findall(text) if p not in PLACEHOLDERS]
+    if unknown:
+        raise ValueError(f"{what} {text!r}: unknown placeholder {unknown[0]!r}; the known one "
+                         f"is {', '.join(PLACEHOLDERS)} (the flavor's image name)")
+    return text.replace("{flavor}", flavor)
+
+
 def parse_node_label(item: str, flavor: str) -> tuple[str, str | None]:
     """``key=value`` (or bare ``key``: label must exist) with ``{flavor}`` filled in."""
+    item = fill_flavor(item, flavor, what="node label")
     key, sep, value = item.partition("=")
-    key = key.replace("{flavor}", flavor)
     validate_label_key(key)
     if not sep:
         return key, None
-    value = value.replace("{flavor}", flavor)
     validate_label_value(value)
     return key, value

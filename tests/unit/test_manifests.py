@@ -561,3 +561,24 @@ def test_cos_manifests_refuse_every_version_the_cos_install_refuses(value):
             parse_requested(value)
     result = render_cli("--flavor", "cos", "--driver-version", value)
     assert result.exit_code == 2 and "neither a version" in result.output
+
+
+@pytest.mark.parametrize("flavors", [["--flavor", "cos"], []])
+@pytest.mark.parametrize("option, value", [
+    ("--image", "registry.example.com/ndi/nvidia-driver-installer-{flavour}:1.0"),
+    ("--image", "registry.example.com/ndi/{Flavor}:1.0"),
+])
+def test_a_placeholder_typo_in_image_is_named(flavors, option, value):
+    """Issue 41 §4: `{flavour}` got only "not a valid image reference" (one flavor), or
+    "include '{flavor}'" (all of them), never the word that was wrong."""
+    result = CliRunner().invoke(manifests, ["render", *flavors, option, value])
+    typo = value[value.index("{"):value.index("}") + 1]
+    assert result.exit_code == 2, result.output
+    assert f"unknown placeholder '{typo}'" in result.output and "'{flavor}'" not in typo
+    assert "{flavor}" in result.output.split("unknown placeholder", 1)[1]
+
+
+def test_a_placeholder_typo_in_a_node_label_is_named():
+    result = CliRunner().invoke(manifests, ["render", "--flavor", "cos", "--affinity", "label",
+                                            "--node-label", "example.com/os={flavr}"])
+    assert result.exit_code == 2 and "unknown placeholder '{flavr}'" in result.output, result.output
