@@ -392,11 +392,14 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
               envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,
               help="How long to wait for another installer's lock: seconds, or 90s, 10m, 1h "
               "(0: fail at once, exit 4).")
+@click.option("--dry-run", is_flag=True, help="Print what would be unloaded and removed; "
+              "change nothing (no lock).")
 @_output_option
 def uninstall(output: str, **opts: Any) -> None:
     """Unload the NVIDIA modules and remove the install (logs and status.json stay).
 
-    Idempotent. Exit 8 without changing anything if the driver is in use.
+    Idempotent. Exit 8 without changing anything if the driver is in use; --dry-run
+    refuses the same way and otherwise lists what would go.
     """
     from installer import uninstall as uninstall_mod
 

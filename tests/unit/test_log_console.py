@@ -94,7 +94,9 @@ def _run(capsys, tmp_path, *args: str) -> tuple[int, list[str]]:
     if not (tmp_path / "etc/os-release").exists():
         (tmp_path / "etc/os-release").write_text(OS_RELEASE)
     with pytest.raises(SystemExit) as info:
-        main(["install", "--host-root", str(tmp_path), "--install-dir", str(tmp_path / "inst"),
+        # The install dir is <host-root>/<the default --install-dir-host>, as the pod mounts it.
+        main(["install", "--host-root", str(tmp_path),
+              "--install-dir", str(tmp_path / "home/kubernetes/bin/nvidia"),
               "--dry-run", "--log-format", "console", *args])
     err = capsys.readouterr().err
     assert "Traceback" not in err
