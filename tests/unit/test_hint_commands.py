@@ -87,3 +87,13 @@ def test_a_wrong_command_is_caught():
     assert _resolve(["fabric-manager"]) == "cli has no subcommand fabric-manager"
     assert _resolve(["manifests", "render", "--nvswich"]) == "render has no option --nvswich"
     assert _resolve(["sidecar", "fabric-manager", "--config"]) is None
+
+
+def test_every_doc_a_message_names_exists():
+    """A hint that sends the operator to a page (docs/operator/upgrade.md) names one that is
+    there: the README's sections moved to docs/ in issue 41."""
+    named = {(str(path.relative_to(REPO)), doc)
+             for path in (REPO / "installer").rglob("*.py") for text in _literals(path)
+             for doc in re.findall(r"\bdocs/[\w./-]+\.md\b", text)}
+    assert any(doc == "docs/operator/upgrade.md" for _, doc in named), named
+    assert not [(where, doc) for where, doc in named if not (REPO / doc).is_file()]

@@ -417,7 +417,7 @@ def test_env_var_list_is_every_option_env_var():
 
 
 def _readme_env_paragraph() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs/operator/reference.md").read_text()  # the README's, until issue 41
     start = text.index("Every option also reads an environment variable")
     return text[start:text.index("A flag wins over its variable.", start)]
 
