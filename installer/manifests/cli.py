@@ -26,9 +26,11 @@ from installer.manifests.render import (
     sidecars,
 )
 from installer.manifests.validate import (
+    check_sidecars_supported,
     fill_flavor,
     parse_env,
     parse_image,
+    parse_kube_version,
     validate_digest,
     validate_driver_sha256,
     validate_driver_version,
@@ -162,6 +164,9 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
 @click.option("--node-label", "node_labels", metavar="KEY[=VALUE]", multiple=True,
               help="Node label required with --affinity label (repeatable; '{flavor}' is "
               "replaced). Default: " + ", ".join(DEFAULT_NODE_LABELS) + ".")
+@click.option("--kube-version", metavar="VERSION",
+              help="The cluster's Kubernetes version (`kubectl version`'s Server Version): a "
+              "render with native sidecars is refused below 1.29. Default: not checked.")
 @_env_option
 @_output_dir_option("daemonset-<flavor>.yaml and kustomization.yaml")
 def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: tuple[str, ...],
@@ -170,6 +175,11 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
     """Render the installer DaemonSet(s) as YAML (the bundle build Job: ``bundle-job``)."""
     if all_flavors and flavors:
         raise click.UsageError("give --flavor or --all, not both")
+    kube_version = given.pop("kube_version", None)
+    try:
+        kube = parse_kube_version(kube_version) if kube_version is not None else None
+    except ValueError as exc:
+        raise _bad("--kube-version", exc) from None
     selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS
     try:
         env = parse_env(extra_env)
@@ -187,8 +197,14 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
                    "Add a label naming the flavour (e.g. example.com/os={flavor}); with a "
                    "cloud.google.com/ label (GKE) GKE's own OS label is used instead, for the "
                    "flavours GKE has node images of", err=True)
+    rendered = "".join(render(f, opts) for f in selected)
+    if kube is not None:
+        try:
+            check_sidecars_supported(kube, rendered)
+        except ValueError as exc:
+            raise _bad("--kube-version", exc) from None
     if output_dir is None:
-        click.echo("".join(render(f, opts) for f in selected), nl=False)
+        click.echo(rendered, nl=False)
     else:
         _write(output_dir, render_files(selected, opts))
 

@@ -582,3 +582,29 @@ def test_a_placeholder_typo_in_a_node_label_is_named():
     result = CliRunner().invoke(manifests, ["render", "--flavor", "cos", "--affinity", "label",
                                             "--node-label", "example.com/os={flavr}"])
     assert result.exit_code == 2 and "unknown placeholder '{flavr}'" in result.output, result.output
+
+
+@pytest.mark.parametrize("version, sidecars, ok", [
+    ("v1.28.9-gke.1000000", ["--persistenced"], False),
+    ("1.28", ["--nvswitch"], False),
+    ("v1.29.4", ["--persistenced"], True),
+    ("v1.33.1-gke.1584000", ["--nvswitch", "--persistenced"], True),
+    ("v1.27.3", [], True),  # no sidecar: an init container and pause
+])
+def test_kube_version_refuses_native_sidecars_before_1_29(version, sidecars, ok):
+    """Issue 41 §3: the minimum Kubernetes version (1.29, native sidecars) was only a
+    comment in the rendered YAML; told the server's version, render checks it."""
+    result = CliRunner().invoke(manifests, ["render", "--flavor", "ubuntu", *sidecars,
+                                            "--kube-version", version])
+    if ok:
+        assert result.exit_code == 0, result.output
+        assert ("restartPolicy: Always" in result.stdout) == bool(sidecars)
+    else:
+        assert result.exit_code == 2 and "from 1.29" in result.output, result.output
+        assert "--kube-version" in result.output and "restartPolicy" not in result.stdout
+
+
+def test_a_kube_version_that_is_no_version_is_named():
+    result = CliRunner().invoke(manifests, ["render", "--flavor", "ubuntu", "--kube-version",
+                                            "latest"])
+    assert result.exit_code == 2 and "'latest' is not a Kubernetes version" in result.output
