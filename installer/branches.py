@@ -42,6 +42,10 @@ BRANCHES: tuple[Branch, ...] = (
 )
 # The Ubuntu default: a release of the current long-term branch (R580).
 RECOMMENDED_VERSION = "580.82.07"
+# What messages offer as an example: a release of the current long-term branch and that
+# branch (never a literal that the table may since have ended; tests/unit/test_branches.py).
+EXAMPLE_VERSION = RECOMMENDED_VERSION
+EXAMPLE_BRANCH = f"R{RECOMMENDED_VERSION.split('.', 1)[0]}"
 # From this branch on, NVIDIA's .run carries no proprietary kernel modules.
 OPEN_ONLY_SINCE = 615
 

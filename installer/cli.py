@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from installer import __version__
+from installer.branches import EXAMPLE_BRANCH
 from installer.clitypes import LOG_FORMATS, Seconds
 from installer.distros import DISTROS
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
@@ -211,7 +212,7 @@ def _exit_codes_epilog() -> str:
 @_host_options
 @readiness_options
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
-              help="Driver version, or on COS an alias: default, latest, R535 … "
+              help=f"Driver version, or on COS an alias: default, latest, {EXAMPLE_BRANCH} … "
               "[default: COS: default; Ubuntu: a pinned, tested version]")
 @click.option("--driver-url", envvar="NVIDIA_DRIVER_DOWNLOAD_URL", show_envvar=True,
               help="Full URL (https:// or file://) of the NVIDIA .run [default: from --driver-base-url].")
@@ -391,11 +392,14 @@ def doctor(output: str, as_json: bool, **opts: Any) -> int:
               envvar="LOCK_TIMEOUT", default=0, show_default=True, show_envvar=True,
               help="How long to wait for another installer's lock: seconds, or 90s, 10m, 1h "
               "(0: fail at once, exit 4).")
+@click.option("--dry-run", is_flag=True, help="Print what would be unloaded and removed; "
+              "change nothing (no lock).")
 @_output_option
 def uninstall(output: str, **opts: Any) -> None:
     """Unload the NVIDIA modules and remove the install (logs and status.json stay).
 
-    Idempotent. Exit 8 without changing anything if the driver is in use.
+    Idempotent. Exit 8 without changing anything if the driver is in use; --dry-run
+    refuses the same way and otherwise lists what would go.
     """
     from installer import uninstall as uninstall_mod
 

@@ -101,20 +101,27 @@ def create(dev_dir: Path) -> list[str]:
     return changed
 
 
-def remove(dev_dir: Path) -> list[str]:
-    """Remove /dev/char links that point at NVIDIA nodes (uninstall)."""
-    removed = []
+def nvidia_links(dev_dir: Path) -> list[Path]:
+    """The /dev/char links that point at NVIDIA nodes (what ``remove`` removes)."""
     char_dir = dev_dir / "char"
     if not char_dir.is_dir():
-        return removed
+        return []
+    links = []
     for link in sorted(char_dir.iterdir()):
         if not link.is_symlink():
             continue
-        target = os.readlink(link)
-        rel = Path(target)
+        rel = Path(os.readlink(link))
         if rel.name.startswith("nvidia") or CAPS_DIR in rel.parts:
-            link.unlink()
-            removed.append(link.name)
+            links.append(link)
+    return links
+
+
+def remove(dev_dir: Path) -> list[str]:
+    """Remove /dev/char links that point at NVIDIA nodes (uninstall)."""
+    removed = []
+    for link in nvidia_links(dev_dir):
+        link.unlink()
+        removed.append(link.name)
     return removed
 
 

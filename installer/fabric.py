@@ -274,4 +274,4 @@ def _manager_alive(gate: Gate) -> None:
 
 MANAGER_HINT = ("run NVIDIA's fabric manager for exactly this driver version: the fabric-"
                 "manager sidecar of `manifests render --nvswitch` (nvidia-driver-installer "
-                "fabric-manager), and read its output")
+                "sidecar fabric-manager), and read its output")

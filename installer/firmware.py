@@ -105,19 +105,31 @@ def _copy_to_host(host: HostRoot, tree: Tree, wanted: list[str], why: str) -> Pl
     return Placement("copied", HOST_UPDATES_DIR)
 
 
-def remove_copies(host: HostRoot, install: InstallDir) -> list[str]:
-    """``uninstall``: remove the copies ``_copy_to_host`` made of the live install's firmware
-    (host paths removed). Only ours: a regular file byte-identical to the install's; a
-    replaced or foreign file stays. Dirs left empty (``nvidia/<V>``) go too."""
-    removed = []
+def our_copies(host: HostRoot, install: InstallDir) -> list[PurePosixPath]:
+    """The host paths of the live install's firmware copies that are ours: a regular file
+    byte-identical to the install's (what ``remove_copies`` removes)."""
+    ours = []
     for name in names(install):
         host_path = PurePosixPath(HOST_UPDATES_DIR) / name
         copy = host.resolve(host_path.parent) / host_path.name  # the file itself: no link
         try:
             if not copy.is_symlink() and copy.is_file() and \
                     copy.read_bytes() == (install.firmware / name).read_bytes():
-                host.unlink(host_path)
-                removed.append(str(host_path))
+                ours.append(host_path)
+        except OSError as exc:
+            log.warning("firmware_copy_not_removed", path=str(host_path), error=str(exc))
+    return ours
+
+
+def remove_copies(host: HostRoot, install: InstallDir) -> list[str]:
+    """``uninstall``: remove the copies ``_copy_to_host`` made of the live install's firmware
+    (host paths removed). Only ours: a regular file byte-identical to the install's; a
+    replaced or foreign file stays. Dirs left empty (``nvidia/<V>``) go too."""
+    removed = []
+    for host_path in our_copies(host, install):
+        try:
+            host.unlink(host_path)
+            removed.append(str(host_path))
         except OSError as exc:
             log.warning("firmware_copy_not_removed", path=str(host_path), error=str(exc))
     for version_dir in {PurePosixPath(r).parent for r in removed}:

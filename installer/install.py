@@ -129,6 +129,9 @@ def _install(settings: Settings, started: float) -> Outcome:
 def _dry_run(ctx: Context, distro: Flow) -> Outcome:
     """The plan, once its pre-flight checks pass: what the real run refuses, this refuses
     with the same exit code and message (and a plan is printed only if it could work)."""
+    # The real run's first check under the lock (exit 2): the dry run takes no lock, but
+    # refuses the same install-dir mismatch (issue 41).
+    ctx.install.check_host_path(ctx.host.resolve(ctx.install.host_path))
     plan = distro.plan(ctx)
     execute(plan, ctx, [], checks_only=True)
     _warn_unpinned(ctx, plan, distro)
@@ -136,6 +139,8 @@ def _dry_run(ctx: Context, distro: Flow) -> Outcome:
            "install_dir": str(ctx.install.root), **plan.describe(),
            "module_args": _module_args(ctx.settings.module_args),
            "readiness_file": str(readiness.READY_HOST_PATH)}
+    if ctx.work.no_gpu is not None:
+        doc["no_gpu"] = ctx.work.no_gpu
     return Outcome(DRY_RUN, plan=plan.kind, dry_run=scrub(doc))
 
 

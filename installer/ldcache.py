@@ -83,6 +83,20 @@ def update_host(host: HostRoot, runner: Runner, lib_dir_host: PurePosixPath) -> 
     log.info("ld_cache_updated", scope="host", lib_dir_host=str(lib_dir_host))
 
 
+def our_host_files(host: HostRoot, lib_dir_host: PurePosixPath) -> list[str]:
+    """The host files that name ``lib_dir_host`` as ours (what ``remove_host`` changes):
+    ld.so.conf with the line, our drop-in (another package's nvidia.conf is not ours)."""
+    entry = str(lib_dir_host)
+    text = host.read_text(LD_SO_CONF)
+    found = []
+    if text is not None and any(ln.strip() == entry for ln in text.splitlines()):
+        found.append(str(LD_SO_CONF))
+    drop_in = host.read_text(HOST_DROP_IN)
+    if drop_in is not None and drop_in.strip() == entry:
+        found.append(str(HOST_DROP_IN))
+    return found
+
+
 def remove_host(host: HostRoot, runner: Runner, lib_dir_host: PurePosixPath, *,
                 refresh: bool = False) -> list[str]:
     """The inverse of ``update_host``: drop our ld.so.conf line(s) and our drop-in, then
@@ -90,14 +104,13 @@ def remove_host(host: HostRoot, runner: Runner, lib_dir_host: PurePosixPath, *,
     Returns the host paths changed."""
     changed = []
     entry = str(lib_dir_host)
-    text = host.read_text(LD_SO_CONF)
-    if text is not None:
-        kept = [ln for ln in text.splitlines() if ln.strip() != entry]
-        if len(kept) != len(text.splitlines()):
-            host.write_atomic(LD_SO_CONF, "\n".join(kept) + ("\n" if kept else ""))
-            changed.append(str(LD_SO_CONF))
-    drop_in = host.read_text(HOST_DROP_IN)
-    if drop_in is not None and drop_in.strip() == entry:
+    ours = our_host_files(host, lib_dir_host)
+    if str(LD_SO_CONF) in ours:
+        lines = (host.read_text(LD_SO_CONF) or "").splitlines()
+        kept = [ln for ln in lines if ln.strip() != entry]
+        host.write_atomic(LD_SO_CONF, "\n".join(kept) + ("\n" if kept else ""))
+        changed.append(str(LD_SO_CONF))
+    if str(HOST_DROP_IN) in ours:
         host.unlink(HOST_DROP_IN)  # only ours: another package's nvidia.conf stays
         changed.append(str(HOST_DROP_IN))
     if changed or refresh:

@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 
 from installer import harvest, module_build
+from installer.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
 from installer.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
 from installer.headers import KernelTree
@@ -57,7 +58,8 @@ def check_version(version: str) -> str:
     if not is_driver_version(version):
         raise UsageError(
             f"not a driver version: {version!r}",
-            hint="use a version such as 550.127.05 (COS also takes default, latest, R535)",
+            hint=f"use a version such as {EXAMPLE_VERSION} (COS also takes default, latest, "
+                 f"{EXAMPLE_BRANCH})",
         )
     if (why := too_old(version)) is not None:  # before anything is downloaded
         raise UsageError(why, hint="use R470 or newer", driver_version=version)

@@ -50,8 +50,10 @@ def _lines(doc: Any, depth: int) -> list[str]:
 def plan_text(doc: dict[str, Any]) -> str:
     """``install --dry-run``: what would be installed, then the steps as a numbered list."""
     host = doc.get("host") or {}
+    checks = ("pre-flight checks passed but NO NVIDIA GPU was found (no_gpu below)"
+              if doc.get("no_gpu") else "pre-flight checks passed")
     head = (f"dry run: {doc.get('kind')} plan for {host.get('pretty_name') or host.get('os_id')}, "
-            f"kernel {host.get('kernel_release')}; pre-flight checks passed, nothing was changed")
+            f"kernel {host.get('kernel_release')}; {checks}, nothing was changed")
     skip = {"dry_run", "host", "kind", "steps"}
     summary = as_text({k: v for k, v in doc.items() if k not in skip}).splitlines()
     steps = []

@@ -15,9 +15,11 @@ import structlog
 from installer import devchar, firmware, ldcache, modules, readiness, status
 from installer.detect import context
 from installer.errors import UsageError
+from installer.hostroot import HostRoot
 from installer.installdir import LAYOUT_DIRS, InstallDir
+from installer.kernel import KernelState
 from installer.lock import HostLock
-from installer.outcome import UNINSTALLED, Outcome
+from installer.outcome import DRY_RUN, UNINSTALLED, Outcome
 from installer.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -43,7 +45,51 @@ def _is_ours(install: InstallDir) -> bool:
     return ours
 
 
+def _refuse_in_use(kernel: KernelState) -> str | None:
+    """The loaded driver's version; exit 8 if it is in use or stuck (before any change)."""
+    loaded = modules.loaded_driver_version(kernel)
+    if loaded is not None:
+        modules.ensure_unloadable(kernel, "not uninstalling")
+        modules.ensure_unused(kernel, "not uninstalling")
+    return loaded
+
+
+def _readiness_file_present(host: HostRoot) -> bool:
+    """What readiness.clear would unlink: anything but a directory at the readiness path."""
+    ready = readiness.READY_HOST_PATH
+    path = host.resolve(ready.parent) / ready.name
+    return os.path.lexists(path) and not path.is_dir()
+
+
+def dry_run(settings: Settings) -> Outcome:
+    """``uninstall --dry-run``: what the real run would remove, each part as its real run
+    names it in ``changes``, and the same refusals (exit 2 for a dir that is not ours, 8
+    for a driver in use); nothing is locked, written, unloaded or removed."""
+    ctx = context(settings, strict=False)
+    host, kernel, install = ctx.host, ctx.kernel, ctx.install
+    ours = _is_ours(install)
+    loaded = _refuse_in_use(kernel)
+    present = [d for d in LAYOUT_DIRS if (install.root / d).exists()]
+    would = {
+        "readiness_removed": _readiness_file_present(host),
+        "modules_unloaded": [n for n in modules.NVIDIA_MODULES if n in kernel.modules()],
+        "dev_char_links_removed": [link.name for link in devchar.nvidia_links(kernel.dev_dir)],
+        "device_nodes_removed": [dev.rel for dev in devchar.nvidia_char_devices(kernel.dev_dir)],
+        "firmware_copies_removed": [str(p) for p in firmware.our_copies(host, install)]
+        if ours else [],
+        "install_dir_removed": present + ([".cache"] if install.cache_file.exists() else []),
+        "ld_conf_changed": ldcache.our_host_files(host, install.lib64_host()),
+    }
+    log.info("uninstall_dry_run", **would, previous_driver_version=loaded,
+             message="nothing changed: the lists say what uninstall would remove")
+    return Outcome(DRY_RUN, previous_driver_version=loaded,
+                   install_dir_host=str(install.host_path),
+                   dry_run={"dry_run": True, "would_change": would})
+
+
 def run(settings: Settings) -> Outcome:
+    if settings.dry_run:
+        return dry_run(settings)
     started = time.monotonic()
     ctx = context(settings, strict=False)  # the OS does not matter here
     host, kernel, runner, install = ctx.host, ctx.kernel, ctx.runner, ctx.install
@@ -52,10 +98,7 @@ def run(settings: Settings) -> Outcome:
         install.check_writable()  # all or nothing: never unload, then fail to remove
     with HostLock(host, settings.lock_timeout_s):
         ours = _is_ours(install)
-        loaded = modules.loaded_driver_version(kernel)
-        if loaded is not None:  # in use or stuck: refuse before touching anything (exit 8)
-            modules.ensure_unloadable(kernel, "not uninstalling")
-            modules.ensure_unused(kernel, "not uninstalling")
+        loaded = _refuse_in_use(kernel)  # in use or stuck: before touching anything (exit 8)
         done["readiness_removed"] = readiness.clear(host)
         done["modules_unloaded"] = modules.unload(kernel, runner) if loaded else []
         done["dev_char_links_removed"] = devchar.remove(kernel.dev_dir)

@@ -11,6 +11,7 @@ from typing import Any
 import click
 import structlog
 
+from installer.branches import EXAMPLE_VERSION
 from installer.errors import UsageError
 from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.podcontract import HOST_ROOT
@@ -34,7 +35,8 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
     version, at, release = items[index].partition("@")
     if not (at and version and release):
         raise UsageError(f"bad --targets item {items[index]!r}",
-                         hint="use DRIVER_VERSION@KERNEL_RELEASE, e.g. 550.127.05@6.8.0-1015-gke")
+                         hint="use DRIVER_VERSION@KERNEL_RELEASE, e.g. "
+                              f"{EXAMPLE_VERSION}@6.8.0-1015-gke")
     return version, release
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from installer import safejson
+from installer.branches import EXAMPLE_VERSION
 from installer.installdir import check_layout_path
 from installer.values import is_driver_version, is_kernel_release, sha256_digest
 
@@ -70,7 +71,8 @@ class BundleKey:
 
     def __post_init__(self) -> None:
         if not is_driver_version(self.driver_version):
-            raise BundleError(f"driver version {self.driver_version!r} is not like 550.127.05")
+            raise BundleError(f"driver version {self.driver_version!r} is not like "
+                              f"{EXAMPLE_VERSION}")
         if not is_kernel_release(self.kernel_release):
             raise BundleError(f"kernel release {self.kernel_release!r} is not a uname -r value")
         if self.module_type not in MODULE_TYPES:

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from installer.branches import EXAMPLE_VERSION
 from installer.cachekey import CacheKey
 from installer.distros.daemonset import DaemonSetNeeds
 from installer.osinfo import HostInfo
@@ -100,9 +101,9 @@ class Distro(abc.ABC):
             return value
         if cls.version_alias:
             raise ValueError(f"driver version {value!r} for {cls.name} is neither a version "
-                             f"(e.g. 550.127.05) nor an alias ({cls.version_alias_help})")
+                             f"(e.g. {EXAMPLE_VERSION}) nor an alias ({cls.version_alias_help})")
         raise ValueError(f"driver version {value!r} for {cls.name} must be an explicit version "
-                         "(e.g. 550.127.05); it has no aliases")
+                         f"(e.g. {EXAMPLE_VERSION}); it has no aliases")
 
     def unpinned_artifacts(self, settings: Settings) -> str | None:
         """What this distro downloads besides the .run that nothing pins (None: all pinned,

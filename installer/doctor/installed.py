@@ -172,7 +172,7 @@ def check_driver_branch(n: Node) -> Finding:
     if ended:
         return Finding("driver_branch", WARN, f"{ended} ({policy})",
                        "set NVIDIA_DRIVER_VERSION (--driver-version) to a supported branch's "
-                       "release and roll it out (README: Upgrading the driver on busy nodes)")
+                       "release and roll it out (docs/operator/upgrade.md)")
     known = branches.branch(version)
     what = (f"R{known.number}, {known.kind} branch, supported until {known.until}" if known
             else "a branch the policy table does not list")

@@ -25,13 +25,13 @@ OK, WARN, FAIL = "ok", "warn", "fail"  # a finding's verdict
 LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 
 # What to do on a node install has never run on (no status, no record, no driver files).
-INSTALL_FIRST = ("install the driver: apply the installer DaemonSet (README, \"Get the images\" "
-                 "and \"One DaemonSet per pool\"), or on the node itself: sudo "
+INSTALL_FIRST = ("install the driver: apply the installer DaemonSet (docs/operator/"
+                 "install.md), or on the node itself: sudo "
                  "nvidia-driver-installer install --host-root /")
 
 SWITCH_FROM_GKE = ("keep one installer: delete GKE's DaemonSet (kubectl -n kube-system delete "
                    "daemonset nvidia-driver-installer), and create GPU node pools with "
-                   "gpu-driver-version=disabled (README, \"Switching from GKE's installer\")")
+                   "gpu-driver-version=disabled (docs/operator/gke.md)")
 
 DRAIN = ("drain GPU workloads from the node (kubectl drain <node> --ignore-daemonsets "
          "--delete-emptydir-data), then re-run install")

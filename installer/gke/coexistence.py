@@ -1,7 +1,7 @@
 """What a node shows of GKE's own driver installer, for ``doctor`` (issue 26).
 
 Both installers flock the same host lock, so they never run at once, but each re-installs
-after the other: the operator must remove one (README, "Switching from GKE's installer").
+after the other: the operator must remove one (docs/operator/gke.md, "Switching from GKE's installer").
 Read-only, from the host:
 
 - the kubelet's pod log dirs: ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/<n>.log``

@@ -30,7 +30,7 @@ cos-gpu-installer v2's command line, run by nvidia-driver-installer. Flags:
   -nvidia-installer-url U  with -allow-unsigned-driver: install this .run
   -allow-unsigned-driver   accepted (signed modules are used whenever the kernel enforces them)
   -no-verify               install into the host dir only: load and verify nothing
-                           (nvidia-driver-installer --install-only)
+                           (nvidia-driver-installer install --install-only)
   -debug                   debug logs
 Refused: -test, -signature-url, -nvidia-installer-url-open.
 See `nvidia-driver-installer install --help` for everything else.
@@ -43,7 +43,7 @@ _REFUSED = {
     "test": "v2's test mode (unofficial installers, dev-channel images) has no equivalent",
     "signature-url": "module signatures come only from the COS build's artifacts",
     "nvidia-installer-url-open": "the open modules come from the COS build or the --version "
-                                 "given; use nvidia-driver-installer --kernel-module-type",
+                                 "given; use nvidia-driver-installer install --kernel-module-type",
 }
 # glog's flags, which v2 accepts before the command; -v >= 2 is its debug level.
 _GLOBAL_BOOL = {"logtostderr", "alsologtostderr"}

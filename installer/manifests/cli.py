@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from installer.branches import EXAMPLE_VERSION
 from installer.distros import BUNDLE_BUILDER, DISTROS
 from installer.manifests.bundle_job import JobOptions
 from installer.manifests.bundle_job import render as render_job
@@ -26,8 +27,11 @@ from installer.manifests.render import (
     sidecars,
 )
 from installer.manifests.validate import (
+    check_sidecars_supported,
+    fill_flavor,
     parse_env,
     parse_image,
+    parse_kube_version,
     validate_digest,
     validate_driver_sha256,
     validate_driver_version,
@@ -170,6 +174,9 @@ def _bad(param: str, exc: ValueError) -> click.BadParameter:
 @click.option("--node-label", "node_labels", metavar="KEY[=VALUE]", multiple=True,
               help="Node label required with --affinity label (repeatable; '{flavor}' is "
               "replaced). Default: " + ", ".join(DEFAULT_NODE_LABELS) + ".")
+@click.option("--kube-version", metavar="VERSION",
+              help="The cluster's Kubernetes version (`kubectl version`'s Server Version): a "
+              "render with native sidecars is refused below 1.29. Default: not checked.")
 @_env_option
 @_output_dir_option("daemonset-<flavor>.yaml and kustomization.yaml")
 def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: tuple[str, ...],
@@ -178,6 +185,11 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
     """Render the installer DaemonSet(s) as YAML (the bundle build Job: ``bundle-job``)."""
     if all_flavors and flavors:
         raise click.UsageError("give --flavor or --all, not both")
+    kube_version = given.pop("kube_version", None)
+    try:
+        kube = parse_kube_version(kube_version) if kube_version is not None else None
+    except ValueError as exc:
+        raise _bad("--kube-version", exc) from None
     selected = tuple(dict.fromkeys(flavors)) if flavors else FLAVORS
     try:
         env = parse_env(extra_env)
@@ -195,9 +207,15 @@ def render_command(flavors: tuple[str, ...], all_flavors: bool, image_digests: t
                    "Add a label naming the flavour (e.g. example.com/os={flavor}); with a "
                    "cloud.google.com/ label (GKE) GKE's own OS label is used instead, for the "
                    "flavours GKE has node images of", err=True)
+    rendered = "".join(render(f, opts) for f in selected)
+    if kube is not None:
+        try:
+            check_sidecars_supported(kube, rendered)
+        except ValueError as exc:
+            raise _bad("--kube-version", exc) from None
     if output_dir is None:
         monitoring = render_pod_monitoring(selected, opts) if opts.pod_monitoring else ""
-        click.echo("".join(render(f, opts) for f in selected) + monitoring, nl=False)
+        click.echo(rendered + monitoring, nl=False)
     else:
         _write(output_dir, render_files(selected, opts))
 
@@ -224,6 +242,11 @@ def _check_combinations(selected: Sequence[str], node_labels: Sequence[str],
     if affinity == "none" and len(selected) > 1:
         raise click.UsageError("--affinity none puts every flavor on every node: render one "
                                "--flavor, or use --affinity gke or label")
+    if image:
+        try:
+            fill_flavor(image, "x", what="image")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--image") from None
     if image and len(selected) > 1 and "{flavor}" not in image:
         raise click.BadParameter(
             "each flavor has its own image: include '{flavor}' in REF or render one --flavor",
@@ -315,7 +338,7 @@ def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, st
 
 @manifests.command("bundle-job")
 @click.option("--target", "targets", metavar="DRIVER@KERNEL", multiple=True,
-              help="One bundle to build (repeatable), e.g. 550.127.05@6.8.0-1015-gke.")
+              help=f"One bundle to build (repeatable), e.g. {EXAMPLE_VERSION}@6.8.0-1015-gke.")
 @click.option("--kernel-module-type", "module_type",
               type=click.Choice(["auto", "open", "proprietary"]), default="auto",
               show_default=True, help="Module type built; auto: NVIDIA's default for each "

@@ -20,6 +20,7 @@ import jinja2
 
 from installer import __version__
 from installer.manifests.validate import (
+    fill_flavor,
     parse_image,
     parse_node_label,
     validate_config_map,
@@ -268,7 +269,7 @@ def _env(flavor: str, opts: RenderOptions) -> list[tuple[str, str]]:
 
 def image_ref(flavor: str, opts: RenderOptions) -> str:
     image = DISTROS_BY_FLAVOR[flavor].image()
-    ref = opts.image.replace("{flavor}", image) if opts.image else default_image(image)
+    ref = fill_flavor(opts.image, image, what="image") if opts.image else default_image(image)
     parse_image(ref)
     digest = opts.image_digests.get(flavor)
     return f"{ref}@{validate_digest(digest)}" if digest else ref

@@ -144,13 +144,53 @@ def validate_metrics_file(value: str) -> str:
     return value
 
 
+# Native sidecars (init containers with restartPolicy: Always) run as sidecars by default
+# from Kubernetes 1.29 (KEP-753, SidecarContainers beta and on by default in 1.29).
+MIN_KUBERNETES_FOR_SIDECARS = (1, 29)
+# What `kubectl version` prints as the server's: v1.29.4, v1.30.2-gke.1587003, 1.31.
+_KUBE_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+][\w.+-]*)?")
+
+
+def parse_kube_version(text: str) -> tuple[int, int]:
+    """``v1.30.2-gke.1587003`` -> (1, 30); ValueError saying what a version looks like."""
+    m = _KUBE_VERSION.fullmatch(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a Kubernetes version: give the server's, as "
+                         "`kubectl version` prints it (e.g. v1.30.2 or 1.30)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_sidecars_supported(kube: tuple[int, int], rendered: str) -> None:
+    """ValueError when ``rendered`` has native sidecars and the cluster is older than 1.29."""
+    if "restartPolicy: Always" in rendered and kube < MIN_KUBERNETES_FOR_SIDECARS:
+        need = ".".join(map(str, MIN_KUBERNETES_FOR_SIDECARS))
+        raise ValueError(f"Kubernetes {kube[0]}.{kube[1]} does not run the native sidecars this "
+                         f"render adds (init containers with restartPolicy: Always run as "
+                         f"sidecars from {need}): upgrade the cluster to {need} or newer, or "
+                         "render without the sidecar options (--persistenced, --nvswitch, --health)")
+
+
+# The placeholders --image and --node-label fill in; any other {word} is a typo (issue 41:
+# `{flavour}` got only "not a valid image reference").
+PLACEHOLDERS = ("{flavor}",)
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+
+
+def fill_flavor(text: str, flavor: str, *, what: str) -> str:
+    """``text`` with ``{flavor}`` replaced; ValueError naming any other placeholder."""
+    unknown = [p for p in _PLACEHOLDER.findall(text) if p not in PLACEHOLDERS]
+    if unknown:
+        raise ValueError(f"{what} {text!r}: unknown placeholder {unknown[0]!r}; the known one "
+                         f"is {', '.join(PLACEHOLDERS)} (the flavor's image name)")
+    return text.replace("{flavor}", flavor)
+
+
 def parse_node_label(item: str, flavor: str) -> tuple[str, str | None]:
     """``key=value`` (or bare ``key``: label must exist) with ``{flavor}`` filled in."""
+    item = fill_flavor(item, flavor, what="node label")
     key, sep, value = item.partition("=")
-    key = key.replace("{flavor}", flavor)
     validate_label_key(key)
     if not sep:
         return key, None
-    value = value.replace("{flavor}", flavor)
     validate_label_value(value)
     return key, value

@@ -35,6 +35,7 @@ from __future__ import annotations
 import email.utils
 import functools
 import random
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -241,12 +242,48 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionResetError, ConnectionAbortedError, TimeoutError))
 
 
+CAUSE_MAX_CHARS = 300
+# urllib3's NameResolutionError text: "Failed to resolve '<host>' (<gaierror>)".
+_FAILED_TO_RESOLVE = re.compile(r"Failed to resolve '([^'\s]+)'")
+
+
+def unresolved_host(exc: BaseException) -> str | None:
+    """The host whose name lookup failed, when that is what ``exc`` (or what it wraps: requests
+    puts urllib3's MaxRetryError, whose reason is the NameResolutionError, in its args) is."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        cur = todo.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, urllib3.exceptions.NameResolutionError):
+            found = _FAILED_TO_RESOLVE.search(str(cur))
+            return found.group(1) if found else None
+        linked = [cur.__cause__, cur.__context__, getattr(cur, "reason", None), *cur.args]
+        todo.extend(e for e in linked if isinstance(e, BaseException))
+    return None
+
+
+def cut_at_word(text: str, limit: int = CAUSE_MAX_CHARS) -> str:
+    """``text`` up to ``limit`` characters, cut between words (never mid-word) with " ..."."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 4]
+    head = head.rsplit(" ", 1)[0] if " " in head else head
+    return head.rstrip(" ,;:(") + " ..."
+
+
 def describe_cause(exc: BaseException, redact: Callable[[str], str] | None = None) -> str:
-    """One line naming the failure (``ReadTimeout: ...``), secrets removed by ``redact``."""
+    """One line naming the failure (``ReadTimeout: ...``), secrets removed by ``redact``.
+    A failed name lookup is said as such, naming the host (urllib3's own text for it runs
+    past the line's bound: pool, URL, connection object, then the resolver's words)."""
+    host = unresolved_host(exc)
+    if host is not None:
+        text = f"cannot resolve host {host!r} (DNS: no such name, or no DNS reachable)"
+        return redact(text) if redact is not None else text
     text = str(exc) or exc.__class__.__name__
-    text = " ".join(text.split())
-    if len(text) > 300:
-        text = text[:297] + "..."
+    text = cut_at_word(" ".join(text.split()))
     if redact is not None:
         text = redact(text)
     if isinstance(exc, TransientHTTPError):
@@ -390,6 +427,9 @@ def _give_up(retry_state: tenacity.RetryCallState, *, policy: RetryPolicy, stop:
     hint = None
     if isinstance(exc, TransientHTTPError):
         hint = "the server keeps failing; try again later or use a mirror"
+    elif exc is not None and unresolved_host(exc) is not None:
+        hint = (f"check the URL (is {unresolved_host(exc)!r} the right host name?) and DNS from "
+                "the node")
     elif exc is not None:
         hint = "check network access, proxy settings (HTTPS_PROXY) and DNS from the node"
     log.debug(  # the DownloadError below is the one error event (issue 14)

@@ -276,8 +276,9 @@ def _kernel_setting() -> tuple[str | None, set[int]]:
 def test_install_dry_run_plans_what_a_person_expects(gpu_node, smi, tmp_path):
     empty = tmp_path / "install"
     empty.mkdir()
+    # --install-dir-host names the same dir: the dry run refuses a mismatch as the real run does.
     res = cli("install", "--dry-run", "--host-root", "/", "--install-dir", str(empty),
-              "--log-format", "json", "-o", "json")
+              "--install-dir-host", str(empty), "--log-format", "json", "-o", "json")
     setting, codes = _kernel_setting()
     gpu_node.results["dry_run"] = {"kernel_setting": setting, "rc": res.returncode,
                                    "stdout": res.stdout[-4000:], "stderr": res.stderr[-2000:]}

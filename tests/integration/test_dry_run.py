@@ -79,19 +79,25 @@ def test_dry_run_refuses_a_replacement_while_the_driver_is_in_use(node, pod, ker
     assert dry == refused(pod.run("install", env={"NVIDIA_DRIVER_VERSION": V2}), 8)
 
 
-def test_dry_run_with_no_gpu_is_the_load_failure_it_leads_to(node, pod, kernel, server):
+def test_dry_run_with_no_gpu_prints_the_plan_and_the_load_failure_it_leads_to(node, pod, kernel,
+                                                                              server):
     """The real run builds, then fails: exit 8 (nvidia.ko's init finds no GPU, ENODEV,
-    docs/contract.md §3). The dry run says so before any of that, with the same exit code."""
+    docs/contract.md §3). The dry run says so and still prints the plan (issue 41: on a
+    workstation or in CI it stopped at exit 8, so no plan could be previewed)."""
     import shutil
 
     shutil.rmtree(kernel.sys_dir / "bus/pci/devices/0000:00:04.0")
-    message = refused(pod.run("install", "--dry-run"), 8)
-    assert message == (
-        "FAILED in step check_gpu_compatibility (module_load, exit 8): no NVIDIA GPU on the PCI "
-        f"bus ({kernel.sys_dir}/bus/pci/devices): the install would build the driver, then fail "
-        "to load it (nvidia.ko: NVRM: No NVIDIA GPU found.). What to do: run it on a node with "
-        "an NVIDIA GPU (lspci -d 10de:); the DaemonSet's node affinity must select GPU nodes "
-        "only.")
+    text = ok(pod.run("install", "--dry-run")).stdout.splitlines()
+    assert text[0] == (f"dry run: fresh plan for Ubuntu 22.04.4 LTS, kernel {RELEASE}; pre-flight "
+                       "checks passed but NO NVIDIA GPU was found (no_gpu below), nothing was "
+                       "changed")
+    assert (f"no_gpu: no NVIDIA GPU on the PCI bus ({kernel.sys_dir}/bus/pci/devices): here the "
+            "real run would build the driver, then fail to load it (exit 8, nvidia.ko: NVRM: No "
+            "NVIDIA GPU found.); the plan is the one a node with a GPU gets") in text
+    assert "steps:" in text and any(". load_modules" in line for line in text), text
+    plan = json.loads(ok(pod.run("install", "--dry-run", "-o", "json")).stdout)
+    assert plan["no_gpu"].startswith("no NVIDIA GPU on the PCI bus") and plan["steps"]
+    assert server.requests == [] and kernel.calls() == []
     real = pod.run("install")
     assert real.returncode == 8, real.stderr[-3000:]
     final = last_event(real)
@@ -101,6 +107,17 @@ def test_dry_run_with_no_gpu_is_the_load_failure_it_leads_to(node, pod, kernel, 
     assert "(kernel: NVRM: No NVIDIA GPU found.)" in final["error"], final
     assert final["kernel_log"] == final["kernel_log_tail"] == [
         "[    0.000000] NVRM: No NVIDIA GPU found."], final
+
+
+def test_dry_run_refuses_an_install_dir_host_that_is_not_the_install_dir(node, pod, server):
+    """The real run refuses it under the lock (exit 2, issue 33 item 8); the dry run, which
+    takes no lock, planned it anyway (issue 41)."""
+    args = ("--install-dir-host", "/etc")
+    message = refused(pod.run("install", "--dry-run", *args), 2)
+    assert message.startswith("FAILED (usage, exit 2): --install-dir-host /etc is not the "
+                              "directory mounted at --install-dir"), message
+    assert refused(pod.run("install", *args), 2) == message
+    assert server.requests == []
 
 
 def test_install_only_dry_run_with_no_gpu_only_warns_as_its_real_run(node, pod, kernel, server):

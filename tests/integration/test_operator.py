@@ -303,6 +303,58 @@ def test_uninstall_is_complete_and_idempotent(node, pod, kernel):
     assert doctor(pod)[0] == 0
 
 
+def tree_state(*roots) -> dict[str, object]:
+    """Every path under ``roots``: a file's bytes and mode, a link's target, a dir's mode."""
+    state: dict[str, object] = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in [*dirnames, *filenames]:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                if os.path.islink(path):
+                    state[path] = ("link", os.readlink(path))
+                elif os.path.isfile(path):
+                    with open(path, "rb") as fh:
+                        state[path] = ("file", st.st_mode, fh.read())
+                else:
+                    state[path] = ("other", st.st_mode, st.st_rdev)
+    return state
+
+
+def test_uninstall_dry_run_lists_what_uninstall_removes_and_changes_nothing(node, pod, kernel):
+    """Issue 41 §3: a cluster removal runbook needs a preview. The dry run's lists are what
+    the real run then reports removing; the host tree, /dev and the kernel are as before."""
+    ok(pod.run("install"))
+    before = tree_state(node.root, kernel.dev_dir)
+    loaded, calls = kernel.loaded(), len(kernel.calls())
+    proc = ok(pod.run("uninstall", "--dry-run", "-o", "json"))
+    assert tree_state(node.root, kernel.dev_dir) == before
+    assert kernel.loaded() == loaded and len(kernel.calls()) == calls  # no rmmod, nothing run
+    preview = json.loads(proc.stdout)
+    assert (preview["outcome"], preview["previous_driver_version"]) == ("dry_run", V1)
+    would = preview["dry_run"]["would_change"]
+    assert would["modules_unloaded"] and would["install_dir_removed"] and would["readiness_removed"]
+    text = ok(pod.run("uninstall", "--dry-run")).stdout
+    assert "would_change:" in text and "nvidia_uvm" in text
+    assert tree_state(node.root, kernel.dev_dir) == before
+
+    done = json.loads(ok(pod.run("uninstall", "-o", "json")).stdout)["changes"]
+    assert {k: sorted(v) if isinstance(v, list) else v for k, v in would.items()} == \
+        {k: sorted(v) if isinstance(v, list) else v for k, v in done.items()}
+    # Nothing left: the next preview lists nothing.
+    after = json.loads(ok(pod.run("uninstall", "--dry-run", "-o", "json")).stdout)
+    assert not any(after["dry_run"]["would_change"].values()), after
+
+
+def test_uninstall_dry_run_refuses_a_driver_in_use_as_uninstall_does(node, pod, kernel):
+    ok(pod.run("install"))
+    kernel.hold("nvidia")
+    dry = pod.run("uninstall", "--dry-run")
+    real = pod.run("uninstall")
+    assert dry.returncode == real.returncode == 8, dry.stderr[-2000:]
+    assert last_event(dry)["message"] == last_event(real)["message"]
+
+
 # -- readiness, persistence, module args, module type -------------------------
 
 

@@ -194,8 +194,15 @@ def test_install_dry_run_names_modules_disabled(node, tmp_path):
     ``kernel.modules_disabled=1``, which refuses every module load first (kernel/module/
     main.c may_init_module) and no signed bundle gets past. docs/contract.md §3: a module load that
     cannot happen is exit 8."""
-    proc = run(node, "install", "--dry-run", "--log-format", "json",
-               install_dir=tmp_path / "empty")
+    # An empty install dir inside the host root, named by --install-dir-host too: the dry
+    # run refuses a mismatch as the real run does (exit 2, issue 41).
+    empty = node.host_root / "var/lib/empty-nvidia-install"
+    empty.mkdir(parents=True)
+    try:
+        proc = run(node, "install", "--dry-run", "--log-format", "json", "--install-dir-host",
+                   "/var/lib/empty-nvidia-install", install_dir=empty)
+    finally:
+        empty.rmdir()
     assert proc.returncode == 8, proc.stderr[-3000:]
     assert proc.stdout == ""
     final = json.loads(proc.stderr.strip().splitlines()[-1])

@@ -35,3 +35,45 @@ def test_proprietary_modules_are_refused_from_r615(tmp_path):
                                "NVIDIA ships only the open ones from R615"]
     assert gpus.choose_module_type([], "595.45.04", "proprietary").problems == []
     assert gpus.choose_module_type([], "615.10.01", "auto").module_type == "open"
+
+
+def _offered(text: str) -> list[str]:
+    """The versions and branches a message offers as an example."""
+    import re
+    return re.findall(r"\b(?:R\d{3}|\d{3}\.\d+(?:\.\d+)?)\b", text)
+
+
+def _example_messages() -> list[str]:
+    from installer.bundle.cli import pick_target
+    from installer.bundle.manifest import BundleError, BundleKey
+    from installer.distros.cos.artifacts import parse_requested
+    from installer.distros.cos.host import Cos
+    from installer.errors import UsageError
+    from installer.nvidia_run import check_version
+
+    said = []
+    for call in (lambda: check_version("5x0"), lambda: parse_requested("newest"),
+                 lambda: pick_target("bad", 0),
+                 lambda: BundleKey("5x0", "6.8.0-1015-gke", "open")):
+        with pytest.raises((UsageError, BundleError)) as info:
+            call()
+        said.append(f"{info.value} {getattr(info.value, 'hint', '')}")
+    for distro in (Ubuntu, Cos):
+        with pytest.raises(ValueError) as info:
+            distro.check_version_request("newest")
+        said.append(str(info.value))
+    return said
+
+
+def test_examples_in_messages_are_from_supported_branches():
+    """Issue 41 §4: errors said "use a version such as 550.127.05", a branch this table
+    calls ended. Every version or branch a message offers comes from the table."""
+    said = _example_messages()
+    offered = [v for text in said for v in _offered(text)]
+    assert len(offered) >= len(said), said  # each message offers one
+    for version in offered:
+        known = branches.branch(version.lstrip("R") + ("" if "." in version else ".0.0"))
+        assert known is not None, (version, said)
+        # An ended branch only where it is named for what only it serves (R470: Kepler).
+        assert known.supported or any(f"{version} for Kepler" in text for text in said), (
+            version, said)

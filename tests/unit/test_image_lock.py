@@ -55,3 +55,32 @@ def test_the_images_install_from_the_lock_with_require_hashes():
         assert re.search(r"pip wheel [^\n]*--no-build-isolation", dockerfile)
         # Our own wheel comes in without dependencies: nothing unpinned rides along.
         assert re.search(r"pip install [^\n]*--no-deps /wheels/", dockerfile)
+
+
+def test_the_cli_installs_without_the_test_and_lint_tools():
+    """Issue 41 §4: `pip install .` is the CLI alone. The runtime dependencies are exactly
+    the distributions installer/ imports; pytest, ruff and the rest are the `test` and
+    `lint` extras, which `make install` (and so .ci/run) still installs."""
+    import ast
+    import sys
+    from importlib.metadata import packages_distributions
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    runtime = {canonicalize_name(Requirement(d).name) for d in pyproject["project"]["dependencies"]}
+    extras = pyproject["project"]["optional-dependencies"]
+    tools = {canonicalize_name(Requirement(d).name) for group in ("test", "lint")
+             for d in extras[group]}
+    assert {"pytest", "ruff"} <= tools and not runtime & tools
+    imported = set()
+    for path in (ROOT / "installer").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"installer"}
+    owners = packages_distributions()
+    needed = {canonicalize_name(dist) for mod in third_party for dist in owners.get(mod, [mod])}
+    # urllib3 comes with requests (its own dependency), and is imported for its exceptions.
+    assert needed - {"urllib3"} == runtime, (sorted(needed), sorted(runtime))
+    assert "pip install -q -e '.[test,lint]'" in (ROOT / "Makefile").read_text()

@@ -9,6 +9,7 @@ import pytest
 import structlog
 
 from installer import log as logmod
+from installer.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
 from installer.cli import main
 
 OS_RELEASE = 'ID=ubuntu\nVERSION_ID="22.04"\nPRETTY_NAME="Ubuntu 22.04.4 LTS"\n'
@@ -93,7 +94,9 @@ def _run(capsys, tmp_path, *args: str) -> tuple[int, list[str]]:
     if not (tmp_path / "etc/os-release").exists():
         (tmp_path / "etc/os-release").write_text(OS_RELEASE)
     with pytest.raises(SystemExit) as info:
-        main(["install", "--host-root", str(tmp_path), "--install-dir", str(tmp_path / "inst"),
+        # The install dir is <host-root>/<the default --install-dir-host>, as the pod mounts it.
+        main(["install", "--host-root", str(tmp_path),
+              "--install-dir", str(tmp_path / "home/kubernetes/bin/nvidia"),
               "--dry-run", "--log-format", "console", *args])
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -124,8 +127,8 @@ def test_a_huge_driver_version_is_echoed_cut_and_once(capsys, tmp_path):
                        "--driver-version", "9" * 10_000)
     assert code == 2
     assert lines[-1] == (f"FAILED (usage, exit 2): not a driver version: '{'9' * 80}…'. What to "
-                         "do: use a version such as 550.127.05 (COS also takes default, latest, "
-                         "R535).")
+                         f"do: use a version such as {EXAMPLE_VERSION} (COS also takes default, "
+                         f"latest, {EXAMPLE_BRANCH}).")
     assert sum(ln.count("9" * 80) for ln in lines) == 1 and all(len(ln) < 300 for ln in lines)
 
 

@@ -484,7 +484,7 @@ def test_env_var_list_is_every_option_env_var():
 
 
 def _readme_env_paragraph() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs/operator/reference.md").read_text()  # the README's, until issue 41
     start = text.index("Every option also reads an environment variable")
     return text[start:text.index("A flag wins over its variable.", start)]
 
@@ -628,3 +628,50 @@ def test_cos_manifests_refuse_every_version_the_cos_install_refuses(value):
             parse_requested(value)
     result = render_cli("--flavor", "cos", "--driver-version", value)
     assert result.exit_code == 2 and "neither a version" in result.output
+
+
+@pytest.mark.parametrize("flavors", [["--flavor", "cos"], []])
+@pytest.mark.parametrize("option, value", [
+    ("--image", "registry.example.com/ndi/nvidia-driver-installer-{flavour}:1.0"),
+    ("--image", "registry.example.com/ndi/{Flavor}:1.0"),
+])
+def test_a_placeholder_typo_in_image_is_named(flavors, option, value):
+    """Issue 41 §4: `{flavour}` got only "not a valid image reference" (one flavor), or
+    "include '{flavor}'" (all of them), never the word that was wrong."""
+    result = CliRunner().invoke(manifests, ["render", *flavors, option, value])
+    typo = value[value.index("{"):value.index("}") + 1]
+    assert result.exit_code == 2, result.output
+    assert f"unknown placeholder '{typo}'" in result.output and "'{flavor}'" not in typo
+    assert "{flavor}" in result.output.split("unknown placeholder", 1)[1]
+
+
+def test_a_placeholder_typo_in_a_node_label_is_named():
+    result = CliRunner().invoke(manifests, ["render", "--flavor", "cos", "--affinity", "label",
+                                            "--node-label", "example.com/os={flavr}"])
+    assert result.exit_code == 2 and "unknown placeholder '{flavr}'" in result.output, result.output
+
+
+@pytest.mark.parametrize("version, sidecars, ok", [
+    ("v1.28.9-gke.1000000", ["--persistenced"], False),
+    ("1.28", ["--nvswitch"], False),
+    ("v1.29.4", ["--persistenced"], True),
+    ("v1.33.1-gke.1584000", ["--nvswitch", "--persistenced"], True),
+    ("v1.27.3", [], True),  # no sidecar: an init container and pause
+])
+def test_kube_version_refuses_native_sidecars_before_1_29(version, sidecars, ok):
+    """Issue 41 §3: the minimum Kubernetes version (1.29, native sidecars) was only a
+    comment in the rendered YAML; told the server's version, render checks it."""
+    result = CliRunner().invoke(manifests, ["render", "--flavor", "ubuntu", *sidecars,
+                                            "--kube-version", version])
+    if ok:
+        assert result.exit_code == 0, result.output
+        assert ("restartPolicy: Always" in result.stdout) == bool(sidecars)
+    else:
+        assert result.exit_code == 2 and "from 1.29" in result.output, result.output
+        assert "--kube-version" in result.output and "restartPolicy" not in result.stdout
+
+
+def test_a_kube_version_that_is_no_version_is_named():
+    result = CliRunner().invoke(manifests, ["render", "--flavor", "ubuntu", "--kube-version",
+                                            "latest"])
+    assert result.exit_code == 2 and "'latest' is not a Kubernetes version" in result.output

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from installer.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
 from installer.distros.cos.host import VERSION_ALIAS
 from installer.distros.cos.pins import Manifest
 from installer.distros.cos.toolchain import check_toolchain_env
@@ -124,7 +125,8 @@ def parse_requested(raw: str | None) -> Requested:
         return Requested(value, alias=m["name"].lower() if m["name"] else f"R{m['branch']}")
     raise UsageError(
         f"--driver-version {value!r} is neither a driver version nor a COS alias",
-        hint="use a version such as 535.183.01, or default, latest, or a branch such as R535",
+        hint=f"use a version such as {EXAMPLE_VERSION}, or default, latest, or a branch such as "
+        f"{EXAMPLE_BRANCH}",
     )
 
 

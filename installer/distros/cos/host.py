@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from installer import podcontract
+from installer.branches import EXAMPLE_BRANCH
 from installer.cachekey import CacheKey
 from installer.distros.base import Distro, SignedModules, StaleCache
 from installer.distros.cos.options import CosOptions
@@ -52,7 +53,7 @@ class Cos(Distro):
     default_version = "default"  # the build's gpu_default_version (artifacts.DEFAULT_ALIAS)
     daemonset = DAEMONSET
     version_alias = VERSION_ALIAS
-    version_alias_help = "default, latest, R535"
+    version_alias_help = f"default, latest, R<branch> such as {EXAMPLE_BRANCH}"
     gke_os_distributions = ("cos", "cos_containerd")
     signed_modules = SignedModules(
         offer="COS installs use NVIDIA's signed prebuilt modules",

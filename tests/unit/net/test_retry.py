@@ -235,3 +235,41 @@ def test_download_without_policy_uses_the_sessions(server, session, tmp_path, wa
         download(session, server.url_for("/f"), tmp_path / "f")
     assert len(server.log) == 2 and len(waits) == 1
     assert 0.5 <= waits[0] <= 1.0  # NETWORK_DEFAULTS' first backoff step (1 s, equal jitter)
+
+
+# --------------------------------------------------------------------------- a typo'd host
+
+
+TYPO_URL = "https://us.download.nvidia.co/XFree86/Linux-x86_64/580.82.07/NVIDIA-Linux-x86_64-580.82.07.run"
+
+
+def test_a_host_that_does_not_resolve_is_named_with_what_to_check(session, tmp_path, waits,
+                                                                   monkeypatch):
+    """Issue 41 §4: urllib3's text ("... Failed to resolve 'us.download.nvidia.co' ([Errno -2]
+    Name or ser...") was cut mid-word and stored in status.json, and the hint never said to
+    check the URL. The lookup fails the way glibc's getaddrinfo does (EAI_NONAME, -2), through
+    the real requests/urllib3 stack; no packet leaves the machine."""
+    import socket
+
+    def no_such_name(host, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    with pytest.raises(DownloadError) as info:
+        download(session, TYPO_URL, tmp_path / "f", policy=RetryPolicy(2, 0.01, 0.01, 100, 1, 1))
+    err = info.value
+    assert "cannot resolve host 'us.download.nvidia.co'" in err.message, err.message
+    assert "check the URL" in err.hint and "'us.download.nvidia.co'" in err.hint
+    assert "\n" not in err.message and "..." not in err.message and len(err.message) < 300
+    assert "HTTPSConnection" not in err.message  # urllib3's object repr is not the operator's
+    # status.json stores exc.message and exc.hint as they are (install.py's _record).
+
+
+@pytest.mark.parametrize("text", ["Failed to resolve " * 30, "x" * 400, "a, b " * 100])
+def test_a_long_cause_is_cut_between_words(text):
+    text = " ".join(text.split())
+    cut = retry.cut_at_word(text)
+    assert len(cut) <= retry.CAUSE_MAX_CHARS and cut.endswith(" ...")
+    kept = cut[:-4]
+    assert text.startswith(kept)
+    assert " " not in text or text[len(kept)] in " ,"  # what follows the kept text is a boundary
