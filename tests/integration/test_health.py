@@ -136,6 +136,9 @@ def test_a_real_prometheus_scrapes_the_sidecar_and_loads_the_alert_rules(
         start_new_session=True)
     base = f"http://127.0.0.1:{prom_port}"
     try:
+        # Prometheus answers 503 to every API call until its TSDB is open (web/web.go,
+        # the ready handler): wait for /-/ready before the first query.
+        poll(lambda: get(f"{base}/-/ready"), lambda r: r[0] == 200, prom)
         found = poll(lambda: query(base, "nvidia_driver_installer_success"), bool, prom)
         assert found[0]["metric"]["job"] == "nvidia-driver-installer"
         assert found[0]["value"][1] == "1"
