@@ -73,7 +73,7 @@ def local_file(url: str) -> Path | None:
 class UrlPolicy:
     """The URLs a run may fetch: https and file always, plain http only with
     --allow-insecure-http. Built once (detect.context) and carried by the run's HTTP
-    session (session.url_policy_of), as pip's PipSession carries its trust settings."""
+    session (``ArtifactSession.url_policy``), as pip's PipSession carries its trust settings."""
 
     allow_insecure_http: bool = False
 

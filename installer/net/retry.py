@@ -26,7 +26,7 @@ The operator's knobs, ``DOWNLOAD_RETRIES`` (attempts, instead of
 ``NETWORK_DEFAULTS.attempts``) and ``DOWNLOAD_TIMEOUT`` (seconds, instead of
 ``NETWORK_DEFAULTS.total_timeout``), are read by the CLI into Settings
 (settings.retry_env: exit 2 on a bad value) and reach every download through the
-Context's session (:func:`with_settings`, ``session.policy_of``); nothing here reads
+Context's session (:func:`with_settings`, ``ArtifactSession.retry_policy``); nothing here reads
 the environment.
 """
 
