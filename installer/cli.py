@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from installer import __version__
-from installer.clitypes import LOG_FORMATS, Seconds
+from installer.clitypes import LOG_FORMATS, HostPath, Seconds
 from installer.distros import DISTROS
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
@@ -26,8 +26,8 @@ from installer.output import FORMATS, plan_text, render
 from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
 from installer.readiness_cli import fabric_manager_options, readiness_options
 from installer.settings import (
+    CliOption,
     DistroOptions,
-    HostPath,
     Settings,
     default_when_in_use,
     full_url_over_base_url,
@@ -98,8 +98,22 @@ def _distro_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Each distro's own options (Distro.options), declared by the distro."""
     for distro in DISTROS:
         if distro.options is not None:
-            fn = distro.options.click_options(fn)
+            for spec in reversed(distro.options.cli_options):
+                fn = _click_option(spec)(fn)
     return fn
+
+
+_OPTION_TYPES: dict[str, Callable[[], click.ParamType] | None] = {
+    "text": None, "flag": None, "path": lambda: click.Path(path_type=Path), "host_path": HostPath}
+
+
+def _click_option(spec: CliOption) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click option a distro declared in words (settings.CliOption)."""
+    make_type = _OPTION_TYPES[spec.kind]
+    return click.option(spec.flag, envvar=spec.envvar, show_envvar=True, help=spec.help,
+                        default=spec.default, show_default=spec.default is not None,
+                        is_flag=spec.kind == "flag",
+                        type=make_type() if make_type is not None else None)
 
 
 def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
-
-import click
+from typing import Any, ClassVar, Literal, TypeVar
 
 from installer import podcontract
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
@@ -25,13 +24,46 @@ from installer.nvidia_urls import (
 from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
 
 
-class DistroOptions:
+@dataclass(frozen=True)
+class CliOption:
+    """One option a distro adds to ``install``, in words: the command layer (cli.py) makes
+    the click option from it, so no distro and nothing below the CLI imports click."""
+
+    flag: str  # "--cos-artifacts-url"
+    envvar: str
+    help: str
+    # text: a string; flag: a boolean switch; path: this process's path; host_path: a
+    # path as the host sees it (absolute, no '..': clitypes.HostPath)
+    kind: Literal["text", "flag", "path", "host_path"] = "text"
+    default: str | None = None  # shown in --help when given
+
+    @property
+    def dest(self) -> str:
+        """The key the command's parsed options hold it under."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+class DistroOptions(ABC):
     """A distro's own options (e.g. distros/cos/options.py), held in Settings.distro_options:
     generic code names none of their fields. A subclass is a frozen dataclass whose every
-    field has a default (what applies when the CLI did not add its options)."""
+    field has a default (what applies when the CLI did not add its options), declares its
+    ``cli_options`` and reads them back in ``from_cli``."""
+
+    cli_options: ClassVar[tuple[CliOption, ...]] = ()
+
+    @classmethod
+    def given(cls, opts: Mapping[str, Any]) -> bool:
+        """Whether the command has these options (it was given ``cli_options``)."""
+        return bool(cls.cli_options) and cls.cli_options[0].dest in opts
+
+    @classmethod
+    @abstractmethod
+    def from_cli(cls, opts: dict[str, Any]) -> DistroOptions:
+        """The options, taken (popped) out of the command's parsed ``opts``."""
 
     def check(self, settings: Settings) -> None:
         """Refuse combinations with the other settings (UsageError). Pure."""
+        return None
 
     def refused_on(self, title: str) -> UsageError | None:
         """Why these options cannot be used on another distro's host (titled ``title``)."""
@@ -115,20 +147,6 @@ class Settings:
 
 
 OptionsT = TypeVar("OptionsT", bound=DistroOptions)
-
-
-class HostPath(click.ParamType):
-    """A path as the host sees it: absolute, without '..'."""
-
-    name = "HOST_PATH"
-
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> PurePosixPath:
-        path = PurePosixPath(value)
-        if not path.is_absolute() or ".." in path.parts:
-            self.fail(f"must be an absolute host path without '..', got {str(value)!r}",
-                      param, ctx)
-        return path
 
 
 def validate(settings: Settings) -> Settings:
