@@ -32,6 +32,7 @@ from installer.fsutil import (
     write_record,
 )
 from installer.installdir import check_layout_path
+from installer.kinds import OPEN, PROPRIETARY, ModuleType
 from installer.osinfo import parse_env_file
 
 log = structlog.get_logger(__name__)
@@ -56,11 +57,11 @@ _SAFE_TARGET = re.compile(r"[A-Za-z0-9._+-][A-Za-z0-9._+/-]*")
 
 # CACHE_FLAVOR, the record's one word for (source, module type): the spelling every
 # record written so far uses, so older installers and ours read each other's records.
-_FLAVORS = {
-    (ModuleSource.PREBUILT, "open"): "prebuilt-open",
-    (ModuleSource.PRECOMPILED, "proprietary"): "precompiled-signed",
-    (ModuleSource.COMPILED, "open"): "compiled-open",
-    (ModuleSource.COMPILED, "proprietary"): "compiled-proprietary",
+_FLAVORS: dict[tuple[ModuleSource, ModuleType], str] = {
+    (ModuleSource.PREBUILT, OPEN): "prebuilt-open",
+    (ModuleSource.PRECOMPILED, PROPRIETARY): "precompiled-signed",
+    (ModuleSource.COMPILED, OPEN): "compiled-open",
+    (ModuleSource.COMPILED, PROPRIETARY): "compiled-proprietary",
 }
 _FROM_FLAVOR = {word: pair for pair, word in _FLAVORS.items()}
 
@@ -71,14 +72,14 @@ _FROM_FLAVOR = {word: pair for pair, word in _FLAVORS.items()}
 V2_KERNEL_OPEN_KEY = "KERNEL_OPEN"
 
 
-def _modules_of(f: Mapping[str, str]) -> tuple[ModuleSource | None, str | None]:
+def _modules_of(f: Mapping[str, str]) -> tuple[ModuleSource | None, ModuleType | None]:
     """(source, module type) a record names: ours in CACHE_FLAVOR, v2's by its keys."""
     if "CACHE_FLAVOR" in f:
         return _FROM_FLAVOR.get(f["CACHE_FLAVOR"], (None, None))
     if "BUILD_ID" in f:
         if f.get(V2_KERNEL_OPEN_KEY) == "Y":
-            return ModuleSource.PREBUILT, "open"
-        return ModuleSource.PRECOMPILED, "proprietary"
+            return ModuleSource.PREBUILT, OPEN
+        return ModuleSource.PRECOMPILED, PROPRIETARY
     return None, None
 
 
@@ -97,7 +98,7 @@ class CacheRecord:
     kernel_release: str | None
     build_id: str | None
     source: ModuleSource | None
-    module_type: str | None  # "open" | "proprietary"
+    module_type: ModuleType | None
     file_hashes: dict[str, str] = field(default_factory=dict)
     # Every link under LINK_DIRS when written, rel -> its target; None: a record written
     # before links were recorded (only LOADER_LINKS are then checked).
@@ -322,7 +323,7 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
 
     hashes = " ".join(f"{rel}:{digest(rel)}" for rel in rels)
     linked = " ".join(f"{rel}:{target}" for rel, target in links(install_dir).items())
-    flavor = _FLAVORS[(key.source or ModuleSource.COMPILED, key.module_type or "proprietary")]
+    flavor = _FLAVORS[(key.source or ModuleSource.COMPILED, key.module_type or PROPRIETARY)]
     # No comment line: cos-gpu-installer v2's reader rejects lines without '='.
     lines = [
         f"CACHE_WRITTEN_BY=nvidia-driver-installer-{installer_version}",

@@ -20,6 +20,7 @@ from installer.clitypes import LOG_FORMATS, HostPath, Seconds
 from installer.distros import DISTROS
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
+from installer.kinds import MODULE_TYPE_REQUESTS
 from installer.moduleargs import ModuleArg
 from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
@@ -274,7 +275,7 @@ def _exit_codes_epilog() -> str:
               show_envvar=True,
               help="Host dir to write NVIDIA's Vulkan ICD file (nvidia_icd.json) to, as GKE's "
               "installer does [default: none written].")
-@click.option("--kernel-module-type", type=click.Choice(["auto", "open", "proprietary"]),
+@click.option("--kernel-module-type", type=click.Choice(MODULE_TYPE_REQUESTS),
               envvar="NVIDIA_KERNEL_MODULE_TYPE", default="auto", show_default=True,
               show_envvar=True,
               help="NVIDIA kernel modules to build; auto: by GPU generation (pre-Turing: "

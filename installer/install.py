@@ -19,7 +19,7 @@ from installer.lock import HostLock
 from installer.moduleargs import ModuleArg, for_module
 from installer.net.policy import scrub
 from installer.outcome import DRY_RUN, ERROR, INTERRUPTED, OK, Outcome
-from installer.plan import StepTiming, execute
+from installer.plan import Plan, StepTiming, execute
 from installer.settings import Settings
 from installer.signals import Interrupted
 
@@ -154,10 +154,10 @@ def _discard(ctx: Context, error: BaseException) -> None:
         remove_tree(path)
 
 
-def _warn_unpinned(ctx: Context, plan, distro: Flow) -> None:
-    """A plan that downloads and runs the NVIDIA .run as root (``fresh``, and ``staged``:
-    the same fill, kept for the next boot) says so when nothing pins it."""
-    if plan.kind not in ("fresh", "staged"):
+def _warn_unpinned(ctx: Context, plan: Plan, distro: Flow) -> None:
+    """A plan that downloads and runs the NVIDIA .run as root (Plan.runs_downloaded_run)
+    says so when nothing pins it."""
+    if not plan.runs_downloaded_run:
         return
     unpinned = []
     if not (ctx.settings.driver_sha256 or plan.driver_sha256):

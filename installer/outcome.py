@@ -5,14 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Final
 
-OK, ERROR, INTERRUPTED, UNINSTALLED, DRY_RUN = "ok", "error", "interrupted", "uninstalled", "dry_run"
+from installer.kinds import OutcomeKind
+
+OK: Final = "ok"
+ERROR: Final = "error"
+INTERRUPTED: Final = "interrupted"
+UNINSTALLED: Final = "uninstalled"
+DRY_RUN: Final = "dry_run"  # never written
 
 
 @dataclass(frozen=True)
 class Outcome:
-    outcome: str  # ok | error | interrupted | uninstalled | dry_run (never written)
+    outcome: OutcomeKind
     exit_code: int = 0
     plan: str | None = None
     # The driver that runs once the run is over (ok), or the one the run was installing

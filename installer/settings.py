@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from installer import podcontract
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import UsageError
+from installer.kinds import AUTO, MODULE_TYPE_REQUESTS, DaemonName, ModuleTypeRequest
 from installer.moduleargs import ModuleArg
 from installer.net.integrity import normalize_sha256
 from installer.nvidia_options import too_old
@@ -114,12 +115,12 @@ class Settings:
     fabric_manager_base_url: str = FABRIC_MANAGER_BASE_URL
     fabric_manager_sha256: str | None = None
     fabric_deadline_s: float = 600.0
-    # The daemon sidecars the DaemonSet runs (daemons.NAMES, a click.Choice): ready only
+    # The daemon sidecars the DaemonSet runs (kinds.DaemonName, a click.Choice): ready only
     # with each up.
-    required_daemons: tuple[str, ...] = ()
+    required_daemons: tuple[DaemonName, ...] = ()
     # Also load nvidia-modeset and nvidia-drm (display); by default nvidia and nvidia-uvm only.
     display_modules: bool = False
-    kernel_module_type: str = "auto"  # auto | open | proprietary
+    kernel_module_type: ModuleTypeRequest = AUTO
     metrics_file: PurePosixPath | None = None  # host path of a node_exporter textfile
     download_deadline_s: float = 3600.0  # one download, all attempts (retry.TransferLimits)
     download_min_rate: float = 10240.0  # bytes/s over each rate window; 0: no floor
@@ -170,7 +171,7 @@ def validate(settings: Settings) -> Settings:
                          "over a base URL from NVIDIA_DRIVER_BASE_URL)")
     if s.driver_version and (why := too_old(s.driver_version)):
         raise UsageError(f"--driver-version: {why}", hint="use R470 or newer")
-    if s.kernel_module_type not in ("auto", "open", "proprietary"):
+    if s.kernel_module_type not in MODULE_TYPE_REQUESTS:
         raise UsageError(f"bad --kernel-module-type {s.kernel_module_type!r}",
                          hint="use auto, open or proprietary")
     if not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", s.driver_branch) or \

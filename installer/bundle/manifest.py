@@ -26,6 +26,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from installer import safejson
 from installer.installdir import check_layout_path
+from installer.kinds import MODULE_TYPES
 from installer.values import is_driver_version, is_kernel_release, sha256_digest
 
 FORMAT = 1
@@ -33,7 +34,6 @@ MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.json"
 SUFFIX = ".tar.zst"  # what bundle build writes
 SUFFIXES = (SUFFIX, ".tar.gz")  # what nodes and bundle index read, preferred first
-MODULE_TYPES = ("open", "proprietary")
 MAX_MANIFEST_BYTES = 4 << 20  # a real 535 bundle's manifest: ~15 KB
 MAX_FILES = 20_000
 MAX_FILE_BYTES = 4 << 30

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from installer.distros import BUNDLE_BUILDER, DISTROS
+from installer.kinds import MODULE_TYPE_REQUESTS
 from installer.manifests.bundle_job import JobOptions
 from installer.manifests.bundle_job import render as render_job
 from installer.manifests.render import (
@@ -301,7 +302,7 @@ def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, st
 @click.option("--target", "targets", metavar="DRIVER@KERNEL", multiple=True,
               help="One bundle to build (repeatable), e.g. 550.127.05@6.8.0-1015-gke.")
 @click.option("--kernel-module-type", "module_type",
-              type=click.Choice(["auto", "open", "proprietary"]), default="auto",
+              type=click.Choice(MODULE_TYPE_REQUESTS), default="auto",
               show_default=True, help="Module type built; auto: NVIDIA's default for each "
               "target's branch (open from R560), as a node with Turing or newer GPUs picks it, "
               "so its bundles are the ones those nodes look for.")

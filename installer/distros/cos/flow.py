@@ -45,6 +45,7 @@ from installer.distros.cos.steps import (
 from installer.distros.cos.toolchain import BuildTools
 from installer.distros.planning import Flow, cached_plan, fresh_plan
 from installer.gke import mirror
+from installer.kinds import OPEN
 from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root
 from installer.plan import Plan, Step
@@ -173,7 +174,7 @@ class CosFlow(Flow, Cos):
             driver_sha256=run_fetch.sha256,
             display={**display, **_choice_display(arts, version, probe, chosen), **build_shown},
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
-                                  "open" if chosen.source is ModuleSource.PREBUILT
+                                  OPEN if chosen.source is ModuleSource.PREBUILT
                                   else chosen.compiled_type),
             check_signing=_signing_step(arts, version, probe, chosen),
             build=(staging.fetch_artifacts((run_fetch, *fetches)), *work),
