@@ -22,7 +22,8 @@ from pathlib import Path
 
 import structlog
 
-from installer.cachekey import CacheKey, ModuleSource
+from installer.cachekey import CacheKey as CacheKey  # re-exported: the record and its key
+from installer.cachekey import ModuleSource as ModuleSource
 from installer.fsutil import (
     UnreadableFile,
     open_beneath,
@@ -117,11 +118,12 @@ class CacheRecord:
             rel, _, digest = item.rpartition(":")
             if rel and digest:
                 hashes[rel] = digest
-        stats = {}
+        stats: dict[str, tuple[int, int, int, int]] = {}
         for item in f.get("CACHE_FILE_STAT", "").split():
-            parts = item.rsplit(":", 4)
-            if len(parts) == 5 and parts[0] and all(p.isdigit() for p in parts[1:]):
-                stats[parts[0]] = tuple(int(p) for p in parts[1:])
+            rel, *numbers = item.rsplit(":", 4)
+            if len(numbers) == 4 and rel and all(p.isdigit() for p in numbers):
+                size, mtime_ns, ctime_ns, inode = map(int, numbers)
+                stats[rel] = (size, mtime_ns, ctime_ns, inode)
         links = None
         if "CACHE_FILE_LINKS" in f:
             links = dict(item.partition(":")[::2] for item in f["CACHE_FILE_LINKS"].split())

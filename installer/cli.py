@@ -194,7 +194,8 @@ class _LazyGroup(click.Group):
             import importlib
 
             module, attr = self.lazy[name].split(":")
-            return getattr(importlib.import_module(module), attr)
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
         return super().get_command(ctx, name)
 
 

@@ -103,7 +103,7 @@ def create(dev_dir: Path) -> list[str]:
 
 def remove(dev_dir: Path) -> list[str]:
     """Remove /dev/char links that point at NVIDIA nodes (uninstall)."""
-    removed = []
+    removed: list[str] = []
     char_dir = dev_dir / "char"
     if not char_dir.is_dir():
         return removed

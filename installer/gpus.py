@@ -286,22 +286,22 @@ def choose_module_type(gpus: list[PciGpu], version: str, requested: str = AUTO) 
         raise UsageError(f"unknown kernel module type {requested!r}",
                          hint=f"use one of: {', '.join(MODULE_TYPES)}")
     branch = branch_of(version)
-    known = [g for g in gpus if g.model]
-    legacy = [g for g in known if g.model.open_modules == "no"]
-    need_open = [g for g in known if g.model.open_modules == "required"]
+    known = [(g, g.model) for g in gpus if g.model]
+    legacy = [(g, model) for g, model in known if model.open_modules == "no"]
+    need_open = [(g, model) for g, model in known if model.open_modules == "required"]
     too_old_for_open = branch is not None and branch < OPEN_MODULES_SINCE
     problems: list[str] = []
 
     if requested == OPEN:
-        problems += [f"{g.name} at {g.address} ({g.model.arch}) cannot use the open kernel "
-                     "modules (they need Turing or newer)" for g in legacy]
+        problems += [f"{g.name} at {g.address} ({model.arch}) cannot use the open kernel "
+                     "modules (they need Turing or newer)" for g, model in legacy]
         if too_old_for_open:
             problems.append(f"driver {version} predates the open kernel modules "
                             f"(R{OPEN_MODULES_SINCE}+)")
         return ModuleChoice(OPEN, "requested", problems)
     if requested == PROPRIETARY:
-        problems += [f"{g.name} at {g.address} ({g.model.arch}) needs the open kernel "
-                     "modules" for g in need_open]
+        problems += [f"{g.name} at {g.address} ({model.arch}) needs the open kernel "
+                     "modules" for g, model in need_open]
         if branch is not None and branch >= branches.OPEN_ONLY_SINCE:
             problems.append(f"driver {version} (R{branch}) has no proprietary kernel modules: "
                             f"NVIDIA ships only the open ones from R{branches.OPEN_ONLY_SINCE}")
@@ -309,14 +309,14 @@ def choose_module_type(gpus: list[PciGpu], version: str, requested: str = AUTO) 
 
     if legacy and need_open:
         return ModuleChoice(PROPRIETARY, "mixed GPUs",
-                            [f"{legacy[0].name} needs the proprietary modules and "
-                             f"{need_open[0].name} the open ones: no single driver fits both"])
+                            [f"{legacy[0][0].name} needs the proprietary modules and "
+                             f"{need_open[0][0].name} the open ones: no single driver fits both"])
     if legacy:
-        return ModuleChoice(PROPRIETARY, f"{legacy[0].model.arch} GPU ({legacy[0].name})")
+        return ModuleChoice(PROPRIETARY, f"{legacy[0][1].arch} GPU ({legacy[0][0].name})")
     if need_open:
-        problems = ([f"{need_open[0].name} needs the open kernel modules, which driver "
+        problems = ([f"{need_open[0][0].name} needs the open kernel modules, which driver "
                      f"{version} predates"] if too_old_for_open else [])
-        return ModuleChoice(OPEN, f"{need_open[0].model.arch} GPU ({need_open[0].name})",
+        return ModuleChoice(OPEN, f"{need_open[0][1].arch} GPU ({need_open[0][0].name})",
                             problems)
     if too_old_for_open:
         return ModuleChoice(PROPRIETARY, f"R{branch} predates the open modules")

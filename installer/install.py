@@ -171,7 +171,7 @@ def _warn_unpinned(ctx: Context, plan: Plan, distro: Flow) -> None:
                     "sends is installed (the .run runs as root): pin it for production")
 
 
-def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
+def _write_ready(ctx: Context, plan: Plan, gpu_count: int) -> None:
     """driver-ready, written last: everything above verified the driver."""
     module_type = ctx.work.kernel_module_type or plan.kernel_module_type
     try:
@@ -185,7 +185,7 @@ def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
         ) from exc
 
 
-def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | None) -> None:
+def _write_ready_file(ctx: Context, plan: Plan, gpu_count: int, module_type: str | None) -> None:
     """The driver that runs now; with a version staged for the next boot, that one as
     pending (and the running one's module type from its own .cache record)."""
     staged = ctx.work.staged_for_boot
@@ -217,7 +217,7 @@ def _module_args_in_effect(ctx: Context) -> tuple[ModuleArg, ...]:
     return ctx.work.module_args_loaded
 
 
-def _record(ctx: Context, started: float, timings: list[StepTiming], plan,
+def _record(ctx: Context, started: float, timings: list[StepTiming], plan: Plan | None,
             outcome: Outcome) -> Outcome:
     """``outcome`` completed with what every run records, written to status.json and the
     metrics textfile. Its driver version, unless set: the plan's."""

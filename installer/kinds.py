@@ -21,8 +21,10 @@ MODULE_TYPE_REQUESTS: Final[tuple[ModuleTypeRequest, ...]] = get_args(ModuleType
 # What a plan does (plan.Plan.kind; status.json "plan", the plan_ready event).
 PlanKind = Literal["fresh", "staged", "cached", "preload", "bundle"]
 
-# How a run ended (outcome.Outcome.outcome; status.json "outcome").
-OutcomeKind = Literal["ok", "error", "interrupted", "uninstalled", "dry_run"]
+# How a run ended (outcome.Outcome.outcome; status.json "outcome"). "unknown": a
+# status.json read back without one we know (never written).
+OutcomeKind = Literal["ok", "error", "interrupted", "uninstalled", "dry_run", "unknown"]
+OUTCOME_KINDS: Final[tuple[OutcomeKind, ...]] = get_args(OutcomeKind)
 
 # The daemon sidecars the DaemonSet may run (daemons.NAMES, --require-daemon).
 DaemonName = Literal["fabricmanager", "persistenced"]

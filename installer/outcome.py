@@ -7,13 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-from installer.kinds import OutcomeKind
+from installer.kinds import OUTCOME_KINDS, OutcomeKind
 
 OK: Final = "ok"
 ERROR: Final = "error"
 INTERRUPTED: Final = "interrupted"
 UNINSTALLED: Final = "uninstalled"
 DRY_RUN: Final = "dry_run"  # never written
+
+
+def _outcome_kind(text: str | None) -> OutcomeKind:
+    """status.json's "outcome" read back: one of the kinds, else "unknown"."""
+    return next((k for k in OUTCOME_KINDS if k == text), "unknown")
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class Outcome:
             staged, driver = driver, _text(legacy, "running_version")
             because = _text(legacy, "holders")
         return cls(
-            outcome=_text(doc, "outcome") or "unknown",
+            outcome=_outcome_kind(_text(doc, "outcome")),
             exit_code=code,
             plan=_text(doc, "plan"),
             driver_version=driver,

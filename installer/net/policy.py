@@ -19,7 +19,7 @@ from __future__ import annotations
 import posixpath
 import re
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,6 +258,8 @@ def scrub(value: Any) -> Any:
     return scrub_text(str(value))  # paths, exceptions: rendered as text anyway
 
 
-def processor(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def processor(_logger: Any, _method: str,
+              event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
     """structlog processor: every event, every field."""
-    return scrub(event_dict)
+    scrubbed: dict[str, Any] = scrub(event_dict)
+    return scrubbed

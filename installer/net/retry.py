@@ -285,7 +285,7 @@ class _Wait:
         n = max(retry_state.attempt_number, 1)
         base = min(p.wait_max, p.wait_initial * (2 ** (n - 1)))
         # "Equal jitter": at least half the backoff, spread over the other half.
-        return base / 2 + random.uniform(0, base / 2)  # noqa: S311 - not crypto
+        return float(base / 2 + random.uniform(0, base / 2))  # noqa: S311 - not crypto
 
 
 def _upcoming_sleep(retry_state: tenacity.RetryCallState) -> float:

@@ -46,6 +46,11 @@ class _URLAuthOnly(requests.auth.AuthBase):
         return r
 
 
+class LocalAnswer(requests.Response):
+    """What :class:`LocalFSAdapter` answered (so :func:`classify` can word a missing local
+    artifact as one)."""
+
+
 class LocalFSAdapter(requests.adapters.BaseAdapter):
     """``file://`` answered the way a server answers (the idea of pip's ``LocalFSAdapter``),
     so downloads, fetches and probes read local files through the same session, retries,
@@ -60,7 +65,8 @@ class LocalFSAdapter(requests.adapters.BaseAdapter):
 
     def send(self, request: requests.PreparedRequest, stream: bool = False,
              timeout: float | tuple[float, float] | tuple[float, None] | None = None,
-             verify: bool | str = True, cert: str | tuple[str, str] | None = None,
+             verify: bool | str = True,
+             cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
              proxies: Mapping[str, str] | None = None) -> requests.Response:
         url = request.url or ""
         path = local_path(url)
@@ -92,12 +98,11 @@ class LocalFSAdapter(requests.adapters.BaseAdapter):
     def _answer(self, request: requests.PreparedRequest, status: int, body: BinaryIO,
                 size: int) -> requests.Response:
         headers = {"Content-Length": str(size)}
-        resp = requests.Response()
+        resp = LocalAnswer()
         resp.status_code = status
         resp.reason = "OK" if status == 200 else "Not Found"
         resp.url = request.url or ""
         resp.request = request
-        resp.connection = self
         resp.headers = requests.structures.CaseInsensitiveDict(headers)
         resp.raw = urllib3.response.HTTPResponse(body=body, headers=headers, status=status,
                                                  preload_content=False, decode_content=False)
@@ -170,7 +175,9 @@ class ArtifactSession(requests.Session):
         original = response.request
         if ("Authorization" in prepared_request.headers and original is not None
                 and original.url is not None and prepared_request.url is not None
-                and self.should_strip_auth(original.url, prepared_request.url)):
+                # types-requests leaves should_strip_auth unannotated (it takes two URLs)
+                and self.should_strip_auth(  # type: ignore[no-untyped-call]
+                    original.url, prepared_request.url)):
             del prepared_request.headers["Authorization"]
 
 
@@ -219,7 +226,7 @@ def classify(resp: requests.Response, shown: str, url_policy: UrlPolicy, *,
         return True
     if status in missing:
         return False
-    if status == 404 and isinstance(resp.connection, LocalFSAdapter):
+    if status == 404 and isinstance(resp, LocalAnswer):
         raise _missing_local(resp, shown)
     if status == 429 or 500 <= status <= 599:
         raise TransientHTTPError(status, resp.reason or "",

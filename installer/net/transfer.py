@@ -388,4 +388,5 @@ def stream(
                    min_free_bytes=min_free_bytes, cancel=cancel)
     except ConsumerFailed as exc:
         raise exc.error from None
+    # ignored: PipeSink holds what consume() returned as an object; that is this call's T
     return got, st.result  # type: ignore[return-value]

@@ -20,7 +20,7 @@ class ModuleDecision:
     notes: tuple[str, ...] = ()
 
 
-def decide_modules(gpus_found: list, version: str, requested: str,
+def decide_modules(gpus_found: list[gpus.PciGpu], version: str, requested: str,
                    prebuilt_available: bool) -> ModuleDecision:
     """Prebuilt (open, signed) modules when the build has them, every GPU here can use
     the open modules and they were not refused; else what a compile builds
@@ -30,11 +30,12 @@ def decide_modules(gpus_found: list, version: str, requested: str,
     installer does; ``--kernel-module-type proprietary`` opts out of them.
     """
     notes: list[str] = []
-    legacy = [g for g in gpus_found if g.model and g.model.open_modules == "no"]
+    legacy = [(g, g.model) for g in gpus_found if g.model and g.model.open_modules == "no"]
     use_prebuilt = prebuilt_available and requested != PROPRIETARY and not legacy
     if prebuilt_available and legacy:
-        notes.append(f"prebuilt modules are open modules, which {legacy[0].name} "
-                     f"({legacy[0].model.arch}) cannot use")
+        gpu, model = legacy[0]
+        notes.append(f"prebuilt modules are open modules, which {gpu.name} "
+                     f"({model.arch}) cannot use")
     if prebuilt_available and requested == PROPRIETARY:
         notes.append("prebuilt modules are open modules: not used (--kernel-module-type "
                       "proprietary)")
@@ -42,7 +43,7 @@ def decide_modules(gpus_found: list, version: str, requested: str,
     return ModuleDecision(use_prebuilt, choice.module_type, tuple(notes))
 
 
-def proprietary_allowed(gpus_found: list, requested: str) -> bool:
+def proprietary_allowed(gpus_found: list[gpus.PciGpu], requested: str) -> bool:
     """The proprietary modules (all the precompiled .run has) can drive these GPUs and were
     not refused (Blackwell and Grace Hopper need the open ones)."""
     return requested != OPEN and not any(

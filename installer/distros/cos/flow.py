@@ -226,7 +226,7 @@ class CosFlow(Flow, Cos):
         toolchain.check_tool_paths(tc_env, tools.toolchain, arts.url(TOOLCHAIN_ENV_FILE))
         headers_preset = self._host_headers(ctx)
         fetches += self._tools_fetches(arts, tools, tc_env, tc_url, headers_preset is None)
-        shown = {
+        shown: dict[str, object] = {
             "kernel_headers_url": arts.url(KERNEL_HEADERS) if headers_preset is None else None,
             "kernel_source_path": headers_preset.describe() if headers_preset else None,
             "toolchain_url": tc_url,
