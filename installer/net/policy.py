@@ -65,7 +65,7 @@ def local_path(url: str) -> Path:
 
 def local_file(url: str) -> Path | None:
     """The path a ``file://`` URL names (see :func:`local_path`); None for any other URL.
-    Downloads, fetches and probes all tell local from remote with this."""
+    (Downloads, fetches and probes do not ask: the session's LocalFSAdapter serves it.)"""
     return local_path(url) if urlsplit(url).scheme.lower() == "file" else None
 
 

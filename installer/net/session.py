@@ -52,9 +52,12 @@ class LocalAnswer(requests.Response):
 
 
 class LocalFSAdapter(requests.adapters.BaseAdapter):
-    """``file://`` answered the way a server answers (the idea of pip's ``LocalFSAdapter``),
-    so downloads, fetches and probes read local files through the same session, retries,
-    limits and digest as remote ones, and none of them tells local from remote itself.
+    """``file://`` answered the way a server answers, so downloads, fetches and probes read
+    local files through the same session, retries, limits and digest as remote ones, and
+    none of them tells local from remote itself. The idea is pip's ``LocalFSAdapter``
+    (pip's src/pip/_internal/network/session.py: a 404 for a path it cannot stat, the
+    open file as the body with its Content-Length, mounted on ``PipSession`` for
+    ``file://``); unlike pip's, this one refuses anything but a regular file.
 
     A missing path is a 404 (:func:`classify` words it as a missing local file); HEAD is
     200 only for a regular file (what ``Path.is_file`` says). A GET opens the file

@@ -18,8 +18,9 @@
   from 0 with a fresh request.
 - Transient failures are retried per :mod:`installer.net.retry`; 401/403/404 and
   other 4xx fail at once with :class:`DownloadError`.
-- ``file://`` URLs (air-gapped nodes, pre-staged artifacts) are copied and
-  hashed in one pass, with the same temp + verify + rename.
+- ``file://`` URLs (air-gapped nodes, pre-staged artifacts) take the same path: the
+  session's LocalFSAdapter answers them like a server (a 200 with the file's length,
+  a 404 for a missing one), with the same temp + verify + rename.
 
 ``stream()`` is the same transfer (retries, resume, limits, digest) without a
 file: the body goes through a pipe to a consumer running in a worker thread
