@@ -28,8 +28,9 @@ test: install  ## the default test run (unit + chroot fixture tests), about 17 m
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
 	$(PY) -m tests.demo
 
-lint: install  ## ruff, yamllint, hadolint and the import-layering contracts (pyproject.toml)
+lint: install  ## ruff, mypy (strict, installer/), yamllint, hadolint and the import-layering contracts (pyproject.toml)
 	$(VENV)/bin/ruff check installer tests bench
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/yamllint -s manifests
 	$(VENV)/bin/hadolint --config images/.hadolint.yaml images/cos/Dockerfile images/ubuntu/Dockerfile

@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 import structlog
 
@@ -68,6 +68,7 @@ from installer.tarstream import (
     CORRUPT,
     MAX_TRAILING_BYTES,
     Refused,
+    StreamTar,
     UnreadableArchive,
     first_member,
     open_archive,
@@ -147,7 +148,7 @@ def _real(path: str) -> str:
     return os.path.realpath(path)
 
 
-def _copy_hashing(src: BinaryIO, out: BinaryIO) -> str:
+def _copy_hashing(src: IO[bytes], out: IO[bytes]) -> str:
     """Copy ``src`` to ``out``; the sha256 of what was written (hash once, no re-read)."""
     hasher = hashlib.sha256()
     while chunk := src.read(COPY_CHUNK):
@@ -419,7 +420,7 @@ class _Where:
     member: str | None = None
 
 
-def _extract_members(tar: tarfile.TarFile, ex: _Extractor, head: Head | None,
+def _extract_members(tar: StreamTar, ex: _Extractor, head: Head | None,
                      deadline: float, where: _Where) -> None:
     if head is not None:
         where.member = head.name
@@ -445,7 +446,7 @@ def _extract_members(tar: tarfile.TarFile, ex: _Extractor, head: Head | None,
             raise Refused("a path too long for the filesystem") from None
     where.member = None
     ex.finish()
-    if getattr(tar, "read_ahead", None) is not None:
+    if tar.read_ahead is not None:
         tar.read_ahead.drain(MAX_TRAILING_BYTES)
 
 

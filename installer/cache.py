@@ -22,7 +22,8 @@ from pathlib import Path
 
 import structlog
 
-from installer.cachekey import CacheKey, ModuleSource
+from installer.cachekey import CacheKey as CacheKey  # re-exported: the record and its key
+from installer.cachekey import ModuleSource as ModuleSource
 from installer.fsutil import (
     UnreadableFile,
     open_beneath,
@@ -32,6 +33,7 @@ from installer.fsutil import (
     write_record,
 )
 from installer.installdir import check_layout_path
+from installer.kinds import OPEN, PROPRIETARY, ModuleType
 from installer.osinfo import parse_env_file
 
 log = structlog.get_logger(__name__)
@@ -56,11 +58,11 @@ _SAFE_TARGET = re.compile(r"[A-Za-z0-9._+-][A-Za-z0-9._+/-]*")
 
 # CACHE_FLAVOR, the record's one word for (source, module type): the spelling every
 # record written so far uses, so older installers and ours read each other's records.
-_FLAVORS = {
-    (ModuleSource.PREBUILT, "open"): "prebuilt-open",
-    (ModuleSource.PRECOMPILED, "proprietary"): "precompiled-signed",
-    (ModuleSource.COMPILED, "open"): "compiled-open",
-    (ModuleSource.COMPILED, "proprietary"): "compiled-proprietary",
+_FLAVORS: dict[tuple[ModuleSource, ModuleType], str] = {
+    (ModuleSource.PREBUILT, OPEN): "prebuilt-open",
+    (ModuleSource.PRECOMPILED, PROPRIETARY): "precompiled-signed",
+    (ModuleSource.COMPILED, OPEN): "compiled-open",
+    (ModuleSource.COMPILED, PROPRIETARY): "compiled-proprietary",
 }
 _FROM_FLAVOR = {word: pair for pair, word in _FLAVORS.items()}
 
@@ -71,14 +73,14 @@ _FROM_FLAVOR = {word: pair for pair, word in _FLAVORS.items()}
 V2_KERNEL_OPEN_KEY = "KERNEL_OPEN"
 
 
-def _modules_of(f: Mapping[str, str]) -> tuple[ModuleSource | None, str | None]:
+def _modules_of(f: Mapping[str, str]) -> tuple[ModuleSource | None, ModuleType | None]:
     """(source, module type) a record names: ours in CACHE_FLAVOR, v2's by its keys."""
     if "CACHE_FLAVOR" in f:
         return _FROM_FLAVOR.get(f["CACHE_FLAVOR"], (None, None))
     if "BUILD_ID" in f:
         if f.get(V2_KERNEL_OPEN_KEY) == "Y":
-            return ModuleSource.PREBUILT, "open"
-        return ModuleSource.PRECOMPILED, "proprietary"
+            return ModuleSource.PREBUILT, OPEN
+        return ModuleSource.PRECOMPILED, PROPRIETARY
     return None, None
 
 
@@ -97,7 +99,7 @@ class CacheRecord:
     kernel_release: str | None
     build_id: str | None
     source: ModuleSource | None
-    module_type: str | None  # "open" | "proprietary"
+    module_type: ModuleType | None
     file_hashes: dict[str, str] = field(default_factory=dict)
     # Every link under LINK_DIRS when written, rel -> its target; None: a record written
     # before links were recorded (only LOADER_LINKS are then checked).
@@ -116,11 +118,12 @@ class CacheRecord:
             rel, _, digest = item.rpartition(":")
             if rel and digest:
                 hashes[rel] = digest
-        stats = {}
+        stats: dict[str, tuple[int, int, int, int]] = {}
         for item in f.get("CACHE_FILE_STAT", "").split():
-            parts = item.rsplit(":", 4)
-            if len(parts) == 5 and parts[0] and all(p.isdigit() for p in parts[1:]):
-                stats[parts[0]] = tuple(int(p) for p in parts[1:])
+            rel, *numbers = item.rsplit(":", 4)
+            if len(numbers) == 4 and rel and all(p.isdigit() for p in numbers):
+                size, mtime_ns, ctime_ns, inode = map(int, numbers)
+                stats[rel] = (size, mtime_ns, ctime_ns, inode)
         links = None
         if "CACHE_FILE_LINKS" in f:
             links = dict(item.partition(":")[::2] for item in f["CACHE_FILE_LINKS"].split())
@@ -322,7 +325,7 @@ def write(cache_file: Path, key: CacheKey, install_dir: Path, installer_version:
 
     hashes = " ".join(f"{rel}:{digest(rel)}" for rel in rels)
     linked = " ".join(f"{rel}:{target}" for rel, target in links(install_dir).items())
-    flavor = _FLAVORS[(key.source or ModuleSource.COMPILED, key.module_type or "proprietary")]
+    flavor = _FLAVORS[(key.source or ModuleSource.COMPILED, key.module_type or PROPRIETARY)]
     # No comment line: cos-gpu-installer v2's reader rejects lines without '='.
     lines = [
         f"CACHE_WRITTEN_BY=nvidia-driver-installer-{installer_version}",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from installer.kinds import ModuleType
+
 
 class ModuleSource(enum.Enum):
     """Where an install's kernel modules came from."""
@@ -24,7 +26,7 @@ class CacheKey:
     kernel_release: str | None = None  # Ubuntu
     build_id: str | None = None  # COS
     source: ModuleSource | None = None  # None: any source is a hit
-    module_type: str | None = None  # "open" | "proprietary"; None: any
+    module_type: ModuleType | None = None  # None: any
     # Lines another installer reads (COS: cos-gpu-installer v2's keys), from the distro.
     compat_lines: tuple[str, ...] = field(default=(), compare=False)
 

@@ -17,18 +17,19 @@ import click
 
 from installer import __version__
 from installer.branches import EXAMPLE_BRANCH
-from installer.clitypes import LOG_FORMATS, Seconds
+from installer.clitypes import LOG_FORMATS, HostPath, Seconds
 from installer.distros import DISTROS
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import EXIT_CODE_MEANINGS, ExitCode, InstallerError
+from installer.kinds import MODULE_TYPE_REQUESTS
 from installer.moduleargs import ModuleArg
 from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.output import FORMATS, plan_text, render
 from installer.podcontract import HOST_ROOT, INSTALL_DIR_HOST
 from installer.readiness_cli import fabric_manager_options, readiness_options
 from installer.settings import (
+    CliOption,
     DistroOptions,
-    HostPath,
     Settings,
     default_when_in_use,
     full_url_over_base_url,
@@ -99,8 +100,22 @@ def _distro_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Each distro's own options (Distro.options), declared by the distro."""
     for distro in DISTROS:
         if distro.options is not None:
-            fn = distro.options.click_options(fn)
+            for spec in reversed(distro.options.cli_options):
+                fn = _click_option(spec)(fn)
     return fn
+
+
+_OPTION_TYPES: dict[str, Callable[[], click.ParamType] | None] = {
+    "text": None, "flag": None, "path": lambda: click.Path(path_type=Path), "host_path": HostPath}
+
+
+def _click_option(spec: CliOption) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click option a distro declared in words (settings.CliOption)."""
+    make_type = _OPTION_TYPES[spec.kind]
+    return click.option(spec.flag, envvar=spec.envvar, show_envvar=True, help=spec.help,
+                        default=spec.default, show_default=spec.default is not None,
+                        is_flag=spec.kind == "flag",
+                        type=make_type() if make_type is not None else None)
 
 
 def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -180,7 +195,8 @@ class _LazyGroup(click.Group):
             import importlib
 
             module, attr = self.lazy[name].split(":")
-            return getattr(importlib.import_module(module), attr)
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
         return super().get_command(ctx, name)
 
 
@@ -261,7 +277,7 @@ def _exit_codes_epilog() -> str:
               show_envvar=True,
               help="Host dir to write NVIDIA's Vulkan ICD file (nvidia_icd.json) to, as GKE's "
               "installer does [default: none written].")
-@click.option("--kernel-module-type", type=click.Choice(["auto", "open", "proprietary"]),
+@click.option("--kernel-module-type", type=click.Choice(MODULE_TYPE_REQUESTS),
               envvar="NVIDIA_KERNEL_MODULE_TYPE", default="auto", show_default=True,
               show_envvar=True,
               help="NVIDIA kernel modules to build; auto: by GPU generation (pre-Turing: "

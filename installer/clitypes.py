@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any
 
 import click
@@ -35,3 +36,17 @@ class Seconds(click.ParamType):
             self.fail(f"{value!r} must be {'>' if self.open_min else '>='} {self.minimum:g} "
                       "seconds", param, ctx)
         return seconds
+
+
+class HostPath(click.ParamType):
+    """A path as the host sees it: absolute, without '..'."""
+
+    name = "HOST_PATH"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> PurePosixPath:
+        path = PurePosixPath(value)
+        if not path.is_absolute() or ".." in path.parts:
+            self.fail(f"must be an absolute host path without '..', got {str(value)!r}",
+                      param, ctx)
+        return path

@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from installer import gpus
 from installer.gpus import PciGpu
 from installer.hostroot import HostRoot
@@ -17,7 +15,7 @@ from installer.installdir import InstallDir
 from installer.kernel import KernelState
 from installer.net.policy import UrlPolicy
 from installer.net.retry import NETWORK_DEFAULTS, TransferLimits, with_settings
-from installer.net.session import make_session
+from installer.net.session import ArtifactSession, make_session
 from installer.osinfo import HostInfo
 from installer.runner import Runner
 from installer.settings import Settings
@@ -39,7 +37,7 @@ class Context:
     scratch: list[Path] = field(default_factory=list)
     # Which URLs this run may fetch: every request through ``http`` follows it.
     url_policy: UrlPolicy = field(default_factory=UrlPolicy)
-    _session: requests.Session | None = None
+    _session: ArtifactSession | None = None
     _pci_gpus: tuple[PciGpu, ...] | None = None
 
     @property
@@ -56,7 +54,7 @@ class Context:
         return self._pci_gpus
 
     @property
-    def http(self) -> requests.Session:
+    def http(self) -> ArtifactSession:
         """The run's HTTP session, made on first use (a cache hit makes none)."""
         if self._session is None:
             s = self.settings

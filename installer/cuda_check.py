@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -230,13 +231,14 @@ class _Probe:
     smi: Path
     smi_env: dict[str, str]
 
-    def child(self, visible: str | None) -> dict:
+    def child(self, visible: str | None) -> dict[str, Any]:
         """One run of cuda_probe.py (CUDA_VISIBLE_DEVICES=``visible`` when given)."""
         argv = probe_argv(self.libcuda)
         env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else None
         try:
             res = self.runner.run(argv, timeout=self.deadline_s, env=env)
-            return json.loads(res.stdout.strip().splitlines()[-1])
+            doc: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+            return doc
         except CommandError as exc:
             if exc.reason.startswith("timed out"):  # Runner stopped its process group
                 raise VerifyError(
@@ -283,7 +285,7 @@ class _Probe:
         return CudaResult(total, devices, first.cuda_driver_version if first else None,
                           first.total_s if first else 0.0, busy=tuple(busy))
 
-    def cc_not_ready(self, doc: dict) -> VerifyError | None:
+    def cc_not_ready(self, doc: dict[str, Any]) -> VerifyError | None:
         """802 with confidential computing on and its ready state not set: that, not the
         fabric manager, is what CUDA waits for."""
         error = doc.get("error") or {}
@@ -300,7 +302,7 @@ class _Probe:
             "(NVIDIA_CC_SET_READY=true; it runs `nvidia-smi conf-compute -srs 1` after "
             "persistenced), or run that command yourself; the fabric manager is not involved")
 
-    def held(self, doc: dict) -> str | None:
+    def held(self, doc: dict[str, Any]) -> str | None:
         """"<bus>: held by <processes>" when CUDA failed on a device (46 or 2) that other
         CUDA processes hold, per nvidia-smi; None: a failure to report."""
         error = doc.get("error") or {}
@@ -319,7 +321,7 @@ class _Probe:
         return note
 
 
-def judge(doc: dict, expected: list[str]) -> CudaResult:
+def judge(doc: dict[str, Any], expected: list[str]) -> CudaResult:
     """Read the child's JSON line: its error, the device count against the GPUs the PCI bus
     has, every round trip."""
     error = doc.get("error")

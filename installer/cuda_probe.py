@@ -27,17 +27,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 PATTERN = 0xA5
 OUTPUT_MAX_BYTES = 64 << 10  # the JSON line is well under 4 KiB per GPU
 DRAIN_S = 1.0  # after the probe exits: what a child still holding the pipe may add
 
 
-def main(argv: list) -> int:
-    out = {"ok": False, "count": None, "devices": []}
+def main(argv: list[str]) -> int:
+    devices: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"ok": False, "count": None, "devices": devices}
     started = time.perf_counter()
 
-    def finish(error: dict | None = None) -> int:
+    def finish(error: dict[str, Any] | None = None) -> int:
         if error:
             out["error"] = error
         out["total_s"] = round(time.perf_counter() - started, 3)
@@ -50,7 +53,7 @@ def main(argv: list) -> int:
     except OSError as exc:
         return finish({"call": "dlopen", "rc": None, "text": str(exc)})
 
-    def failed(call: str, rc: int) -> dict:
+    def failed(call: str, rc: int) -> dict[str, Any]:
         name, text = ctypes.c_char_p(), ctypes.c_char_p()
         for fn, into in (("cuGetErrorName", name), ("cuGetErrorString", text)):
             if hasattr(cuda, fn):
@@ -71,23 +74,26 @@ def main(argv: list) -> int:
         return finish(failed("cuDeviceGetCount", rc))
     out["count"] = count.value
     for index in range(count.value):
-        device = {"index": index}
-        out["devices"].append(device)
+        device: dict[str, Any] = {"index": index}
+        devices.append(device)
         error = round_trip(cuda, index, size, device)
         if error:
             return finish(failed(*error))
-    out["ok"] = all(d["roundtrip_ok"] for d in out["devices"])
+    out["ok"] = all(d["roundtrip_ok"] for d in devices)
     return finish()
 
 
-def round_trip(cuda: ctypes.CDLL, index: int, size: int, device: dict) -> tuple | None:
+def round_trip(cuda: ctypes.CDLL, index: int, size: int,
+               device: dict[str, Any]) -> tuple[str, int] | None:
     """A context on device ``index`` and ``size`` bytes set on the GPU and read back; the
     failing (call, rc), or None with ``device`` filled in."""
     dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
     name, bus = ctypes.create_string_buffer(256), ctypes.create_string_buffer(64)
-    for call, rc in (("cuDeviceGet", lambda: cuda.cuDeviceGet(ctypes.byref(dev), index)),
-                     ("cuDeviceGetName", lambda: cuda.cuDeviceGetName(name, 256, dev)),
-                     ("cuDeviceGetPCIBusId", lambda: cuda.cuDeviceGetPCIBusId(bus, 64, dev))):
+    lookups: tuple[tuple[str, Callable[[], int]], ...] = (
+        ("cuDeviceGet", lambda: cuda.cuDeviceGet(ctypes.byref(dev), index)),
+        ("cuDeviceGetName", lambda: cuda.cuDeviceGetName(name, 256, dev)),
+        ("cuDeviceGetPCIBusId", lambda: cuda.cuDeviceGetPCIBusId(bus, 64, dev)))
+    for call, rc in lookups:
         if (code := rc()) != 0:
             return call, code
     device.update(name=name.value.decode(errors="replace"),
@@ -101,8 +107,9 @@ def round_trip(cuda: ctypes.CDLL, index: int, size: int, device: dict) -> tuple 
     try:
         if (code := cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size))) != 0:
             return "cuMemAlloc", code
-        steps = (("cuMemsetD8", lambda: cuda.cuMemsetD8_v2(ptr, ctypes.c_ubyte(PATTERN),
-                                                           ctypes.c_size_t(size))),
+        steps: tuple[tuple[str, Callable[[], int]], ...] = (
+            ("cuMemsetD8", lambda: cuda.cuMemsetD8_v2(ptr, ctypes.c_ubyte(PATTERN),
+                                                      ctypes.c_size_t(size))),
                  ("cuMemcpyDtoH", lambda: cuda.cuMemcpyDtoH_v2(host, ptr, ctypes.c_size_t(size))),
                  ("cuMemFree", lambda: cuda.cuMemFree_v2(ptr)))
         for call, rc in steps:
@@ -115,7 +122,7 @@ def round_trip(cuda: ctypes.CDLL, index: int, size: int, device: dict) -> tuple 
     return None
 
 
-def run(argv: list) -> int:
+def run(argv: list[str]) -> int:
     """``main``, with an entry point libcuda lacks (ctypes' AttributeError: ``…: undefined
     symbol: cuDeviceGet``) answered as the probe's JSON error."""
     try:
@@ -130,16 +137,18 @@ def run(argv: list) -> int:
         return 0
 
 
-def bounded(argv: list) -> int:
+def bounded(argv: list[str]) -> int:
     """The probe as a child, its stdout and stderr together kept to their last
     OUTPUT_MAX_BYTES, printed once it exits; its exit status (128+N for a signal)."""
     child = subprocess.Popen([sys.executable, "-I", __file__, *argv],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL)
     kept = bytearray()
+    assert child.stdout is not None  # stdout=PIPE
+    stdout = child.stdout
 
     def drain() -> None:
-        while chunk := os.read(child.stdout.fileno(), 1 << 16):
+        while chunk := os.read(stdout.fileno(), 1 << 16):
             kept.extend(chunk)
             del kept[:-OUTPUT_MAX_BYTES]
 

@@ -29,6 +29,7 @@ from installer import archive
 from installer.errors import IntegrityError, UsageError
 from installer.fsutil import remove_tree
 from installer.net.fetch import fetch_text
+from installer.net.session import ArtifactSession
 from installer.net.transfer import download
 from installer.nvidia_urls import FABRIC_MANAGER_BASE_URL
 from installer.safejson import loads
@@ -76,7 +77,7 @@ def installed(install_root: Path, version: str) -> bool:
     return (version_dir(install_root, version) / BINARY).is_file()
 
 
-def fetch_into(install_root: Path, version: str, *, session, base_url: str,
+def fetch_into(install_root: Path, version: str, *, session: ArtifactSession, base_url: str,
                sha256: str | None) -> Path:
     """Download, check and unpack the fabric manager of ``version`` into the install dir
     (other versions' trees removed); its directory."""

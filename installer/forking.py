@@ -143,7 +143,7 @@ def become_subreaper() -> bool:
     """Orphaned descendants (the forked daemon) become our children (Linux 3.4+)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -256,11 +256,11 @@ def run_forking(install_root: Path, name: str, argv: Sequence[str | os.PathLike[
     The caller (the sidecar's CLI) has made this process a subreaper (become_subreaper)."""
     tail: collections.deque[str] = collections.deque(maxlen=daemons.TAIL_LINES)
     relay = SyslogRelay.open(syslog_path, name, tail) if syslog_path else None
-    argv = [str(a) for a in argv]
+    words = [str(a) for a in argv]
     pid = None
     try:
-        log.info("daemon_starting", daemon=name, argv=argv)
-        pid = _start(name, argv, env, watch, tail)
+        log.info("daemon_starting", daemon=name, argv=words)
+        pid = _start(name, words, env, watch, tail)
         log.info("daemon_started", daemon=name, pid=pid, pid_file=str(watch.pid_file))
         while (status := exit_status(pid)) is None:
             sock = "" if watch.socket is None or watch.socket.exists() else ", no socket"

@@ -56,6 +56,11 @@ _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFB
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 
 
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for a message ("a FIFO", "a directory", ...)."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
 def read_limited(path: str | os.PathLike[str], max_bytes: int, *, dir_fd: int | None = None,
                  ) -> bytes:
     """The content of a regular file of at most ``max_bytes``; UnreadableFile otherwise.
@@ -77,8 +82,7 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, *, dir_fd: int | 
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnreadableFile(f"is {_KINDS.get(stat.S_IFMT(st.st_mode), 'not a regular file')}, "
-                                 "not a regular file")
+            raise UnreadableFile(f"is {file_kind(st.st_mode)}, not a regular file")
         if st.st_size > max_bytes:
             raise UnreadableFile(f"is {st.st_size} bytes, more than the {max_bytes} allowed")
         chunks, size = [], 0

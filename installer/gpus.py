@@ -23,12 +23,13 @@ from pathlib import Path
 from installer import branches
 from installer.branches import branch_of
 from installer.errors import UsageError
+from installer.kinds import AUTO, MODULE_TYPE_REQUESTS, OPEN, PROPRIETARY, ModuleType
 
 NVIDIA_VENDOR = "0x10de"
 DISPLAY_CLASS_PREFIX = "0x03"  # 0x0300 VGA, 0x0302 3D controller
 OPEN_MODULES_SINCE = 515  # first branch shipping kernel-open
 OPEN_DEFAULT_SINCE = 560  # nvidia-installer builds open by default (and has --kernel-module-type)
-MODULE_TYPES = ("auto", "open", "proprietary")
+MODULE_TYPES = MODULE_TYPE_REQUESTS
 
 
 @dataclass(frozen=True)
@@ -269,12 +270,12 @@ def pick_default(gpus: list[PciGpu], default_version: str) -> tuple[str, str | N
 
 @dataclass(frozen=True)
 class ModuleChoice:
-    module_type: str  # "open" or "proprietary"
+    module_type: ModuleType
     reason: str
     problems: list[str] = field(default_factory=list)
 
 
-def choose_module_type(gpus: list[PciGpu], version: str, requested: str = "auto") -> ModuleChoice:
+def choose_module_type(gpus: list[PciGpu], version: str, requested: str = AUTO) -> ModuleChoice:
     """Open or proprietary kernel modules for these GPUs and driver version.
 
     ``auto``: proprietary when any GPU predates Turing or the branch predates the open
@@ -285,43 +286,43 @@ def choose_module_type(gpus: list[PciGpu], version: str, requested: str = "auto"
         raise UsageError(f"unknown kernel module type {requested!r}",
                          hint=f"use one of: {', '.join(MODULE_TYPES)}")
     branch = branch_of(version)
-    known = [g for g in gpus if g.model]
-    legacy = [g for g in known if g.model.open_modules == "no"]
-    need_open = [g for g in known if g.model.open_modules == "required"]
+    known = [(g, g.model) for g in gpus if g.model]
+    legacy = [(g, model) for g, model in known if model.open_modules == "no"]
+    need_open = [(g, model) for g, model in known if model.open_modules == "required"]
     too_old_for_open = branch is not None and branch < OPEN_MODULES_SINCE
     problems: list[str] = []
 
-    if requested == "open":
-        problems += [f"{g.name} at {g.address} ({g.model.arch}) cannot use the open kernel "
-                     "modules (they need Turing or newer)" for g in legacy]
+    if requested == OPEN:
+        problems += [f"{g.name} at {g.address} ({model.arch}) cannot use the open kernel "
+                     "modules (they need Turing or newer)" for g, model in legacy]
         if too_old_for_open:
             problems.append(f"driver {version} predates the open kernel modules "
                             f"(R{OPEN_MODULES_SINCE}+)")
-        return ModuleChoice("open", "requested", problems)
-    if requested == "proprietary":
-        problems += [f"{g.name} at {g.address} ({g.model.arch}) needs the open kernel "
-                     "modules" for g in need_open]
+        return ModuleChoice(OPEN, "requested", problems)
+    if requested == PROPRIETARY:
+        problems += [f"{g.name} at {g.address} ({model.arch}) needs the open kernel "
+                     "modules" for g, model in need_open]
         if branch is not None and branch >= branches.OPEN_ONLY_SINCE:
             problems.append(f"driver {version} (R{branch}) has no proprietary kernel modules: "
                             f"NVIDIA ships only the open ones from R{branches.OPEN_ONLY_SINCE}")
-        return ModuleChoice("proprietary", "requested", problems)
+        return ModuleChoice(PROPRIETARY, "requested", problems)
 
     if legacy and need_open:
-        return ModuleChoice("proprietary", "mixed GPUs",
-                            [f"{legacy[0].name} needs the proprietary modules and "
-                             f"{need_open[0].name} the open ones: no single driver fits both"])
+        return ModuleChoice(PROPRIETARY, "mixed GPUs",
+                            [f"{legacy[0][0].name} needs the proprietary modules and "
+                             f"{need_open[0][0].name} the open ones: no single driver fits both"])
     if legacy:
-        return ModuleChoice("proprietary", f"{legacy[0].model.arch} GPU ({legacy[0].name})")
+        return ModuleChoice(PROPRIETARY, f"{legacy[0][1].arch} GPU ({legacy[0][0].name})")
     if need_open:
-        problems = ([f"{need_open[0].name} needs the open kernel modules, which driver "
+        problems = ([f"{need_open[0][0].name} needs the open kernel modules, which driver "
                      f"{version} predates"] if too_old_for_open else [])
-        return ModuleChoice("open", f"{need_open[0].model.arch} GPU ({need_open[0].name})",
+        return ModuleChoice(OPEN, f"{need_open[0][1].arch} GPU ({need_open[0][0].name})",
                             problems)
     if too_old_for_open:
-        return ModuleChoice("proprietary", f"R{branch} predates the open modules")
+        return ModuleChoice(PROPRIETARY, f"R{branch} predates the open modules")
     if branch is not None and branch >= OPEN_DEFAULT_SINCE:
-        return ModuleChoice("open", f"NVIDIA's default from R{OPEN_DEFAULT_SINCE}")
-    return ModuleChoice("proprietary", f"NVIDIA's default before R{OPEN_DEFAULT_SINCE}")
+        return ModuleChoice(OPEN, f"NVIDIA's default from R{OPEN_DEFAULT_SINCE}")
+    return ModuleChoice(PROPRIETARY, f"NVIDIA's default before R{OPEN_DEFAULT_SINCE}")
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def candidates(host: HostRoot, release: str) -> list[tuple[str, Path]]:
 
 def find_on_host(host: HostRoot, release: str,
                  explicit: Path | None) -> tuple[KernelTree | None, list[str]]:
-    tried = []
+    tried: list[str] = []
     if explicit is not None:
         if is_kernel_tree(explicit):
             return split_tree(host, explicit), tried

@@ -147,9 +147,9 @@ class HostRoot:
                 path = PurePosixPath("/", *names)
             fd, names = self._walk(path.parent, create=create_parents)
             target = _readlink(path.name, fd) if (follow and fd is not None) else None
-            if target is None:
+            if target is None or fd is None:  # a target is read only through an fd
                 return fd, names, path.name
-            os.close(fd)  # type: ignore[arg-type]
+            os.close(fd)
             path = PurePosixPath(target) if target.startswith("/") else \
                 PurePosixPath("/", *names, target)
         raise UsageError(f"too many symlinks resolving host path {str(host_path)!r}",

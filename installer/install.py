@@ -19,7 +19,7 @@ from installer.lock import HostLock
 from installer.moduleargs import ModuleArg, for_module
 from installer.net.policy import scrub
 from installer.outcome import DRY_RUN, ERROR, INTERRUPTED, OK, Outcome
-from installer.plan import StepTiming, execute
+from installer.plan import Plan, StepTiming, execute
 from installer.settings import Settings
 from installer.signals import Interrupted
 
@@ -159,10 +159,10 @@ def _discard(ctx: Context, error: BaseException) -> None:
         remove_tree(path)
 
 
-def _warn_unpinned(ctx: Context, plan, distro: Flow) -> None:
-    """A plan that downloads and runs the NVIDIA .run as root (``fresh``, and ``staged``:
-    the same fill, kept for the next boot) says so when nothing pins it."""
-    if plan.kind not in ("fresh", "staged"):
+def _warn_unpinned(ctx: Context, plan: Plan, distro: Flow) -> None:
+    """A plan that downloads and runs the NVIDIA .run as root (Plan.runs_downloaded_run)
+    says so when nothing pins it."""
+    if not plan.runs_downloaded_run:
         return
     unpinned = []
     if not (ctx.settings.driver_sha256 or plan.driver_sha256):
@@ -176,7 +176,7 @@ def _warn_unpinned(ctx: Context, plan, distro: Flow) -> None:
                     "sends is installed (the .run runs as root): pin it for production")
 
 
-def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
+def _write_ready(ctx: Context, plan: Plan, gpu_count: int) -> None:
     """driver-ready, written last: everything above verified the driver."""
     module_type = ctx.work.kernel_module_type or plan.kernel_module_type
     try:
@@ -190,7 +190,7 @@ def _write_ready(ctx: Context, plan, gpu_count: int) -> None:
         ) from exc
 
 
-def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | None) -> None:
+def _write_ready_file(ctx: Context, plan: Plan, gpu_count: int, module_type: str | None) -> None:
     """The driver that runs now; with a version staged for the next boot, that one as
     pending (and the running one's module type from its own .cache record)."""
     staged = ctx.work.staged_for_boot
@@ -222,7 +222,7 @@ def _module_args_in_effect(ctx: Context) -> tuple[ModuleArg, ...]:
     return ctx.work.module_args_loaded
 
 
-def _record(ctx: Context, started: float, timings: list[StepTiming], plan,
+def _record(ctx: Context, started: float, timings: list[StepTiming], plan: Plan | None,
             outcome: Outcome) -> Outcome:
     """``outcome`` completed with what every run records, written to status.json and the
     metrics textfile. Its driver version, unless set: the plan's."""

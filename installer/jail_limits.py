@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -131,7 +132,7 @@ def _make(h: Hierarchy, name: str, limit: int, undo: list[Callable[[], None]]) -
         undo.append(lambda: _write(h.own / "cgroup.subtree_control", "-pids"))
     for d in (outer, inner):
         d.mkdir()
-        undo.append(lambda d=d: _rmdir_when_empty(d))
+        undo.append(functools.partial(_rmdir_when_empty, d))
         if h.v2 and pids:
             _write(d / "cgroup.type", "threaded")
         if "cpuset" in h.controllers:
@@ -156,7 +157,7 @@ def jail_cgroups(limit: int, name: str, cgroup_root: Path = CGROUP_ROOT,
     try:
         for h in hierarchies(cgroup_root, self_cgroup):
             steps: list[Callable[[], None]] = []
-            undo += [lambda steps=steps: _undo(steps)]
+            undo.append(functools.partial(_undo, steps))
             try:
                 if _make(h, name, limit, steps):
                     made.why_not = ""

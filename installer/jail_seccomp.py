@@ -44,6 +44,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from typing import Any
 
 try:
     import pyseccomp as seccomp  # ctypes: loads libseccomp.so.2 (Debian libseccomp2)
@@ -75,7 +76,7 @@ CLONE_NEW_FLAGS = {
 }
 
 
-def build_filter():
+def build_filter() -> Any:  # a pyseccomp.SyscallFilter (pyseccomp ships no types)
     """The filter, as a libseccomp ``SyscallFilter``: allow, except the refused. Without
     libseccomp the jail does not run at all (SystemExit: one line on the jail's stderr,
     which the installer quotes as the build's error): never a jail without its filter."""

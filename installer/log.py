@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -63,7 +64,7 @@ class ConsoleRenderer:
     def _paint(self, code: str, text: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.colors and code else text
 
-    def __call__(self, _logger: Any, method: str, event_dict: dict[str, Any]) -> str:
+    def __call__(self, _logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> str:
         fields = dict(event_dict)
         when = str(fields.pop("timestamp", ""))[11:19]
         level = str(fields.pop("level", method))
@@ -113,7 +114,7 @@ def _fit(shown: dict[str, str], room: int) -> dict[str, str]:
 
 def configure(log_format: str = "auto", level: str = "info") -> None:
     use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
-    processors: list = [
+    processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from installer.errors import UsageError
 from installer.headers import KernelTree
+from installer.kinds import OPEN, PROPRIETARY, ModuleType
 from installer.nvidia_options import version_key
 
 # kernel/ holds the proprietary modules, kernel-open/ the open ones (from R515).
-BUILD_DIRS = {"proprietary": "kernel", "open": "kernel-open"}
+BUILD_DIRS: dict[ModuleType, str] = {PROPRIETARY: "kernel", OPEN: "kernel-open"}
 OPEN_SINCE = (515,)
 OPEN_DEFAULT_SINCE = (560,)  # the .run's own default build directory is kernel-open
 # Built by NVIDIA's Kbuild into the build dir's top level (kernel.c, the .manifest).
@@ -33,20 +34,22 @@ MODULE_FILES = ("nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvidia-drm.k
 REQUIRED = "nvidia.ko"
 
 
-def module_type_for(version: str, module_type: str | None) -> str:
+def module_type_for(version: str, module_type: str | None) -> ModuleType:
     """The module type to build: as asked, else the release's own default (open from R560)."""
     if module_type is None:
-        return "open" if version_key(version) >= OPEN_DEFAULT_SINCE else "proprietary"
-    if module_type not in BUILD_DIRS:
+        return OPEN if version_key(version) >= OPEN_DEFAULT_SINCE else PROPRIETARY
+    if module_type == PROPRIETARY:
+        return PROPRIETARY
+    if module_type != OPEN:
         raise UsageError(f"unknown kernel module type {module_type!r}",
                          hint="use open or proprietary")
-    if module_type == "open" and version_key(version) < OPEN_SINCE:
+    if version_key(version) < OPEN_SINCE:
         raise UsageError(
             f"driver {version} has no open kernel modules (they exist from R515)",
             hint="use --kernel-module-type proprietary, or a newer driver",
             driver_version=version,
         )
-    return module_type
+    return OPEN
 
 
 def build_dir(version: str, module_type: str | None) -> str:

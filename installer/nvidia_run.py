@@ -13,7 +13,9 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -180,7 +182,7 @@ OUT_IN_CHROOT = "/tmp/nvidia-driver-installer/out"
 
 
 def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: float,
-                what: str) -> dict:
+                what: str) -> dict[str, Any]:
     """Run ``spec`` in the jail (sandbox.py); its result record (``returncode``,
     ``harvested``). It runs for minutes: a heartbeat shows the last line of its output
     (a file of ours: nothing the jail wrote is read while it runs, docs/jail.md)."""
@@ -200,7 +202,7 @@ def _in_sandbox(runner: Runner, spec: SandboxSpec, spec_file: Path, timeout: flo
             hint="the installer container must be privileged (it mounts an overlay and "
             "runs bwrap, Debian's bubblewrap)",
         ) from exc
-    result = json.loads(Path(spec.result_file).read_text())
+    result: dict[str, Any] = json.loads(Path(spec.result_file).read_text())
     if result.get("pids_unbounded"):
         log.warning("jail_pids_unbounded", command=what, reason=result["pids_unbounded"])
     if result.get("refused"):
@@ -309,25 +311,30 @@ def _take_extracted(out: Path, target: Path, what: str) -> None:
     os.replace(out / target.name, target)
 
 
-def build_modules(
-    runner: Runner,
-    *,
-    extract_dir: Path,
-    staging: Tree,
-    rw_binds: list[tuple[str, str]] | None = None,  # writable too (test seams)
-    argv: list[str],
-    tree_dir: str,
-    kernel_release: str,
-    binds: list[tuple[str, str]],
-    env: dict[str, str],
-) -> list[str]:
+@dataclass(frozen=True)
+class BuildJail:
+    """What both build steps in the jail (build_modules, install_userspace) are given:
+    the extracted .run, the staging tree they fill, the kernel release (for messages),
+    the read-only binds (container path, jail path), the environment, and writable
+    binds (the test seams; empty in production)."""
+
+    extract_dir: Path
+    staging: Tree
+    kernel_release: str
+    binds: list[tuple[str, str]]
+    env: dict[str, str]
+    rw_binds: list[tuple[str, str]] = field(default_factory=list)
+
+
+def build_modules(runner: Runner, jail: BuildJail, *, argv: list[str], tree_dir: str) -> list[str]:
     """NVIDIA's Makefile (``argv``: module_build.make_argv) in the sandbox; the modules
     it leaves in ``<extract>/<tree_dir>`` (a bind: they outlive the sandbox) move into
     ``staging/drivers``. Nothing is loaded: make runs no kmod tool."""
     log.info("kernel_modules_build_started", argv=argv)
+    staging, extract_dir, kernel_release = jail.staging, jail.extract_dir, jail.kernel_release
     rc = _on_extracted_tree(runner, argv, f"make ({tree_dir}/)", extract_dir=extract_dir,
-                            staging=staging, binds=binds, rw_binds=rw_binds, env=env,
-                            output=KBUILD_LOG)["returncode"]
+                            staging=staging, binds=jail.binds, rw_binds=jail.rw_binds,
+                            env=jail.env, output=KBUILD_LOG)["returncode"]
     _raise_for(rc, staging, "building NVIDIA's kernel modules failed (make ", kernel_release)
     staging.drivers.mkdir(parents=True, exist_ok=True)
     try:
@@ -342,28 +349,19 @@ def build_modules(
     return names
 
 
-def install_userspace(
-    runner: Runner,
-    *,
-    extract_dir: Path,
-    staging: Tree,
-    rw_binds: list[tuple[str, str]] | None = None,  # writable too (test seams)
-    argv: list[str],
-    kernel_release: str,
-    binds: list[tuple[str, str]],
-    env: dict[str, str],
-) -> dict[str, int]:
+def install_userspace(runner: Runner, jail: BuildJail, *, argv: list[str]) -> dict[str, int]:
     """nvidia-installer (``argv``: nvidia_options.installer_args, which always holds
     --no-kernel-module) in the sandbox; user space, firmware and nvidia-modprobe land
     in ``staging``."""
     check_loads_nothing(argv)
     log.info("nvidia_installer_started", argv=argv)
-    result = _on_extracted_tree(runner, argv, "nvidia-installer", extract_dir=extract_dir,
-                                staging=staging, binds=binds, rw_binds=rw_binds, env=env,
-                                output="installer-output.log", log_file=LOG_FILE,
+    result = _on_extracted_tree(runner, argv, "nvidia-installer", extract_dir=jail.extract_dir,
+                                staging=jail.staging, binds=jail.binds, rw_binds=jail.rw_binds,
+                                env=jail.env, output="installer-output.log", log_file=LOG_FILE,
                                 harvest=True)
-    _raise_for(result["returncode"], staging, "nvidia-installer failed (", kernel_release)
-    counts = result["harvested"]
+    _raise_for(result["returncode"], jail.staging, "nvidia-installer failed (",
+               jail.kernel_release)
+    counts: dict[str, int] = result["harvested"]
     log.info("nvidia_installer_finished", **{f"{k}_files": v for k, v in counts.items()})
     return counts
 
@@ -384,7 +382,7 @@ def run_tree_tool(runner: Runner, argv: list[str], what: str, *, extract_dir: Pa
 def _on_extracted_tree(runner: Runner, argv: list[str], what: str, *, extract_dir: Path,
                        staging: Tree, binds: list[tuple[str, str]],
                        rw_binds: list[tuple[str, str]] | None, env: dict[str, str],
-                       output: str, log_file: str = "", harvest: bool = False) -> dict:
+                       output: str, log_file: str = "", harvest: bool = False) -> dict[str, Any]:
     """``argv`` in the jail with the extracted .run as its (writable) working dir; its
     output in ``staging/<output>``; what it wrote to system paths harvested into
     ``staging`` when ``harvest``."""

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Final
 
-OK, ERROR, INTERRUPTED, UNINSTALLED, DRY_RUN = "ok", "error", "interrupted", "uninstalled", "dry_run"
+from installer.kinds import OUTCOME_KINDS, OutcomeKind
+
+OK: Final = "ok"
+ERROR: Final = "error"
+INTERRUPTED: Final = "interrupted"
+UNINSTALLED: Final = "uninstalled"
+DRY_RUN: Final = "dry_run"  # never written
+
+
+def _outcome_kind(text: str | None) -> OutcomeKind:
+    """status.json's "outcome" read back: one of the kinds, else "unknown"."""
+    return next((k for k in OUTCOME_KINDS if k == text), "unknown")
 
 
 @dataclass(frozen=True)
 class Outcome:
-    outcome: str  # ok | error | interrupted | uninstalled | dry_run (never written)
+    outcome: OutcomeKind
     exit_code: int = 0
     plan: str | None = None
     # The driver that runs once the run is over (ok), or the one the run was installing
@@ -81,7 +92,7 @@ class Outcome:
             staged, driver = driver, _text(legacy, "running_version")
             because = _text(legacy, "holders")
         return cls(
-            outcome=_text(doc, "outcome") or "unknown",
+            outcome=_outcome_kind(_text(doc, "outcome")),
             exit_code=code,
             plan=_text(doc, "plan"),
             driver_version=driver,

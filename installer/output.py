@@ -77,6 +77,7 @@ class GuardedStream(io.TextIOBase):
         self.on_failure = on_failure
         self.failed = False
 
+    # ignored: TextIOBase declares these as attributes; here they follow the wrapped stream
     @property
     def encoding(self) -> str:  # type: ignore[override]
         return getattr(self.stream, "encoding", None) or "utf-8"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from installer.errors import InstallerError
+from installer.kinds import ModuleType, PlanKind
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -33,13 +34,20 @@ class Plan:
     status, the unpinned warning); ``display`` is for people only (the plan_ready event,
     --dry-run): nothing may read a decision out of it."""
 
-    kind: str  # "fresh", "staged", "cached", "preload", "bundle"
+    kind: PlanKind
     steps: tuple[Step, ...]
     driver_version: str | None = None
-    kernel_module_type: str | None = None  # "open" | "proprietary"
+    kernel_module_type: ModuleType | None = None
     driver_url: str | None = None  # the .run a fresh install downloads
     driver_sha256: str | None = None  # its pin, when one is known (flag or COS manifest)
     display: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def runs_downloaded_run(self) -> bool:
+        """Whether this plan downloads NVIDIA's .run and runs it as root: a fresh install,
+        and a staged one (the same fill, kept for the next boot). A cache hit, a preload
+        and a bundle build run no .run they fetched for this node."""
+        return self.kind in ("fresh", "staged")
 
     @property
     def summary(self) -> dict[str, object]:

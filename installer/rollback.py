@@ -48,18 +48,19 @@ def undo(ctx: Context, error: BaseException) -> None:
                              lambda: modules.unload(ctx.kernel, ctx.runner, only=changes.loaded)))
     if changes.promoted:
         done.append(_attempt("restore_previous_install", ctx.install.restore_previous))
-    if changes.firmware_path_before is not None:
+    if (firmware_path := changes.firmware_path_before) is not None:
         done.append(_attempt("restore_firmware_path", lambda: firmware.set_search_path(
-            ctx.kernel, changes.firmware_path_before)))
-    reloaded = bool(changes.unloaded_version) and _attempt(
-        "reload_previous_driver", lambda: _reload_previous(ctx, changes.unloaded_version))
+            ctx.kernel, firmware_path)))
+    unloaded = changes.unloaded_version
+    reloaded = bool(unloaded) and _attempt(
+        "reload_previous_driver", lambda: _reload_previous(ctx, unloaded or ""))
     if changes.unloaded_version:
         done.append(reloaded)
     if reloaded:
         done.append(_attempt("previous_device_files", lambda: _make_device_files(ctx)))
-    elif changes.device_files_before is not None:
+    elif (device_files := changes.device_files_before) is not None:
         done.append(_attempt("remove_new_device_files", lambda: _remove_new_device_files(
-            ctx.kernel.dev_dir, changes.device_files_before)))
+            ctx.kernel.dev_dir, device_files)))
     if changes.promoted:
         done.append(_attempt("restore_host_ld_cache", lambda: ldcache.update_host(
             ctx.host, ctx.runner, ctx.install.lib64_host())))

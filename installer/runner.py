@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import structlog
 
@@ -75,7 +76,7 @@ class _Pumps:
         for thread in self.threads:
             thread.start()
 
-    def _read(self, pipe, into: list[str]) -> None:
+    def _read(self, pipe: IO[str], into: list[str]) -> None:
         with contextlib.suppress(OSError, ValueError):  # closed under us by stop_group
             for line in pipe:
                 into.append(line)

@@ -148,11 +148,11 @@ def bwrap_argv(merged: Path, spec: SandboxSpec, seccomp_fd: int | None = None) -
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     for name in SYSTEM_DIRS:
-        path = merged / name
-        if path.is_symlink():  # merged /usr: /bin -> usr/bin
-            argv += ["--symlink", os.readlink(path), f"/{name}"]
-        elif path.is_dir():
-            argv += ["--bind", str(path), f"/{name}"]
+        system_dir = merged / name
+        if system_dir.is_symlink():  # merged /usr: /bin -> usr/bin
+            argv += ["--symlink", os.readlink(system_dir), f"/{name}"]
+        elif system_dir.is_dir():
+            argv += ["--bind", str(system_dir), f"/{name}"]
     argv += ["--dev", "/dev"]
     for path, size in JAIL_TMPFS:
         argv += ["--size", str(size), "--tmpfs", path]
@@ -215,8 +215,8 @@ def _keep_log(upper: Path, spec: SandboxSpec) -> None:
 
 def main(spec_path: str) -> int:
     spec = SandboxSpec(**json.loads(Path(spec_path).read_text()))
-    spec.binds = [tuple(b) for b in spec.binds]  # type: ignore[misc]
-    spec.rw_binds = [tuple(b) for b in spec.rw_binds]  # type: ignore[misc]
+    spec.binds = [(src, dst) for src, dst in spec.binds]  # JSON gave [src, dst] lists
+    spec.rw_binds = [(src, dst) for src, dst in spec.rw_binds]
     # Before the overlay: a bind of a dir over itself hides the mounts below it (the
     # overlay sits in the staging dir that extract binds).
     for src, dst in [*spec.binds, *spec.rw_binds]:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
-
-import click
+from typing import Any, ClassVar, Literal, TypeVar
 
 from installer import podcontract
 from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.errors import UsageError
+from installer.kinds import AUTO, MODULE_TYPE_REQUESTS, DaemonName, ModuleTypeRequest
 from installer.moduleargs import ModuleArg
 from installer.net.integrity import normalize_sha256
 from installer.nvidia_options import too_old
@@ -25,13 +25,46 @@ from installer.nvidia_urls import (
 from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
 
 
-class DistroOptions:
+@dataclass(frozen=True)
+class CliOption:
+    """One option a distro adds to ``install``, in words: the command layer (cli.py) makes
+    the click option from it, so no distro and nothing below the CLI imports click."""
+
+    flag: str  # "--cos-artifacts-url"
+    envvar: str
+    help: str
+    # text: a string; flag: a boolean switch; path: this process's path; host_path: a
+    # path as the host sees it (absolute, no '..': clitypes.HostPath)
+    kind: Literal["text", "flag", "path", "host_path"] = "text"
+    default: str | None = None  # shown in --help when given
+
+    @property
+    def dest(self) -> str:
+        """The key the command's parsed options hold it under."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+class DistroOptions(ABC):
     """A distro's own options (e.g. distros/cos/options.py), held in Settings.distro_options:
     generic code names none of their fields. A subclass is a frozen dataclass whose every
-    field has a default (what applies when the CLI did not add its options)."""
+    field has a default (what applies when the CLI did not add its options), declares its
+    ``cli_options`` and reads them back in ``from_cli``."""
+
+    cli_options: ClassVar[tuple[CliOption, ...]] = ()
+
+    @classmethod
+    def given(cls, opts: Mapping[str, Any]) -> bool:
+        """Whether the command has these options (it was given ``cli_options``)."""
+        return bool(cls.cli_options) and cls.cli_options[0].dest in opts
+
+    @classmethod
+    @abstractmethod
+    def from_cli(cls, opts: dict[str, Any]) -> DistroOptions:
+        """The options, taken (popped) out of the command's parsed ``opts``."""
 
     def check(self, settings: Settings) -> None:
         """Refuse combinations with the other settings (UsageError). Pure."""
+        return None
 
     def refused_on(self, title: str) -> UsageError | None:
         """Why these options cannot be used on another distro's host (titled ``title``)."""
@@ -82,12 +115,12 @@ class Settings:
     fabric_manager_base_url: str = FABRIC_MANAGER_BASE_URL
     fabric_manager_sha256: str | None = None
     fabric_deadline_s: float = 600.0
-    # The daemon sidecars the DaemonSet runs (daemons.NAMES, a click.Choice): ready only
+    # The daemon sidecars the DaemonSet runs (kinds.DaemonName, a click.Choice): ready only
     # with each up.
-    required_daemons: tuple[str, ...] = ()
+    required_daemons: tuple[DaemonName, ...] = ()
     # Also load nvidia-modeset and nvidia-drm (display); by default nvidia and nvidia-uvm only.
     display_modules: bool = False
-    kernel_module_type: str = "auto"  # auto | open | proprietary
+    kernel_module_type: ModuleTypeRequest = AUTO
     metrics_file: PurePosixPath | None = None  # host path of a node_exporter textfile
     download_deadline_s: float = 3600.0  # one download, all attempts (retry.TransferLimits)
     download_min_rate: float = 10240.0  # bytes/s over each rate window; 0: no floor
@@ -117,20 +150,6 @@ class Settings:
 OptionsT = TypeVar("OptionsT", bound=DistroOptions)
 
 
-class HostPath(click.ParamType):
-    """A path as the host sees it: absolute, without '..'."""
-
-    name = "HOST_PATH"
-
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> PurePosixPath:
-        path = PurePosixPath(value)
-        if not path.is_absolute() or ".." in path.parts:
-            self.fail(f"must be an absolute host path without '..', got {str(value)!r}",
-                      param, ctx)
-        return path
-
-
 def validate(settings: Settings) -> Settings:
     """``settings`` checked as a whole and normalised (UsageError on bad input). Pure: no
     file is read (where the install dir is: installdir.locate)."""
@@ -152,7 +171,7 @@ def validate(settings: Settings) -> Settings:
                          "over a base URL from NVIDIA_DRIVER_BASE_URL)")
     if s.driver_version and (why := too_old(s.driver_version)):
         raise UsageError(f"--driver-version: {why}", hint="use R470 or newer")
-    if s.kernel_module_type not in ("auto", "open", "proprietary"):
+    if s.kernel_module_type not in MODULE_TYPE_REQUESTS:
         raise UsageError(f"bad --kernel-module-type {s.kernel_module_type!r}",
                          hint="use auto, open or proprietary")
     if not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", s.driver_branch) or \

@@ -53,7 +53,7 @@ def _handler(signum: int, _frame: Any) -> None:
 def handled() -> Iterator[None]:
     """Install the handlers for the duration (the CLI's whole run); restore the old ones."""
     _State.unwinding, _State.deferring, _State.pending = False, 0, None
-    previous: dict[int, Callable[..., Any] | int | None] = {}
+    previous: dict[signal.Signals, Callable[..., Any] | int | None] = {}
     try:
         for sig in HANDLED:
             previous[sig] = signal.signal(sig, _handler)

@@ -15,7 +15,7 @@ import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 import structlog
 import zstandard
@@ -49,7 +49,21 @@ class BoundedTarInfo(tarfile.TarInfo):
     def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
         if self.type in _HEADER_TYPES and self.size > MAX_HEADER_BYTES:
             raise Refused(f"a {self.size}-byte extended header (at most {MAX_HEADER_BYTES})")
-        return super()._proc_member(tarfile_)  # type: ignore[misc]
+        # ignored: _proc_member is tarfile's private hook (every CPython since 2.7), not in typeshed
+        member: tarfile.TarInfo = super()._proc_member(tarfile_)  # type: ignore[misc]
+        return member
+
+
+class StreamTar(tarfile.TarFile):
+    """An archive as this module opens it: what typeshed leaves out of TarFile
+    (``members``, the headers read so far) declared, and for a stream whose
+    decompressor runs ahead, that ReadAhead (its end is drained after the last member)."""
+
+    members: list[tarfile.TarInfo]
+    read_ahead: ReadAhead | None = None
+
+
+_STREAM_MODES: dict[str, Literal["r|", "r|xz", "r|bz2"]] = {"": "r|", "xz": "r|xz", "bz2": "r|bz2"}
 
 
 class UnreadableArchive(Exception):
@@ -170,7 +184,7 @@ class ReadAhead:
 
 
 @contextlib.contextmanager
-def open_stream(fileobj: BinaryIO) -> Iterator[tarfile.TarFile]:
+def open_stream(fileobj: BinaryIO) -> Iterator[StreamTar]:
     """A tarfile reading ``fileobj`` once, front to back; gzip, xz, bzip2 and zstd told
     apart by their magic bytes (anything else is read as a plain tar). gzip and zstd
     (bundles) are inflated a few chunks ahead in a thread of their own."""
@@ -181,6 +195,7 @@ def open_stream(fileobj: BinaryIO) -> Iterator[tarfile.TarFile]:
             break
         head += more
     kind = next((k for magic, k in _MAGICS if head.startswith(magic)), "")
+    # ignored: _Prefixed gives read(), all that tarfile and the decompressors call
     source: BinaryIO = _Prefixed(head, fileobj)  # type: ignore[assignment]
     ahead = None
     if kind == "zst":
@@ -188,18 +203,22 @@ def open_stream(fileobj: BinaryIO) -> Iterator[tarfile.TarFile]:
                            .stream_reader(source, read_size=STREAM_BUFSIZE,
                                           read_across_frames=True, closefd=False))
     elif kind == "gz":
+        # ignored: a GzipFile reads like the BinaryIO ReadAhead takes (read() only)
         ahead = ReadAhead(gzip.GzipFile(fileobj=source, mode="rb"))  # type: ignore[arg-type]
     try:
-        with tarfile.open(fileobj=ahead or source, mode="r|" if ahead else f"r|{kind}",
-                          tarinfo=BoundedTarInfo, bufsize=STREAM_BUFSIZE) as tar:
-            tar.read_ahead = ahead  # type: ignore[attr-defined]
+        # ignored: tarfile's stream modes ("r|...") only read() their fileobj, which
+        # ReadAhead and _Prefixed give; typeshed's _Fileobj asks for a whole file.
+        with StreamTar.open(fileobj=ahead or source,  # type: ignore[arg-type]
+                            mode="r|" if ahead else _STREAM_MODES[kind],
+                            tarinfo=BoundedTarInfo, bufsize=STREAM_BUFSIZE) as tar:
+            tar.read_ahead = ahead
             yield tar
     finally:
         if ahead is not None:
             ahead.close()
 
 
-def open_archive(archive: Path | BinaryIO, stack: contextlib.ExitStack) -> tarfile.TarFile:
+def open_archive(archive: Path | BinaryIO, stack: contextlib.ExitStack) -> StreamTar:
     """A file is opened as before zstd (random access: GzipFile checks gzip's CRC) unless
     it is zstd (whose frame checksum the decompressor checks); a stream is read once, its
     integrity the caller's digest (tarfile's stream mode skips gzip's CRC)."""
@@ -209,4 +228,4 @@ def open_archive(archive: Path | BinaryIO, stack: contextlib.ExitStack) -> tarfi
     if raw.read(4) == _MAGICS[-1][0]:
         raw.seek(0)
         return stack.enter_context(open_stream(raw))
-    return stack.enter_context(tarfile.open(archive, mode="r:*", tarinfo=BoundedTarInfo))
+    return stack.enter_context(StreamTar.open(archive, mode="r:*", tarinfo=BoundedTarInfo))

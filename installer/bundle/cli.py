@@ -13,6 +13,7 @@ import structlog
 
 from installer.branches import EXAMPLE_VERSION
 from installer.errors import UsageError
+from installer.kinds import MODULE_TYPE_REQUESTS
 from installer.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 from installer.podcontract import HOST_ROOT
 
@@ -60,7 +61,7 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
 @click.option("--kernel-source-path", type=click.Path(path_type=Path),
               envvar="KERNEL_SOURCE_PATH", show_envvar=True,
               help="Its headers [default: under --host-root, else apt-get].")
-@click.option("--kernel-module-type", type=click.Choice(["auto", "open", "proprietary"]),
+@click.option("--kernel-module-type", type=click.Choice(MODULE_TYPE_REQUESTS),
               envvar="NVIDIA_KERNEL_MODULE_TYPE", default="auto", show_default=True,
               show_envvar=True, help="auto: NVIDIA's default for the branch (no GPU needed).")
 @click.option("--targets", envvar="NVIDIA_BUNDLE_TARGETS", show_envvar=True,

@@ -50,6 +50,7 @@ from installer.bundle.manifest import (
 from installer.errors import DownloadError, IntegrityError, UsageError
 from installer.fsutil import remove_tree
 from installer.installdir import LAYOUT_DIRS, Tree
+from installer.kinds import ModuleType
 from installer.modinfo import read_modinfo, vermagic_release
 from installer.net.fetch import fetch_text
 from installer.net.policy import redact_url
@@ -65,7 +66,7 @@ MAX_BUNDLE_BYTES = 16 << 30  # unpacked; a 535 bundle is ~0.4 GB; its manifest b
 COPY_CHUNK = 1 << 20
 
 
-def prebuilt_step(ctx: Context, version: str, module_type: str) -> Step:
+def prebuilt_step(ctx: Context, version: str, module_type: ModuleType) -> Step:
     """The plan's bundle step (the distro's build runs only if it found no bundle)."""
     try:
         key = BundleKey(version, ctx.host_info.kernel_release, module_type)
@@ -122,7 +123,8 @@ def _candidates(ctx: Context, template: str, key: BundleKey) -> list[tuple[str, 
     if pinned:
         return [(url, pinned) for url in urls.values()]
     entries = _index_entries(ctx, template)
-    found = [(url, entries[name].sha256) for name, url in urls.items() if name in entries]
+    found: list[tuple[str, str | None]] = [
+        (url, entries[name].sha256) for name, url in urls.items() if name in entries]
     return found[:1] or [(url, None) for url in urls.values()]
 
 

@@ -22,11 +22,13 @@ import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from installer import safejson
 from installer.branches import EXAMPLE_VERSION
 from installer.installdir import check_layout_path
+from installer.kinds import MODULE_TYPES, ModuleType
 from installer.values import is_driver_version, is_kernel_release, sha256_digest
 
 FORMAT = 1
@@ -34,7 +36,6 @@ MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.json"
 SUFFIX = ".tar.zst"  # what bundle build writes
 SUFFIXES = (SUFFIX, ".tar.gz")  # what nodes and bundle index read, preferred first
-MODULE_TYPES = ("open", "proprietary")
 MAX_MANIFEST_BYTES = 4 << 20  # a real 535 bundle's manifest: ~15 KB
 MAX_FILES = 20_000
 MAX_FILE_BYTES = 4 << 30
@@ -67,7 +68,7 @@ class BundleKey:
 
     driver_version: str
     kernel_release: str
-    module_type: str
+    module_type: ModuleType
 
     def __post_init__(self) -> None:
         if not is_driver_version(self.driver_version):
@@ -77,6 +78,12 @@ class BundleKey:
             raise BundleError(f"kernel release {self.kernel_release!r} is not a uname -r value")
         if self.module_type not in MODULE_TYPES:
             raise BundleError(f"module type {self.module_type!r} is not open or proprietary")
+
+    @classmethod
+    def of(cls, driver_version: str, kernel_release: str, module_type: str) -> BundleKey:
+        """A key from text (a bundle name, a manifest, a flag): the checks above refuse a
+        module type that is not one (BundleError), hence the cast."""
+        return cls(driver_version, kernel_release, cast(ModuleType, module_type))
 
     def name(self, suffix: str = SUFFIX) -> str:
         return (f"nvidia-driver-{self.driver_version}-{self.module_type}-"
@@ -96,7 +103,7 @@ class BundleKey:
             raise BundleError(f"{name!r} is not a bundle name "
                               "(nvidia-driver-<driver>-<module type>-<kernel release>.tar.zst or .tar.gz)")
         version, module_type, release = match.groups()
-        return cls(version, release, module_type)
+        return cls.of(version, release, module_type)
 
 
 def check_rel(rel: object, what: str = "path") -> str:
@@ -157,7 +164,7 @@ class Manifest:
             raise BundleError(f"the manifest {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise BundleError(f"the manifest is not a format-{FORMAT} bundle manifest")
-        key = BundleKey(_text(doc.get("driver_version"), "driver_version"),
+        key = BundleKey.of(_text(doc.get("driver_version"), "driver_version"),
                         _text(doc.get("kernel_release"), "kernel_release"),
                         _text(doc.get("module_type"), "module_type"))
         vermagic = _text(doc.get("vermagic"), "vermagic")

@@ -14,6 +14,7 @@ from installer.bundle.fetch import prebuilt_step
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.headers_build import HeadersBuild
 from installer.distros.planning import Flow, cached_plan, fresh_plan
+from installer.kinds import ModuleType
 from installer.nvidia_run import check_version, version_from_url
 from installer.plan import Plan, Step
 from installer.steps import checks, staging
@@ -70,7 +71,7 @@ class HeadersBuildFlow(Flow, HeadersBuild):
             log.info("driver_version_fallback", driver_version=version, reason=why)
         return version
 
-    def module_type(self, ctx: Context, version: str) -> str:
+    def module_type(self, ctx: Context, version: str) -> ModuleType:
         found = list(ctx.pci_gpus)
         return gpus.choose_module_type(found, version, ctx.settings.kernel_module_type).module_type
 

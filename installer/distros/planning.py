@@ -5,6 +5,7 @@ install, one staged for the next boot)."""
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ import structlog
 from installer import cache, modules
 from installer.cache import CacheKey
 from installer.distros.base import Distro
+from installer.kinds import ModuleType
 from installer.plan import Plan, Step
 from installer.steps import activate, checks, next_boot, staging
 from installer.workstate import InUse
@@ -61,7 +63,7 @@ class Flow(Distro):
         log.info("cache_hit", key=key.describe())
         return True
 
-def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: str | None,
+def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: ModuleType | None,
                 display: dict[str, object]) -> Plan:
     """A cache hit in any distro: check the GPUs, then load and verify what is installed
     (and drop a tree staged for the next boot: this version is the one wanted now)."""
@@ -71,7 +73,7 @@ def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: st
                 driver_version=version, kernel_module_type=module_type, display=display)
 
 
-def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, driver_url: str,
+def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: ModuleType, driver_url: str,
                driver_sha256: str | None = None, display: dict[str, object],
                check_gpus: Step, check_signing: Step, before_staging: Sequence[Step] = (),
                build: Sequence[Step], prebuilt: Step | None = None,
@@ -100,19 +102,19 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
         *((_unless_filled(prebuilt), _unless_filled(check_signing, note)) if prebuilt else ()),
         *(_unless_filled(s, note) for s in (*before_staging, *build)),
     )
-    typed = {"driver_version": version, "kernel_module_type": module_type,
-             "driver_url": driver_url, "driver_sha256": driver_sha256}
+    typed = functools.partial(Plan, driver_version=version, kernel_module_type=module_type,
+                              driver_url=driver_url, driver_sha256=driver_sha256)
     # A load is needed now, or at the next boot for a staged version: a kernel refusing
     # every load (kernel.modules_disabled=1, usually the node image's) stops both first.
     loading = () if ctx.settings.install_only else (checks.check_module_loading(version),)
     if in_use is not None:
-        return Plan("staged", (
+        return typed("staged", (
             check_gpus, *loading, *early, *fill, *next_boot.stage_for_next_boot(key, in_use),
-        ), **typed, display={**display, "running_driver_version": in_use.running_version})
-    return Plan("fresh", (
+        ), display={**display, "running_driver_version": in_use.running_version})
+    return typed("fresh", (
         check_gpus, *loading, *early, checks.check_loaded_driver(version), *fill,
         *activate.activate_staged(ctx, version, key, load),
-    ), **typed, display=display)
+    ), display=display)
 
 
 def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:

@@ -56,7 +56,7 @@ def check_targets(targets: Sequence[str], module_type: str) -> list[str]:
         try:
             if not at:
                 raise BundleError("it is not DRIVER@KERNEL")
-            keys.append(BundleKey(version, release, built_module_type(version, module_type)).name())
+            keys.append(BundleKey.of(version, release, built_module_type(version, module_type)).name())
         except BundleError as exc:
             raise ValueError(f"--target {item!r}: {exc}") from None
     if len(set(keys)) != len(keys):

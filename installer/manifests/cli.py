@@ -6,6 +6,7 @@ older spelling) still works: the group reads it as ``bundle-job``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import click
 
 from installer.branches import EXAMPLE_VERSION
 from installer.distros import BUNDLE_BUILDER, DISTROS
+from installer.kinds import MODULE_TYPE_REQUESTS
 from installer.manifests.bundle_job import JobOptions
 from installer.manifests.bundle_job import render as render_job
 from installer.manifests.render import (
@@ -263,19 +265,19 @@ def _check_each_option(selected: Sequence[str], opts: RenderOptions) -> None:
         ("--partition-gpus-image", lambda: parse_image(
             opts.partition_gpus_image, what="partition-gpus image", require_tag=False)),
     ]
-    if opts.driver_sha256:
+    if (sha256 := opts.driver_sha256):
         checks.append(("--driver-sha256",
-                       lambda: validate_driver_sha256(opts.driver_sha256, opts.driver_version)))
-    if opts.metrics_file:
-        checks.append(("--metrics-file", lambda: validate_metrics_file(opts.metrics_file)))
+                       lambda: validate_driver_sha256(sha256, opts.driver_version)))
+    if (metrics_file := opts.metrics_file):
+        checks.append(("--metrics-file", lambda: validate_metrics_file(metrics_file)))
     for f in selected:
-        checks.append(("--image", lambda f=f: image_ref(f, opts)))
-        if opts.instance is not None:
-            checks.append(("--name", lambda f=f: validate_instance(f, opts.instance)))
-        if opts.driver_version:
+        checks.append(("--image", functools.partial(image_ref, f, opts)))
+        if (instance := opts.instance) is not None:
+            checks.append(("--name", functools.partial(validate_instance, f, instance)))
+        if (version := opts.driver_version):
             checks.append(("--driver-version",
-                           lambda f=f: validate_driver_version(f, opts.driver_version)))
-        checks.append(("--node-label", lambda f=f: match_expressions(f, opts)))
+                           functools.partial(validate_driver_version, f, version)))
+        checks.append(("--node-label", functools.partial(match_expressions, f, opts)))
     for param, check in checks:
         try:
             check()
@@ -340,7 +342,7 @@ def _parse_digests(items: Sequence[str], flavors: Sequence[str]) -> dict[str, st
 @click.option("--target", "targets", metavar="DRIVER@KERNEL", multiple=True,
               help=f"One bundle to build (repeatable), e.g. {EXAMPLE_VERSION}@6.8.0-1015-gke.")
 @click.option("--kernel-module-type", "module_type",
-              type=click.Choice(["auto", "open", "proprietary"]), default="auto",
+              type=click.Choice(MODULE_TYPE_REQUESTS), default="auto",
               show_default=True, help="Module type built; auto: NVIDIA's default for each "
               "target's branch (open from R560), as a node with Turing or newer GPUs picks it, "
               "so its bundles are the ones those nodes look for.")

@@ -218,7 +218,7 @@ def _flavor_expressions(flavor: str, opts: RenderOptions) -> list[dict[str, Any]
             *_gke_os_expressions(flavor),
         ]
     if opts.affinity == "label":
-        exprs = []
+        exprs: list[dict[str, Any]] = []
         for item in opts.node_labels:
             key, value = parse_node_label(item, flavor)
             if value is None:
@@ -240,7 +240,7 @@ def _disjoint(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) ->
         return {e["key"] for e in exprs if e["operator"] == "DoesNotExist"}
 
     need_a, need_b = needs(a), needs(b)
-    return (any(need_a[k] is not None and need_b[k] is not None and not need_a[k] & need_b[k]
+    return (any((va := need_a[k]) is not None and (vb := need_b[k]) is not None and not va & vb
                 for k in need_a.keys() & need_b.keys())
             or bool(need_a.keys() & absent(b)) or bool(need_b.keys() & absent(a)))
 

@@ -4,31 +4,27 @@ reading and retries as a download."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import requests
 import structlog
 
 from installer.errors import DownloadError
-from installer.fsutil import UnreadableFile, read_limited
 from installer.net import retry
 from installer.net.pace import Pacer
-from installer.net.policy import local_file, redact_url, scrubber
+from installer.net.policy import redact_url, scrubber
 from installer.net.retry import RetryPolicy
 from installer.net.session import (
+    ArtifactSession,
     classify,
-    limits_of,
-    policy_of,
+    or_default,
     refuse_encoding,
     request_error,
-    url_policy_of,
 )
 
 log = structlog.get_logger(__name__)
 
 
 def fetch_text(
-    session: requests.Session,
+    session: ArtifactSession | None,
     url: str,
     *,
     policy: RetryPolicy | None = None,
@@ -36,20 +32,17 @@ def fetch_text(
 ) -> str | None:
     """A small text document (e.g. a COS ``gpu_default_version`` file), or None on 404.
 
-    A missing ``file://`` path is None too. Larger than ``max_bytes``, not UTF-8,
-    or any other failure: :class:`DownloadError`.
+    A missing ``file://`` path is None too (the session's file adapter answers 404).
+    Larger than ``max_bytes``, not UTF-8, or any other failure: :class:`DownloadError`.
     """
-    url_policy = url_policy_of(session)
+    session = or_default(session)
+    url_policy = session.url_policy
     url_policy.check(url)
-    path = local_file(url)
     shown = redact_url(url)
-    if path is not None:
-        data = _read_local(path, max_bytes, shown)
-        return None if data is None else _decode_text(data, max_bytes, shown)
-    policy = policy or policy_of(session)
+    policy = policy or session.retry_policy
     scrub = scrubber(url)
     # The same bounds as a download: a trickled metadata file must not stall the plan.
-    pace = Pacer(limits_of(session), shown)
+    pace = Pacer(session.transfer_limits, shown)
 
     def attempt() -> bytes | None:
         pace.begin_attempt()
@@ -78,22 +71,6 @@ def fetch_text(
     return _decode_text(data, max_bytes, shown)
 
 
-def _read_local(path: Path, max_bytes: int, shown: str) -> bytes | None:
-    """A ``file://`` document's bytes (None: no such file)."""
-    try:
-        return read_limited(path, max_bytes)
-    except (FileNotFoundError, NotADirectoryError):
-        log.info("fetch_text_missing", url=shown)
-        return None
-    except UnreadableFile as exc:
-        raise DownloadError(f"{path} {exc.reason} ({shown})", path=str(path),
-                            url=shown) from None
-    except OSError as exc:
-        raise DownloadError(
-            f"cannot read {path}: {exc.strerror or exc}", path=str(path), url=shown
-        ) from exc
-
-
 def _decode_text(data: bytes, max_bytes: int, shown: str) -> str:
     if len(data) > max_bytes:
         raise DownloadError(
@@ -105,17 +82,15 @@ def _decode_text(data: bytes, max_bytes: int, shown: str) -> str:
         raise DownloadError(f"{shown} is not UTF-8 text", url=shown) from exc
 
 
-def url_exists(session: requests.Session | None, url: str, *,
+def url_exists(session: ArtifactSession | None, url: str, *,
                policy: RetryPolicy | None = None) -> bool:
     """Whether ``url`` names an object, without fetching it (HEAD; a 1-byte GET if HEAD is
     not allowed). 404/403/410 -> False; transient errors are retried; others raise."""
-    url_policy = url_policy_of(session)
+    session = or_default(session)
+    url_policy = session.url_policy
     url_policy.check(url)
-    path = local_file(url)
-    if path is not None:
-        return path.is_file()
     shown = redact_url(url)
-    policy = policy or policy_of(session)
+    policy = policy or session.retry_policy
     scrub = scrubber(url)
 
     def attempt() -> bool:

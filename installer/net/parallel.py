@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
 import structlog
 
 from installer.errors import UsageError
 from installer.net.retry import RetryPolicy
+from installer.net.session import ArtifactSession
 from installer.net.transfer import Cancelled, Downloaded, download
 
 log = structlog.get_logger(__name__)
@@ -31,7 +31,7 @@ class DownloadJob:
 
 
 def download_all(
-    session: requests.Session, jobs: Sequence[DownloadJob], *, max_workers: int = 4
+    session: ArtifactSession, jobs: Sequence[DownloadJob], *, max_workers: int = 4
 ) -> list[Downloaded]:
     """Run independent downloads in parallel threads; results in ``jobs`` order.
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import posixpath
 import re
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ def local_path(url: str) -> Path:
 
 def local_file(url: str) -> Path | None:
     """The path a ``file://`` URL names (see :func:`local_path`); None for any other URL.
-    Downloads, fetches and probes all tell local from remote with this."""
+    (Downloads, fetches and probes do not ask: the session's LocalFSAdapter serves it.)"""
     return local_path(url) if urlsplit(url).scheme.lower() == "file" else None
 
 
@@ -73,7 +73,7 @@ def local_file(url: str) -> Path | None:
 class UrlPolicy:
     """The URLs a run may fetch: https and file always, plain http only with
     --allow-insecure-http. Built once (detect.context) and carried by the run's HTTP
-    session (session.url_policy_of), as pip's PipSession carries its trust settings."""
+    session (``ArtifactSession.url_policy``), as pip's PipSession carries its trust settings."""
 
     allow_insecure_http: bool = False
 
@@ -258,6 +258,8 @@ def scrub(value: Any) -> Any:
     return scrub_text(str(value))  # paths, exceptions: rendered as text anyway
 
 
-def processor(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def processor(_logger: Any, _method: str,
+              event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
     """structlog processor: every event, every field."""
-    return scrub(event_dict)
+    scrubbed: dict[str, Any] = scrub(event_dict)
+    return scrubbed

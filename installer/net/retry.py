@@ -26,7 +26,7 @@ The operator's knobs, ``DOWNLOAD_RETRIES`` (attempts, instead of
 ``NETWORK_DEFAULTS.attempts``) and ``DOWNLOAD_TIMEOUT`` (seconds, instead of
 ``NETWORK_DEFAULTS.total_timeout``), are read by the CLI into Settings
 (settings.retry_env: exit 2 on a bad value) and reach every download through the
-Context's session (:func:`with_settings`, ``session.policy_of``); nothing here reads
+Context's session (:func:`with_settings`, ``ArtifactSession.retry_policy``); nothing here reads
 the environment.
 """
 
@@ -322,7 +322,7 @@ class _Wait:
         n = max(retry_state.attempt_number, 1)
         base = min(p.wait_max, p.wait_initial * (2 ** (n - 1)))
         # "Equal jitter": at least half the backoff, spread over the other half.
-        return base / 2 + random.uniform(0, base / 2)  # noqa: S311 - not crypto
+        return float(base / 2 + random.uniform(0, base / 2))  # noqa: S311 - not crypto
 
 
 def _upcoming_sleep(retry_state: tenacity.RetryCallState) -> float:

@@ -1,7 +1,8 @@
 """The HTTP session, and the one reading of what a server answered.
 
 Every request the installer makes (downloads, small fetches, existence probes) goes
-through a session from :func:`make_session` and has its answer read by
+through a session from :func:`make_session` (``file://`` through its
+:class:`LocalFSAdapter`) and has its answer read by
 :func:`classify`, so a redirect to plain http, a 429/5xx (retried) or a 4xx (not)
 mean the same wherever they happen; :func:`refuse_encoding` guards every body read,
 and :func:`request_error` turns a non-transient ``requests`` failure into the one
@@ -10,16 +11,22 @@ message shape, with the URL's secrets scrubbed.
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Callable, Collection
+import stat
+from collections.abc import Callable, Collection, Mapping
+from typing import BinaryIO
 
 import requests
 import requests.adapters
 import requests.auth
+import requests.structures
+import urllib3.response
 
 from installer import __version__
 from installer.errors import DownloadError
-from installer.net.policy import UrlPolicy
+from installer.fsutil import file_kind
+from installer.net.policy import UrlPolicy, local_path, redact_url
 from installer.net.retry import (
     NETWORK_DEFAULTS,
     RetryPolicy,
@@ -39,8 +46,101 @@ class _URLAuthOnly(requests.auth.AuthBase):
         return r
 
 
+class LocalAnswer(requests.Response):
+    """What :class:`LocalFSAdapter` answered (so :func:`classify` can word a missing local
+    artifact as one)."""
+
+
+class LocalFSAdapter(requests.adapters.BaseAdapter):
+    """``file://`` answered the way a server answers, so downloads, fetches and probes read
+    local files through the same session, retries, limits and digest as remote ones, and
+    none of them tells local from remote itself. The idea is pip's ``LocalFSAdapter``
+    (pip's src/pip/_internal/network/session.py: a 404 for a path it cannot stat, the
+    open file as the body with its Content-Length, mounted on ``PipSession`` for
+    ``file://``); unlike pip's, this one refuses anything but a regular file.
+
+    A missing path is a 404 (:func:`classify` words it as a missing local file); HEAD is
+    200 only for a regular file (what ``Path.is_file`` says). A GET opens the file
+    non-blocking and refuses anything but a regular file, so a FIFO planted where an
+    artifact should be cannot hang the run. Range headers are ignored: the whole file
+    comes back as a 200, which the transfer reads as a restart from 0.
+    """
+
+    def send(self, request: requests.PreparedRequest, stream: bool = False,
+             timeout: float | tuple[float, float] | tuple[float, None] | None = None,
+             verify: bool | str = True,
+             cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
+             proxies: Mapping[str, str] | None = None) -> requests.Response:
+        url = request.url or ""
+        path = local_path(url)
+        if request.method == "HEAD":
+            try:
+                regular = stat.S_ISREG(os.stat(path).st_mode)
+            except OSError:
+                regular = False
+            return self._answer(request, 200 if regular else 404, io.BytesIO(b""), 0)
+        try:
+            fh = open(path, "rb", opener=_open_nonblocking)  # noqa: SIM115 - the response owns it
+        except (FileNotFoundError, NotADirectoryError):
+            return self._answer(request, 404, io.BytesIO(b""), 0)
+        except OSError as exc:
+            raise DownloadError(f"cannot read {path}: {exc.strerror or exc}", path=str(path),
+                                url=redact_url(url)) from exc
+        try:
+            st = os.fstat(fh.fileno())
+        except OSError as exc:
+            fh.close()
+            raise DownloadError(f"cannot read {path}: {exc.strerror or exc}", path=str(path),
+                                url=redact_url(url)) from exc
+        if not stat.S_ISREG(st.st_mode):
+            fh.close()
+            raise DownloadError(f"{path} is {file_kind(st.st_mode)}, not a regular file ({redact_url(url)})",
+                                path=str(path), url=redact_url(url))
+        return self._answer(request, 200, fh, st.st_size)
+
+    def _answer(self, request: requests.PreparedRequest, status: int, body: BinaryIO,
+                size: int) -> requests.Response:
+        headers = {"Content-Length": str(size)}
+        resp = LocalAnswer()
+        resp.status_code = status
+        resp.reason = "OK" if status == 200 else "Not Found"
+        resp.url = request.url or ""
+        resp.request = request
+        resp.headers = requests.structures.CaseInsensitiveDict(headers)
+        resp.raw = urllib3.response.HTTPResponse(body=body, headers=headers, status=status,
+                                                 preload_content=False, decode_content=False)
+        return resp
+
+    def close(self) -> None:
+        pass
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def _missing_local(resp: requests.Response, shown: str) -> DownloadError:
+    """A 404 from :class:`LocalFSAdapter`: the pre-staged artifact is not there."""
+    path = local_path(resp.url)
+    return DownloadError(
+        f"{path} does not exist ({shown})",
+        hint="pre-stage the artifact at that path, or use an https:// URL",
+        path=str(path),
+        url=shown,
+        status=404,  # file://'s "not found": callers treat a missing artifact one way
+    )
+
+
 class ArtifactSession(requests.Session):
-    """``trust_env`` without ``.netrc``: in the pod ``HOME=/root`` is the host's root, and
+    """The installer's one HTTP session type: it carries the run's transfer policies as
+    typed attributes (as pip's ``PipSession`` carries its trust settings), and serves
+    ``file://`` through :class:`LocalFSAdapter`.
+
+    ``transfer_limits``: the deadline and minimum rate of every download through it;
+    ``retry_policy``: how each operation is retried (from Settings through the Context);
+    ``url_policy``: which URLs every request through it may name or be redirected to.
+
+    ``trust_env`` without ``.netrc``: in the pod ``HOME=/root`` is the host's root, and
     its ``.netrc`` holds the host's credentials, never meant for NVIDIA's or Google's servers.
 
     ``requests`` 2.x reads netrc in exactly two places, both under ``trust_env``:
@@ -51,12 +151,25 @@ class ArtifactSession(requests.Session):
     ``trust_env`` itself stays on, so ``merge_environment_settings`` (L845-860: proxies
     from the environment, ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``) and
     ``rebuild_proxies`` (``NO_PROXY`` re-checked per redirect) work as in ``requests``.
+    No adapter-level retries: :mod:`installer.net.retry` decides.
     """
 
-    def __init__(self) -> None:
+    transfer_limits: TransferLimits
+    retry_policy: RetryPolicy
+    url_policy: UrlPolicy
+
+    def __init__(self, *, limits: TransferLimits | None = None, policy: RetryPolicy | None = None,
+                 url_policy: UrlPolicy | None = None) -> None:
         super().__init__()
         self.trust_env = True
         self.auth = _URLAuthOnly()
+        self.transfer_limits = limits or TransferLimits()
+        self.retry_policy = policy or NETWORK_DEFAULTS
+        self.url_policy = url_policy or UrlPolicy()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
+        self.mount("https://", adapter)
+        self.mount("http://", adapter)
+        self.mount("file://", LocalFSAdapter())
 
     def rebuild_auth(self, prepared_request: requests.PreparedRequest,
                      response: requests.Response) -> None:
@@ -64,29 +177,26 @@ class ArtifactSession(requests.Session):
         # redirect leaves the host they were meant for.
         original = response.request
         if ("Authorization" in prepared_request.headers and original is not None
-                and self.should_strip_auth(original.url, prepared_request.url)):
+                and original.url is not None and prepared_request.url is not None
+                # types-requests leaves should_strip_auth unannotated (it takes two URLs)
+                and self.should_strip_auth(  # type: ignore[no-untyped-call]
+                    original.url, prepared_request.url)):
             del prepared_request.headers["Authorization"]
 
 
 def make_session(*, user_agent: str | None = None, limits: TransferLimits | None = None,
                  policy: RetryPolicy | None = None,
-                 url_policy: UrlPolicy | None = None) -> requests.Session:
-    """A ``requests.Session`` for artifact downloads (an :class:`ArtifactSession`).
+                 url_policy: UrlPolicy | None = None) -> ArtifactSession:
+    """An :class:`ArtifactSession` for artifact downloads.
 
     Honours ``HTTPS_PROXY``/``NO_PROXY`` and ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
     as ``requests`` does (``trust_env``), but never ``.netrc``. ``requests`` ignores ``SSL_CERT_FILE``
     (it uses certifi), so when neither of its own variables is set, a
     ``SSL_CERT_FILE`` (or ``SSL_CERT_DIR``) is used as the trust store.
-    No adapter-level retries: :mod:`installer.net.retry` decides. ``limits`` (the
-    deadline and minimum rate of every download through this session)
-    default to :class:`~installer.net.retry.TransferLimits`; ``policy`` (how each operation
-    is retried, from Settings through the Context) to ``NETWORK_DEFAULTS``; ``url_policy``
-    (which URLs every request through it may name or be redirected to) to https only.
+    ``limits`` default to :class:`~installer.net.retry.TransferLimits`, ``policy`` to
+    ``NETWORK_DEFAULTS``, ``url_policy`` to https (and file) only.
     """
-    session = ArtifactSession()
-    session.transfer_limits = limits or TransferLimits()  # type: ignore[attr-defined]
-    session.retry_policy = policy or NETWORK_DEFAULTS  # type: ignore[attr-defined]
-    session.url_policy = url_policy or UrlPolicy()  # type: ignore[attr-defined]
+    session = ArtifactSession(limits=limits, policy=policy, url_policy=url_policy)
     session.headers["User-Agent"] = (
         user_agent or f"nvidia-driver-installer/{__version__} {requests.utils.default_user_agent()}"
     )
@@ -96,25 +206,13 @@ def make_session(*, user_agent: str | None = None, limits: TransferLimits | None
             if value and os.path.exists(value):
                 session.verify = value
                 break
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
-    session.mount("https://", adapter)
-    session.mount("http://", adapter)
     return session
 
 
-def limits_of(session: requests.Session | None) -> TransferLimits:
-    """The session's transfer limits (defaults for a session not made here)."""
-    return getattr(session, "transfer_limits", None) or TransferLimits()
-
-
-def policy_of(session: requests.Session | None) -> RetryPolicy:
-    """The session's retry policy (the defaults for none, or one not made here)."""
-    return getattr(session, "retry_policy", None) or NETWORK_DEFAULTS
-
-
-def url_policy_of(session: requests.Session | None) -> UrlPolicy:
-    """The session's URL policy (https only for none, or one not made here)."""
-    return getattr(session, "url_policy", None) or UrlPolicy()
+def or_default(session: ArtifactSession | None) -> ArtifactSession:
+    """``session``, or for None a session with the default policies (enough for
+    ``file://`` and for callers that set no policy of their own)."""
+    return session if session is not None else make_session()
 
 
 def classify(resp: requests.Response, shown: str, url_policy: UrlPolicy, *,
@@ -131,6 +229,8 @@ def classify(resp: requests.Response, shown: str, url_policy: UrlPolicy, *,
         return True
     if status in missing:
         return False
+    if status == 404 and isinstance(resp, LocalAnswer):
+        raise _missing_local(resp, shown)
     if status == 429 or 500 <= status <= 599:
         raise TransientHTTPError(status, resp.reason or "",
                                  retry_after=parse_retry_after(resp.headers.get("Retry-After")))

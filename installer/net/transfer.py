@@ -18,8 +18,9 @@
   from 0 with a fresh request.
 - Transient failures are retried per :mod:`installer.net.retry`; 401/403/404 and
   other 4xx fail at once with :class:`DownloadError`.
-- ``file://`` URLs (air-gapped nodes, pre-staged artifacts) are copied and
-  hashed in one pass, with the same temp + verify + rename.
+- ``file://`` URLs (air-gapped nodes, pre-staged artifacts) take the same path: the
+  session's LocalFSAdapter answers them like a server (a 200 with the file's length,
+  a 404 for a missing one), with the same temp + verify + rename.
 
 ``stream()`` is the same transfer (retries, resume, limits, digest) without a
 file: the body goes through a pipe to a consumer running in a worker thread
@@ -51,9 +52,7 @@ server's answer is read by :func:`installer.net.session.classify`.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -64,20 +63,19 @@ from typing import BinaryIO, TypeVar
 import requests
 import structlog
 
-from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
+from installer.errors import DownloadError, IntegrityError
 from installer.fsutil import fsync_dir
 from installer.net import retry
 from installer.net.integrity import normalize_sha256
-from installer.net.policy import local_file, redact_url, scrubber
+from installer.net.policy import redact_url, scrubber
 from installer.net.ranges import answer_extent, range_headers
 from installer.net.retry import IncompleteBodyError, RetryPolicy
 from installer.net.session import (
+    ArtifactSession,
     classify,
-    limits_of,
-    policy_of,
+    or_default,
     refuse_encoding,
     request_error,
-    url_policy_of,
 )
 from installer.net.sinks import (
     CHUNK_SIZE,
@@ -167,8 +165,8 @@ def _stream_body(
             return
 
 
-def _attempt_http(
-    session: requests.Session,
+def _attempt(
+    session: ArtifactSession,
     url: str,
     st: Sink,
     *,
@@ -186,7 +184,7 @@ def _attempt_http(
         resp = session.get(url, headers=range_headers(st.offset, st.validator), stream=True,
                            timeout=st.pacer.timeout(policy))
         with resp:
-            classify(resp, st.shown, url_policy_of(session),
+            classify(resp, st.shown, session.url_policy,
                      expected=(200, 206, 416) if asked > 0 else (200, 206))
             extent = answer_extent(resp, st, asked)
             if extent is None:
@@ -260,58 +258,10 @@ def _finish(st: Sink, expected: str | None, *, label: str, started: float) -> Do
     return result
 
 
-def _copy_local(
-    src: Path,
-    st: Sink,
-    progress: Progress,
-    cancel: threading.Event | None,
-    min_free_bytes: int,
-) -> None:
-    try:
-        # Non-blocking open, then a regular-file check: a FIFO must not hang the run.
-        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        fh = os.fdopen(fd, "rb", buffering=0)
-    except FileNotFoundError as exc:
-        raise DownloadError(
-            f"{src} does not exist ({st.shown})",
-            hint="pre-stage the artifact at that path, or use an https:// URL",
-            path=str(src),
-            url=st.shown,
-            status=404,  # file://'s "not found": callers treat a missing artifact one way
-        ) from exc
-    except OSError as exc:
-        raise DownloadError(f"cannot read {src}: {exc.strerror or exc}", path=str(src), url=st.shown) from exc
-    with fh:
-        try:
-            st_src = os.fstat(fh.fileno())
-            size = st_src.st_size
-            if not stat.S_ISREG(st_src.st_mode):
-                raise IsADirectoryError(errno.EISDIR, "not a regular file")
-            check_space(st.dest.parent, size, min_free_bytes, shown=st.shown)
-            st.total = size
-            progress.begin(offset=0, total=size)
-            buf = bytearray(CHUNK_SIZE)
-            view = memoryview(buf)
-            while True:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled()
-                n = fh.readinto(buf)
-                if not n:
-                    break
-                st.write(view[:n])
-                progress.advance(n)
-        except (DiskSpaceError, DownloadError, Cancelled):
-            raise
-        except OSError as exc:
-            raise DownloadError(
-                f"cannot read {src}: {exc.strerror or exc}", path=str(src), url=st.shown
-            ) from exc
-
-
-def _begin(session: requests.Session | None, url: str, dest: Path, label: str | None,
+def _begin(session: ArtifactSession, url: str, dest: Path, label: str | None,
            expected_sha256: str | None) -> tuple[str | None, str, str]:
     """(expected sha256, redacted URL, label); ``dest``'s directory made."""
-    url_policy_of(session).check(url)
+    session.url_policy.check(url)
     expected = normalize_sha256(expected_sha256)
     shown = redact_url(url)
     label = label or dest.name
@@ -326,7 +276,7 @@ def _begin(session: requests.Session | None, url: str, dest: Path, label: str | 
 
 
 def _run(
-    session: requests.Session | None,
+    session: ArtifactSession,
     url: str,
     st: Sink,
     *,
@@ -337,39 +287,33 @@ def _run(
     min_free_bytes: int,
     cancel: threading.Event | None,
 ) -> Downloaded:
-    """The body into ``st`` (file:// or HTTP with retries), then verified; ``st``
-    discarded on any failure."""
-    policy = policy or policy_of(session)
+    """The body into ``st`` (through the session: HTTP(S), or file:// by its adapter, with
+    retries), then verified; ``st`` discarded on any failure."""
+    policy = policy or session.retry_policy
     progress = Progress(label=label, url=st.shown)
-    source = local_file(url)
     try:
-        if source is not None:
-            _copy_local(source, st, progress, cancel, min_free_bytes)
-        else:
-            if session is None:
-                raise UsageError("an HTTP session is needed for " + st.shown)
-            scrub = scrubber(url)
-            retryer = retry.network_retryer(
-                policy,
-                url=st.shown,
-                redact=scrub,
-                sleep_fn=(lambda s: cancel.wait(s)) if cancel is not None else None,
-                deadline_at=st.pacer.deadline_at,
+        scrub = scrubber(url)
+        retryer = retry.network_retryer(
+            policy,
+            url=st.shown,
+            redact=scrub,
+            sleep_fn=(lambda s: cancel.wait(s)) if cancel is not None else None,
+            deadline_at=st.pacer.deadline_at,
+        )
+        try:
+            retryer(
+                _attempt,
+                session,
+                url,
+                st,
+                policy=policy,
+                progress=progress,
+                cancel=cancel,
+                min_free_bytes=min_free_bytes,
             )
-            try:
-                retryer(
-                    _attempt_http,
-                    session,
-                    url,
-                    st,
-                    policy=policy,
-                    progress=progress,
-                    cancel=cancel,
-                    min_free_bytes=min_free_bytes,
-                )
-            except requests.RequestException as exc:
-                # Not transient (e.g. an untrusted certificate, too many redirects).
-                raise request_error(exc, st.shown, scrub) from exc
+        except requests.RequestException as exc:
+            # Not transient (e.g. an untrusted certificate, too many redirects).
+            raise request_error(exc, st.shown, scrub) from exc
         progress.close()
         return _finish(st, expected, label=label, started=started)
     except BaseException:
@@ -379,7 +323,7 @@ def _run(
 
 
 def download(
-    session: requests.Session | None,
+    session: ArtifactSession | None,
     url: str,
     dest: Path,
     *,
@@ -393,13 +337,14 @@ def download(
     session's (Settings' DOWNLOAD_RETRIES/DOWNLOAD_TIMEOUT, set by the Context). Setting
     ``cancel`` stops
     the download (:class:`Cancelled`) at its next chunk or wait, its temp file removed;
-    ``session`` may be None for a ``file://`` URL."""
+    ``session`` None: one with the default policies."""
     started = time.monotonic()
     dest = Path(dest)
+    session = or_default(session)
     expected, shown, label = _begin(session, url, dest, label, expected_sha256)
     part = dest.with_name(f".{dest.name}.part")
     try:
-        st = FileSink(part, dest, shown, limits_of(session))
+        st = FileSink(part, dest, shown, session.transfer_limits)
     except OSError as exc:
         raise DownloadError(
             f"cannot create {part}: {exc.strerror or exc}", path=str(part), url=shown
@@ -412,7 +357,7 @@ T = TypeVar("T")
 
 
 def stream(
-    session: requests.Session | None,
+    session: ArtifactSession | None,
     url: str,
     consume: Callable[[BinaryIO], T],
     *,
@@ -435,12 +380,14 @@ def stream(
     The consumer's own exception is re-raised as itself."""
     started = time.monotonic()
     dest = Path(dest)
+    session = or_default(session)
     expected, shown, label = _begin(session, url, dest, label, expected_sha256)
-    st = PipeSink(consume, discard, dest, shown, limits_of(session))
+    st = PipeSink(consume, discard, dest, shown, session.transfer_limits)
     try:
         got = _run(session, url, st, expected=expected, label=label, started=started,
                    policy=policy,
                    min_free_bytes=min_free_bytes, cancel=cancel)
     except ConsumerFailed as exc:
         raise exc.error from None
+    # ignored: PipeSink holds what consume() returned as an object; that is this call's T
     return got, st.result  # type: ignore[return-value]

@@ -90,6 +90,7 @@ def extract_driver(version: str) -> Step:
         staging = ctx.work.staged()
         # The test seams (empty in production), as for the build: build_driver says why.
         seams = [(path, path) for path in ctx.runner.env.values()]
+        assert ctx.work.run_file is not None, "the .run is fetched first"
         downloaded = ctx.work.downloads.get("driver")
         from_network = downloaded is not None and local_file(downloaded.url) is None
         ctx.work.extract_dir = nvidia_run.extract(
@@ -132,15 +133,16 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
         # kernel inside the jail: the stand-ins record their calls there and would
         # test-load through it if our flow let them (tests/fixtures/README.md).
         env = dict(toolchain.env) if toolchain else {}
-        sandboxed = {"extract_dir": ctx.work.extract_dir, "staging": staging,
-                     "kernel_release": release, "binds": binds, "env": env,
-                     "rw_binds": [(path, path) for path in ctx.runner.env.values()]}
+        assert ctx.work.extract_dir is not None, "extract_driver runs first"
+        jail = nvidia_run.BuildJail(
+            extract_dir=ctx.work.extract_dir, staging=staging, kernel_release=release,
+            binds=binds, env=env, rw_binds=[(path, path) for path in ctx.runner.env.values()])
         try:
             if not userspace_only:
                 assert ctx.work.kernel_tree is not None, "the kernel headers are found first"
-                nvidia_run.build_modules(ctx.runner, argv=make_argv(ctx.work.kernel_tree),
-                                         tree_dir=tree_dir, **sandboxed)
-            nvidia_run.install_userspace(ctx.runner, argv=installer_argv, **sandboxed)
+                nvidia_run.build_modules(ctx.runner, jail, argv=make_argv(ctx.work.kernel_tree),
+                                         tree_dir=tree_dir)
+            nvidia_run.install_userspace(ctx.runner, jail, argv=installer_argv)
         except Exception as exc:
             kept = nvidia_run.keep_failure_log(staging, ctx.install.installer_log)
             if kept is not None and isinstance(exc, BuildError):  # the node's name for it

@@ -30,7 +30,8 @@ from installer.distros.cos.toolchain import check_toolchain_env
 from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
 from installer.net.fetch import fetch_text, url_exists
 from installer.net.policy import from_metadata
-from installer.net.session import url_policy_of
+from installer.net.retry import RetryPolicy
+from installer.net.session import ArtifactSession, or_default
 from installer.osinfo import parse_env_file
 from installer.values import is_driver_version
 
@@ -231,9 +232,10 @@ def toolchain_location(text: str | None, base: str, root: str | None = None) -> 
 class Artifacts:
     """The artifacts of one build, read over HTTP(S) or from ``file://``."""
 
-    def __init__(self, base: str, build_id: str, board: str | None, session,
-                 *, policy=None, manifest: Manifest | None = None) -> None:
-        url_policy_of(session).check(base + "/")
+    def __init__(self, base: str, build_id: str, board: str | None, session: ArtifactSession | None,
+                 *, policy: RetryPolicy | None = None, manifest: Manifest | None = None) -> None:
+        session = or_default(session)
+        session.url_policy.check(base + "/")
         self.base = base
         self.build_id = build_id
         self.board = board

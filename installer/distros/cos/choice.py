@@ -9,17 +9,18 @@ from dataclasses import dataclass
 
 from installer import gpus
 from installer.cachekey import ModuleSource
+from installer.kinds import OPEN, PROPRIETARY, ModuleType
 from installer.signing import SigningPolicy
 
 
 @dataclass(frozen=True)
 class ModuleDecision:
     use_prebuilt: bool
-    compiled_type: str  # what a compile builds: "open" or "proprietary"
+    compiled_type: ModuleType  # what a compile builds
     notes: tuple[str, ...] = ()
 
 
-def decide_modules(gpus_found: list, version: str, requested: str,
+def decide_modules(gpus_found: list[gpus.PciGpu], version: str, requested: str,
                    prebuilt_available: bool) -> ModuleDecision:
     """Prebuilt (open, signed) modules when the build has them, every GPU here can use
     the open modules and they were not refused; else what a compile builds
@@ -29,22 +30,23 @@ def decide_modules(gpus_found: list, version: str, requested: str,
     installer does; ``--kernel-module-type proprietary`` opts out of them.
     """
     notes: list[str] = []
-    legacy = [g for g in gpus_found if g.model and g.model.open_modules == "no"]
-    use_prebuilt = prebuilt_available and requested != "proprietary" and not legacy
+    legacy = [(g, g.model) for g in gpus_found if g.model and g.model.open_modules == "no"]
+    use_prebuilt = prebuilt_available and requested != PROPRIETARY and not legacy
     if prebuilt_available and legacy:
-        notes.append(f"prebuilt modules are open modules, which {legacy[0].name} "
-                     f"({legacy[0].model.arch}) cannot use")
-    if prebuilt_available and requested == "proprietary":
+        gpu, model = legacy[0]
+        notes.append(f"prebuilt modules are open modules, which {gpu.name} "
+                     f"({model.arch}) cannot use")
+    if prebuilt_available and requested == PROPRIETARY:
         notes.append("prebuilt modules are open modules: not used (--kernel-module-type "
                       "proprietary)")
     choice = gpus.choose_module_type(gpus_found, version, requested)
     return ModuleDecision(use_prebuilt, choice.module_type, tuple(notes))
 
 
-def proprietary_allowed(gpus_found: list, requested: str) -> bool:
+def proprietary_allowed(gpus_found: list[gpus.PciGpu], requested: str) -> bool:
     """The proprietary modules (all the precompiled .run has) can drive these GPUs and were
     not refused (Blackwell and Grace Hopper need the open ones)."""
-    return requested != "open" and not any(
+    return requested != OPEN and not any(
         g.model and g.model.open_modules == "required" for g in gpus_found)
 
 
@@ -65,7 +67,7 @@ class Probe:
 @dataclass(frozen=True)
 class Choice:
     source: ModuleSource
-    compiled_type: str  # what nvidia-installer builds or installs user space for
+    compiled_type: ModuleType  # what nvidia-installer builds or installs user space for
     notes: tuple[str, ...] = ()
     blocked: bool = False  # refused with exit 10 by the signing check
 
@@ -75,9 +77,11 @@ class Choice:
         return self.source is not ModuleSource.COMPILED
 
     @property
-    def module_type(self) -> str:
+    def module_type(self) -> ModuleType:
         """The type of the modules that load."""
-        return {ModuleSource.PREBUILT: "open", ModuleSource.PRECOMPILED: "proprietary"}.get(
+        loads: dict[ModuleSource, ModuleType] = {ModuleSource.PREBUILT: OPEN,
+                                                 ModuleSource.PRECOMPILED: PROPRIETARY}
+        return loads.get(
             self.source, self.compiled_type)
 
 

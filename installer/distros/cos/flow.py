@@ -45,6 +45,7 @@ from installer.distros.cos.steps import (
 from installer.distros.cos.toolchain import BuildTools
 from installer.distros.planning import Flow, cached_plan, fresh_plan
 from installer.gke import mirror
+from installer.kinds import OPEN
 from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root
 from installer.plan import Plan, Step
@@ -173,7 +174,7 @@ class CosFlow(Flow, Cos):
             driver_sha256=run_fetch.sha256,
             display={**display, **_choice_display(arts, version, probe, chosen), **build_shown},
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
-                                  "open" if chosen.source is ModuleSource.PREBUILT
+                                  OPEN if chosen.source is ModuleSource.PREBUILT
                                   else chosen.compiled_type),
             check_signing=_signing_step(arts, version, probe, chosen),
             build=(staging.fetch_artifacts((run_fetch, *fetches)), *work),
@@ -225,7 +226,7 @@ class CosFlow(Flow, Cos):
         toolchain.check_tool_paths(tc_env, tools.toolchain, arts.url(TOOLCHAIN_ENV_FILE))
         headers_preset = self._host_headers(ctx)
         fetches += self._tools_fetches(arts, tools, tc_env, tc_url, headers_preset is None)
-        shown = {
+        shown: dict[str, object] = {
             "kernel_headers_url": arts.url(KERNEL_HEADERS) if headers_preset is None else None,
             "kernel_source_path": headers_preset.describe() if headers_preset else None,
             "toolchain_url": tc_url,

@@ -1,25 +1,43 @@
 """COS's own options: where the build's artifacts come from and are pinned, the toolchain
-cache, and --preload. The CLI adds them to ``install`` (Distro.options); Settings holds
+cache, and --preload. The CLI adds them to ``install`` (Distro.options, from
+``cli_options``); Settings holds
 them as one of its distro options, so nothing generic names a COS field."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
-
-import click
+from typing import Any, ClassVar
 
 from installer import podcontract
 from installer.errors import UsageError
-from installer.settings import DistroOptions, HostPath, Settings
+from installer.settings import CliOption, DistroOptions, Settings
 
 DEFAULT_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"
 
 
 @dataclass(frozen=True)
 class CosOptions(DistroOptions):
+    cli_options: ClassVar[tuple[CliOption, ...]] = (
+        CliOption("--cos-artifacts-url", "COS_DOWNLOAD_GCS",
+                  "COS artifacts of the build; {build_id} and {board} are filled in.",
+                  default=DEFAULT_ARTIFACTS_URL),
+        CliOption("--preload", "PRELOAD",
+                  "COS: only fetch and cache the toolchain and kernel headers (no GPU needed).",
+                  kind="flag"),
+        CliOption("--toolchain-dir", "COS_TOOLS_DIR_CONTAINER",
+                  "COS: where the toolchain and kernel headers are cached [default: "
+                  "/build/cos-tools if it exists, else <host-root>/<toolchain-dir-host>].",
+                  kind="path"),
+        CliOption("--toolchain-dir-host", "COS_TOOLS_DIR_HOST",
+                  "COS: the tools cache as the host sees it.", kind="host_path",
+                  default=str(podcontract.COS_TOOLS_DIR_HOST)),
+        CliOption("--cos-artifacts-sha256", "COS_ARTIFACTS_SHA256",
+                  "COS: a sha256sum-style manifest (file path or URL) pinning every file the "
+                  "install reads (version aliases, toolchain_env, toolchain_url, toolchain, "
+                  "kernel headers, the .run, prebuilt modules, custom .run, signatures); each "
+                  "must match, and one it does not list is refused before any download (exit 6)."),
+    )
     artifacts_url: str = DEFAULT_ARTIFACTS_URL  # {build_id} and {board} filled in
     artifacts_sha256: str | None = None  # a manifest (file or URL) pinning every artifact
     preload: bool = False  # fetch and cache the toolchain and headers only
@@ -29,11 +47,6 @@ class CosOptions(DistroOptions):
     @classmethod
     def of(cls, settings: Settings) -> CosOptions:
         return settings.options(cls)
-
-    @staticmethod
-    def given(opts: dict[str, Any]) -> bool:
-        """Whether the command has these options (click_options)."""
-        return "cos_artifacts_url" in opts
 
     @classmethod
     def from_cli(cls, opts: dict[str, Any]) -> CosOptions:
@@ -66,33 +79,3 @@ class CosOptions(DistroOptions):
 
     def unpinned(self) -> str | None:
         return None if self.artifacts_sha256 else "the COS artifacts (--cos-artifacts-sha256)"
-
-    @staticmethod
-    def click_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for option in reversed([
-            click.option("--cos-artifacts-url", envvar="COS_DOWNLOAD_GCS", show_envvar=True,
-                         default=DEFAULT_ARTIFACTS_URL, show_default=True,
-                         help="COS artifacts of the build; {build_id} and {board} are filled "
-                         "in."),
-            click.option("--preload", is_flag=True, envvar="PRELOAD", show_envvar=True,
-                         help="COS: only fetch and cache the toolchain and kernel headers (no "
-                         "GPU needed)."),
-            click.option("--toolchain-dir", type=click.Path(path_type=Path),
-                         envvar="COS_TOOLS_DIR_CONTAINER", show_envvar=True,
-                         help="COS: where the toolchain and kernel headers are cached "
-                         "[default: /build/cos-tools if it exists, else "
-                         "<host-root>/<toolchain-dir-host>]."),
-            click.option("--toolchain-dir-host", type=HostPath(), envvar="COS_TOOLS_DIR_HOST",
-                         show_envvar=True,
-                         default=str(podcontract.COS_TOOLS_DIR_HOST), show_default=True,
-                         help="COS: the tools cache as the host sees it."),
-            click.option("--cos-artifacts-sha256", envvar="COS_ARTIFACTS_SHA256",
-                         show_envvar=True,
-                         help="COS: a sha256sum-style manifest (file path or URL) pinning every "
-                         "file the install reads (version aliases, toolchain_env, "
-                         "toolchain_url, toolchain, kernel headers, the .run, prebuilt "
-                         "modules, custom .run, signatures); each must match, and one it does "
-                         "not list is refused before any download (exit 6)."),
-        ]):
-            fn = option(fn)
-        return fn

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -112,7 +113,7 @@ class Manifest:
                 "mirror", url=redact_url(url), expected_sha256=digest, actual_sha256=actual)
 
 
-def load(location: str, fetch_url) -> Manifest:
+def load(location: str, fetch_url: Callable[[str], str | None]) -> Manifest:
     """The manifest at a container path or a URL (``fetch_url(url) -> text | None``)."""
     if urlsplit(location).scheme:
         shown = redact_url(location)

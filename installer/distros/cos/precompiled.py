@@ -70,7 +70,9 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
 
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
-        extract: Path = ctx.work.extract_dir
+        extract = ctx.work.extract_dir
+        assert extract is not None and ctx.work.kernel_tree is not None, \
+            "the .run is extracted and the kernel headers found first"
         kernel_dir = extract / "kernel"
         pre_dir = kernel_dir / "precompiled"
         _check_dirs(extract)
@@ -98,7 +100,7 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
             staging=staging)
         _check_dirs(extract)  # what it left: linked and read out here, outside the jail
         lld = toolchain.module_linker(tools.toolchain, env)
-        _link(ctx, [lld, "-T", script, "-r"])
+        _link(ctx, [str(lld), "-T", str(script), "-r"])
         for name in ("nvidia-uvm.ko", "nvidia-drm.ko"):  # shipped pre-linked
             if (pre_dir / name).is_file():
                 os.replace(pre_dir / name, kernel_dir / name)
@@ -134,13 +136,14 @@ def _check_dirs(extract: Path) -> None:
                              "--cos-artifacts-sha256)") from None
 
 
-def _link(ctx: Context, linker: list) -> None:
+def _link(ctx: Context, linker: list[str]) -> None:
     """``linker -o kernel/<module> <interface> <core>`` for each of LINKED."""
-    extract: Path = ctx.work.extract_dir
+    extract = ctx.work.extract_dir
+    assert extract is not None, "the .run is extracted first"
     kernel_dir = extract / "kernel"
     for module, interface, core in LINKED:
-        argv = [*linker, "-o", kernel_dir / module, kernel_dir / "precompiled" / interface,
-                kernel_dir / core]
+        argv = [*linker, "-o", str(kernel_dir / module),
+                str(kernel_dir / "precompiled" / interface), str(kernel_dir / core)]
         try:
             ctx.runner.run(argv, cwd=extract)
         except CommandError as exc:
@@ -150,11 +153,12 @@ def _link(ctx: Context, linker: list) -> None:
 
 def _sign(ctx: Context, modules: tuple[str, ...], out: Path, version: str) -> None:
     """kernel/<module> + its Google signature, in the kernel's appended format, to out/."""
-    kernel_dir = ctx.work.extract_dir / "kernel"
-    sigs: Path = ctx.work.signatures_dir
+    extract, sigs = ctx.work.extract_dir, ctx.work.signatures_dir
+    assert extract is not None and sigs is not None, "the .run and its signatures come first"
+    kernel_dir = extract / "kernel"
     for name in modules:
         ko = kernel_dir / name
-        data = harvest.read_head(ctx.work.extract_dir, f"kernel/{name}", MAX_MODULE_BYTES)
+        data = harvest.read_head(extract, f"kernel/{name}", MAX_MODULE_BYTES)
         if data is None:  # absent, or not a regular file (a link is never read)
             raise BuildError(f"{custom_run_name(version)} yielded no {name} (as a regular "
                              "file)", path=str(ko))

@@ -164,7 +164,8 @@ def place_prebuilt() -> Step:
 
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
-        src: Path = ctx.work.prebuilt_dir
+        src = ctx.work.prebuilt_dir
+        assert src is not None, "the prebuilt modules are unpacked first"
         for name, path in prebuilt_modules(src).items():
             os.chmod(path, 0o644)
             os.replace(path, staging.drivers / name)

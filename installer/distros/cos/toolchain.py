@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -114,7 +115,7 @@ def _marked(tree: Path, sha256: str | None) -> bool:
     return marker is not None and (sha256 is None or marker.get("sha256") == sha256)
 
 
-def read_marker(tree: Path) -> dict | None:
+def read_marker(tree: Path) -> dict[str, Any] | None:
     try:
         doc = safejson.loads(read_limited(tree / MARKER, 1 << 16), max_bytes=1 << 16)
     except (OSError, ValueError, UnreadableFile):
@@ -342,7 +343,7 @@ def ensure_exec(path: Path, runner: Runner) -> None:
 
 def prune_other_builds(tools_dir: Path, keep_build_id: str) -> list[str]:
     """Remove tools of other COS builds that we made (a node upgrade leaves them behind)."""
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(tools_dir.iterdir())
     except OSError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from installer.cache import V2_KERNEL_OPEN_KEY, CacheKey
+from installer.kinds import OPEN
 
 
 def v2_lines(build_id: str | None, driver_version: str, module_type: str | None) -> list[str]:
@@ -20,7 +21,7 @@ def v2_lines(build_id: str | None, driver_version: str, module_type: str | None)
     if not build_id:
         return []
     lines = [f"BUILD_ID={build_id}", f"DRIVER_VERSION={driver_version}"]
-    if module_type == "open":
+    if module_type == OPEN:
         lines.append(f"{V2_KERNEL_OPEN_KEY}=Y")
     return lines
 

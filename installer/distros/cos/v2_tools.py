@@ -14,6 +14,7 @@ is fetched into our own layout, never into theirs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from installer.distros.cos.toolchain import BuildTools, compiler_path
 
@@ -25,15 +26,15 @@ class V2BuildTools(BuildTools):
     kernel_release: str = ""
 
     @property
-    def root(self):  # type: ignore[override]
+    def root(self) -> Path:
         return self.tools_dir
 
     @property
-    def toolchain(self):  # type: ignore[override]
+    def toolchain(self) -> Path:
         return self.tools_dir
 
     @property
-    def headers(self):  # type: ignore[override]
+    def headers(self) -> Path:
         return self.tools_dir
 
     def toolchain_ready(self, cc: str, sha256: str | None = None) -> bool:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, gpus
+from installer import branches, cache, gpus
 from installer.distros.cos.artifacts import (
     DEFAULT_ALIAS,
     LATEST_ALIAS,
@@ -61,7 +61,7 @@ def resolve(ctx: Context, artifacts: Callable[[RetryPolicy | None], Artifacts]) 
     except MissingArtifactError:
         raise
     except DownloadError as exc:
-        if record is None:
+        if record is None or record.driver_version is None:
             raise
         # An alias of a given build names one version; the cached install of
         # this build is what it resolved to when the server was reachable.
@@ -92,11 +92,11 @@ def _gpu_fallback(ctx: Context, arts: Artifacts, resolved: Resolved) -> Resolved
     return resolved
 
 
-def fallback_alias(gpus_found: list, version: str) -> list[str]:
+def fallback_alias(gpus_found: list[gpus.PciGpu], version: str) -> list[str]:
     """Branch aliases (newest first) to try when ``version`` cannot drive these GPUs
     (K80 on a build whose default is R535: R470), as Google's installer falls back."""
     if not gpus.branch_problems(gpus_found, version):
         return []
-    branches = [gpus.branch_of(v) for v in gpus.FALLBACK_VERSIONS]
-    return [f"R{b}" for b in branches
+    fallbacks = [branches.branch_of(v) for v in gpus.FALLBACK_VERSIONS]
+    return [f"R{b}" for b in fallbacks
             if b is not None and not gpus.branch_problems(gpus_found, f"{b}.0")]

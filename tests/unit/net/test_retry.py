@@ -25,7 +25,6 @@ from installer.net.retry import (
     parse_retry_after,
     with_settings,
 )
-from installer.net.session import policy_of
 from installer.net.transfer import download
 from installer.settings import Settings, retry_env, validate
 
@@ -197,7 +196,7 @@ def test_give_up_on_total_timeout_before_sleeping_past_it():
 def test_download_retries_and_timeout_reach_the_policy_through_settings(tmp_path):
     fields = retry_env({"DOWNLOAD_RETRIES": "2", "DOWNLOAD_TIMEOUT": "45.5"})
     settings = validate(Settings(install_dir=tmp_path, **fields))
-    p = policy_of(context(settings, strict=False).http)
+    p = context(settings, strict=False).http.retry_policy
     assert (p.attempts, p.total_timeout) == (2, 45.5)
     assert p.read_timeout == NETWORK_DEFAULTS.read_timeout
     assert retry_env({}) == {}

@@ -87,3 +87,45 @@ def test_a_redirect_to_another_host_drops_credentials_and_adds_none(clean_env, m
     same.prepare_url("https://a.example/z", None)
     s.rebuild_auth(same, resp)
     assert "Authorization" in same.headers
+
+
+# --------------------------------------------------------------------------- one session type
+
+
+def test_the_session_declares_its_policies_and_serves_file_urls_itself(tmp_path):
+    """The policies are the session's own typed attributes (not bolted on and read back
+    with getattr), and file:// is its adapter's, so no fetch path tells local from
+    remote by hand."""
+    import ast
+    import inspect
+
+    from installer.net import fetch, transfer
+    from installer.net.policy import UrlPolicy
+    from installer.net.retry import NETWORK_DEFAULTS, TransferLimits
+    from installer.net.session import ArtifactSession, LocalFSAdapter
+
+    assert set(ArtifactSession.__annotations__) >= {"transfer_limits", "retry_policy", "url_policy"}
+    allowed = UrlPolicy(allow_insecure_http=True)
+    s = make_session(url_policy=allowed)
+    assert s.url_policy is allowed and s.retry_policy is NETWORK_DEFAULTS
+    assert s.transfer_limits == TransferLimits()
+    assert isinstance(s.get_adapter((tmp_path / "x").as_uri()), LocalFSAdapter)
+    for module in (fetch, transfer):
+        names = {n.id for n in ast.walk(ast.parse(inspect.getsource(module)))
+                 if isinstance(n, ast.Name)}
+        assert not names & {"local_file", "local_path"}, module.__name__
+
+
+def test_a_local_file_answers_like_a_server(tmp_path):
+    """GET: 200 with its length and body; a missing path: 404; HEAD of a directory: 404
+    (what Path.is_file says); a directory read: refused, naming it."""
+    (tmp_path / "f").write_bytes(b"abc")
+    s = make_session()
+    got = s.get((tmp_path / "f").as_uri(), stream=True)
+    assert (got.status_code, got.headers["Content-Length"], got.raw.read()) == (200, "3", b"abc")
+    got.close()
+    assert s.get((tmp_path / "absent").as_uri()).status_code == 404
+    assert s.head(tmp_path.as_uri()).status_code == 404
+    assert s.head((tmp_path / "f").as_uri()).status_code == 200
+    with pytest.raises(DownloadError, match=f"cannot read {tmp_path}: Is a directory"):
+        s.get(tmp_path.as_uri())
