@@ -108,14 +108,18 @@ def baseline_script(commands: list[list[str]], lib_dir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The CLI, then at its exit the top-level packages it imported, on stderr: sys.modules,
+# not -X importtime, which also lists imports tried and not found (structlog tries rich).
+WATCH_IMPORTS = ("import atexit, sys\n"
+                 "atexit.register(lambda: print('imported:', *sorted({m.split('.')[0] "
+                 "for m in sys.modules}), file=sys.stderr))\n"
+                 "from installer.cli import main\n"
+                 "main()\n")
+
+
 def imported_modules(stderr: str) -> set[str]:
-    mods = set()
-    for line in stderr.splitlines():
-        if line.startswith("import time:") and "|" in line:
-            name = line.rsplit("|", 1)[1].strip()
-            if name and name != "imported package":
-                mods.add(name.split(".")[0])
-    return mods
+    lines = [line for line in stderr.splitlines() if line.startswith("imported: ")]
+    return set(lines[-1].split()[1:]) if lines else set()
 
 
 def time_commands(cmds: dict[str, list[str]], runs: int) -> tuple[dict, dict]:
@@ -329,10 +333,9 @@ def cache_hit(args, work: Path, wheel_cli: Path) -> tuple[Row, list[str]]:
 
     # Calibration (not timed): the commands a cache hit runs, and what it imports.
     kernel.unload_all()
-    # -X importtime, not PYTHONPROFILEIMPORTTIME: the installer's own imports, not those of
-    # the Python children it runs (the fake kmod tools run on the system python).
-    cal = pod.timed([str(wheel_cli.parent / "python3"), "-X", "importtime", str(wheel_cli),
-                     "install", "-v"])
+    # Read in the installer's own process (WATCH_IMPORTS), not through PYTHONPROFILEIMPORTTIME,
+    # which its Python children inherit.
+    cal = pod.timed([str(wheel_cli.parent / "python3"), "-c", WATCH_IMPORTS, "install", "-v"])
     if cal["rc"] != 0:
         raise SystemExit(f"cached install failed: {cal['stderr'][-3000:]}")
     status = json.loads(status_file.read_text())
