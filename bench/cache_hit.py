@@ -58,9 +58,13 @@ from _common import REPO, Row, Stats, print_rows, write_rows  # noqa: E402
 from _fixture import CLI, RELEASE, VERSION, can_run_pods, events, fixture  # noqa: E402
 
 OVERHEAD_TARGET_MS = 150.0
-HELP_TARGET_RATIO = 2.0
+HELP_TARGET_MS = 90.0
+# The README's figures before the layering refactor made every start-up import the
+# network stack (same bench, same kind of machine, less loaded): the side-by-side reference.
+EARLIER_MS = {"cache_hit_overhead": 168.0, "help": 78.0}
 VENV_BIN = Path(sys.executable).parent
-HEAVY = ("requests", "urllib3", "tenacity", "jinja2", "certifi", "idna", "charset_normalizer")
+HEAVY = ("requests", "urllib3", "tenacity", "jinja2", "zstandard", "certifi", "idna",
+         "charset_normalizer", "rich", "pyseccomp")
 
 
 def pad_module(install_dir: Path, mb: int) -> None:
@@ -104,14 +108,18 @@ def baseline_script(commands: list[list[str]], lib_dir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The CLI, then at its exit the top-level packages it imported, on stderr: sys.modules,
+# not -X importtime, which also lists imports tried and not found (structlog tries rich).
+WATCH_IMPORTS = ("import atexit, sys\n"
+                 "atexit.register(lambda: print('imported:', *sorted({m.split('.')[0] "
+                 "for m in sys.modules}), file=sys.stderr))\n"
+                 "from installer.cli import main\n"
+                 "main()\n")
+
+
 def imported_modules(stderr: str) -> set[str]:
-    mods = set()
-    for line in stderr.splitlines():
-        if line.startswith("import time:") and "|" in line:
-            name = line.rsplit("|", 1)[1].strip()
-            if name and name != "imported package":
-                mods.add(name.split(".")[0])
-    return mods
+    lines = [line for line in stderr.splitlines() if line.startswith("imported: ")]
+    return set(lines[-1].split()[1:]) if lines else set()
 
 
 def time_commands(cmds: dict[str, list[str]], runs: int) -> tuple[dict, dict]:
@@ -131,21 +139,47 @@ def time_commands(cmds: dict[str, list[str]], runs: int) -> tuple[dict, dict]:
     return wall, cpu
 
 
+def image_packages(site: Path) -> list[str]:
+    """Link into ``site`` the import packages of the distributions the image installs
+    (images/requirements.lock), taken from the dev venv: only those, as in the image.
+    A library that imports an optional one when present (structlog imports rich, ~50 ms)
+    then costs here what it costs in the pod. Returns the distributions linked."""
+    import importlib.metadata as metadata
+
+    names = re.findall(r"^([A-Za-z0-9_.-]+)==", (REPO / "images/requirements.lock").read_text(),
+                       re.MULTILINE)
+    linked = []
+    for name in names:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        tops = {f.parts[0] for f in dist.files or () if len(f.parts) > 0
+                and not f.parts[0].endswith((".dist-info", ".egg-info", ".pth"))
+                and f.parts[0] not in ("..", "__pycache__", "bin")}
+        for top in tops:
+            source = Path(dist.locate_file(top))
+            if source.exists() and not (site / top).exists():
+                (site / top).symlink_to(source)
+        linked.append(name)
+    return linked
+
+
 def wheel_layout(work: Path) -> Path:
     """A venv laid out like the image's (a wheel installed into a plain venv): no
-    editable-install finder in site-packages. Returns its nvidia-driver-installer.
+    editable-install finder in site-packages, and only the image's packages. Returns
+    its nvidia-driver-installer.
 
     The dev venv's ``pip install -e`` adds a finder that site.py imports on every
-    start-up (~15 ms); the image installs a wheel. Packages come from this tree
-    and the dev venv's site-packages through a plain .pth (paths only, no code).
+    start-up (~15 ms), and the dev venv holds test and lint tools (rich among them);
+    the image installs a wheel and its locked dependencies. The installer comes from
+    this tree through a plain .pth (a path, no code).
     """
-    import sysconfig
-
     venv = work / "wheel-venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
-    purelib = Path(sysconfig.get_paths()["purelib"])
     site = next((venv / "lib").glob("python3*/site-packages"))
-    (site / "nvidia_driver_installer_bench.pth").write_text(f"{REPO}\n{purelib}\n")
+    (site / "nvidia_driver_installer_bench.pth").write_text(f"{REPO}\n")
+    image_packages(site)
     script = venv / "bin/nvidia-driver-installer"
     text = CLI.read_text().split("\n", 1)[1]
     script.write_text(f"#!{venv}/bin/python3\n{text}")
@@ -181,22 +215,25 @@ def help_figures(runs: int, wheel_cli: Path) -> tuple[Row, list[str]]:
         line("dev venv (pip install -e): --help", "dev_help"),
         line("dev venv (pip install -e): python3 -c pass", "dev_pass"),
         f"  ratio help/pass: wheel {ratio:.2f}x wall, {c['help'].median / c['pass'].median:.2f}x cpu; "
-        f"dev venv {dev_ratio:.2f}x wall   (target <= {HELP_TARGET_RATIO:.0f}x)",
+        f"dev venv {dev_ratio:.2f}x wall",
         f"  floor set by click alone: import click / pass = {click_ratio:.2f}x wall, "
         f"{c['import_click'].median / c['pass'].median:.2f}x cpu",
+        f"  side by side (ms, median / min): --help {w['help'].median * 1e3:.0f} / "
+        f"{w['help'].min * 1e3:.0f}   python3 -c pass {w['pass'].median * 1e3:.0f} / "
+        f"{w['pass'].min * 1e3:.0f}   README's earlier --help {EARLIER_MS['help']:.0f}   "
+        f"(target <= {HELP_TARGET_MS:.0f})",
     ]
     row = Row(
-        target=f"--help <= {HELP_TARGET_RATIO:.0f}x python3 -c pass",
-        measured=f"{w['help'].median * 1e3:.0f} ms",
-        baseline=f"python3 -c pass {w['pass'].median * 1e3:.0f} ms",
+        target=f"--help <= {HELP_TARGET_MS:.0f} ms",
+        measured=f"{w['help'].median * 1e3:.0f} ms (min {w['help'].min * 1e3:.0f})",
+        baseline=f"python3 -c pass {w['pass'].median * 1e3:.0f} ms; earlier {EARLIER_MS['help']:.0f} ms",
         ratio=f"{ratio:.2f}x",
-        met=ratio <= HELP_TARGET_RATIO,
-        data={k: w[k].median * 1e3 for k in w} | {f"{k}_cpu": c[k].median * 1e3 for k in c},
+        met=w["help"].median * 1e3 <= HELP_TARGET_MS,
+        note=(f"'import click' alone {w['import_click'].median * 1e3:.0f} ms; dev venv --help "
+              f"{w['dev_help'].median * 1e3:.0f} ms"),
+        data={k: w[k].median * 1e3 for k in w} | {f"{k}_cpu": c[k].median * 1e3 for k in c}
+        | {"help_min": w["help"].min * 1e3, "pass_min": w["pass"].min * 1e3},
     )
-    if not row.met:
-        row.note = (f"'import click' alone is {click_ratio:.2f}x python3 -c pass "
-                    f"({w['import_click'].median * 1e3:.0f} vs {w['pass'].median * 1e3:.0f} ms); "
-                    f"dev venv: {dev_ratio:.2f}x")
     return row, lines
 
 
@@ -296,7 +333,9 @@ def cache_hit(args, work: Path, wheel_cli: Path) -> tuple[Row, list[str]]:
 
     # Calibration (not timed): the commands a cache hit runs, and what it imports.
     kernel.unload_all()
-    cal = pod.timed([str(wheel_cli), "install", "-v"], env={"PYTHONPROFILEIMPORTTIME": "1"})
+    # Read in the installer's own process (WATCH_IMPORTS), not through PYTHONPROFILEIMPORTTIME,
+    # which its Python children inherit.
+    cal = pod.timed([str(wheel_cli.parent / "python3"), "-c", WATCH_IMPORTS, "install", "-v"])
     if cal["rc"] != 0:
         raise SystemExit(f"cached install failed: {cal['stderr'][-3000:]}")
     status = json.loads(status_file.read_text())
@@ -369,18 +408,23 @@ def cache_hit(args, work: Path, wheel_cli: Path) -> tuple[Row, list[str]]:
         f"{_load()} on {os.cpu_count()} CPUs",
         f"  heavy modules imported on the cache hit: {', '.join(heavy) or 'none'} "
         f"(checked: {', '.join(HEAVY)})",
+        f"  side by side (ms, median / min): our overhead {figures['wheel'][0].median * 1e3:.0f} / "
+        f"{figures['wheel'][0].min * 1e3:.0f}   sh script's whole cache hit {bw.median * 1e3:.0f} / "
+        f"{bw.min * 1e3:.0f}   README's earlier overhead {EARLIER_MS['cache_hit_overhead']:.0f}   "
+        f"(target <= {OVERHEAD_TARGET_MS:.0f})",
     ]
     overhead, cpu_over = figures["wheel"]
     dev_overhead, dev_cpu = figures["dev"]
     row = Row(
         target=f"cache-hit overhead <= {OVERHEAD_TARGET_MS:.0f} ms",
-        measured=f"{overhead.median * 1e3:.0f} ms (wall {med('wheel', 'wall') * 1e3:.0f})",
-        baseline=f"sh script {bw.median * 1e3:.0f} ms",
+        measured=f"{overhead.median * 1e3:.0f} ms (min {overhead.min * 1e3:.0f}, wall "
+                 f"{med('wheel', 'wall') * 1e3:.0f})",
+        baseline=f"sh script {bw.median * 1e3:.0f} ms; earlier {EARLIER_MS['cache_hit_overhead']:.0f} ms",
         ratio=f"{ratio:.2f}x",
         met=overhead.median * 1e3 <= OVERHEAD_TARGET_MS and not heavy,
-        note=(f"imported on a cache hit: {', '.join(heavy)}" if heavy else
-              f"CPU over the sh script {cpu_over * 1e3:.0f} ms; dev venv {dev_overhead.median * 1e3:.0f}"
-              f" ms wall / {dev_cpu * 1e3:.0f} ms CPU; load {load_before} on {os.cpu_count()} CPUs"),
+        note=(f"CPU over the sh script {cpu_over * 1e3:.0f} ms; dev venv {dev_overhead.median * 1e3:.0f}"
+              f" ms wall / {dev_cpu * 1e3:.0f} ms CPU; load {load_before} on {os.cpu_count()} CPUs"
+              + (f"; imported on a cache hit: {', '.join(heavy)}" if heavy else "")),
         data={"overhead_ms": overhead.median * 1e3, "cpu_overhead_ms": cpu_over * 1e3,
               "dev_overhead_ms": dev_overhead.median * 1e3, "dev_cpu_overhead_ms": dev_cpu * 1e3,
               "wall_ms": med("wheel", "wall") * 1e3, "external_ms": med("wheel", "ext") * 1e3,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,13 @@ def measure(tree: Path, work: Path) -> dict:
     from _fixture import events, fixture
 
     with fixture(work) as fx:
-        res = fx.pod.timed([sys.executable, "-m", "installer", "install"])
+        # The tree first on PYTHONPATH too: the fake kernel's start-up hook (sitecustomize,
+        # on the pod's PYTHONPATH) imports installer.kernel before the interpreter puts the
+        # working dir on sys.path, which made the baseline's runs the dev venv's installer
+        # against the baseline's fixture .run (its libcuda has no cuDeviceGet: exit 9).
+        path = os.pathsep.join(filter(None, (str(tree), fx.pod.env.get("PYTHONPATH"))))
+        res = fx.pod.timed([sys.executable, "-m", "installer", "install"],
+                           env={"PYTHONPATH": path})
     if res["rc"] != 0:
         raise SystemExit(f"install with {tree} failed: {res['stderr'][-3000:]}")
     steps = {e["step"]: e["duration_s"] for e in events(res["stderr"])

@@ -20,6 +20,17 @@ def _fresh_structlog():
     structlog.reset_defaults()
 
 
+@pytest.fixture(autouse=True)
+def _real_kernel_roots():
+    """Tests point the installer at a fake kernel through its seam (installer.kernel's
+    use_roots, as tests/fixtures/kernelhook does in a child): every test ends with the real
+    /proc, /sys and /dev again."""
+    yield
+    from installer import kernel
+
+    kernel.use_roots(kernel.KernelRoots())
+
+
 def pytest_collection_modifyitems(config, items):
     """Chroot tests need root (mounts) and unshare; say so instead of failing obscurely."""
     can_chroot = os.geteuid() == 0 and shutil.which("unshare") is not None

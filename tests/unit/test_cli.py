@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from installer.cli import cli, main
@@ -73,7 +74,7 @@ def test_flag_wins_over_env(capsys, monkeypatch, tmp_path):
 
 
 def test_every_contract_env_var_is_an_install_option():
-    envvars = {p.envvar for p in cli.commands["install"].params if p.envvar}
+    envvars = {p.envvar for p in cli.get_command(click.Context(cli), "install").params if p.envvar}
     assert {
         "ROOT_MOUNT_DIR", "NVIDIA_INSTALL_DIR_HOST", "NVIDIA_INSTALL_DIR_CONTAINER",
         "NVIDIA_DRIVER_VERSION", "NVIDIA_DRIVER_DOWNLOAD_URL", "NVIDIA_DRIVER_BASE_URL",
@@ -270,14 +271,14 @@ def test_help_summaries_are_whole_and_install_help_has_exit_codes_and_examples(c
 
 @pytest.mark.parametrize("command", ["status", "verify", "doctor", "install", "uninstall"])
 def test_every_result_command_takes_output_text_or_json(command):
-    option = next(p for p in cli.commands[command].params if p.name == "output")
+    option = next(p for p in cli.get_command(click.Context(cli), command).params if p.name == "output")
     assert option.opts == ["-o", "--output"] and option.default == "text"
     assert list(option.type.choices) == ["text", "json"]
 
 
 def test_detect_output_is_auto_json_for_tools_text_on_a_terminal(capsys, tmp_path):
     """docs/contract.md §3 (detect prints JSON) and issue 14 (text for people) both hold."""
-    option = next(p for p in cli.commands["detect"].params if p.name == "output")
+    option = next(p for p in cli.get_command(click.Context(cli), "detect").params if p.name == "output")
     assert option.default == "auto" and list(option.type.choices) == ["auto", "text", "json"]
     _, out, _ = run_main(capsys, ["detect", "--help"])
     assert "auto: JSON when stdout is not a terminal" in " ".join(out.split())
@@ -406,17 +407,17 @@ def test_when_in_use_defaults_to_stage_in_a_pod_and_fail_by_hand(monkeypatch, se
                                                                  expected):
     """Issue 34 §1: the kubelet sets KUBERNETES_SERVICE_HOST in every container; GKE's own
     DaemonSets set no WHEN_IN_USE, so in a pod the default must be stage."""
-    from installer import cli
+    from installer import commands_cli
 
     monkeypatch.delenv("WHEN_IN_USE", raising=False)
     if service_host is None:
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     else:
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", service_host)
-    ctx = cli.install.make_context("install", ["--dry-run"])
+    ctx = commands_cli.install.make_context("install", ["--dry-run"])
     assert ctx.params["when_in_use"] == expected
     monkeypatch.setenv("WHEN_IN_USE", "fail")  # the variable still wins over the default
-    assert cli.install.make_context("install", []).params["when_in_use"] == "fail"
+    assert commands_cli.install.make_context("install", []).params["when_in_use"] == "fail"
 
 
 def test_install_help_says_when_in_use_defaults_differ_in_a_pod(capsys):
@@ -470,3 +471,43 @@ def test_a_report_s_log_lines_follow_its_output_format(capsys, monkeypatch, tmp_
     for chosen in (["-o", "json"], ["-o", "text", "--log-format", "json"]):
         _, _, err = run_main(capsys, [*args, *chosen])
         assert not logs or err.strip().splitlines()[-1].startswith("{"), err
+
+
+# What --help imports: measured in bench/cache_hit.py; here only which modules load.
+REPO = Path(__file__).resolve().parents[2]
+HEAVY_FOR_HELP = ("requests", "urllib3", "tenacity", "zstandard", "jinja2", "structlog", "rich",
+                  "asyncio", "yaml", "pyseccomp", "installer.distros", "installer.commands_cli")
+
+
+def imported_by(argv: list[str]) -> set[str]:
+    """Every module ``python -X importtime -m installer ARGV`` imported (the names and
+    their parent packages), from a fresh interpreter."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "installer", *argv],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    names = set()
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            parts = name.split(".")
+            names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return names
+
+
+def test_help_imports_click_and_the_command_table_only():
+    """``--help`` lists the commands from cli.COMMANDS: no command module, no network,
+    archive, template or logging library is imported for it."""
+    names = imported_by(["--help"])
+    assert {"click", "installer.cli"} <= names  # the parse found the import lines
+    assert sorted(names & set(HEAVY_FOR_HELP)) == []
+
+
+def test_the_help_list_says_what_each_command_says_of_itself():
+    """cli.COMMANDS's lines are what --help shows without loading the commands: each must be
+    its command's own short help."""
+    from installer.cli import COMMANDS
+
+    context = click.Context(cli)
+    for name, (line, _load) in COMMANDS.items():
+        command = cli.get_command(context, name)
+        assert command is not None and command.name == name
+        assert command.get_short_help_str(limit=200) == line, name

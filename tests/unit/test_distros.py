@@ -69,14 +69,14 @@ def test_distro_options_live_with_their_distro_and_name_their_pin_option():
     unpinned-artifacts warning names the option that pins them."""
     from dataclasses import fields
 
-    from installer.cli import cli
+    from installer.commands_cli import install
     from installer.settings import Settings
 
     assert not [f.name for f in fields(Settings)
                 if "cos" in f.name or "toolchain" in f.name or f.name == "preload"]
     with_options = {d.name: d.options for d in DISTROS if d.options}
     assert set(with_options) == {"cos"}  # Ubuntu downloads nothing but the .run
-    install_options = {o for p in cli.commands["install"].params for o in p.opts}
+    install_options = {o for p in install.params for o in p.opts}
     unpinned = with_options["cos"]().unpinned()
     assert unpinned is not None and "--cos-artifacts-sha256" in unpinned
     assert "--cos-artifacts-sha256" in install_options

@@ -143,7 +143,7 @@ class FakeNode:
 @pytest.fixture
 def node(tmp_path, libs, monkeypatch):
     n = FakeNode(tmp_path, libs).build()
-    monkeypatch.setattr(kernel, "_roots", kernel.KernelRoots(n.proc, n.sys, n.dev))
+    kernel.use_roots(kernel.KernelRoots(n.proc, n.sys, n.dev))
     monkeypatch.setattr(doctor_host.shutil, "disk_usage",
                         lambda p: shutil._ntuple_diskusage(100 << 30, 50 << 30, 50 << 30))
     yield n

@@ -84,8 +84,10 @@ def test_exit_status_says_how_a_child_ended():
         time.sleep(0.05)
     assert status == "signal SIGKILL"
     done = subprocess.Popen(["sh", "-c", "exit 3"])
-    time.sleep(0.5)
-    assert forking.exit_status(done.pid) == "status 3"
+    end = time.monotonic() + 30
+    while (status := forking.exit_status(done.pid)) is None and time.monotonic() < end:
+        time.sleep(0.05)
+    assert status == "status 3"
 
 
 def test_the_old_foreground_command_fails_with_one_line(tmp_path, monkeypatch):
@@ -157,8 +159,10 @@ def test_a_pid_file_naming_no_single_process_is_no_pid(tmp_path, text):
 
 
 def test_stopping_a_process_that_ignores_sigterm_ends_in_sigkill_within_its_bound():
-    child = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 30"])
-    time.sleep(0.3)  # its trap set
+    child = subprocess.Popen(["sh", "-c", "trap '' TERM; echo trapped; exec sleep 30"],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "trapped\n"  # its trap set (it ends in 30 s anyway)
     start = time.monotonic()
     forking.stop_pid(child.pid, 1.0)
-    assert not forking.pid_alive(child.pid) and time.monotonic() - start < 3
+    # Within its bound: 1 s of grace then SIGKILL, far from the 30 s it would sleep.
+    assert not forking.pid_alive(child.pid) and time.monotonic() - start < 10

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
-from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
-from installer import signals
 from installer.runner import CommandError, Runner
+from tests.unit.test_signals import stop_group_on_sigterm
 
 SCRIPT = "echo a; sleep 2; echo b >&2; sleep 2"
 
@@ -68,15 +64,9 @@ def test_a_timeout_stops_it_with_its_output_so_far():
 
 
 def test_sigterm_still_stops_the_whole_group(tmp_path):
-    marker = tmp_path / "grandchild"
-    script = f"sleep 30 & echo $! > {marker}; wait"
-    with pytest.raises(signals.Interrupted), signals.handled():
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-        Runner(heartbeat_s=0.2).run(["sh", "-c", script], long_running="build", timeout=60)
-    pid = int(marker.read_text())
-    time.sleep(0.2)
-    stat = Path(f"/proc/{pid}/stat")
-    assert not stat.exists() or stat.read_text().split()[2] == "Z"
+    """A heartbeat-watched command too: SIGTERM to the installer (a child here, never the
+    test runner) ends its whole group."""
+    stop_group_on_sigterm(tmp_path, "heartbeat_s=0.2", "long_running='build'")
 
 
 def test_the_runner_carries_the_child_environment():

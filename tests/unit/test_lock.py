@@ -2,6 +2,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -10,13 +11,16 @@ from installer.errors import LockHeldError
 from installer.hostroot import HostRoot
 from installer.lock import HostLock, holder_pid
 
+# Holds the flock until the test closes its stdin (or, at the latest, after 120 s), so no
+# assertion races a fixed hold time on a loaded machine.
 HOLD = """
-import fcntl, os, sys, time
+import fcntl, os, select, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
 fcntl.flock(fd, fcntl.LOCK_EX)
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+select.select([sys.stdin], [], [], 120)
 """
+DEADLINE_S = 30
 
 
 @pytest.fixture
@@ -29,12 +33,19 @@ def host(tmp_path):
 def holder(host):
     """A real other process holding the flock, as GKE's installer would (no PID written)."""
     lock = host.root / "tmp/cos_gpu_installer_lock"
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), "1.0"], stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout.readline().strip() == "locked"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"  # the holder ends after 120 s anyway
     yield lock, proc
     proc.kill()
     proc.wait()
+
+
+def release_soon(proc: subprocess.Popen[str]) -> threading.Thread:
+    """The holder lets go once the test is waiting for the lock (its stdin closed)."""
+    thread = threading.Thread(target=lambda: (time.sleep(0.5), proc.stdin.close()))
+    thread.start()
+    return thread
 
 
 def test_second_installer_fails_at_once_naming_holder(host, holder):
@@ -42,7 +53,8 @@ def test_second_installer_fails_at_once_naming_holder(host, holder):
     start = time.monotonic()
     with pytest.raises(LockHeldError) as err, HostLock(host, timeout_s=0):
         pass
-    assert time.monotonic() - start < 0.5
+    # At once: it did not wait for the holder, which holds until we let go (or 120 s).
+    assert proc.poll() is None and time.monotonic() - start < DEADLINE_S
     assert f"(pid {proc.pid})" in err.value.message
     assert err.value.exit_code == 4
     fd = os.open(lock, os.O_RDONLY)
@@ -69,9 +81,11 @@ def test_a_pid_written_in_a_stale_lock_file_is_never_named(host, holder, tmp_pat
 
 def test_waits_with_timeout_then_gets_lock(host, holder):
     lock, proc = holder
-    with HostLock(host, timeout_s=10) as held:
-        assert proc.poll() is not None  # holder finished first
+    releaser = release_soon(proc)
+    with HostLock(host, timeout_s=DEADLINE_S) as held:
+        assert proc.wait(timeout=DEADLINE_S) == 0  # the holder let go first, and ended
         assert lock.read_text().strip().isdigit()
+    releaser.join()
     assert held._fd is None
 
 

@@ -472,7 +472,9 @@ def test_env_var_list_is_every_option_env_var():
     none can be missing: `manifests render --env` accepts every variable the installer reads."""
     from installer.cli import cli
 
-    declared = {p.envvar for c in cli.commands.values() for p in c.params if p.envvar}
+    context = click.Context(cli)
+    commands = [cli.get_command(context, name) for name in cli.list_commands(context)]
+    declared = {p.envvar for c in commands for p in c.params if p.envvar}
     assert set(envvars.INSTALLER_ENV_VARS) == declared | {envvars.ENV_RETRIES, envvars.ENV_TIMEOUT}
     assert len(set(envvars.INSTALLER_ENV_VARS)) == len(envvars.INSTALLER_ENV_VARS)
     assert set(values.CONTRACT_ENV) <= set(envvars.INSTALLER_ENV_VARS)

@@ -26,8 +26,7 @@ def host(tmp_path, monkeypatch):
     (root / INSTALL_HOST.relative_to("/")).mkdir(parents=True)
     for name in ("proc", "sys", "dev"):
         (tmp_path / name).mkdir()
-    monkeypatch.setattr(kernel, "_roots",
-                        kernel.KernelRoots(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev"))
+    kernel.use_roots(kernel.KernelRoots(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev"))
     (tmp_path / "proc/modules").write_text("")
     return HostRoot(root)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -12,14 +13,22 @@ from installer.errors import DownloadError, UsageError
 from installer.net.parallel import DownloadJob, download_all
 from tests.unit.net.kit import FAST, seen
 
+DEADLINE_S = 30
+
 
 def test_download_all_runs_jobs_concurrently(server, session, tmp_path):
+    """Each handler records when it started, then waits (up to a deadline) until all three
+    have started: downloads run one after another would leave the first waiting alone, so
+    its interval ends before the others start. Overlap is read from the recorded intervals,
+    not from wall time."""
     spans: dict[str, list[float]] = {}
     lock = threading.Lock()
+    all_in_flight = threading.Barrier(3)
 
     def slow(request):
         t0 = time.monotonic()
-        time.sleep(0.4)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            all_in_flight.wait(timeout=DEADLINE_S)
         with lock:
             spans[request.path] = [t0, time.monotonic()]
         return Response(request.path.encode() * 1000)
@@ -41,19 +50,21 @@ def test_download_all_runs_jobs_concurrently(server, session, tmp_path):
 
 def test_download_all_first_failure_cancels_the_rest(server, session, tmp_path):
     progress = {"chunks": 0, "completed": False}
+    streaming = threading.Event()
 
     def slow_stream(request):
         def body():
             for _ in range(100):
                 progress["chunks"] += 1
                 yield b"x" * 65536
+                streaming.set()
                 time.sleep(0.05)
             progress["completed"] = True
 
         return Response(body(), headers={"Content-Length": str(100 * 65536)})
 
     def fail_later(request):
-        time.sleep(0.3)
+        streaming.wait(timeout=DEADLINE_S)  # fail while /slow is mid-body
         return Response("gone", status=404)
 
     server.expect_request("/slow").respond_with_handler(slow_stream)

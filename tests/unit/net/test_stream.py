@@ -3,6 +3,7 @@ real HTTPS server on 127.0.0.1 (the fixtures of test_transfer.py)."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -130,21 +131,55 @@ def test_cancel_stops_and_discards(tmp_path):
     assert consumer.discards == 1
 
 
-def test_a_signal_mid_body_discards_and_leaves_no_consumer_running(server, session, tmp_path):
+def test_a_signal_mid_body_discards_and_leaves_no_consumer_running(server, ca_bundle, tmp_path):
     """SIGTERM as the kubelet sends it: the CLI's handler raises Interrupted in the main
-    thread (installer.signals), blocked in a socket read here."""
-    import os
+    thread (installer.signals), blocked in a socket read here. The download runs in a
+    child Python, which the test signals once its consumer has the body (never the test
+    runner itself)."""
     import signal
+    import subprocess
+    import sys
+    import textwrap
 
-    from installer import signals
     from tests.unit.net.test_transfer import trickle
+    from tests.unit.test_signals import REPO, finish
 
     server.expect_request("/slow").respond_with_handler(trickle)
-    consumer = Consumer()
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
-    with signals.handled(), pytest.raises(signals.Interrupted):
-        timer.start()
-        run(server.url_for("/slow"), consumer, tmp_path, session)
-    timer.join()
-    assert (consumer.runs, consumer.discards) == (1, 1)
-    assert "download-consumer" not in [t.name for t in threading.enumerate()]
+    code = textwrap.dedent(f"""
+        import sys
+        import threading
+        from pathlib import Path
+        import structlog
+        from installer import signals
+        from installer.net.session import make_session
+        from tests.unit.net.test_stream import Consumer, run
+
+        class Told(Consumer):
+            def __call__(self, body):
+                print("consuming", flush=True)
+                return super().__call__(body)
+
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout: ours
+        session = make_session()
+        session.verify = {str(ca_bundle)!r}
+        consumer = Told()
+        try:
+            with signals.handled():
+                run({server.url_for("/slow")!r}, consumer, Path({str(tmp_path)!r}), session)
+        except signals.Interrupted as exc:
+            alive = "download-consumer" in [t.name for t in threading.enumerate()]
+            print("interrupted", exc.exit_code, consumer.runs, consumer.discards, alive)
+    """)
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**env, "NO_PROXY": "127.0.0.1,localhost"})
+    try:
+        assert proc.stdout.readline() == "consuming\n"  # the body trickles for 20 s at most
+        proc.send_signal(signal.SIGTERM)
+        rc, out = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (rc, out.splitlines()[:1]) == (0, ["interrupted 143 1 1 False"]), out
