@@ -20,7 +20,8 @@ from installer.errors import ExitCode, InstallerError
 def _node_command(name: str) -> click.Command:
     from installer import commands_cli
 
-    return getattr(commands_cli, name)
+    command: click.Command = getattr(commands_cli, name)
+    return command
 
 
 def _manifests() -> click.Command:
