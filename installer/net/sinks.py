@@ -188,6 +188,7 @@ class PipeSink(Sink):
         self.consume, self.on_discard = consume, discard
         self.thread: threading.Thread | None = None
         self.wfd = -1
+        self._discarded = False
         self._start()
 
     def _start(self) -> None:
@@ -247,6 +248,10 @@ class PipeSink(Sink):
         return self.hasher.hexdigest()
 
     def discard(self) -> None:
+        """Stop the consumer and discard its output; once (a second call does nothing)."""
+        if self._discarded:
+            return
+        self._discarded = True
         try:
             self._stop()
         finally:

@@ -389,5 +389,10 @@ def stream(
                    min_free_bytes=min_free_bytes, cancel=cancel)
     except ConsumerFailed as exc:
         raise exc.error from None
+    except BaseException:
+        # A signal (installer.signals) can land after the consumer thread started and
+        # before _run's own guard: no consumer may be left running.
+        st.discard()
+        raise
     # ignored: PipeSink holds what consume() returned as an object; that is this call's T
     return got, st.result  # type: ignore[return-value]

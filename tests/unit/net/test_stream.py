@@ -134,8 +134,8 @@ def test_cancel_stops_and_discards(tmp_path):
 def test_a_signal_mid_body_discards_and_leaves_no_consumer_running(server, ca_bundle, tmp_path):
     """SIGTERM as the kubelet sends it: the CLI's handler raises Interrupted in the main
     thread (installer.signals), blocked in a socket read here. The download runs in a
-    child Python, which the test signals once its consumer has the body (never the test
-    runner itself)."""
+    child Python, which the test signals once its consumer thread runs and the server is
+    answering its request (never the test runner itself)."""
     import signal
     import subprocess
     import sys
@@ -144,7 +144,13 @@ def test_a_signal_mid_body_discards_and_leaves_no_consumer_running(server, ca_bu
     from tests.unit.net.test_transfer import trickle
     from tests.unit.test_signals import REPO, finish
 
-    server.expect_request("/slow").respond_with_handler(trickle)
+    answering = threading.Event()
+
+    def trickle_and_tell(request):
+        answering.set()  # the child is inside the transfer's guarded request from here
+        return trickle(request)
+
+    server.expect_request("/slow").respond_with_handler(trickle_and_tell)
     code = textwrap.dedent(f"""
         import sys
         import threading
@@ -170,12 +176,19 @@ def test_a_signal_mid_body_discards_and_leaves_no_consumer_running(server, ca_bu
             alive = "download-consumer" in [t.name for t in threading.enumerate()]
             print("interrupted", exc.exit_code, consumer.runs, consumer.discards, alive)
     """)
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    from tests.fixtures.https import ENV_TO_CLEAR
+
+    # As the clean_env fixture: requests prefers REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE from the
+    # environment over session.verify (Session.merge_environment_settings), and a machine
+    # whose egress re-signs TLS sets them; the child must trust the test CA only.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ENV_TO_CLEAR and "proxy" not in k.lower()}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**env, "NO_PROXY": "127.0.0.1,localhost"})
     try:
         assert proc.stdout.readline() == "consuming\n"  # the body trickles for 20 s at most
+        assert answering.wait(timeout=30), "the child never requested the body"
         proc.send_signal(signal.SIGTERM)
         rc, out = finish(proc)
     finally:
