@@ -14,6 +14,7 @@ from installer import cache, modules
 from installer.cache import CacheKey
 from installer.distros.base import Distro
 from installer.plan import Plan, Step
+from installer.settings import Settings
 from installer.steps import activate, checks, next_boot, staging
 from installer.workstate import InUse
 
@@ -23,15 +24,26 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-class Flow(Distro):
-    """A distro that plans installs (``flows.FLOWS`` holds one per distro)."""
+class Flow(abc.ABC):
+    """How a distro installs (``flows.FLOWS`` holds each way, by name): its plans, over
+    the facts of the distro it serves (``self.distro``)."""
+
+    def __init__(self, distro: type[Distro]) -> None:
+        self.distro = distro
+
+    @property
+    def title(self) -> str:
+        return self.distro.title
+
+    def unpinned_artifacts(self, settings: Settings) -> str | None:
+        return self.distro.unpinned_artifacts(settings)
 
     def check_settings(self, ctx: Context) -> None:
         """Refuse another distro's options that mean nothing on this OS (UsageError),
         before the lock."""
         for options in ctx.settings.distro_options:
-            refused = None if isinstance(options, self.options or ()) else options.refused_on(
-                self.title)
+            refused = None if isinstance(options, self.distro.options or ()) else (
+                options.refused_on(self.title))
             if refused is not None:
                 raise refused
 

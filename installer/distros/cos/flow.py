@@ -9,6 +9,7 @@ import structlog
 
 from installer import cache, headers, signing
 from installer.cache import CacheKey, ModuleSource
+from installer.distros.base import Distro
 from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
@@ -58,8 +59,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-class CosFlow(Flow, Cos):
-    def __init__(self) -> None:
+class CosFlow(Flow):
+    def __init__(self, distro: type[Distro] = Cos) -> None:
+        super().__init__(distro)
         self._pins: pins.Manifest | None = None
 
     # -- inputs
@@ -110,7 +112,7 @@ class CosFlow(Flow, Cos):
     def cache_key(self, ctx: Context, version: str, chosen: Choice | None = None) -> CacheKey:
         """Keyed by the build and version; a fresh install's key also names its modules
         (None: any intact install of them is a hit)."""
-        key = self.node_key(ctx.host_info, version)
+        key = self.distro.node_key(ctx.host_info, version)
         if chosen is not None:
             key = dataclasses.replace(key, source=chosen.source, module_type=chosen.module_type)
         return v2_cache.with_v2_lines(key)
