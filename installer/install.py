@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 
 import structlog
 
-from installer import __version__, cache, distros, metrics, readiness, rollback, status
+from installer import __version__, cache, distros, metrics, readiness, rollback, status, verify
 from installer.context import Context
 from installer.detect import context
 from installer.diagnostics import failure_details
@@ -118,7 +118,8 @@ def _install(settings: Settings, started: float) -> Outcome:
             raise
         staged, waiting = ctx.work.staged_for_boot, ctx.work.module_args_waiting
         return _record(ctx, started, timings, plan, Outcome(
-            OK, 0, install_only=settings.install_only, cuda_check=ctx.work.cuda_check,
+            OK, 0, install_only=settings.install_only,
+            cuda_check=verify.check_results(ctx.work.checks).get("CUDA_CHECK"),
             gpus=tuple(asdict(g) for g in ctx.work.gpus or ()),
             driver_version=staged.running_version if staged else None,
             staged_driver_version=plan.driver_version if staged else None,
@@ -203,9 +204,7 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
         persistence_mode=ctx.work.persistence_mode,
         installer_version=__version__,
         module_args=_module_args_in_effect(ctx),
-        cuda_check=ctx.work.cuda_check,
-        nvlink_fabric=ctx.work.fabric,
-        daemons=ctx.settings.required_daemons,
+        checks=verify.check_results(ctx.work.checks),
     ))
 
 

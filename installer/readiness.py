@@ -91,14 +91,13 @@ def ready_fields(
     installer_version: str,
     pending_driver_version: str | None = None,
     module_args: tuple[ModuleArg, ...] = (),
-    cuda_check: str = "",
-    nvlink_fabric: str = "",
-    daemons: tuple[str, ...] = (),
+    checks: Mapping[str, str] | None = None,
 ) -> dict[str, object]:
     """The KEY=VALUE lines: the GPU operator's keys first, then ours. PENDING_DRIVER_VERSION:
     a version staged for the next boot while this one is in use (empty: none);
-    NVIDIA_MODULE_ARGS: the parameters the loaded modules were loaded with; CUDA_CHECK,
-    NVLINK_FABRIC, DAEMONS: what the verify saw before this file was written (issue 31)."""
+    NVIDIA_MODULE_ARGS: the parameters the loaded modules were loaded with; ``checks``
+    (NVLINK_FABRIC, CUDA_CHECK, DAEMONS, ...: verify.CHECKS): what the verify saw before
+    this file was written."""
     return {
         "IS_HOST_DRIVER": "true",
         "NVIDIA_DRIVER_ROOT": "/",
@@ -114,9 +113,7 @@ def ready_fields(
         "INSTALL_PLAN": plan or "",
         "PENDING_DRIVER_VERSION": pending_driver_version or "",
         "NVIDIA_MODULE_ARGS": " ".join(map(str, module_args)),
-        "CUDA_CHECK": cuda_check,
-        "NVLINK_FABRIC": nvlink_fabric,
-        "DAEMONS": " ".join(daemons),
+        **(checks or {}),
         "INSTALLER_VERSION": installer_version,
         "READY_AT": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
