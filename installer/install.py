@@ -9,7 +9,7 @@ import structlog
 
 from installer import __version__, cache, distros, metrics, readiness, rollback, status, verify
 from installer.context import Context
-from installer.detect import context
+from installer.detect import context, probe
 from installer.diagnostics import failure_details
 from installer.distros import flows
 from installer.distros.planning import Flow
@@ -89,6 +89,7 @@ def _install(settings: Settings, started: float) -> Outcome:
         timings: list[StepTiming] = []
         plan = None
         try:
+            ctx = probe(ctx)  # the node as the plan sees it, read under the lock
             plan = distro.plan(ctx)
             log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],
                      **plan.summary)
@@ -130,6 +131,7 @@ def _install(settings: Settings, started: float) -> Outcome:
 def _dry_run(ctx: Context, distro: Flow) -> Outcome:
     """The plan, once its pre-flight checks pass: what the real run refuses, this refuses
     with the same exit code and message (and a plan is printed only if it could work)."""
+    ctx = probe(ctx)
     plan = distro.plan(ctx)
     execute(plan, ctx, [], checks_only=True)
     _warn_unpinned(ctx, plan, distro)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, modules
+from installer import cache
 from installer.cache import CacheKey
 from installer.distros.base import Distro
 from installer.plan import Plan, Step
@@ -62,7 +62,7 @@ class Flow(abc.ABC):
         if ctx.settings.force:
             log.info("cache_skipped", reason="--force")
             return False
-        record = cache.read(ctx.install.cache_file)
+        record = ctx.node.installed
         if record is None:
             log.info("cache_miss", reason="no .cache record", path=str(ctx.install.cache_file))
             return False
@@ -131,14 +131,13 @@ def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:
     """The other driver to leave running: when --when-in-use stage asks to wait for it, or
     whenever the kernel can unload nothing before a reboot (no CONFIG_MODULE_UNLOAD:
     failing would change nothing a drain could fix)."""
-    if ctx.settings.install_only:
+    node = ctx.node  # held_by: read only when the settings may stage (detect.probe)
+    running, held = node.loaded_driver, node.held_by
+    if ctx.settings.install_only or running is None or running == version or not held:
         return None
-    if ctx.settings.when_in_use != "stage" and ctx.kernel.can_unload():
-        return None
-    found = modules.in_use_by_other(ctx.kernel, version)
-    if found is not None:
-        log.info("driver_in_use", running=found.running_version, holders=found.holders,
-                 wanted=version, when_in_use=ctx.settings.when_in_use)
+    found = InUse(running, held)
+    log.info("driver_in_use", running=found.running_version, holders=found.holders,
+             wanted=version, when_in_use=ctx.settings.when_in_use)
     return found
 
 

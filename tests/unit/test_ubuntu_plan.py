@@ -11,7 +11,7 @@ import pytest
 from installer import cache, gpus
 from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
-from installer.detect import context
+from installer.detect import context, probe
 from installer.distros.cos.options import CosOptions
 from installer.distros.flows import for_host
 from installer.distros.headers_build_flow import HeadersBuildFlow, find_kernel_headers
@@ -51,8 +51,8 @@ class Env:
         """The context the install command builds (the release read from the fake kernel)."""
         if "driver_url" not in settings:  # the two are refused together
             settings["driver_base_url"] = f"file://{self.tesla}"
-        return context(validate(Settings(host_root=self.node.root,
-                                         install_dir=self.node.install_dir, **settings)))
+        return probe(context(validate(Settings(host_root=self.node.root,
+                                         install_dir=self.node.install_dir, **settings))))
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_the_pci_bus_is_scanned_once_per_run(env, monkeypatch):
     real = gpus.scan
     monkeypatch.setattr(gpus, "scan", lambda sys_dir: scans.append(sys_dir) or real(sys_dir))
     ctx = env.ctx()
-    plan = HeadersBuildFlow(Ubuntu).plan(ctx)
+    plan = HeadersBuildFlow(Ubuntu).plan(probe(ctx))
     next(s for s in plan.steps if s.name == "check_gpu_compatibility").run(ctx)
     assert len(scans) == 1 and ctx.work.kernel_module_type == plan.kernel_module_type
 
@@ -112,7 +112,7 @@ def test_the_pci_bus_is_scanned_once_per_run(env, monkeypatch):
 @pytest.mark.parametrize("requested", ["open", "proprietary"])
 def test_requested_module_type_is_planned_and_keyed(env, requested):
     ctx = env.ctx(kernel_module_type=requested)
-    assert HeadersBuildFlow(Ubuntu).plan(ctx).summary["kernel_module_type"] == requested
+    assert HeadersBuildFlow(Ubuntu).plan(probe(ctx)).summary["kernel_module_type"] == requested
     key = HeadersBuildFlow(Ubuntu).cache_key(ctx, DEFAULT_DRIVER_VERSION)
     assert (key.source, key.module_type) == (ModuleSource.COMPILED, requested)
 
@@ -145,7 +145,8 @@ def test_bad_version_is_a_usage_error(env, version):
 def test_enforced_signatures_are_the_one_exit_10_refusal(env):
     env.kernel.set_cmdline("module.sig_enforce=1")
     ctx = env.ctx()
-    step = next(s for s in HeadersBuildFlow(Ubuntu).plan(ctx).steps if s.name == "check_module_signing")
+    plan = HeadersBuildFlow(Ubuntu).plan(probe(ctx))
+    step = next(s for s in plan.steps if s.name == "check_module_signing")
     with pytest.raises(SecureBootError) as err:
         step.run(ctx)
     assert err.value.exit_code == ExitCode.SECURE_BOOT == 10
@@ -182,7 +183,7 @@ def test_cache_hit_needs_version_kernel_and_module_type(env):
     _install_files(ctx.install.root, DEFAULT_DRIVER_VERSION)
     cache.write(ctx.install.cache_file, HeadersBuildFlow(Ubuntu).cache_key(ctx, DEFAULT_DRIVER_VERSION),
                 ctx.install.root, "test")
-    plan = HeadersBuildFlow(Ubuntu).plan(ctx)
+    plan = HeadersBuildFlow(Ubuntu).plan(probe(ctx))
     assert plan.kind == "cached" and names(plan) == CACHED_STEPS
     assert plan.driver_url is None and "driver_url" not in plan.summary  # nothing to download
     assert HeadersBuildFlow(Ubuntu).plan(env.ctx(force=True)).kind == "fresh"

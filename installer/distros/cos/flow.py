@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, headers, signing
+from installer import headers
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import Distro
 from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
@@ -136,7 +136,7 @@ class CosFlow(Flow):
         # Any intact install of this build and version is a hit, whatever its
         # module source: no network needed to restart a node.
         if self.cache_hit(ctx, self.cache_key(ctx, version)):
-            record = cache.read(ctx.install.cache_file)
+            record = ctx.node.installed
             source = record.source if record else None
             cached_type = record.module_type if record else None
             return cached_plan(
@@ -155,7 +155,7 @@ class CosFlow(Flow):
         precompiled ones only when the choice could use them: two probes saved)."""
         found = ctx.pci_gpus
         requested = ctx.settings.kernel_module_type
-        policy = signing.policy(ctx.kernel)
+        policy = ctx.node.signing
         prebuilt_available = arts.exists(prebuilt_modules_name(version))
         use_prebuilt = decide_modules(list(found), version, requested,
                                       prebuilt_available).use_prebuilt
