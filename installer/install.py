@@ -195,19 +195,16 @@ def _write_ready_file(ctx: Context, plan, gpu_count: int, module_type: str | Non
     if staged is not None:
         record = cache.read(ctx.install.cache_file)
         module_type = record.module_type if record else None
-    readiness.write(ctx.host, readiness.ready_fields(
+    driver = readiness.ReadyDriver(
         driver_version=staged.running_version if staged else plan.driver_version,
-        pending_driver_version=plan.driver_version if staged else None,
-        install_dir_host=ctx.install.host_path,
-        kernel_release=ctx.host_info.kernel_release,
-        plan=plan.kind,
-        module_type=module_type,
-        gpu_count=gpu_count,
+        plan=plan.kind, module_type=module_type, gpu_count=gpu_count,
         persistence_mode=ctx.work.persistence_mode,
-        installer_version=__version__,
-        module_args=_module_args_in_effect(ctx),
-        checks=verify.check_results(ctx.work.checks),
-    ))
+        pending_driver_version=plan.driver_version if staged else None,
+        module_args=_module_args_in_effect(ctx))
+    readiness.write(ctx.host, readiness.ready_fields(
+        driver, install_dir_host=ctx.install.host_path,
+        kernel_release=ctx.host_info.kernel_release, installer_version=__version__,
+        checks=verify.check_results(ctx.work.checks)))
 
 
 def _module_args_in_effect(ctx: Context) -> tuple[ModuleArg, ...]:

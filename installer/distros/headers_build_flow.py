@@ -14,7 +14,7 @@ from installer.bundle.fetch import prebuilt_step
 from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import Distro
 from installer.distros.headers_build import HeadersBuild
-from installer.distros.planning import Flow, cached_plan, fresh_plan
+from installer.distros.planning import DistroSteps, Flow, Wanted, cached_plan, fresh_plan
 from installer.nvidia_run import check_version, version_from_url
 from installer.plan import Plan, Step
 from installer.steps import checks, staging
@@ -98,9 +98,11 @@ class HeadersBuildFlow(Flow):
         if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
             prebuilt = prebuilt_step(ctx, version, module_type)
         return fresh_plan(
-            ctx, version, key, module_type=module_type, driver_url=url,
-            driver_sha256=ctx.settings.driver_sha256, display=display, check_gpus=check_gpus,
-            check_signing=checks.check_module_signing("this flow builds unsigned modules"),
-            before_staging=(self.headers_step(),),
-            build=compile_steps(ctx, url, version, module_type),
-            prebuilt=prebuilt)
+            ctx, Wanted(version, key, module_type, url, ctx.settings.driver_sha256),
+            DistroSteps(
+                check_gpus=check_gpus,
+                check_signing=checks.check_module_signing("this flow builds unsigned modules"),
+                before_staging=(self.headers_step(),),
+                build=compile_steps(ctx, url, version, module_type),
+                prebuilt=prebuilt),
+            display)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -83,11 +84,31 @@ def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: st
                 driver_version=version, kernel_module_type=module_type, display=display)
 
 
-def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, driver_url: str,
-               driver_sha256: str | None = None, display: dict[str, object],
-               check_gpus: Step, check_signing: Step, before_staging: Sequence[Step] = (),
-               build: Sequence[Step], prebuilt: Step | None = None,
-               load: Step | None = None) -> Plan:
+@dataclass(frozen=True)
+class Wanted:
+    """What a fresh install puts in place: the plan's typed facts and its cache key."""
+
+    version: str
+    key: CacheKey
+    module_type: str
+    driver_url: str
+    driver_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class DistroSteps:
+    """A distro's own steps in the shared fresh-install skeleton (``fresh_plan``)."""
+
+    check_gpus: Step
+    check_signing: Step
+    build: Sequence[Step]  # fill the staging dir (after ``before_staging``)
+    before_staging: Sequence[Step] = ()
+    prebuilt: Step | None = None  # a fleet's bundle, tried first
+    load: Step | None = None  # loads the staged modules (None: the shared step)
+
+
+def fresh_plan(ctx: Context, wanted: Wanted, own: DistroSteps,
+               display: dict[str, object]) -> Plan:
     """A fresh install in any distro: every check before any download, then the distro's
     own steps that fill the staging dir, then load, verify, swap in and record.
 
@@ -101,6 +122,8 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
     ``staged``: the same fill and checks, then the tree is kept for the next boot and the
     running driver verified, untouched (nextboot.py). ``load``: the distro's own step
     loading the staged modules (None: the shared one)."""
+    version, key = wanted.version, wanted.key
+    prebuilt, check_signing = own.prebuilt, own.check_signing
     in_use = _in_use_to_stage(ctx, version)
     # Without a bundle the signing check goes first, before any download; with one, after
     # it (whether the bundle is signed decides).
@@ -110,20 +133,20 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: str, d
         staging.prepare_staging(),
         next_boot.take_next_boot(key),
         *((_unless_filled(prebuilt), _unless_filled(check_signing, note)) if prebuilt else ()),
-        *(_unless_filled(s, note) for s in (*before_staging, *build)),
+        *(_unless_filled(s, note) for s in (*own.before_staging, *own.build)),
     )
-    typed = {"driver_version": version, "kernel_module_type": module_type,
-             "driver_url": driver_url, "driver_sha256": driver_sha256}
+    typed = {"driver_version": version, "kernel_module_type": wanted.module_type,
+             "driver_url": wanted.driver_url, "driver_sha256": wanted.driver_sha256}
     # A load is needed now, or at the next boot for a staged version: a kernel refusing
     # every load (kernel.modules_disabled=1, usually the node image's) stops both first.
     loading = () if ctx.settings.install_only else (checks.check_module_loading(version),)
     if in_use is not None:
         return Plan("staged", (
-            check_gpus, *loading, *early, *fill, *next_boot.stage_for_next_boot(key, in_use),
+            own.check_gpus, *loading, *early, *fill, *next_boot.stage_for_next_boot(key, in_use),
         ), **typed, display={**display, "running_driver_version": in_use.running_version})
     return Plan("fresh", (
-        check_gpus, *loading, *early, checks.check_loaded_driver(version), *fill,
-        *activate.activate_staged(ctx, version, key, load),
+        own.check_gpus, *loading, *early, checks.check_loaded_driver(version), *fill,
+        *activate.activate_staged(ctx, version, key, own.load),
     ), **typed, display=display)
 
 

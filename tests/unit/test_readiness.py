@@ -38,9 +38,9 @@ def settings_for(host: HostRoot, **kw) -> Settings:
 
 def test_fields_round_trip(host):
     fields = readiness.ready_fields(
-        driver_version="550.54.14", install_dir_host=INSTALL_HOST, kernel_release="5.15.0",
-        plan="fresh", module_type="proprietary", gpu_count=2, persistence_mode="on",
-        installer_version="0.1")
+        readiness.ReadyDriver(driver_version="550.54.14", plan="fresh",
+                              module_type="proprietary", gpu_count=2, persistence_mode="on"),
+        install_dir_host=INSTALL_HOST, kernel_release="5.15.0", installer_version="0.1")
     path = readiness.write(host, fields)
     assert path == host.root / "run/nvidia/validations/driver-ready"
     got = readiness.read(host)

@@ -44,7 +44,7 @@ from installer.distros.cos.steps import (
     unpack_prebuilt,
 )
 from installer.distros.cos.toolchain import BuildTools
-from installer.distros.planning import Flow, cached_plan, fresh_plan
+from installer.distros.planning import DistroSteps, Flow, Wanted, cached_plan, fresh_plan
 from installer.gke import mirror
 from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root
@@ -169,11 +169,9 @@ class CosFlow(Flow):
         """The steps for ``chosen``: fetch, prepare, build (or user space only), load."""
         run_fetch, fetches, work, build_shown = self._fill(ctx, arts, version, chosen)
         precompiled = chosen.source is ModuleSource.PRECOMPILED
-        return fresh_plan(
-            ctx, version, self.cache_key(ctx, version, chosen),
-            module_type=chosen.module_type, driver_url=run_fetch.url,
-            driver_sha256=run_fetch.sha256,
-            display={**display, **_choice_display(arts, version, probe, chosen), **build_shown},
+        wanted = Wanted(version, self.cache_key(ctx, version, chosen), chosen.module_type,
+                        run_fetch.url, run_fetch.sha256)
+        return fresh_plan(ctx, wanted, DistroSteps(
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
                                   "open" if chosen.source is ModuleSource.PREBUILT
                                   else chosen.compiled_type),
@@ -181,7 +179,8 @@ class CosFlow(Flow):
             build=(staging.fetch_artifacts((run_fetch, *fetches)), *work),
             # v2's fallback for Google's precompiled modules: relink the legacy way when the
             # kernel refuses the first link.
-            load=load_or_relink(version, ctx.settings.display_modules) if precompiled else None)
+            load=load_or_relink(version, ctx.settings.display_modules) if precompiled else None),
+            {**display, **_choice_display(arts, version, probe, chosen), **build_shown})
 
     def _fill(self, ctx: Context, arts: Artifacts, version: str, chosen: Choice,
               ) -> tuple[Fetch, list[Fetch], list[Step], dict[str, object]]:
