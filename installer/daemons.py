@@ -31,40 +31,16 @@ from pathlib import Path
 
 import structlog
 
+from installer import podcontract
 from installer.errors import VerifyError
 from installer.fsutil import write_atomic
 
 log = structlog.get_logger(__name__)
 
 STATE_DIR = "daemons"
-
-
-@dataclass(frozen=True)
-class Daemon:
-    """One of NVIDIA's daemons the DaemonSet runs as a sidecar: every name it goes by."""
-
-    # Its state file (<install-dir>/daemons/<name>.json), --require-daemon's value and its
-    # word in driver-ready's DAEMONS line.
-    name: str
-    command: str  # its sidecar: `nvidia-driver-installer sidecar <command>` (daemons_cli)
-    container: str  # the sidecar container's name in the rendered DaemonSet
-    binary: str  # NVIDIA's program the sidecar runs
-    # manifests render's flag adding the sidecar (`--<flag>`; RenderOptions' field)
-    render_flag: str
-    why: tuple[str, ...]  # the rendered sidecar's comment
-
-
-# Every daemon, in the order their sidecars start (before the install: each waits for the
-# driver). A new daemon: its line here and its `sidecar` command (daemons_cli).
-DAEMONS: tuple[Daemon, ...] = (
-    Daemon("fabricmanager", "fabric-manager", "nvidia-fabricmanager", "nv-fabricmanager",
-           "nvswitch", ("NVIDIA's fabric manager of exactly the installed driver: on NVSwitch",
-                        "nodes CUDA fails with 802 until it has trained the NVLink fabric.")),
-    Daemon("persistenced", "persistenced", "nvidia-persistenced", "nvidia-persistenced",
-           "persistenced", ("nvidia-persistenced keeps the GPUs initialised with no client",
-                            "(the 580 driver calls `nvidia-smi -pm 1` deprecated).")),
-)
-NAMES = tuple(d.name for d in DAEMONS)
+# The registry is the pod contract's (podcontract.DAEMONS: light, read by --help).
+DAEMONS = podcontract.DAEMONS
+NAMES = podcontract.DAEMON_NAMES
 FABRIC_MANAGER, PERSISTENCED = NAMES
 RUNNING, EXITED, REFUSED, WAITING, IDLE = "running", "exited", "refused", "waiting", "idle"
 HEARTBEAT_S = 5.0

@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from installer import __version__, daemons
+from installer import __version__, podcontract
 from installer.manifests.validate import (
     parse_image,
     parse_node_label,
@@ -114,17 +114,17 @@ def sidecars(opts: RenderOptions) -> list[dict[str, Any]]:
     out = []
     if opts.fabric_manager_config is not None and not opts.nvswitch:
         raise ValueError("a fabric manager config needs the fabric manager sidecar (--nvswitch)")
-    for daemon in daemons.DAEMONS:
+    for daemon in podcontract.DAEMONS:
         if not getattr(opts, daemon.render_flag):
             continue
         config = None
-        if daemon.name == daemons.FABRIC_MANAGER:  # its own fabricmanager.cfg, when given
+        if daemon.config_env:  # its own config file (the fabric manager's), when given
             config = opts.fabric_manager_config and validate_config_map(opts.fabric_manager_config)
         out.append({
             "name": daemon.container, "command": daemon.command, "config_map": config,
             "daemon": daemon.name,
-            "env": [("NVIDIA_FABRIC_MANAGER_CONFIG",
-                     f"{FABRIC_MANAGER_CONFIG_DIR}/fabricmanager.cfg")] if config else [],
+            "env": [(daemon.config_env, f"{FABRIC_MANAGER_CONFIG_DIR}/fabricmanager.cfg")]
+            if config else [],
             "why": daemon.why})
     return out
 

@@ -1,4 +1,4 @@
-"""daemons.DAEMONS is the one list of NVIDIA daemons run as sidecars: the install's
+"""podcontract.DAEMONS (daemons.DAEMONS) is the one list of NVIDIA daemons run as sidecars: the install's
 --require-daemon choices, doctor's daemon line, manifests render's sidecars and the
 `sidecar` commands all come from (or are held to) it."""
 
@@ -9,7 +9,7 @@ import dataclasses
 import click
 import pytest
 
-from installer import daemons
+from installer import daemons, podcontract
 from installer.manifests import render
 
 
@@ -43,11 +43,11 @@ def test_render_draws_each_daemon_from_the_registry(monkeypatch, added):
     with no other change to render."""
     opts = render.RenderOptions(nvswitch=True, persistenced=True)
     if added:
-        extra = daemons.Daemon("dcgm", "dcgm", "nvidia-dcgm", "nv-hostengine", "persistenced",
+        extra = podcontract.Daemon("dcgm", "dcgm", "nvidia-dcgm", "nv-hostengine", "persistenced",
                                ("a third daemon",))
-        monkeypatch.setattr(daemons, "DAEMONS", (*daemons.DAEMONS, extra))
+        monkeypatch.setattr(podcontract, "DAEMONS", (*podcontract.DAEMONS, extra))
     drawn = render.sidecars(opts)
-    assert [s["daemon"] for s in drawn] == [d.name for d in daemons.DAEMONS]
+    assert [s["daemon"] for s in drawn] == [d.name for d in podcontract.DAEMONS]
     assert [(s["name"], s["command"]) for s in drawn][:2] == [
         ("nvidia-fabricmanager", "fabric-manager"), ("nvidia-persistenced", "persistenced")]
     assert drawn[0]["why"][0].startswith("NVIDIA's fabric manager")
