@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from installer import gpus
+from installer.cache import CacheRecord
 from installer.gpus import PciGpu
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
@@ -19,7 +20,28 @@ from installer.net.session import ArtifactSession, make_session
 from installer.osinfo import HostInfo
 from installer.runner import Runner
 from installer.settings import Settings
+from installer.signing import SigningPolicy
 from installer.workstate import WorkState
+
+
+@dataclass(frozen=True)
+class NodeProbe:
+    """The node as planning sees it, read once before any plan (``detect.probe``, under the
+    install's lock): planners read this, never the node, so a plan and its --dry-run lines
+    follow from the settings and this record."""
+
+    pci_gpus: tuple[PciGpu, ...]  # the NVIDIA GPUs on the PCI bus
+    fabric_present: bool  # an NVLink fabric (fabric.detect: NVSwitch gen 2/3, NVLink5)
+    installed: CacheRecord | None  # the install dir's .cache record (None: none, unreadable)
+    loaded_driver: str | None  # the loaded nvidia.ko's version (None: none loaded)
+    # What keeps the loaded driver (holders, or why the kernel unloads nothing), read only
+    # when a plan may have to leave it running (--when-in-use stage, or a kernel that cannot
+    # unload; never with --install-only); None: unused, or not asked.
+    held_by: str | None
+    signing: SigningPolicy  # whether the kernel loads only signed modules
+    nvidia_params: str | None  # /proc/driver/nvidia/params (None: no driver loaded)
+    # The loaded driver's GPU minors (/proc/driver/nvidia/gpus; None: not all known)
+    driver_minors: tuple[int, ...] | None
 
 
 @dataclass
@@ -37,8 +59,18 @@ class Context:
     scratch: list[Path] = field(default_factory=list)
     # Which URLs this run may fetch: every request through ``http`` follows it.
     url_policy: UrlPolicy = field(default_factory=UrlPolicy)
+    # The node as planning sees it (detect.probe); None until probed (commands that plan
+    # nothing never probe).
+    probe: NodeProbe | None = None
     _session: ArtifactSession | None = None
     _pci_gpus: tuple[PciGpu, ...] | None = None
+
+    @property
+    def node(self) -> NodeProbe:
+        """The probe planners read (detect.probe makes it before any plan)."""
+        if self.probe is None:
+            raise AssertionError("planning reads the node through detect.probe(ctx)")
+        return self.probe
 
     @property
     def modprobe_root(self) -> Path | None:
@@ -49,6 +81,8 @@ class Context:
     def pci_gpus(self) -> tuple[PciGpu, ...]:
         """The NVIDIA GPUs on the PCI bus, scanned once per run (the plan, its checks and
         the version choice all read them)."""
+        if self.probe is not None:
+            return self.probe.pci_gpus
         if self._pci_gpus is None:
             self._pci_gpus = tuple(gpus.scan(self.kernel.sys_dir))
         return self._pci_gpus

@@ -28,20 +28,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, get_args
 
 import structlog
 
+from installer import podcontract
 from installer.errors import VerifyError
 from installer.fsutil import write_atomic
-from installer.kinds import DaemonName
 
 log = structlog.get_logger(__name__)
 
 STATE_DIR = "daemons"
-NAMES: tuple[DaemonName, ...] = get_args(DaemonName)
-FABRIC_MANAGER: Final = "fabricmanager"
-PERSISTENCED: Final = "persistenced"
+# The registry is the pod contract's (podcontract.DAEMONS: light, read by --help).
+DAEMONS = podcontract.DAEMONS
+NAMES = podcontract.DAEMON_NAMES
+FABRIC_MANAGER, PERSISTENCED = NAMES
 RUNNING, EXITED, REFUSED, WAITING, IDLE = "running", "exited", "refused", "waiting", "idle"
 HEARTBEAT_S = 5.0
 STALE_S = 30.0  # a "running" state not refreshed for this long: the sidecar was killed

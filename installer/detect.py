@@ -3,8 +3,10 @@ dir this node has, as a ``Context``; and the ``detect`` command, which prints it
 
 from __future__ import annotations
 
-from installer import distros, signing
-from installer.context import Context
+from dataclasses import replace
+
+from installer import cache, devnodes, distros, fabric, modules, signing
+from installer.context import Context, NodeProbe
 from installer.errors import UnsupportedHostError, clip
 from installer.hostroot import HostRoot
 from installer.installdir import locate
@@ -46,6 +48,22 @@ def context(settings: Settings, kernel: KernelState | None = None, runner: Runne
                    install=locate(settings.host_root, settings.install_dir,
                                   settings.install_dir_host),
                    host_info=host_info, url_policy=url_policy)
+
+
+def probe(ctx: Context) -> Context:
+    """``ctx`` with its node probe (context.NodeProbe): everything planning reads of the
+    node, read here once. install calls it under the lock, after which nothing else may
+    change the install dir or the driver."""
+    s, kernel = ctx.settings, ctx.kernel
+    loaded = loaded_driver_version(kernel)
+    may_stay = loaded is not None and not s.install_only and (
+        s.when_in_use == "stage" or not kernel.can_unload())
+    held = (modules.holders(kernel) or modules.why_no_unload(kernel)) if may_stay else None
+    return replace(ctx, probe=NodeProbe(
+        pci_gpus=ctx.pci_gpus, fabric_present=fabric.detect(kernel.sys_dir).present,
+        installed=cache.read(ctx.install.cache_file), loaded_driver=loaded, held_by=held,
+        signing=signing.policy(kernel), nvidia_params=devnodes.read_params(kernel),
+        driver_minors=devnodes.driver_minors(kernel)))
 
 
 def _host_info(host: HostRoot, kernel: KernelState, release: str) -> HostInfo:

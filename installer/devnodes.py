@@ -145,13 +145,27 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def gpu_minors(kernel: KernelState, on_bus: int | None = None) -> list[int]:
-    """The driver's minors (/proc/driver/nvidia/gpus/*/information), else 0..N-1 for the
-    GPUs on the PCI bus (``on_bus``: how many a caller already found; None: scanned)."""
+def driver_minors(kernel: KernelState) -> tuple[int, ...] | None:
+    """The loaded driver's minors (/proc/driver/nvidia/gpus/*/information; None: no GPU
+    there, or one whose minor it does not say)."""
     infos = sorted((kernel.proc_dir / "driver/nvidia/gpus").glob("*/information"))
     found = [parse_device_minor(_read(p) or "") for p in infos]
     if found and None not in found:
-        return sorted(m for m in found if m is not None)
+        return tuple(sorted(m for m in found if m is not None))
+    return None
+
+
+def read_params(kernel: KernelState) -> str | None:
+    """/proc/driver/nvidia/params (None: no driver loaded)."""
+    return _read(kernel.proc_dir / "driver/nvidia/params")
+
+
+def gpu_minors(kernel: KernelState, on_bus: int | None = None) -> list[int]:
+    """The driver's minors (/proc/driver/nvidia/gpus/*/information), else 0..N-1 for the
+    GPUs on the PCI bus (``on_bus``: how many a caller already found; None: scanned)."""
+    found = driver_minors(kernel)
+    if found is not None:
+        return list(found)
     count = len(gpus.scan(kernel.sys_dir)) if on_bus is None else on_bus
     return list(range(max(1, count)))
 
@@ -160,10 +174,18 @@ def plan(kernel: KernelState, module_args: tuple[ModuleArg, ...],
          loaded: tuple[str, ...] | None = None, *, on_bus: int | None = None) -> Plan:
     """``loaded``: the modules whose files to make (None: those loaded now); ``on_bus``:
     see gpu_minors."""
-    params = _read(kernel.proc_dir / "driver/nvidia/params")
     loaded = loaded_modules(kernel) if loaded is None else tuple(
         m for m in NODE_MODULES if m in loaded)
-    return Plan(gpu_minors(kernel, on_bus), modify_allowed(params, module_args), loaded)
+    return Plan(gpu_minors(kernel, on_bus), modify_allowed(read_params(kernel), module_args),
+                loaded)
+
+
+def planned(params: str | None, minors: tuple[int, ...] | None, on_bus: int,
+            module_args: tuple[ModuleArg, ...], loads: tuple[str, ...]) -> Plan:
+    """As ``plan``, from what a probe read (context.NodeProbe): no kernel read."""
+    numbers = list(minors) if minors is not None else list(range(max(1, on_bus)))
+    return Plan(numbers, modify_allowed(params, module_args),
+                tuple(m for m in NODE_MODULES if m in loads))
 
 
 def create(modprobe: Path, kernel: KernelState, runner: Runner,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from installer import fabric, fabricmanager
+from installer import fabricmanager
 from installer.plan import Step
 
 if TYPE_CHECKING:
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def for_node(ctx: Context, version: str) -> tuple[Step, ...]:
     """The fabric manager's files for ``version`` on a node with an NVLink fabric (NVSwitch
     gen 2/3 or NVLink5: fabric.detect); nothing elsewhere (that plan is unchanged)."""
-    if not fabric.detect(ctx.kernel.sys_dir).present:
+    if not ctx.node.fabric_present:
         return ()
     return (fabric_manager_files(version),)
 

@@ -128,7 +128,8 @@ def gpu_findings(present: frozenset[str], expected: frozenset[str]) -> list[str]
 
 
 def daemon_findings(install_root: Path, now: float) -> tuple[dict[str, str], list[str]]:
-    states, problems = {}, []
+    states: dict[str, str] = {}
+    problems: list[str] = []
     for name in DAEMON_NAMES:
         state = daemons.read_state(install_root, name, now)
         if state is None:

@@ -7,9 +7,9 @@ from dataclasses import asdict, replace
 
 import structlog
 
-from installer import __version__, cache, distros, metrics, readiness, rollback, status
+from installer import __version__, cache, distros, metrics, readiness, rollback, status, verify
 from installer.context import Context
-from installer.detect import context
+from installer.detect import context, probe
 from installer.diagnostics import failure_details
 from installer.distros import flows
 from installer.distros.planning import Flow
@@ -89,6 +89,7 @@ def _install(settings: Settings, started: float) -> Outcome:
         timings: list[StepTiming] = []
         plan = None
         try:
+            ctx = probe(ctx)  # the node as the plan sees it, read under the lock
             plan = distro.plan(ctx)
             log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],
                      **plan.summary)
@@ -118,7 +119,8 @@ def _install(settings: Settings, started: float) -> Outcome:
             raise
         staged, waiting = ctx.work.staged_for_boot, ctx.work.module_args_waiting
         return _record(ctx, started, timings, plan, Outcome(
-            OK, 0, install_only=settings.install_only, cuda_check=ctx.work.cuda_check,
+            OK, 0, install_only=settings.install_only,
+            cuda_check=verify.check_results(ctx.work.checks).get("CUDA_CHECK"),
             gpus=tuple(asdict(g) for g in ctx.work.gpus or ()),
             driver_version=staged.running_version if staged else None,
             staged_driver_version=plan.driver_version if staged else None,
@@ -130,8 +132,9 @@ def _dry_run(ctx: Context, distro: Flow) -> Outcome:
     """The plan, once its pre-flight checks pass: what the real run refuses, this refuses
     with the same exit code and message (and a plan is printed only if it could work)."""
     # The real run's first check under the lock (exit 2): the dry run takes no lock, but
-    # refuses the same install-dir mismatch (issue 41).
+    # refuses the same install-dir mismatch.
     ctx.install.check_host_path(ctx.host.resolve(ctx.install.host_path))
+    ctx = probe(ctx)
     plan = distro.plan(ctx)
     execute(plan, ctx, [], checks_only=True)
     _warn_unpinned(ctx, plan, distro)
@@ -197,21 +200,16 @@ def _write_ready_file(ctx: Context, plan: Plan, gpu_count: int, module_type: str
     if staged is not None:
         record = cache.read(ctx.install.cache_file)
         module_type = record.module_type if record else None
-    readiness.write(ctx.host, readiness.ready_fields(
+    driver = readiness.ReadyDriver(
         driver_version=staged.running_version if staged else plan.driver_version,
-        pending_driver_version=plan.driver_version if staged else None,
-        install_dir_host=ctx.install.host_path,
-        kernel_release=ctx.host_info.kernel_release,
-        plan=plan.kind,
-        module_type=module_type,
-        gpu_count=gpu_count,
+        plan=plan.kind, module_type=module_type, gpu_count=gpu_count,
         persistence_mode=ctx.work.persistence_mode,
-        installer_version=__version__,
-        module_args=_module_args_in_effect(ctx),
-        cuda_check=ctx.work.cuda_check,
-        nvlink_fabric=ctx.work.fabric,
-        daemons=ctx.settings.required_daemons,
-    ))
+        pending_driver_version=plan.driver_version if staged else None,
+        module_args=_module_args_in_effect(ctx))
+    readiness.write(ctx.host, readiness.ready_fields(
+        driver, install_dir_host=ctx.install.host_path,
+        kernel_release=ctx.host_info.kernel_release, installer_version=__version__,
+        checks=verify.check_results(ctx.work.checks)))
 
 
 def _module_args_in_effect(ctx: Context) -> tuple[ModuleArg, ...]:

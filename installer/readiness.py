@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import structlog
@@ -79,44 +80,43 @@ def restore(host: HostRoot, text: str) -> None:
              driver_version=parse(text).get("NVIDIA_DRIVER_VERSION"))
 
 
-def ready_fields(
-    *,
-    driver_version: str | None,
-    install_dir_host: PurePosixPath,
-    kernel_release: str,
-    plan: str | None,
-    module_type: str | None,
-    gpu_count: int,
-    persistence_mode: str,
-    installer_version: str,
-    pending_driver_version: str | None = None,
-    module_args: tuple[ModuleArg, ...] = (),
-    cuda_check: str = "",
-    nvlink_fabric: str = "",
-    daemons: tuple[str, ...] = (),
-) -> dict[str, object]:
+@dataclass(frozen=True)
+class ReadyDriver:
+    """What driver-ready says of the driver that runs now (install's verified plan)."""
+
+    driver_version: str | None
+    plan: str | None  # the plan's kind
+    module_type: str | None
+    gpu_count: int
+    persistence_mode: str  # "off", "on" or "failed"
+    pending_driver_version: str | None = None  # staged for the next boot
+    module_args: tuple[ModuleArg, ...] = ()  # what the loaded modules were loaded with
+
+
+def ready_fields(driver: ReadyDriver, *, install_dir_host: PurePosixPath, kernel_release: str,
+                 installer_version: str, checks: Mapping[str, str] | None = None,
+                 ) -> dict[str, object]:
     """The KEY=VALUE lines: the GPU operator's keys first, then ours. PENDING_DRIVER_VERSION:
     a version staged for the next boot while this one is in use (empty: none);
-    NVIDIA_MODULE_ARGS: the parameters the loaded modules were loaded with; CUDA_CHECK,
-    NVLINK_FABRIC, DAEMONS: what the verify saw before this file was written (issue 31)."""
+    NVIDIA_MODULE_ARGS: the parameters the loaded modules were loaded with; ``checks``
+    (NVLINK_FABRIC, CUDA_CHECK, DAEMONS, ...: verify.CHECKS): what the verify saw before
+    this file was written."""
     return {
         "IS_HOST_DRIVER": "true",
         "NVIDIA_DRIVER_ROOT": "/",
         "NVIDIA_DEV_ROOT": "/",
-        "NVIDIA_DRIVER_VERSION": driver_version or "",
+        "NVIDIA_DRIVER_VERSION": driver.driver_version or "",
         "NVIDIA_INSTALL_DIR_HOST": install_dir_host,
         "NVIDIA_BIN_DIR_HOST": install_dir_host / "bin",
         "NVIDIA_LIB_DIR_HOST": install_dir_host / "lib64",
-        "NVIDIA_KERNEL_MODULE_TYPE": module_type or "",
+        "NVIDIA_KERNEL_MODULE_TYPE": driver.module_type or "",
         "KERNEL_RELEASE": kernel_release,
-        "GPU_COUNT": gpu_count,
-        "PERSISTENCE_MODE": persistence_mode,
-        "INSTALL_PLAN": plan or "",
-        "PENDING_DRIVER_VERSION": pending_driver_version or "",
-        "NVIDIA_MODULE_ARGS": " ".join(map(str, module_args)),
-        "CUDA_CHECK": cuda_check,
-        "NVLINK_FABRIC": nvlink_fabric,
-        "DAEMONS": " ".join(daemons),
+        "GPU_COUNT": driver.gpu_count,
+        "PERSISTENCE_MODE": driver.persistence_mode,
+        "INSTALL_PLAN": driver.plan or "",
+        "PENDING_DRIVER_VERSION": driver.pending_driver_version or "",
+        "NVIDIA_MODULE_ARGS": " ".join(map(str, driver.module_args)),
+        **(checks or {}),
         "INSTALLER_VERSION": installer_version,
         "READY_AT": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -5,12 +5,12 @@ gets the fabric manager from."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Any
 
 import click
 
+from installer import podcontract
 from installer.clitypes import Seconds
-from installer.kinds import DaemonName
 from installer.nvidia_urls import FABRIC_MANAGER_BASE_URL
 
 
@@ -18,7 +18,7 @@ def readiness_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """install and verify: the fabric gate (NVSwitch nodes), the CUDA check
     (installer/cuda_check.py) and its way out."""
     fn = click.option("--require-daemon", "required_daemons", multiple=True,
-                      type=click.Choice(get_args(DaemonName)),
+                      type=click.Choice(list(podcontract.DAEMON_NAMES)),
                       envvar="NVIDIA_REQUIRED_DAEMONS", show_envvar=True,
                       help="A daemon sidecar that must report running before the driver is "
                       "ready (repeatable; the env var: space-separated). manifests render sets "

@@ -3,6 +3,8 @@ the NVLink fabric where there is one, CUDA itself, the daemon sidecars."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,23 +47,48 @@ def check_installed(ctx: Context, missing: list[str]) -> list[Gpu]:
     return gpus
 
 
+@dataclass(frozen=True)
+class ReadinessCheck:
+    """What a workload needs, proven after nvidia-smi: ``run`` raises VerifyError when it is
+    not there, else returns what it saw, reported as ``key=<result>`` in driver-ready (and
+    ``unchecked`` there when no verify ran, e.g. a staged plan's)."""
+
+    key: str
+    unchecked: str
+    # (ctx, lib_dir: libraries not yet in the ld cache, or None; the results so far) -> result
+    run: Callable[[Context, Path | None, Mapping[str, str]], str]
+
+
 def workloads_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
-    """On an NVSwitch node the fabric gate first; then the CUDA check (cuda_check.py), or a
-    warning naming the risk when it is skipped; then the daemon sidecars the DaemonSet runs."""
-    fabric_ready(ctx, lib_dir=lib_dir)
+    """Every readiness check, in CHECKS' order; each result into ``ctx.work.checks``."""
+    for check in CHECKS:
+        ctx.work.checks[check.key] = check.run(ctx, lib_dir, ctx.work.checks)
+
+
+def check_results(done: Mapping[str, str]) -> dict[str, str]:
+    """Each check's result, in CHECKS' order (``unchecked`` for one that did not run)."""
+    return {c.key: done.get(c.key, c.unchecked) for c in CHECKS}
+
+
+def cuda_ready(ctx: Context, lib_dir: Path | None, done: Mapping[str, str]) -> str:
+    """The CUDA check (cuda_check.py), or a warning naming the risk when it is skipped."""
     if ctx.settings.skip_cuda_check:
-        ctx.work.cuda_check = "skipped"
         log.warning("cuda_check_skipped", risk="nvidia-smi alone passed: nothing proves a "
                     "CUDA program will run (NVSwitch fabric, UVM files, compute mode)")
-    elif ctx.work.fabric == "cuda":  # the gen-2 gate ended on this very check passing
-        ctx.work.cuda_check = "passed"
-    else:
-        if ctx.settings.cc_set_ready:
-            set_cc_ready(ctx)
-        result = cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner, ctx.pci_gpus,
-                                  deadline_s=ctx.settings.cuda_check_deadline_s)
-        ctx.work.cuda_check = result.summary()
+        return "skipped"
+    if done.get(NVLINK_FABRIC) == "cuda":  # the gen-2 gate ended on this very check passing
+        return "passed"
+    if ctx.settings.cc_set_ready:
+        set_cc_ready(ctx)
+    result = cuda_check.check(ctx.install.lib64, ctx.kernel, ctx.runner, ctx.pci_gpus,
+                              deadline_s=ctx.settings.cuda_check_deadline_s)
+    return result.summary()
+
+
+def daemons_ready(ctx: Context, lib_dir: Path | None, done: Mapping[str, str]) -> str:
+    """The daemon sidecars the DaemonSet runs (--require-daemon), up within the deadline."""
     daemons.wait_up(ctx.install.root, ctx.settings.required_daemons, DAEMON_DEADLINE_S)
+    return " ".join(ctx.settings.required_daemons)
 
 
 def set_cc_ready(ctx: Context) -> None:
@@ -86,14 +113,13 @@ def set_cc_ready(ctx: Context) -> None:
     log.info("cc_ready_state", cc_on=True, ready=True, changed=True)
 
 
-def fabric_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
+def fabric_ready(ctx: Context, lib_dir: Path | None, done: Mapping[str, str]) -> str:
     """A node with an NVLink fabric (fabric.detect: NVSwitch gen 2/3, NVLink5): the gate of
     its kind within --fabric-deadline, the fabric manager's sidecar alive (fabric.py);
-    elsewhere nothing."""
+    elsewhere nothing ("none")."""
     found = fabric.detect(ctx.kernel.sys_dir)
     if not found.present:
-        ctx.work.fabric = "none"
-        return
+        return "none"
     smi = ctx.install.bin / "nvidia-smi"
     env = {"LD_LIBRARY_PATH": str(lib_dir)} if lib_dir is not None else {}
 
@@ -127,7 +153,20 @@ def fabric_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
     gate = fabric.Gate(query, lambda: (s.down() if (s := manager_state()) else None),
                        cuda_init=None if ctx.settings.skip_cuda_check else cuda_init,
                        manager_state=lambda: s.state if (s := manager_state()) else None)
-    ctx.work.fabric = fabric.wait_ready(gate, found, ctx.settings.fabric_deadline_s)
+    return fabric.wait_ready(gate, found, ctx.settings.fabric_deadline_s)
+
+
+NVLINK_FABRIC = "NVLINK_FABRIC"
+# Every readiness check, in the order they run (the fabric gate before CUDA: on an NVSwitch
+# node CUDA fails until the fabric is up). A new check: its function, and one line here.
+CHECKS: tuple[ReadinessCheck, ...] = (
+    # "none", "completed" (fabric.state) or "cuda" (gen 2)
+    ReadinessCheck(NVLINK_FABRIC, "not checked", fabric_ready),
+    # "passed", "skipped", "deferred: ..." (cuda_check)
+    ReadinessCheck("CUDA_CHECK", "not run", cuda_ready),
+    # the daemons required (reported whether or not a verify ran)
+    ReadinessCheck("DAEMONS", "", daemons_ready),
+)
 
 
 def nvidia_smi(tree: Tree, runner: Runner, *, lib_dir: Path | None = None) -> list[Gpu]:

@@ -112,8 +112,8 @@ class WorkState:
         return readiness.loaded_module_args(readiness.parse(self.readiness_before))
     bundle_written: Written | None = None  # write_bundle (bundle build)
     persistence_mode: str = "off"  # persistence_mode: "on" or "failed" when it ran
-    cuda_check: str = "not run"  # verify: "passed", "skipped", "deferred: ..." (cuda_check)
-    fabric: str = "not checked"  # verify: "none", "completed" (fabric.state) or "cuda" (gen 2)
+    # verify: each readiness check's result by its driver-ready key (verify.CHECKS)
+    checks: dict[str, str] = field(default_factory=dict)
 
     def staged(self) -> Tree:
         assert self.staging is not None, "prepare_staging runs first"

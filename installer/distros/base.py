@@ -57,6 +57,9 @@ class Distro(abc.ABC):
     signed_modules: ClassVar[SignedModules | None] = None
     # Its own options (Settings.distro_options; None: it has none), e.g. cos/options.py.
     options: ClassVar[type[DistroOptions] | None] = None
+    # How it installs: the key of its flow in ``flows.FLOWS`` (e.g. "headers_build"), so a
+    # distro that installs as another does names that flow and adds no class of its own.
+    flow: ClassVar[str]
     # When a cached install is stale on this distro's nodes (doctor's advice).
     stale_cache: ClassVar[StaleCache] = StaleCache(likely_cause="kernel updated?",
                                                    install_does="rebuilds for the running kernel")
@@ -105,7 +108,8 @@ class Distro(abc.ABC):
         raise ValueError(f"driver version {value!r} for {cls.name} must be an explicit version "
                          f"(e.g. {EXAMPLE_VERSION}); it has no aliases")
 
-    def unpinned_artifacts(self, settings: Settings) -> str | None:
+    @classmethod
+    def unpinned_artifacts(cls, settings: Settings) -> str | None:
         """What this distro downloads besides the .run that nothing pins (None: all pinned,
         or nothing else)."""
-        return settings.options(self.options).unpinned() if self.options else None
+        return settings.options(cls.options).unpinned() if cls.options else None

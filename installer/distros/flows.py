@@ -1,34 +1,25 @@
-"""The flow that plans installs on a recognised host: each distro's facts with its way of
-installing (``planning.Flow``), imported here, not where hosts are only recognised."""
+"""The flow that plans installs on a recognised host: each way of installing, by the name
+a distro's facts give as its ``flow`` (``base.Distro.flow``), imported here, not where
+hosts are only recognised. A distro that installs as another does adds nothing here."""
 
 from __future__ import annotations
 
-from installer.distros import DISTROS
+from installer.distros import DISTROS, by_name
 from installer.distros.cos.flow import CosFlow
-from installer.distros.debian import Debian
 from installer.distros.headers_build_flow import HeadersBuildFlow
 from installer.distros.planning import Flow
-from installer.distros.ubuntu import Ubuntu
 from installer.errors import UnsupportedHostError
 from installer.osinfo import HostInfo
 
-
-class UbuntuFlow(HeadersBuildFlow, Ubuntu):
-    """Ubuntu's installs: built against the host kernel's headers."""
-
-
-class DebianFlow(HeadersBuildFlow, Debian):
-    """Debian's installs: as Ubuntu's."""
-
-
-FLOWS: dict[str, type[Flow]] = {f.name: f for f in (CosFlow, UbuntuFlow, DebianFlow)}
+FLOWS: dict[str, type[Flow]] = {"cos": CosFlow, "headers_build": HeadersBuildFlow}
 
 
 def for_host(info: HostInfo) -> Flow:
-    flow = FLOWS.get(info.distro)
-    if flow is None:
+    distro = by_name(info.distro)
+    flow = FLOWS.get(distro.flow) if distro is not None else None
+    if distro is None or flow is None:
         raise UnsupportedHostError(
             f"no installer flow for {info.os_id}",
             hint=f"supported: {', '.join(d.name for d in DISTROS)}",
         )
-    return flow()
+    return flow(distro)

@@ -24,3 +24,4 @@ class HeadersBuild(Distro):
     version_alias = re.compile("default")
     version_alias_help = f"default: {branches.RECOMMENDED_VERSION}, or R470 for Kepler GPUs"
     daemonset = DaemonSetNeeds(mounts=(BOOT,))
+    flow: ClassVar[str] = "headers_build"  # headers_build_flow.HeadersBuildFlow

@@ -12,8 +12,9 @@ import structlog
 from installer import gpus, headers
 from installer.bundle.fetch import prebuilt_step
 from installer.cache import CacheKey, ModuleSource
+from installer.distros.base import Distro
 from installer.distros.headers_build import HeadersBuild
-from installer.distros.planning import Flow, cached_plan, fresh_plan
+from installer.distros.planning import DistroSteps, Flow, Wanted, cached_plan, fresh_plan
 from installer.kinds import ModuleType
 from installer.nvidia_run import check_version, version_from_url
 from installer.plan import Plan, Step
@@ -51,9 +52,13 @@ def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tup
             staging.build_driver(ctx, version, module_type))
 
 
-class HeadersBuildFlow(Flow, HeadersBuild):
+class HeadersBuildFlow(Flow):
     """Driver version, cache key and plan in one place, the headers step as the one
-    variation (a subclass may override ``headers_step``)."""
+    variation (a subclass may override ``headers_step``), for a ``HeadersBuild`` distro."""
+
+    def __init__(self, distro: type[Distro]) -> None:
+        assert issubclass(distro, HeadersBuild), f"{distro.name} is not a HeadersBuild distro"
+        super().__init__(distro)
 
     def headers_step(self) -> Step:
         """Where this distro's kernel headers come from (the step fills ctx.work.kernel_tree)."""
@@ -66,7 +71,7 @@ class HeadersBuildFlow(Flow, HeadersBuild):
         if ctx.settings.driver_url:
             return version_from_url(ctx.settings.driver_url)
         # The default, or the newest tested branch the GPUs here support (K80: R470).
-        version, why = gpus.pick_default(list(ctx.pci_gpus), self.default_version)
+        version, why = gpus.pick_default(list(ctx.pci_gpus), self.distro.default_version)
         if why:
             log.info("driver_version_fallback", driver_version=version, reason=why)
         return version
@@ -76,7 +81,7 @@ class HeadersBuildFlow(Flow, HeadersBuild):
         return gpus.choose_module_type(found, version, ctx.settings.kernel_module_type).module_type
 
     def cache_key(self, ctx: Context, version: str) -> CacheKey:
-        return replace(self.node_key(ctx.host_info, version), source=ModuleSource.COMPILED,
+        return replace(self.distro.node_key(ctx.host_info, version), source=ModuleSource.COMPILED,
                        module_type=self.module_type(ctx, version))
 
     def plan(self, ctx: Context) -> Plan:
@@ -94,9 +99,11 @@ class HeadersBuildFlow(Flow, HeadersBuild):
         if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
             prebuilt = prebuilt_step(ctx, version, module_type)
         return fresh_plan(
-            ctx, version, key, module_type=module_type, driver_url=url,
-            driver_sha256=ctx.settings.driver_sha256, display=display, check_gpus=check_gpus,
-            check_signing=checks.check_module_signing("this flow builds unsigned modules"),
-            before_staging=(self.headers_step(),),
-            build=compile_steps(ctx, url, version, module_type),
-            prebuilt=prebuilt)
+            ctx, Wanted(version, key, module_type, url, ctx.settings.driver_sha256),
+            DistroSteps(
+                check_gpus=check_gpus,
+                check_signing=checks.check_module_signing("this flow builds unsigned modules"),
+                before_staging=(self.headers_step(),),
+                build=compile_steps(ctx, url, version, module_type),
+                prebuilt=prebuilt),
+            display)

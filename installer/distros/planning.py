@@ -7,15 +7,17 @@ from __future__ import annotations
 import abc
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, modules
+from installer import cache
 from installer.cache import CacheKey
 from installer.distros.base import Distro
 from installer.kinds import ModuleType
 from installer.plan import Plan, Step
+from installer.settings import Settings
 from installer.steps import activate, checks, next_boot, staging
 from installer.workstate import InUse
 
@@ -25,15 +27,26 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-class Flow(Distro):
-    """A distro that plans installs (``flows.FLOWS`` holds one per distro)."""
+class Flow(abc.ABC):
+    """How a distro installs (``flows.FLOWS`` holds each way, by name): its plans, over
+    the facts of the distro it serves (``self.distro``)."""
+
+    def __init__(self, distro: type[Distro]) -> None:
+        self.distro = distro
+
+    @property
+    def title(self) -> str:
+        return self.distro.title
+
+    def unpinned_artifacts(self, settings: Settings) -> str | None:
+        return self.distro.unpinned_artifacts(settings)
 
     def check_settings(self, ctx: Context) -> None:
         """Refuse another distro's options that mean nothing on this OS (UsageError),
         before the lock."""
         for options in ctx.settings.distro_options:
-            refused = None if isinstance(options, self.options or ()) else options.refused_on(
-                self.title)
+            refused = None if isinstance(options, self.distro.options or ()) else (
+                options.refused_on(self.title))
             if refused is not None:
                 raise refused
 
@@ -52,7 +65,7 @@ class Flow(Distro):
         if ctx.settings.force:
             log.info("cache_skipped", reason="--force")
             return False
-        record = cache.read(ctx.install.cache_file)
+        record = ctx.node.installed
         if record is None:
             log.info("cache_miss", reason="no .cache record", path=str(ctx.install.cache_file))
             return False
@@ -73,11 +86,31 @@ def cached_plan(ctx: Context, version: str, check_gpus: Step, *, module_type: Mo
                 driver_version=version, kernel_module_type=module_type, display=display)
 
 
-def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: ModuleType, driver_url: str,
-               driver_sha256: str | None = None, display: dict[str, object],
-               check_gpus: Step, check_signing: Step, before_staging: Sequence[Step] = (),
-               build: Sequence[Step], prebuilt: Step | None = None,
-               load: Step | None = None) -> Plan:
+@dataclass(frozen=True)
+class Wanted:
+    """What a fresh install puts in place: the plan's typed facts and its cache key."""
+
+    version: str
+    key: CacheKey
+    module_type: ModuleType
+    driver_url: str
+    driver_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class DistroSteps:
+    """A distro's own steps in the shared fresh-install skeleton (``fresh_plan``)."""
+
+    check_gpus: Step
+    check_signing: Step
+    build: Sequence[Step]  # fill the staging dir (after ``before_staging``)
+    before_staging: Sequence[Step] = ()
+    prebuilt: Step | None = None  # a fleet's bundle, tried first
+    load: Step | None = None  # loads the staged modules (None: the shared step)
+
+
+def fresh_plan(ctx: Context, wanted: Wanted, own: DistroSteps,
+               display: dict[str, object]) -> Plan:
     """A fresh install in any distro: every check before any download, then the distro's
     own steps that fill the staging dir, then load, verify, swap in and record.
 
@@ -91,6 +124,8 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: Module
     ``staged``: the same fill and checks, then the tree is kept for the next boot and the
     running driver verified, untouched (nextboot.py). ``load``: the distro's own step
     loading the staged modules (None: the shared one)."""
+    version, key = wanted.version, wanted.key
+    prebuilt, check_signing = own.prebuilt, own.check_signing
     in_use = _in_use_to_stage(ctx, version)
     # Without a bundle the signing check goes first, before any download; with one, after
     # it (whether the bundle is signed decides).
@@ -100,20 +135,20 @@ def fresh_plan(ctx: Context, version: str, key: CacheKey, *, module_type: Module
         staging.prepare_staging(),
         next_boot.take_next_boot(key),
         *((_unless_filled(prebuilt), _unless_filled(check_signing, note)) if prebuilt else ()),
-        *(_unless_filled(s, note) for s in (*before_staging, *build)),
+        *(_unless_filled(s, note) for s in (*own.before_staging, *own.build)),
     )
-    typed = functools.partial(Plan, driver_version=version, kernel_module_type=module_type,
-                              driver_url=driver_url, driver_sha256=driver_sha256)
+    typed = functools.partial(Plan, driver_version=version, kernel_module_type=wanted.module_type,
+                              driver_url=wanted.driver_url, driver_sha256=wanted.driver_sha256)
     # A load is needed now, or at the next boot for a staged version: a kernel refusing
     # every load (kernel.modules_disabled=1, usually the node image's) stops both first.
     loading = () if ctx.settings.install_only else (checks.check_module_loading(version),)
     if in_use is not None:
         return typed("staged", (
-            check_gpus, *loading, *early, *fill, *next_boot.stage_for_next_boot(key, in_use),
+            own.check_gpus, *loading, *early, *fill, *next_boot.stage_for_next_boot(key, in_use),
         ), display={**display, "running_driver_version": in_use.running_version})
     return typed("fresh", (
-        check_gpus, *loading, *early, checks.check_loaded_driver(version), *fill,
-        *activate.activate_staged(ctx, version, key, load),
+        own.check_gpus, *loading, *early, checks.check_loaded_driver(version), *fill,
+        *activate.activate_staged(ctx, version, key, own.load),
     ), display=display)
 
 
@@ -121,14 +156,13 @@ def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:
     """The other driver to leave running: when --when-in-use stage asks to wait for it, or
     whenever the kernel can unload nothing before a reboot (no CONFIG_MODULE_UNLOAD:
     failing would change nothing a drain could fix)."""
-    if ctx.settings.install_only:
+    node = ctx.node  # held_by: read only when the settings may stage (detect.probe)
+    running, held = node.loaded_driver, node.held_by
+    if ctx.settings.install_only or running is None or running == version or not held:
         return None
-    if ctx.settings.when_in_use != "stage" and ctx.kernel.can_unload():
-        return None
-    found = modules.in_use_by_other(ctx.kernel, version)
-    if found is not None:
-        log.info("driver_in_use", running=found.running_version, holders=found.holders,
-                 wanted=version, when_in_use=ctx.settings.when_in_use)
+    found = InUse(running, held)
+    log.info("driver_in_use", running=found.running_version, holders=found.holders,
+             wanted=version, when_in_use=ctx.settings.when_in_use)
     return found
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from installer import cache, distros, gpus, modules
 from installer import status as status_file
-from installer.detect import context
+from installer.detect import context, probe
 from installer.distros.base import Distro
 from installer.errors import InstallerError
 from installer.fsutil import UnreadableFile
@@ -130,14 +130,13 @@ class Node:
 
 
 def load(settings: Settings) -> Node:
-    ctx = context(settings, strict=False)
-    node = Node(ctx.host, ctx.kernel, ctx.runner, ctx.install, ctx.host_info)
+    ctx = probe(context(settings, strict=False))  # the node as install's plan would see it
+    node = Node(ctx.host, ctx.kernel, ctx.runner, ctx.install, ctx.host_info,
+                record=ctx.node.installed, pci=list(ctx.node.pci_gpus))
     try:
         node.status = status_file.read(node.install.status_file)
     except UnreadableFile as exc:  # reported by check_installer_status, never a hang
         node.status_unreadable = f"status.json {exc.reason}"
-    node.record = cache.read(node.install.cache_file)
-    node.pci = gpus.scan(node.kernel.sys_dir)
     return node
 
 

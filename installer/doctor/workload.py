@@ -10,7 +10,7 @@ from installer.errors import InstallerError
 from installer.runner import CommandError
 from installer.verify import SMI_TIMEOUT_S
 
-DAEMON_NAMES = (daemons.FABRIC_MANAGER, daemons.PERSISTENCED)
+DAEMON_NAMES = daemons.NAMES
 
 
 def check_daemons(n: Node) -> Finding:

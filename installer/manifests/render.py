@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from installer import __version__
+from installer import __version__, podcontract
 from installer.manifests.validate import (
     fill_flavor,
     parse_image,
@@ -120,22 +120,19 @@ def sidecars(opts: RenderOptions) -> list[dict[str, Any]]:
     out = []
     if opts.fabric_manager_config is not None and not opts.nvswitch:
         raise ValueError("a fabric manager config needs the fabric manager sidecar (--nvswitch)")
-    if opts.nvswitch:
-        config = opts.fabric_manager_config and validate_config_map(opts.fabric_manager_config)
+    for daemon in podcontract.DAEMONS:
+        if not getattr(opts, daemon.render_flag):
+            continue
+        config = None
+        if daemon.config_env:  # its own config file (the fabric manager's), when given
+            config = opts.fabric_manager_config and validate_config_map(opts.fabric_manager_config)
         out.append({
-            "name": "nvidia-fabricmanager", "command": "fabric-manager", "config_map": config,
-            "daemon": "fabricmanager",
-            "env": [("NVIDIA_FABRIC_MANAGER_CONFIG",
-                     f"{FABRIC_MANAGER_CONFIG_DIR}/fabricmanager.cfg")] if config else [],
-            "why": ("NVIDIA's fabric manager of exactly the installed driver: on NVSwitch",
-                    "nodes CUDA fails with 802 until it has trained the NVLink fabric.")})
-    if opts.persistenced:
-        out.append({
-            "name": "nvidia-persistenced", "command": "persistenced", "config_map": None,
-            "daemon": "persistenced",
-            "env": [], "why": ("nvidia-persistenced keeps the GPUs initialised with no client",
-                               "(the 580 driver calls `nvidia-smi -pm 1` deprecated).")})
-    if opts.health:
+            "name": daemon.container, "command": daemon.command, "config_map": config,
+            "daemon": daemon.name,
+            "env": [(daemon.config_env, f"{FABRIC_MANAGER_CONFIG_DIR}/fabricmanager.cfg")]
+            if config else [],
+            "why": daemon.why})
+    if opts.health:  # not a daemon the install waits for: after the registry's sidecars
         out.append(health_sidecar(opts.metrics_port))
     return out
 

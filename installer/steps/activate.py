@@ -81,8 +81,9 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
     # Planned before the load: the files of the modules load_modules loads.
     loads = tuple(module_name(f) for f in modules.load_order(ctx.settings.display_modules))
     return Step("device_nodes", run,
-                devnodes.plan(ctx.kernel, ctx.settings.module_args, loads,
-                              on_bus=len(ctx.pci_gpus)).describe())
+                devnodes.planned(ctx.node.nvidia_params, ctx.node.driver_minors,
+                                 len(ctx.node.pci_gpus), ctx.settings.module_args,
+                                 loads).describe())
 
 
 def verify_staged(version: str | None = None) -> Step:

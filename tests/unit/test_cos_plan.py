@@ -12,7 +12,7 @@ import pytest
 from installer import cache
 from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
-from installer.detect import context
+from installer.detect import context, probe
 from installer.distros.cos.choice import decide_modules
 from installer.distros.cos.flow import CosFlow
 from installer.distros.cos.host import Cos
@@ -67,7 +67,7 @@ class Env:
             **settings,
         ))
         kernel = KernelState(self.kernel.proc_dir, self.kernel.sys_dir, self.kernel.dev_dir)
-        return context(s, kernel)
+        return probe(context(s, kernel))
 
 
 @pytest.fixture
@@ -86,12 +86,12 @@ def step(plan, name):
 def test_registry_and_detection(env):
     ctx = env.ctx()
     assert ctx.host_info.build_id == COS_BUILD_ID and ctx.host_info.board == "lakitu"
-    assert isinstance(for_host(ctx.host_info), Cos)
+    assert for_host(ctx.host_info).distro is Cos
 
 
 def test_compile_plan(env):
     ctx = env.ctx()
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     assert plan.kind == "fresh"
     assert names(plan) == COMPILE_STEPS
     base = f"file://{env.bucket.root}/{COS_BUILD_ID}"
@@ -215,7 +215,7 @@ def test_cached_plan_needs_build_and_version(env):
                 ctx.install.root, "test")
     text = ctx.install.cache_file.read_text()
     assert f"CACHE_BUILD_ID={COS_BUILD_ID}" in text and "CACHE_FLAVOR=prebuilt-open" in text
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     assert plan.kind == "cached" and names(plan) == CACHED_STEPS
     assert plan.summary["module_source"] == "prebuilt"
     assert plan.kernel_module_type == "open"
@@ -225,15 +225,35 @@ def test_cached_plan_needs_build_and_version(env):
     assert CosFlow().plan(env.ctx(force=True)).kind == "fresh"
 
 
+def test_a_cos_cache_hit_with_an_alias_reads_the_record_once(env, monkeypatch):
+    """The .cache record is read once, by the probe before planning: resolving the alias
+    offline, the cache check and the cached plan all read that one record (three reads on
+    main), and planning reads no node state of its own."""
+    ctx = env.ctx()
+    _install_files(env.node.install_dir, DEFAULT_V)
+    cache.write(ctx.install.cache_file, CacheKey(DEFAULT_V, build_id=COS_BUILD_ID,
+                                                 source=ModuleSource.PREBUILT,
+                                                 module_type="open"),
+                ctx.install.root, "test")
+    reads = []
+    real_read = cache.read
+    monkeypatch.setattr(cache, "read", lambda path: reads.append(path) or real_read(path))
+    ctx = env.ctx(driver_version="default")
+    assert reads == [ctx.install.cache_file]
+    plan = CosFlow().plan(ctx)
+    assert plan.kind == "cached" and plan.summary["driver_version"] == DEFAULT_V
+    assert reads == [ctx.install.cache_file]
+
+
 def test_gke_v1_cache_record_is_recognised(env):
     ctx = env.ctx()
     _install_files(env.node.install_dir, DEFAULT_V)
     ctx.install.cache_file.write_text(
         f"CACHE_BUILD_ID={COS_BUILD_ID}\nCACHE_NVIDIA_DRIVER_VERSION={DEFAULT_V}\n")
-    assert CosFlow().plan(ctx).kind == "cached"
+    assert CosFlow().plan(probe(ctx)).kind == "cached"
     ctx.install.cache_file.write_text(
         f"CACHE_BUILD_ID=17800.1.1\nCACHE_NVIDIA_DRIVER_VERSION={DEFAULT_V}\n")
-    assert CosFlow().plan(ctx).kind == "fresh"
+    assert CosFlow().plan(probe(ctx)).kind == "fresh"
 
 
 def test_alias_falls_back_to_cache_when_artifacts_unreachable(env):
@@ -243,7 +263,7 @@ def test_alias_falls_back_to_cache_when_artifacts_unreachable(env):
                 ctx.install.root, "test")
     # Nothing listens on port 9: connection refused, fast.
     ctx = env.ctx(artifacts_url="https://127.0.0.1:9/{build_id}")
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     assert plan.kind == "cached" and plan.summary["driver_version"] == DEFAULT_V
     assert "cached install" in plan.summary["version_source"]
 
@@ -256,7 +276,7 @@ def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
     object.__setattr__(ctx.settings, "download_retries", 1)
     monkeypatch.setattr(cos_mod, "quick_policy", lambda: RetryPolicy(1, 0, 0, 5, 2, 2))
     with pytest.raises(DownloadError) as err:
-        CosFlow().plan(ctx)
+        CosFlow().plan(probe(ctx))
     assert err.value.exit_code == 5 and "127.0.0.1:9" in err.value.message
 
 
@@ -266,7 +286,7 @@ def test_unreachable_artifacts_without_cache_is_exit_5(env, monkeypatch):
 def test_enforced_signatures_without_prebuilt_stop_first_with_exit_10(env):
     env.kernel.set_cmdline("module.sig_enforce=1")
     ctx = env.ctx()
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     assert plan.summary["signatures_enforced"] is True and "blocked" in plan.summary
     plan.steps[0].run(ctx)  # the GPU check passes
     plan.steps[1].run(ctx)  # module loading is on
@@ -286,7 +306,7 @@ def test_enforced_signatures_with_prebuilt_pass(env):
     env.kernel.set_lockdown("integrity")
     env.bucket.prebuilt_versions = (DEFAULT_V,)
     ctx = env.ctx()
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     assert plan.summary["module_source"] == "prebuilt" and "blocked" not in plan.summary
     plan.steps[0].run(ctx)
     plan.steps[1].run(ctx)  # no error
@@ -323,7 +343,7 @@ def test_default_alias_falls_back_to_a_branch_the_gpu_supports(env):
     assert "K80" in s["version_note"] and s["requested_version"] == "default"
     # An explicit branch is never changed: the GPU check refuses it (exit 2).
     ctx = env.ctx(driver_version="R535")
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     assert plan.summary["driver_version"] == DEFAULT_V
     from installer.errors import UsageError
     with pytest.raises(UsageError, match="too new"):
@@ -335,7 +355,7 @@ def test_default_alias_falls_back_to_a_branch_the_gpu_supports(env):
 
 def test_preload_plan_and_run(env):
     ctx = env.ctx(preload=True)
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     assert plan.kind == "preload"
     assert names(plan) == ["fetch_artifacts", "prepare_kernel_headers", "prepare_toolchain",
                            "preload_finished"]
@@ -380,7 +400,7 @@ def test_preload_prunes_other_builds_it_made(env):
     foreign.mkdir()
     (foreign / "keep").write_text("not ours")
     ctx = env.ctx(preload=True)
-    for s in CosFlow().plan(ctx).steps:
+    for s in CosFlow().plan(probe(ctx)).steps:
         s.run(ctx)
     assert not old.exists() and foreign.exists()
 
@@ -388,7 +408,7 @@ def test_preload_prunes_other_builds_it_made(env):
 def test_malicious_headers_refused_during_preload(env, tmp_path):
     env.bucket.evil_headers = "symlink_out"
     ctx = env.ctx(preload=True)
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     step(plan, "fetch_artifacts").run(ctx)
     with pytest.raises(IntegrityError, match="symlink pointing outside") as err:
         step(plan, "prepare_kernel_headers").run(ctx)
@@ -446,7 +466,7 @@ def test_stale_downloads_are_cleared_before_fetching(env):
     stale = env.tools_dir / COS_BUILD_ID / ".downloads/x86_64-cros-linux-gnu-2023.tar.xz"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"half a toolchain from a killed run")
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     step(plan, "fetch_artifacts").run(ctx)
     assert not stale.exists()
     assert (env.tools_dir / COS_BUILD_ID / ".downloads/toolchain.tar.xz").is_file()
@@ -456,6 +476,6 @@ def test_exit_10_says_why_existing_prebuilt_modules_are_not_used(env):
     env.kernel.set_sig_enforce(True)
     env.bucket.prebuilt_versions = (DEFAULT_V,)
     ctx = env.ctx(kernel_module_type="proprietary")
-    plan = CosFlow().plan(ctx)
+    plan = CosFlow().plan(probe(ctx))
     with pytest.raises(SecureBootError, match="cannot be used here: prebuilt modules are open"):
         step(plan, "check_module_signing").run(ctx)

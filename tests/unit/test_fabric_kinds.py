@@ -59,10 +59,13 @@ def test_an_infiniband_device_without_sw_mng_is_no_nvlink5(fake):
 
 def test_the_fabric_manager_is_planned_on_nvlink5_nodes_too(fake):
     """Before: fabric_steps planned it only for PCI class 0x0680, which NVLink5 lacks."""
-    ctx = SimpleNamespace(kernel=SimpleNamespace(sys_dir=fake.sys_dir))
-    assert fabric_steps.for_node(ctx, "570.124.06") == ()
+    def probed():  # what detect.probe records of the node, as the plan reads it
+        return SimpleNamespace(node=SimpleNamespace(
+            fabric_present=fabric.detect(fake.sys_dir).present))
+
+    assert fabric_steps.for_node(probed(), "570.124.06") == ()
     fake.add_nvlink5_bridge()
-    assert [s.name for s in fabric_steps.for_node(ctx, "570.124.06")] == ["fabric_manager"]
+    assert [s.name for s in fabric_steps.for_node(probed(), "570.124.06")] == ["fabric_manager"]
 
 
 def _gate(answers, *, cuda=None, manager="running", down=None):

@@ -46,9 +46,10 @@ def test_the_readiness_list_round_trips():
     args = tuple(ModuleArg.parse(t) for t in ("nvidia.NVreg_RegistryDwords=A=1;B=2",
                                               "nvidia-uvm.uvm_perf=1"))
     fields = readiness.parse(readiness.format_fields(readiness.ready_fields(
-        driver_version="580.82.07", install_dir_host=readiness.READY_HOST_PATH,
-        kernel_release="6.8", plan="fresh", module_type="open", gpu_count=1,
-        persistence_mode="off", installer_version="t", module_args=args)))
+        readiness.ReadyDriver(driver_version="580.82.07", plan="fresh", module_type="open",
+                              gpu_count=1, persistence_mode="off", module_args=args),
+        install_dir_host=readiness.READY_HOST_PATH, kernel_release="6.8",
+        installer_version="t")))
     assert readiness.loaded_module_args(fields) == args
     assert parse_listed("nvidia.x=1 something-else") is None  # not ours: unknown
     assert for_module("nvidia-uvm", args) == args[1:]

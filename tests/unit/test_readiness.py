@@ -37,9 +37,9 @@ def settings_for(host: HostRoot, **kw) -> Settings:
 
 def test_fields_round_trip(host):
     fields = readiness.ready_fields(
-        driver_version="550.54.14", install_dir_host=INSTALL_HOST, kernel_release="5.15.0",
-        plan="fresh", module_type="proprietary", gpu_count=2, persistence_mode="on",
-        installer_version="0.1")
+        readiness.ReadyDriver(driver_version="550.54.14", plan="fresh",
+                              module_type="proprietary", gpu_count=2, persistence_mode="on"),
+        install_dir_host=INSTALL_HOST, kernel_release="5.15.0", installer_version="0.1")
     path = readiness.write(host, fields)
     assert path == host.root / "run/nvidia/validations/driver-ready"
     got = readiness.read(host)
@@ -287,3 +287,35 @@ def test_unwritable_readiness_is_a_verify_failure(host, monkeypatch):
         run_with(monkeypatch, host, [Step("verify", verified)])
     status = json.loads((host.root / INSTALL_HOST.relative_to("/") / "status.json").read_text())
     assert status["outcome"] == "error" and status["exit_code"] == 9
+
+
+def test_a_readiness_check_is_one_function_and_one_registration(host, monkeypatch):
+    """verify.CHECKS is the one list: a check added there runs in the verify, in order, sees
+    the results before it, and its result is a driver-ready line (status.json's cuda_check
+    says "not run" when CUDA_CHECK is not among them)."""
+    from installer import verify
+
+    def ecc(ctx, lib_dir, done):
+        return f"clean after {','.join(done)}"
+
+    monkeypatch.setattr(verify, "CHECKS", (
+        verify.ReadinessCheck("FIRST", "-", lambda ctx, lib_dir, done: "ok"),
+        verify.ReadinessCheck("ECC_CHECK", "not run", ecc)))
+
+    def verified(ctx):
+        ctx.work.gpus = []
+        verify.workloads_ready(ctx)
+
+    outcome = run_with(monkeypatch, host, [Step("verify", verified)])
+    got = readiness.read(host)
+    assert got["ECC_CHECK"] == "clean after FIRST" and got["FIRST"] == "ok"
+    assert "CUDA_CHECK" not in got and outcome.cuda_check is None
+
+
+def test_the_checks_report_their_unchecked_line_until_they_run():
+    from installer import verify
+
+    assert [c.key for c in verify.CHECKS] == ["NVLINK_FABRIC", "CUDA_CHECK", "DAEMONS"]
+    assert verify.check_results({}) == {"NVLINK_FABRIC": "not checked",
+                                        "CUDA_CHECK": "not run", "DAEMONS": ""}
+    assert verify.check_results({"CUDA_CHECK": "passed"})["CUDA_CHECK"] == "passed"

@@ -11,10 +11,10 @@ import pytest
 from installer import cache, gpus
 from installer.cache import CacheKey, ModuleSource
 from installer.context import Context
-from installer.detect import context
+from installer.detect import context, probe
 from installer.distros.cos.options import CosOptions
-from installer.distros.flows import UbuntuFlow, for_host
-from installer.distros.headers_build_flow import find_kernel_headers
+from installer.distros.flows import for_host
+from installer.distros.headers_build_flow import HeadersBuildFlow, find_kernel_headers
 from installer.distros.ubuntu import Ubuntu
 from installer.errors import ExitCode, InstallerError, SecureBootError, UsageError
 from installer.settings import Settings, validate
@@ -51,8 +51,8 @@ class Env:
         """The context the install command builds (the release read from the fake kernel)."""
         if "driver_url" not in settings:  # the two are refused together
             settings["driver_base_url"] = f"file://{self.tesla}"
-        return context(validate(Settings(host_root=self.node.root,
-                                         install_dir=self.node.install_dir, **settings)))
+        return probe(context(validate(Settings(host_root=self.node.root,
+                                         install_dir=self.node.install_dir, **settings))))
 
 
 @pytest.fixture
@@ -71,11 +71,11 @@ def run_url(base: Path, version: str) -> str:
 
 
 def test_detected_as_ubuntu(env):
-    assert isinstance(for_host(env.ctx().host_info), Ubuntu)
+    assert for_host(env.ctx().host_info).distro is Ubuntu
 
 
 def test_fresh_plan_builds_against_the_host_kernel(env):
-    plan = UbuntuFlow().plan(env.ctx())
+    plan = HeadersBuildFlow(Ubuntu).plan(env.ctx())
     assert plan.kind == "fresh" and names(plan) == FRESH_STEPS
     assert plan.summary == {
         "driver_version": DEFAULT_DRIVER_VERSION, "kernel_release": UBUNTU_KERNEL,
@@ -93,7 +93,7 @@ def test_fresh_plan_builds_against_the_host_kernel(env):
 
 def test_persistence_mode_is_the_last_step_before_the_dev_char_links(env):
     """nvidia-smi -pm 1 may make device files too: the links come after it."""
-    assert names(UbuntuFlow().plan(env.ctx(persistence_mode=True)))[-2:] == [
+    assert names(HeadersBuildFlow(Ubuntu).plan(env.ctx(persistence_mode=True)))[-2:] == [
         "persistence_mode", "dev_char_links"]
 
 
@@ -104,7 +104,7 @@ def test_the_pci_bus_is_scanned_once_per_run(env, monkeypatch):
     real = gpus.scan
     monkeypatch.setattr(gpus, "scan", lambda sys_dir: scans.append(sys_dir) or real(sys_dir))
     ctx = env.ctx()
-    plan = UbuntuFlow().plan(ctx)
+    plan = HeadersBuildFlow(Ubuntu).plan(probe(ctx))
     next(s for s in plan.steps if s.name == "check_gpu_compatibility").run(ctx)
     assert len(scans) == 1 and ctx.work.kernel_module_type == plan.kernel_module_type
 
@@ -112,40 +112,41 @@ def test_the_pci_bus_is_scanned_once_per_run(env, monkeypatch):
 @pytest.mark.parametrize("requested", ["open", "proprietary"])
 def test_requested_module_type_is_planned_and_keyed(env, requested):
     ctx = env.ctx(kernel_module_type=requested)
-    assert UbuntuFlow().plan(ctx).summary["kernel_module_type"] == requested
-    key = UbuntuFlow().cache_key(ctx, DEFAULT_DRIVER_VERSION)
+    assert HeadersBuildFlow(Ubuntu).plan(probe(ctx)).summary["kernel_module_type"] == requested
+    key = HeadersBuildFlow(Ubuntu).cache_key(ctx, DEFAULT_DRIVER_VERSION)
     assert (key.source, key.module_type) == (ModuleSource.COMPILED, requested)
 
 
 def test_explicit_version_is_pinned(env):
-    plan = UbuntuFlow().plan(env.ctx(driver_version="535.183.01"))
+    plan = HeadersBuildFlow(Ubuntu).plan(env.ctx(driver_version="535.183.01"))
     assert plan.summary["driver_version"] == "535.183.01"
     assert plan.summary["driver_url"] == run_url(env.tesla, "535.183.01")
 
 
 def test_driver_url_names_the_version(env):
     url = "https://127.0.0.1:1/mirror/NVIDIA-Linux-x86_64-550.90.07.run"
-    plan = UbuntuFlow().plan(env.ctx(driver_url=url))
+    plan = HeadersBuildFlow(Ubuntu).plan(env.ctx(driver_url=url))
     assert plan.summary["driver_version"] == "550.90.07" and plan.summary["driver_url"] == url
 
 
 def test_default_falls_back_to_a_branch_the_gpu_supports(tmp_path, monkeypatch):
     e = Env(tmp_path, monkeypatch)
     e.add_gpu(K80)
-    s = UbuntuFlow().plan(e.ctx()).summary
+    s = HeadersBuildFlow(Ubuntu).plan(e.ctx()).summary
     assert s["driver_version"].startswith("470.") and s["kernel_module_type"] == "proprietary"
 
 
 @pytest.mark.parametrize("version", ["550", "latest", "550.127.05; rm -rf /"])
 def test_bad_version_is_a_usage_error(env, version):
     with pytest.raises(UsageError, match="not a driver version"):
-        UbuntuFlow().plan(env.ctx(driver_version=version))
+        HeadersBuildFlow(Ubuntu).plan(env.ctx(driver_version=version))
 
 
 def test_enforced_signatures_are_the_one_exit_10_refusal(env):
     env.kernel.set_cmdline("module.sig_enforce=1")
     ctx = env.ctx()
-    step = next(s for s in UbuntuFlow().plan(ctx).steps if s.name == "check_module_signing")
+    plan = HeadersBuildFlow(Ubuntu).plan(probe(ctx))
+    step = next(s for s in plan.steps if s.name == "check_module_signing")
     with pytest.raises(SecureBootError) as err:
         step.run(ctx)
     assert err.value.exit_code == ExitCode.SECURE_BOOT == 10
@@ -158,13 +159,13 @@ def test_enforced_signatures_are_the_one_exit_10_refusal(env):
 
 def test_preload_is_refused_on_ubuntu(env):
     with pytest.raises(UsageError) as err:
-        UbuntuFlow().check_settings(env.ctx(distro_options=(CosOptions(preload=True),)))
+        HeadersBuildFlow(Ubuntu).check_settings(env.ctx(distro_options=(CosOptions(preload=True),)))
     assert err.value.exit_code == ExitCode.USAGE and "Container-Optimized OS" in err.value.message
 
 
 def test_a_cos_artifacts_pin_is_refused_on_ubuntu(env):
     with pytest.raises(UsageError) as err:
-        UbuntuFlow().check_settings(env.ctx(
+        HeadersBuildFlow(Ubuntu).check_settings(env.ctx(
             distro_options=(CosOptions(artifacts_sha256="/pins.sha256"),)))
     assert "--cos-artifacts-sha256" in err.value.message and "Ubuntu" in err.value.message
     assert "--driver-sha256" in err.value.hint
@@ -180,18 +181,18 @@ def _install_files(root: Path, version: str) -> None:
 def test_cache_hit_needs_version_kernel_and_module_type(env):
     ctx = env.ctx()
     _install_files(ctx.install.root, DEFAULT_DRIVER_VERSION)
-    cache.write(ctx.install.cache_file, UbuntuFlow().cache_key(ctx, DEFAULT_DRIVER_VERSION),
+    cache.write(ctx.install.cache_file, HeadersBuildFlow(Ubuntu).cache_key(ctx, DEFAULT_DRIVER_VERSION),
                 ctx.install.root, "test")
-    plan = UbuntuFlow().plan(ctx)
+    plan = HeadersBuildFlow(Ubuntu).plan(probe(ctx))
     assert plan.kind == "cached" and names(plan) == CACHED_STEPS
     assert plan.driver_url is None and "driver_url" not in plan.summary  # nothing to download
-    assert UbuntuFlow().plan(env.ctx(force=True)).kind == "fresh"
-    assert UbuntuFlow().plan(env.ctx(driver_version="535.183.01")).kind == "fresh"
-    assert UbuntuFlow().plan(env.ctx(kernel_module_type="proprietary")).kind == "fresh"
+    assert HeadersBuildFlow(Ubuntu).plan(env.ctx(force=True)).kind == "fresh"
+    assert HeadersBuildFlow(Ubuntu).plan(env.ctx(driver_version="535.183.01")).kind == "fresh"
+    assert HeadersBuildFlow(Ubuntu).plan(env.ctx(kernel_module_type="proprietary")).kind == "fresh"
     other_kernel = CacheKey(DEFAULT_DRIVER_VERSION, kernel_release="5.15.0-1050-gke",
                             source=ModuleSource.COMPILED, module_type="open")
     cache.write(ctx.install.cache_file, other_kernel, ctx.install.root, "test")
-    assert UbuntuFlow().plan(env.ctx()).kind == "fresh"
+    assert HeadersBuildFlow(Ubuntu).plan(env.ctx()).kind == "fresh"
 
 
 def test_headers_on_the_host_are_found_without_apt(env):

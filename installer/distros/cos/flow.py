@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, headers, signing
+from installer import headers
 from installer.cache import CacheKey, ModuleSource
+from installer.distros.base import Distro
 from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
@@ -43,7 +44,7 @@ from installer.distros.cos.steps import (
     unpack_prebuilt,
 )
 from installer.distros.cos.toolchain import BuildTools
-from installer.distros.planning import Flow, cached_plan, fresh_plan
+from installer.distros.planning import DistroSteps, Flow, Wanted, cached_plan, fresh_plan
 from installer.gke import mirror
 from installer.kinds import OPEN
 from installer.net.fetch import fetch_text
@@ -59,8 +60,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-class CosFlow(Flow, Cos):
-    def __init__(self) -> None:
+class CosFlow(Flow):
+    def __init__(self, distro: type[Distro] = Cos) -> None:
+        super().__init__(distro)
         self._pins: pins.Manifest | None = None
 
     # -- inputs
@@ -111,7 +113,7 @@ class CosFlow(Flow, Cos):
     def cache_key(self, ctx: Context, version: str, chosen: Choice | None = None) -> CacheKey:
         """Keyed by the build and version; a fresh install's key also names its modules
         (None: any intact install of them is a hit)."""
-        key = self.node_key(ctx.host_info, version)
+        key = self.distro.node_key(ctx.host_info, version)
         if chosen is not None:
             key = dataclasses.replace(key, source=chosen.source, module_type=chosen.module_type)
         return v2_cache.with_v2_lines(key)
@@ -135,7 +137,7 @@ class CosFlow(Flow, Cos):
         # Any intact install of this build and version is a hit, whatever its
         # module source: no network needed to restart a node.
         if self.cache_hit(ctx, self.cache_key(ctx, version)):
-            record = cache.read(ctx.install.cache_file)
+            record = ctx.node.installed
             source = record.source if record else None
             cached_type = record.module_type if record else None
             return cached_plan(
@@ -154,7 +156,7 @@ class CosFlow(Flow, Cos):
         precompiled ones only when the choice could use them: two probes saved)."""
         found = ctx.pci_gpus
         requested = ctx.settings.kernel_module_type
-        policy = signing.policy(ctx.kernel)
+        policy = ctx.node.signing
         prebuilt_available = arts.exists(prebuilt_modules_name(version))
         use_prebuilt = decide_modules(list(found), version, requested,
                                       prebuilt_available).use_prebuilt
@@ -168,11 +170,9 @@ class CosFlow(Flow, Cos):
         """The steps for ``chosen``: fetch, prepare, build (or user space only), load."""
         run_fetch, fetches, work, build_shown = self._fill(ctx, arts, version, chosen)
         precompiled = chosen.source is ModuleSource.PRECOMPILED
-        return fresh_plan(
-            ctx, version, self.cache_key(ctx, version, chosen),
-            module_type=chosen.module_type, driver_url=run_fetch.url,
-            driver_sha256=run_fetch.sha256,
-            display={**display, **_choice_display(arts, version, probe, chosen), **build_shown},
+        wanted = Wanted(version, self.cache_key(ctx, version, chosen), chosen.module_type,
+                        run_fetch.url, run_fetch.sha256)
+        return fresh_plan(ctx, wanted, DistroSteps(
             check_gpus=check_gpus(version, ctx.settings.kernel_module_type,
                                   OPEN if chosen.source is ModuleSource.PREBUILT
                                   else chosen.compiled_type),
@@ -180,7 +180,8 @@ class CosFlow(Flow, Cos):
             build=(staging.fetch_artifacts((run_fetch, *fetches)), *work),
             # v2's fallback for Google's precompiled modules: relink the legacy way when the
             # kernel refuses the first link.
-            load=load_or_relink(version, ctx.settings.display_modules) if precompiled else None)
+            load=load_or_relink(version, ctx.settings.display_modules) if precompiled else None),
+            {**display, **_choice_display(arts, version, probe, chosen), **build_shown})
 
     def _fill(self, ctx: Context, arts: Artifacts, version: str, chosen: Choice,
               ) -> tuple[Fetch, list[Fetch], list[Step], dict[str, object]]:

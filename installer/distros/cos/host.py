@@ -61,6 +61,7 @@ class Cos(Distro):
         "for the driver version, pick one that has them (default/latest)",
     )
     options = CosOptions
+    flow = "cos"  # flow.CosFlow
     stale_cache = StaleCache(likely_cause="node image upgraded?",
                              install_does="reinstalls for this build")
 

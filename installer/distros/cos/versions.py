@@ -39,7 +39,7 @@ def usable_cache(ctx: Context) -> cache.CacheRecord | None:
     """The .cache record of an intact install for this build, if any."""
     if ctx.settings.force:
         return None
-    record = cache.read(ctx.install.cache_file)
+    record = ctx.node.installed
     if (record is None or record.build_id != ctx.host_info.build_id
             or not record.driver_version
             or cache.check_files(record, ctx.install.root) is not None):
