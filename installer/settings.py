@@ -105,13 +105,15 @@ class Settings:
         """The ``kind`` options given, else its defaults."""
         return next((o for o in self.distro_options if isinstance(o, kind)), None) or kind()
 
-    def driver_run_url(self, version: str, default_base: str | None = None) -> str:
-        """--driver-url as given, else <base>/<V>/NVIDIA-Linux-x86_64-<V>.run; the base is
-        --driver-base-url, else the distro's ``default_base``, else NVIDIA's for the branch."""
+    def driver_run_url(self, version: str, default_base: str | None = None,
+                       arch: str = "x86_64") -> str:
+        """--driver-url as given, else <base>/<V>/NVIDIA-Linux-<arch>-<V>.run (``arch``:
+        the node's, CpuArch.nvidia); the base is --driver-base-url, else the distro's
+        ``default_base``, else NVIDIA's for the branch."""
         if self.driver_url:
             return self.driver_url
         return run_url(self.driver_base_url or default_base
-                       or NVIDIA_BASE_URL.format(branch=self.driver_branch), version)
+                       or NVIDIA_BASE_URL.format(branch=self.driver_branch), version, arch)
 
 
 OptionsT = TypeVar("OptionsT", bound=DistroOptions)
@@ -193,7 +195,7 @@ def _check_driver_url_version(s: Settings) -> None:
     wanted = s.driver_version
     if named and wanted and wanted[:1].isdigit() and named != wanted:
         raise UsageError(f"--driver-url names driver {named} "
-                         f"(NVIDIA-Linux-x86_64-{named}.run), --driver-version {wanted}",
+                         f"({s.driver_url.split('?', 1)[0].rsplit('/', 1)[-1]}), --driver-version {wanted}",
                          hint="give the URL of the version you want, or drop "
                          "--driver-version (it is read from the URL's file name)")
 

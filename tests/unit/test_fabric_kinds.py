@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer import fabric, fabric_steps, fabricmanager, forking, sidecars
+from installer import cpuarch, fabric, fabric_steps, fabricmanager, forking, sidecars
 from installer.errors import UsageError, VerifyError
 from tests.fixtures.clock import Clock
 from tests.fixtures.kernel import NVSWITCH_LR10, NVSWITCH_LS10, FakeKernel
@@ -59,7 +59,7 @@ def test_an_infiniband_device_without_sw_mng_is_no_nvlink5(fake):
 
 def test_the_fabric_manager_is_planned_on_nvlink5_nodes_too(fake):
     """Before: fabric_steps planned it only for PCI class 0x0680, which NVLink5 lacks."""
-    ctx = SimpleNamespace(kernel=SimpleNamespace(sys_dir=fake.sys_dir))
+    ctx = SimpleNamespace(kernel=SimpleNamespace(sys_dir=fake.sys_dir), arch=cpuarch.X86_64)
     assert fabric_steps.for_node(ctx, "570.124.06") == ()
     fake.add_nvlink5_bridge()
     assert [s.name for s in fabric_steps.for_node(ctx, "570.124.06")] == ["fabric_manager"]
