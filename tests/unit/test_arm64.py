@@ -12,10 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer import cpuarch, fabric_steps, fabricmanager, gpus, sandbox
+from installer import cpuarch, fabric_steps, fabricmanager, gpus, module_build, sandbox
 from installer.detect import context
 from installer.distros.flows import UbuntuFlow
 from installer.errors import ExitCode, IntegrityError, UnsupportedHostError, UsageError
+from installer.headers import KernelTree
 from installer.kernel import KernelState
 from installer.moduleargs import ModuleArg
 from installer.nvidia_urls import named_arch, named_version, run_url
@@ -171,3 +172,13 @@ def test_cos_on_arm_is_refused_not_guessed(tmp_path):
     ctx = context(validate(Settings(host_root=node.root, install_dir=node.install_dir)), kernel)
     with pytest.raises(UnsupportedHostError, match="COS on aarch64"):
         CosFlow().plan(ctx)
+
+
+def test_a_cross_build_passes_kbuilds_arch_and_cross_prefix_and_a_native_one_does_not():
+    tree = KernelTree(Path("/usr/src/linux-headers-6.1.0-56-common"),
+                      Path("/usr/src/linux-headers-6.1.0-56-arm64"))
+    native = module_build.make_argv("/x/kernel-open", tree, 2)
+    assert native == ["make", "-C", "/x/kernel-open", f"SYSSRC={tree.source}",
+                      f"SYSOUT={tree.output}", "-j2", "modules"]  # as before
+    cross = module_build.make_argv("/x/kernel-open", tree, 2, cross=cpuarch.AARCH64)
+    assert cross == [*native[:-1], "ARCH=arm64", "CROSS_COMPILE=aarch64-linux-gnu-", "modules"]
