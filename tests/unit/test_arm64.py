@@ -182,3 +182,11 @@ def test_a_cross_build_passes_kbuilds_arch_and_cross_prefix_and_a_native_one_doe
                       f"SYSOUT={tree.output}", "-j2", "modules"]  # as before
     cross = module_build.make_argv("/x/kernel-open", tree, 2, cross=cpuarch.AARCH64)
     assert cross == [*native[:-1], "ARCH=arm64", "CROSS_COMPILE=aarch64-linux-gnu-", "modules"]
+
+
+def test_detect_reports_the_nodes_architecture(gb200):
+    from installer import detect
+
+    report = detect.run(validate(Settings(host_root=gb200.node.root,
+                                          install_dir=gb200.node.install_dir)))
+    assert report["arch"] == "aarch64" and report["gpus"][0]["name"] == "NVIDIA GB200"
