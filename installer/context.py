@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from installer import gpus
+from installer import cpuarch, gpus
 from installer.cache import CacheRecord
+from installer.cpuarch import CpuArch
 from installer.gpus import PciGpu
 from installer.hostroot import HostRoot
 from installer.installdir import InstallDir
@@ -52,6 +53,9 @@ class Context:
     runner: Runner
     install: InstallDir
     host_info: HostInfo
+    # The node's CPU architecture, read once (detect.context): the .run, the fabric
+    # manager's platform and the jail's library dirs follow it.
+    arch: CpuArch = cpuarch.X86_64
     # What steps hand to later steps (downloaded paths, the staging tree, ...).
     work: WorkState = field(default_factory=WorkState)
     # What this run made outside the staging dir that is worthless if it fails (the COS

@@ -3,16 +3,20 @@ dir this node has, as a ``Context``; and the ``detect`` command, which prints it
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
-from installer import cache, devnodes, distros, fabric, modules, signing
+from installer import branches, cache, cpuarch, devnodes, distros, fabric, gpus, modules, signing
 from installer.context import Context, NodeProbe
-from installer.errors import UnsupportedHostError, clip
+from installer.errors import UnsupportedHostError, UsageError, clip
+from installer.gpus import PciGpu
 from installer.hostroot import HostRoot
 from installer.installdir import locate
 from installer.kernel import KernelState
+from installer.moduleargs import ModuleArg
 from installer.modules import loaded_driver_version
 from installer.net.policy import UrlPolicy
+from installer.nvidia_urls import named_arch
 from installer.osinfo import HostInfo
 from installer.runner import Runner
 from installer.settings import Settings
@@ -44,10 +48,54 @@ def context(settings: Settings, kernel: KernelState | None = None, runner: Runne
         host_info = HostInfo.unknown(release)
     # Child processes see the same kernel as we do (the seams: tests only, empty on a node).
     runner = runner or Runner(env=kernel.seam_env())
+    arch, found = _arch(kernel, strict), None
+    _check_driver_url_arch(settings, arch)
+    if arch is not cpuarch.X86_64:  # x86_64: no Grace part, the PCI scan stays lazy
+        found = tuple(gpus.scan(kernel.sys_dir))
+        settings = with_grace_defaults(settings, found)
     return Context(settings=settings, host=host, kernel=kernel, runner=runner,
                    install=locate(settings.host_root, settings.install_dir,
                                   settings.install_dir_host),
-                   host_info=host_info, url_policy=url_policy)
+                   host_info=host_info, url_policy=url_policy,
+                   arch=arch, _pci_gpus=found)
+
+
+def _arch(kernel: KernelState, strict: bool) -> cpuarch.CpuArch:
+    """The node's architecture; not ``strict`` (doctor, uninstall): x86_64's names for
+    one the installer does not know, as for an OS it cannot tell."""
+    try:
+        return cpuarch.from_machine(kernel.machine())
+    except UnsupportedHostError:
+        if strict:
+            raise
+        return cpuarch.X86_64
+
+
+def _check_driver_url_arch(settings: Settings, arch: cpuarch.CpuArch) -> None:
+    """--driver-url naming the other architecture's .run: refused before anything is
+    fetched (its modules would not load, its binaries would not run here)."""
+    named = named_arch(settings.driver_url) if settings.driver_url else None
+    if named and named != arch.nvidia:
+        raise UsageError(f"--driver-url names an {named} driver, and this node is {arch}",
+                         hint=f"give the URL of NVIDIA-Linux-{arch.nvidia}-<V>.run")
+
+
+def with_grace_defaults(settings: Settings, found: tuple[PciGpu, ...]) -> Settings:
+    """On a Grace superchip node, ``nvidia.NVreg_CoherentGPUMemoryMode=driver`` (CDMM)
+    unless the operator chose a mode: the GPU's memory stays the driver's instead of
+    becoming a NUMA node the kubelet would count as the node's RAM, and the mode is the
+    same on every branch (unset means "numa" up to 595: gpus.CDMM_PARAM). Only where the
+    driver has the option (gpus.has_cdmm_option: 580.65.06+; the distro's default when
+    --driver-version names no version)."""
+    version = settings.driver_version
+    if not (version and version[:1].isdigit()):
+        version = branches.RECOMMENDED_VERSION
+    given = any(a.module == "nvidia" and a.param == gpus.CDMM_PARAM
+                for a in settings.module_args)
+    if given or not gpus.grace_parts(found) or not gpus.has_cdmm_option(version):
+        return settings
+    cdmm = ModuleArg("nvidia", gpus.CDMM_PARAM, "driver")
+    return dataclasses.replace(settings, module_args=(*settings.module_args, cdmm))
 
 
 def probe(ctx: Context) -> Context:
@@ -84,6 +132,7 @@ def run(settings: Settings) -> dict[str, object]:
     host = {k: v for k, v in info.to_dict().items() if k != "distro"}  # "flow" says it
     return {
         **host,
+        "arch": ctx.arch.machine,
         "flow": info.distro,
         "support": distros.support(info),
         "install_dir": str(ctx.install.root),

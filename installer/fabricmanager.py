@@ -1,7 +1,8 @@
 """NVIDIA's fabric manager for exactly the installed driver: fetched, checked, kept.
 
 NVIDIA publishes it per driver version in its redistributable area, as
-``<base>/fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-<V>-archive.tar.xz``, with
+``<base>/fabricmanager/<platform>/fabricmanager-<platform>-<V>-archive.tar.xz`` (platform
+``linux-x86_64``, or ``linux-sbsa`` on Arm servers: cpuarch.CpuArch.redist), with
 ``<base>/redistrib_<V>.json`` listing each archive's ``relative_path`` and ``sha256`` (the
 manifest nixpkgs' cuda-modules builders read; the archive holds ``bin/nv-fabricmanager``,
 ``etc/fabricmanager.cfg``, ``share/nvidia/nvswitch/*_topology`` and ``lib/libnvfm.so.1``,
@@ -37,33 +38,35 @@ from installer.safejson import loads
 log = structlog.get_logger(__name__)
 
 DEFAULT_BASE_URL = FABRIC_MANAGER_BASE_URL
-PLATFORM = "linux-x86_64"
+PLATFORM = "linux-x86_64"  # the default: every caller on an Arm node passes ctx.arch.redist
 DIR = "fabricmanager"  # in the install dir: <install-dir>/fabricmanager/<V>
 BINARY = "bin/nv-fabricmanager"
 
 
-def archive_name(version: str) -> str:
-    return f"fabricmanager-{PLATFORM}-{version}-archive"
+def archive_name(version: str, platform: str = PLATFORM) -> str:
+    return f"fabricmanager-{platform}-{version}-archive"
 
 
-def archive_url(base: str, version: str) -> str:
-    return f"{base.rstrip('/')}/fabricmanager/{PLATFORM}/{archive_name(version)}.tar.xz"
+def archive_url(base: str, version: str, platform: str = PLATFORM) -> str:
+    return (f"{base.rstrip('/')}/fabricmanager/{platform}/"
+            f"{archive_name(version, platform)}.tar.xz")
 
 
 def redistrib_url(base: str, version: str) -> str:
     return f"{base.rstrip('/')}/redistrib_{version}.json"
 
 
-def pinned_sha256(text: str, version: str) -> str:
+def pinned_sha256(text: str, version: str, platform: str = PLATFORM) -> str:
     """The archive's sha256 from NVIDIA's redistrib_<V>.json; IntegrityError when the
-    document does not list exactly this version's archive."""
+    document does not list exactly this version's archive for ``platform``."""
     try:
-        entry = loads(text, max_bytes=1 << 20)["fabricmanager"][PLATFORM]
+        entry = loads(text, max_bytes=1 << 20)["fabricmanager"][platform]
         path, sha = entry["relative_path"], entry["sha256"]
     except (ValueError, KeyError, TypeError) as exc:
         raise IntegrityError(f"redistrib_{version}.json lists no fabric manager for "
-                             f"{PLATFORM}") from exc
-    if not str(path).endswith(f"{archive_name(version)}.tar.xz") or not isinstance(sha, str):
+                             f"{platform}") from exc
+    wanted = f"{archive_name(version, platform)}.tar.xz"
+    if not str(path).endswith(wanted) or not isinstance(sha, str):
         raise IntegrityError(f"redistrib_{version}.json names {str(path)[:120]!r}, not the "
                              f"fabric manager of driver {version}")
     return sha
@@ -78,7 +81,7 @@ def installed(install_root: Path, version: str) -> bool:
 
 
 def fetch_into(install_root: Path, version: str, *, session: ArtifactSession, base_url: str,
-               sha256: str | None) -> Path:
+               sha256: str | None, platform: str = PLATFORM) -> Path:
     """Download, check and unpack the fabric manager of ``version`` into the install dir
     (other versions' trees removed); its directory."""
     target = version_dir(install_root, version)
@@ -92,19 +95,20 @@ def fetch_into(install_root: Path, version: str, *, session: ArtifactSession, ba
                                  "manager's digest is unknown",
                                  hint="pin it with --fabric-manager-sha256 "
                                  "(NVIDIA_FABRIC_MANAGER_SHA256)")
-        sha256 = pinned_sha256(doc, version)
+        sha256 = pinned_sha256(doc, version, platform)
     work = install_root / DIR / f".{version}.download"
     remove_tree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        got = download(session, archive_url(base_url, version),
-                       work / f"{archive_name(version)}.tar.xz", expected_sha256=sha256,
+        name = archive_name(version, platform)
+        got = download(session, archive_url(base_url, version, platform),
+                       work / f"{name}.tar.xz", expected_sha256=sha256,
                        label="fabric manager")
         unpacked = work / "tree"
         archive.extract(got.path, unpacked, label=got.path.name)
-        top = unpacked / archive_name(version)
+        top = unpacked / name
         if not (top / BINARY).is_file():
-            raise IntegrityError(f"{got.path.name} has no {archive_name(version)}/{BINARY}")
+            raise IntegrityError(f"{got.path.name} has no {name}/{BINARY}")
         for old in (install_root / DIR).iterdir():
             if old.name != work.name and not old.name.startswith("."):
                 remove_tree(old, ignore_errors=True)

@@ -121,6 +121,30 @@ MODELS: dict[str, Model] = {
     "0x31c2": Model("NVIDIA GB300", "Blackwell", 580),
 }
 
+# The GPUs of NVIDIA's Grace superchips, each joined to a Grace CPU by NVLink-C2C (its
+# memory coherent with the CPU's; the node is aarch64): GH200, GB200, GB300.
+GRACE_PARTS = frozenset({"0x2342", "0x2941", "0x31c2"})
+# How the driver exposes a Grace part's memory: "driver" (CDMM, coherent driver-based memory
+# management: not onlined to the kernel as a NUMA node) or "numa" (unset: the default from
+# 580.65.06 to at least 595.45.04). NVIDIA/open-gpu-kernel-modules kernel-open/nvidia/
+# nv-reg.h:454-471 and 1075 (a string option, NULL by default), os-registry.c:335-344 ("driver" implies
+# EnableUserNUMAManagement=0); first in tag 580.65.06 (git log -S CoherentGPUMemoryMode).
+CDMM_PARAM = "NVreg_CoherentGPUMemoryMode"
+CDMM_SINCE = (580, 65, 6)
+
+
+def grace_parts(gpus: list[PciGpu] | tuple[PciGpu, ...]) -> list[PciGpu]:
+    return [g for g in gpus if g.device_id in GRACE_PARTS]
+
+
+def has_cdmm_option(version: str) -> bool:
+    """Whether driver ``version``'s nvidia.ko has NVreg_CoherentGPUMemoryMode (580.65.06+)."""
+    try:
+        return tuple(int(p) for p in version.split(".")[:3]) >= CDMM_SINCE
+    except ValueError:
+        return False
+
+
 # Tested versions of the branches a GPU may have to fall back to when the
 # default driver does not support it (newest first).
 # Newest first: the current long-term release (branches.py), then older branches for GPUs

@@ -106,6 +106,13 @@ class KernelState:
         text = self._read(self.proc_dir / "sys/kernel/osrelease")
         return text.strip() if text else os.uname().release
 
+    def machine(self) -> str:
+        """``uname -m``: the kernel's ``/proc/sys/kernel/arch`` (init_uts_ns.name.machine,
+        torvalds/linux kernel/utsname_sysctl.c ``uts_kern_table``, since 6.1), else this
+        process's uname, which is the node's: every UTS namespace copies the machine field."""
+        text = self._read(self.proc_dir / "sys/kernel/arch")
+        return text.strip() if text and text.strip() else os.uname().machine
+
     def modules(self) -> dict[str, LoadedModule]:
         return parse_proc_modules(self._read(self.proc_dir / "modules") or "")
 

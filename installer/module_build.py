@@ -19,6 +19,7 @@ SYSOUT=...``), minus ``-k``: the first error stops the build.
 
 from __future__ import annotations
 
+from installer.cpuarch import CpuArch
 from installer.errors import UsageError
 from installer.headers import KernelTree
 from installer.kinds import OPEN, PROPRIETARY, ModuleType
@@ -57,9 +58,18 @@ def build_dir(version: str, module_type: str | None) -> str:
     return BUILD_DIRS[module_type_for(version, module_type)]
 
 
-def make_argv(tree_dir: str, kernel: KernelTree, jobs: int) -> list[str]:
+def make_argv(tree_dir: str, kernel: KernelTree, jobs: int,
+              cross: CpuArch | None = None) -> list[str]:
     """``make -C <tree> SYSSRC=<source> SYSOUT=<output> -jN modules``: NVIDIA's Makefile
     with the split Debian/Ubuntu source and output dirs (without SYSOUT its conftest
-    fails: kernel.c ``determine_kernel_output_path``)."""
-    return ["make", "-C", tree_dir, f"SYSSRC={kernel.source}", f"SYSOUT={kernel.output}",
-            f"-j{jobs}", "modules"]
+    fails: kernel.c ``determine_kernel_output_path``).
+
+    ``cross``: the target architecture when it is not the build machine's (an arm64
+    bundle built on amd64): Kbuild's ``ARCH=arm64 CROSS_COMPILE=aarch64-linux-gnu-``.
+    NVIDIA's Makefile takes ARCH as given (else ``uname -m``) and passes it to Kbuild;
+    CROSS_COMPILE, a command-line variable, reaches Kbuild through MAKEFLAGS."""
+    argv = ["make", "-C", tree_dir, f"SYSSRC={kernel.source}", f"SYSOUT={kernel.output}",
+            f"-j{jobs}"]
+    if cross is not None:
+        argv += [f"ARCH={cross.kbuild}", f"CROSS_COMPILE={cross.cross_prefix}"]
+    return [*argv, "modules"]

@@ -9,19 +9,27 @@ DEFAULT_DRIVER_BASE_URL = NVIDIA_BASE_URL.format(branch="tesla")
 # NVIDIA's redistributable area: the fabric manager archives and redistrib_<V>.json.
 FABRIC_MANAGER_BASE_URL = "https://developer.download.nvidia.com/compute/nvidia-driver/redist"
 
-_RUN_NAME = re.compile(r"NVIDIA-Linux-x86_64-(\d[\d.]*\d)(?:-[\w.]+)?\.run$")
+# NVIDIA-Linux-<arch>-<V>.run: x86_64 or aarch64 (cpuarch.py cites the layout).
+_RUN_NAME = re.compile(r"NVIDIA-Linux-(x86_64|aarch64)-(\d[\d.]*\d)(?:-[\w.]+)?\.run$")
 
 
-def run_file_name(version: str) -> str:
-    return f"NVIDIA-Linux-x86_64-{version}.run"
+def run_file_name(version: str, arch: str = "x86_64") -> str:
+    return f"NVIDIA-Linux-{arch}-{version}.run"
 
 
-def run_url(base: str, version: str) -> str:
-    """``<base>/<V>/NVIDIA-Linux-x86_64-<V>.run``, NVIDIA's layout (and its mirrors')."""
-    return f"{base.rstrip('/')}/{version}/{run_file_name(version)}"
+def run_url(base: str, version: str, arch: str = "x86_64") -> str:
+    """``<base>/<V>/NVIDIA-Linux-<arch>-<V>.run``, NVIDIA's layout (and its mirrors'):
+    both architectures' .run files in the one version directory."""
+    return f"{base.rstrip('/')}/{version}/{run_file_name(version, arch)}"
 
 
 def named_version(url: str) -> str | None:
     """The driver version a .run URL's file name names, if it does."""
+    match = _RUN_NAME.search(url.split("?", 1)[0])
+    return match.group(2) if match else None
+
+
+def named_arch(url: str) -> str | None:
+    """The architecture a .run URL's file name names (``x86_64``/``aarch64``), if it does."""
     match = _RUN_NAME.search(url.split("?", 1)[0])
     return match.group(1) if match else None

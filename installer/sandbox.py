@@ -51,8 +51,11 @@ from pathlib import Path
 from installer import harvest as harvest_fs
 from installer import jail_limits, jail_seccomp
 
-# Where things land in the upper dir (relative paths), merged-/usr or not.
-LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu")
+# Where things land in the upper dir (relative paths), merged-/usr or not. The .run's
+# nvidia-installer picks the multiarch dir of its own architecture (Debian's triplets,
+# cpuarch.CpuArch.triplet): an x86_64 jail never writes the aarch64 dirs, nor the reverse.
+LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu",
+            "usr/lib/aarch64-linux-gnu", "lib/aarch64-linux-gnu")
 BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
 FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -138,13 +138,15 @@ class Settings:
         """The ``kind`` options given, else its defaults."""
         return next((o for o in self.distro_options if isinstance(o, kind)), None) or kind()
 
-    def driver_run_url(self, version: str, default_base: str | None = None) -> str:
-        """--driver-url as given, else <base>/<V>/NVIDIA-Linux-x86_64-<V>.run; the base is
-        --driver-base-url, else the distro's ``default_base``, else NVIDIA's for the branch."""
+    def driver_run_url(self, version: str, default_base: str | None = None,
+                       arch: str = "x86_64") -> str:
+        """--driver-url as given, else <base>/<V>/NVIDIA-Linux-<arch>-<V>.run (``arch``:
+        the node's, CpuArch.nvidia); the base is --driver-base-url, else the distro's
+        ``default_base``, else NVIDIA's for the branch."""
         if self.driver_url:
             return self.driver_url
         return run_url(self.driver_base_url or default_base
-                       or NVIDIA_BASE_URL.format(branch=self.driver_branch), version)
+                       or NVIDIA_BASE_URL.format(branch=self.driver_branch), version, arch)
 
 
 OptionsT = TypeVar("OptionsT", bound=DistroOptions)
@@ -208,11 +210,13 @@ def _check_readiness_deadlines(s: Settings) -> None:
 def _check_driver_url_version(s: Settings) -> None:
     """--driver-url's file name and --driver-version naming two drivers: refused now
     (the .run's own version is checked once extracted, before anything is unloaded)."""
-    named = named_version(s.driver_url) if s.driver_url else None
+    if not s.driver_url:
+        return
+    named = named_version(s.driver_url)
     wanted = s.driver_version
     if named and wanted and wanted[:1].isdigit() and named != wanted:
         raise UsageError(f"--driver-url names driver {named} "
-                         f"(NVIDIA-Linux-x86_64-{named}.run), --driver-version {wanted}",
+                         f"({s.driver_url.split('?', 1)[0].rsplit('/', 1)[-1]}), --driver-version {wanted}",
                          hint="give the URL of the version you want, or drop "
                          "--driver-version (it is read from the URL's file name)")
 

@@ -44,11 +44,14 @@ class PrivateApt:
     """apt-get/apt-cache with a sources file and state dirs of our own."""
 
     def __init__(self, root: Path, log: Log, components: list[str],
-                 extra_suites: tuple[str, ...] = ()) -> None:
+                 extra_suites: tuple[str, ...] = (), architectures: tuple[str, ...] = ()) -> None:
         """``extra_suites``: suites of the host's main archive (same URI and key) this
-        machine does not enable, e.g. trixie for NVIDIA's 550 parts."""
+        machine does not enable, e.g. trixie for NVIDIA's 550 parts. ``architectures``:
+        the dpkg architectures to list (APT::Architectures), e.g. amd64 and arm64 for the
+        arm64 tier; none: apt's default (this machine's own, as dpkg has it)."""
         self.root, self.log, self.components = root, log, components
         self.extra_suites = extra_suites
+        self.architectures = architectures
         self.conf = root / "apt.conf"
         self.updated = False
 
@@ -79,6 +82,7 @@ class PrivateApt:
             (self.root / "lists/partial").mkdir(parents=True)
             src_file.write_text(sources)
         r = self.root
+        arches = " ".join(f'"{a}";' for a in self.architectures)
         self.conf.write_text(
             f'Dir::State::Lists "{r}/lists";\n'
             f'Dir::Cache "{r}/cache";\n'
@@ -86,6 +90,7 @@ class PrivateApt:
             f'Dir::Etc::SourceParts "{r}/sources.list.d";\n'
             f'Dir::Etc::PreferencesParts "{r}/preferences.d";\n'
             'APT::Sandbox::User "root";\n'
+            + (f"APT::Architectures {{ {arches} }};\n" if arches else "")
         )
 
     def has_lists(self) -> bool:

@@ -67,7 +67,7 @@ def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
             hint="run it where the headers-built distros run (e.g. the bundle-job's image)")
     version = distro.driver_version(ctx)
     key = BundleKey(version, ctx.host_info.kernel_release, distro.module_type(ctx, version))
-    url = ctx.settings.driver_run_url(version)
+    url = ctx.settings.driver_run_url(version, arch=ctx.arch.nvidia)
     return Plan("bundle", (
         distro.headers_step(),
         staging.prepare_staging(),

@@ -94,7 +94,7 @@ class HeadersBuildFlow(Flow):
         if self.cache_hit(ctx, key):
             return cached_plan(ctx, version, check_gpus, module_type=module_type,
                                display=display)
-        url = ctx.settings.driver_run_url(version)
+        url = ctx.settings.driver_run_url(version, arch=ctx.arch.nvidia)
         prebuilt = None
         if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
             prebuilt = prebuilt_step(ctx, version, module_type)

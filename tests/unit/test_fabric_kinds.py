@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer import fabric, fabric_steps, fabricmanager, forking, sidecars
+from installer import cpuarch, fabric, fabric_steps, fabricmanager, forking, sidecars
 from installer.errors import UsageError, VerifyError
 from tests.fixtures.clock import Clock
 from tests.fixtures.kernel import NVSWITCH_LR10, NVSWITCH_LS10, FakeKernel
@@ -61,7 +61,7 @@ def test_the_fabric_manager_is_planned_on_nvlink5_nodes_too(fake):
     """Before: fabric_steps planned it only for PCI class 0x0680, which NVLink5 lacks."""
     def probed():  # what detect.probe records of the node, as the plan reads it
         return SimpleNamespace(node=SimpleNamespace(
-            fabric_present=fabric.detect(fake.sys_dir).present))
+            fabric_present=fabric.detect(fake.sys_dir).present), arch=cpuarch.X86_64)
 
     assert fabric_steps.for_node(probed(), "570.124.06") == ()
     fake.add_nvlink5_bridge()

@@ -45,6 +45,7 @@ from installer.distros.cos.steps import (
 )
 from installer.distros.cos.toolchain import BuildTools
 from installer.distros.planning import DistroSteps, Flow, Wanted, cached_plan, fresh_plan
+from installer.errors import UnsupportedHostError
 from installer.gke import mirror
 from installer.kinds import OPEN
 from installer.net.fetch import fetch_text
@@ -123,6 +124,7 @@ class CosFlow(Flow):
     def plan(self, ctx: Context) -> Plan:
         """Probe (version, cache, the build's module sources, the node), decide (a pure
         ``choice.choose``), then list the steps for that choice."""
+        _refuse_other_arches(ctx)
         if CosOptions.of(ctx.settings).preload:
             return self._preload_plan(ctx)
         resolved = self.resolve(ctx)
@@ -338,3 +340,15 @@ def _signing_step(arts: Artifacts, version: str, probe: Probe, chosen: Choice) -
         signatures_url=arts.url(signatures_name(version)) if probe.policy.enforced else None,
         signed_what="precompiled modules signed by Google" if precompiled
         else "signed prebuilt modules")
+
+
+def _refuse_other_arches(ctx: Context) -> None:
+    """COS on Arm (GKE's A4X/GH200 pools) is not served yet: which artifacts Google's
+    arm64 builds publish (the custom .run's name, the toolchain's target) is unverified
+    here, and a guessed name would fetch the wrong thing (docs/arm64.md)."""
+    if ctx.arch.machine != "x86_64":
+        raise UnsupportedHostError(
+            f"COS on {ctx.arch.machine} is not supported by this installer yet "
+            "(x86_64 COS nodes are)",
+            hint="use GKE's own driver installer on Arm COS node pools (docs/arm64.md)",
+            machine=ctx.arch.machine)
