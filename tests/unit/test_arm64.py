@@ -12,9 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer import cpuarch, fabric_steps, fabricmanager, gpus, module_build, sandbox
-from installer.detect import context
-from installer.distros.flows import UbuntuFlow
+from installer import cpuarch, fabric, fabric_steps, fabricmanager, gpus, module_build, sandbox
+from installer.detect import context, probe
+from installer.distros.headers_build_flow import HeadersBuildFlow
+from installer.distros.ubuntu import Ubuntu
 from installer.errors import ExitCode, IntegrityError, UnsupportedHostError, UsageError
 from installer.headers import KernelTree
 from installer.kernel import KernelState
@@ -104,7 +105,9 @@ def test_the_fabric_manager_of_arm_servers_is_nvidias_linux_sbsa_archive():
 def test_an_arm_nvlink_node_plans_the_sbsa_fabric_manager(tmp_path):
     fake = FakeKernel(tmp_path / "k")
     fake.add_nvlink5_bridge()
-    ctx = SimpleNamespace(kernel=SimpleNamespace(sys_dir=fake.sys_dir), arch=cpuarch.AARCH64)
+    # What detect.probe records of the node, as the plan reads it.
+    ctx = SimpleNamespace(node=SimpleNamespace(fabric_present=fabric.detect(fake.sys_dir).present),
+                          arch=cpuarch.AARCH64)
     (step,) = fabric_steps.for_node(ctx, V)
     assert f"fabricmanager-linux-sbsa-{V}-archive" in step.detail
 
@@ -126,7 +129,7 @@ def test_install_dry_run_on_a_gb200_node_plans_the_aarch64_run_and_cdmm(gb200):
     """Issue 42's first 'done means' (the sbsa fabric manager: the test above)."""
     ctx = gb200.ctx()
     assert ctx.arch is cpuarch.AARCH64
-    plan = UbuntuFlow().plan(ctx)
+    plan = HeadersBuildFlow(Ubuntu).plan(probe(ctx))
     assert plan.summary["driver_url"] == (
         f"file://{gb200.tesla}/{V}/NVIDIA-Linux-aarch64-{V}.run")
     assert plan.summary["kernel_module_type"] == "open"  # Blackwell: required
@@ -150,14 +153,14 @@ def test_a_driver_without_the_option_gets_no_cdmm(tmp_path, monkeypatch):
     """GH200 on R570: nvidia.ko has no NVreg_CoherentGPUMemoryMode before 580.65.06."""
     ctx = Node(tmp_path, monkeypatch, "aarch64", GH200).ctx(driver_version="570.133.20")
     assert ctx.settings.module_args == ()
-    assert UbuntuFlow().plan(ctx).summary["driver_url"].endswith(
+    assert HeadersBuildFlow(Ubuntu).plan(probe(ctx)).summary["driver_url"].endswith(
         "/NVIDIA-Linux-aarch64-570.133.20.run")
 
 
 def test_an_x86_64_node_plans_as_before(tmp_path, monkeypatch):
     ctx = Node(tmp_path, monkeypatch, "x86_64", H100).ctx()
     assert ctx.arch is cpuarch.X86_64 and ctx.settings.module_args == ()
-    assert UbuntuFlow().plan(ctx).summary["driver_url"].endswith(
+    assert HeadersBuildFlow(Ubuntu).plan(probe(ctx)).summary["driver_url"].endswith(
         f"/{V}/NVIDIA-Linux-x86_64-{V}.run")
 
 
@@ -171,7 +174,7 @@ def test_cos_on_arm_is_refused_not_guessed(tmp_path):
     kernel = KernelState(fake.proc_dir, fake.sys_dir, fake.dev_dir)
     ctx = context(validate(Settings(host_root=node.root, install_dir=node.install_dir)), kernel)
     with pytest.raises(UnsupportedHostError, match="COS on aarch64"):
-        CosFlow().plan(ctx)
+        CosFlow().plan(probe(ctx))
 
 
 def test_a_cross_build_passes_kbuilds_arch_and_cross_prefix_and_a_native_one_does_not():
