@@ -78,8 +78,9 @@ VM_DEPS := qemu-system-x86 qemu-utils debootstrap e2fsprogs pahole
 deps-tiers:  ## the slow tiers' Debian packages (root), all at once
 	bash scripts/install-deps.sh $(sort $(IMAGE_DEPS) $(POD_DEPS) $(VM_DEPS) $(ARM64_DEPS))
 
-# The arm64 tier's cross compiler (about 150 MB with its binutils and libgcc).
-ARM64_DEPS := gcc-aarch64-linux-gnu
+# The arm64 tier's cross compiler (about 150 MB with its binutils and libgcc) and
+# qemu-system-aarch64 for the boot that loads the cross-built nvidia.ko.
+ARM64_DEPS := gcc-aarch64-linux-gnu qemu-system-arm
 test-arm64: install  ## NVIDIA's real open modules (Debian's arm64 parts) cross-built for arm64 in the build jail on this amd64 machine, checked with readelf/modinfo (slow tier; skips without gcc-aarch64-linux-gnu)
 	$(PY) -m pytest tests/arm64 $(PYTEST_ARGS)
 
