@@ -13,6 +13,14 @@ import pytest
 from installer.cli import cli, main
 
 
+@pytest.fixture(autouse=True)
+def _fixture_kernel(fake_kernel, monkeypatch):
+    """The CLI runs in this process on a fixture host root: its kernel is a fixture's too
+    (a fresh FakeKernel, an L4-less node), never the machine's (issue 43: on a GPU runner
+    ``status`` and ``detect`` would report the runner's loaded driver)."""
+    fake_kernel.activate(monkeypatch)
+
+
 def run_main(capsys, args, monkeypatch=None, env=None):
     if env and monkeypatch:
         for k, v in env.items():
