@@ -57,6 +57,18 @@ def test_the_list_is_read_under_the_machine_root_it_is_given(tmp_path, monkeypat
     assert (machine / "proc/modules").read_text() == NVIDIA_LINE  # the harness may look
 
 
+@pytest.mark.real_machine("proves the one allowance: a marked test's installer may read "
+                          "the machine's own state, and still never its kernel log")
+def test_the_real_machine_marker_allows_node_state_but_not_the_kernel_log():
+    from installer import xid
+
+    tripwire = _tripwire()
+    assert tripwire.MACHINE_ENV not in os.environ  # nor in what this test starts
+    KernelState().modules()  # the machine's /proc/modules (absent without module support)
+    with tripwire.expect(), pytest.raises(tripwire.RealKernelLogRead):
+        xid.read_kmsg(Path("/dev/kmsg"))
+
+
 LEAKY_TESTS = '''
 from installer.kernel import KernelState
 
