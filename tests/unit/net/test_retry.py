@@ -194,11 +194,16 @@ def test_give_up_on_total_timeout_before_sleeping_past_it():
 # --------------------------------------------------------------------------- environment
 
 
-def test_download_retries_and_timeout_reach_the_policy_through_settings(tmp_path, fake_kernel,
-                                                                         monkeypatch):
-    fake_kernel.activate(monkeypatch)  # the context reads the node's kernel, never the machine's
+@pytest.fixture
+def fixture_kernel(fake_kernel, monkeypatch):
+    """context() reads the node's kernel: a fixture's, never the machine's (issue 43)."""
+    fake_kernel.activate(monkeypatch)
+
+
+@pytest.mark.usefixtures("fixture_kernel")
+def test_download_retries_and_timeout_reach_the_policy_through_settings(tmp_path):
     fields = retry_env({"DOWNLOAD_RETRIES": "2", "DOWNLOAD_TIMEOUT": "45.5"})
-    settings = validate(Settings(install_dir=tmp_path, host_root=tmp_path / "host", **fields))
+    settings = validate(Settings(install_dir=tmp_path, **fields))
     p = policy_of(context(settings, strict=False).http)
     assert (p.attempts, p.total_timeout) == (2, 45.5)
     assert p.read_timeout == NETWORK_DEFAULTS.read_timeout
