@@ -14,6 +14,17 @@ import pytest
 from installer.cli import cli, main
 
 
+@pytest.fixture(autouse=True)
+def _fixture_kernel(fake_kernel, monkeypatch):
+    """The CLI runs in this process on a fixture host root: its kernel is a fixture's too
+    (a fresh FakeKernel, no GPU), never the machine's (issue 43: on a GPU runner ``status``
+    and ``detect`` would report the runner's loaded driver). In this process only: the
+    children these tests start are measured as the installed CLI starts (no start-up hook)."""
+    from installer import kernel
+
+    monkeypatch.setattr(kernel, "_roots", fake_kernel.roots())
+
+
 def run_main(capsys, args, monkeypatch=None, env=None):
     if env and monkeypatch:
         for k, v in env.items():

@@ -25,6 +25,15 @@ def _fresh_context(monkeypatch):
     structlog.reset_defaults()
 
 
+@pytest.fixture(autouse=True)
+def _fixture_kernel(fake_kernel, monkeypatch):
+    """``install --dry-run`` runs in this process on a fixture host root: its kernel is a
+    fixture's too, never the machine's (issue 43: a GPU runner's loaded driver)."""
+    from installer import kernel
+
+    monkeypatch.setattr(kernel, "_roots", fake_kernel.roots())
+
+
 def _console(capsys, fmt="console", level="info") -> list[str]:
     logmod.configure(fmt, level)
     lg = structlog.get_logger("t")

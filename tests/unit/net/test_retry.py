@@ -193,6 +193,13 @@ def test_give_up_on_total_timeout_before_sleeping_past_it():
 # --------------------------------------------------------------------------- environment
 
 
+@pytest.fixture
+def fixture_kernel(fake_kernel, monkeypatch):
+    """context() reads the node's kernel: a fixture's, never the machine's (issue 43)."""
+    fake_kernel.activate(monkeypatch)
+
+
+@pytest.mark.usefixtures("fixture_kernel")
 def test_download_retries_and_timeout_reach_the_policy_through_settings(tmp_path):
     fields = retry_env({"DOWNLOAD_RETRIES": "2", "DOWNLOAD_TIMEOUT": "45.5"})
     settings = validate(Settings(install_dir=tmp_path, **fields))
