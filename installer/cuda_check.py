@@ -2,8 +2,8 @@
 
 nvidia-smi (NVML) can be green while every CUDA program fails: on NVSwitch systems cuInit
 returns 802 until the fabric manager has trained the fabric; without the UVM device files it
-returns 999 (a real H100 node, shared/reference/gpu-node/README.md, "CUDA errors and the
-fabric"). So ``verify`` and every install's verify step also load the install dir's own
+returns 999 (a real H100 node: docs/nvidia-facts.md, "CUDA and the fabric on a real H100
+node"). So ``verify`` and every install's verify step also load the install dir's own
 ``libcuda.so.1`` in a child process (``cuda_probe.py``) and make a context and a small memory
 round trip on each GPU. The child runs in its own process group under a deadline: a cuInit
 hung on a wedged GPU is killed, the installer is not.

@@ -7,8 +7,8 @@ Stdlib only and no ``installer`` import, so it runs under ``-I`` from any copy o
 cuInit, cuDriverGetVersion, cuDeviceGetCount; then on each device cuCtxCreate and a memory round
 trip (cuMemAlloc, cuMemsetD8, cuMemcpyDtoH, compare, cuMemFree, cuCtxDestroy). The calls and
 their ``_v2`` names are those of NVIDIA's cuda.h (the names libcuda exports for the 64-bit API);
-the sequence is the probe that ran on a real H100, shared/reference/gpu-node/cudacheck.py
-(0.29-0.41 s in all there). Prints one JSON line; the exit status is 0 whenever it printed.
+the sequence is the probe that ran on a real H100 (0.29-0.41 s in all there: docs/nvidia-facts.md,
+"CUDA and the fabric on a real H100 node"). Prints one JSON line; the exit status is 0 whenever it printed.
 
 ``cuda_probe.py --bounded LIB BYTES`` is how the installer starts it: as pid 1 of a pid
 namespace of its own (``unshare --pid --fork --kill-child``, cuda_check.probe_argv), it runs

@@ -59,7 +59,7 @@ def _json_logging() -> bool:
 
 def report_click_error(exc: click.ClickException, command: str, argv: list[str]) -> None:
     """A bad option or argument as click found it: click's own message, or with JSON logs
-    asked for a JSON event too (issue 26); ``install -o json`` prints its failure document."""
+    asked for a JSON event too; ``install -o json`` prints its failure document."""
     if not isinstance(exc, click.UsageError):
         exc.show()
         return

@@ -12,7 +12,7 @@ On an NVSwitch system nvidia-smi is green while every CUDA program fails with 80
   ``nvswitch_ls10_device_ids``, the ids ``nvswitch_is_lr10_device_id`` /
   ``nvswitch_is_ls10_device_id`` test). Never told by /proc/devices: every 545+ driver
   registers ``nvidia-nvswitch`` there, also on a real H100 node without one
-  (shared/reference/gpu-node/README.md, "CUDA errors and the fabric").
+  (docs/nvidia-facts.md, "CUDA and the fabric on a real H100 node").
 - **NVLink5, HGX B200/GB200**: the switches are no PCI functions of the host (the host's
   NVSwitch driver knows only lr10 and ls10: nvswitch.c's two id tables); NVIDIA's
   driver container recognises the system by an InfiniBand device whose VPD holds ``SW_MNG``

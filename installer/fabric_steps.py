@@ -1,4 +1,4 @@
-"""The NVLink fabric steps of an install (issue 31 §2): only where fabric.detect finds one."""
+"""The NVLink fabric steps of an install (docs/node-shapes.md): only where fabric.detect finds one."""
 
 from __future__ import annotations
 

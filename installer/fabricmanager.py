@@ -127,7 +127,7 @@ def check_config(text: str, install_dir: Path) -> None:
     handed to nv-fabricmanager, a root daemon with the host's /dev: every value that names a
     file (holds a ``/``: log file, state file, topology path, socket) must lie inside the
     install dir, else UsageError naming the key. Whoever edits the ConfigMap would otherwise
-    choose which host paths a root process writes (issue 39)."""
+    choose which host paths a root process writes."""
     root = os.path.realpath(install_dir)
     for number, line in enumerate(text.splitlines(), 1):
         key, sep, value = line.partition("=")

@@ -32,7 +32,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH = 32  # NVIDIA's deepest harvested dir is 2 below its top
 COPY_CHUNK = 1 << 20
 # What the jail printed is read only as its last bytes: a jail printing 200 MiB must not
-# take the installer's memory with it (issue 39 J5); its errors are at the end.
+# take the installer's memory with it (docs/jail.md, J5); its errors are at the end.
 TAIL_BYTES = 256 << 10
 
 

@@ -14,7 +14,7 @@ the v2 hierarchy, hybrid's ``unified`` included):
 bwrap unshares the jail's cgroup namespace after its first process entered ``jail/`` in
 each hierarchy, so a cgroupfs the jail could mount would have ``jail/`` as its root:
 neither the limit above it nor the container's own files (``memory.limit_in_bytes``,
-``freezer.state``: issue 39 J2/J3) are in it. (The seccomp filter refuses the mount in
+``freezer.state``: docs/jail.md, J2/J3) are in it. (The seccomp filter refuses the mount in
 the first place: jail_seccomp.py.)
 
 - cgroup v1: plain dirs; a new cpuset gets its parent's ``cpus`` and ``mems`` (a cpuset

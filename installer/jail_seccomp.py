@@ -16,7 +16,7 @@ never calls:
 - new namespaces: ``unshare``, ``setns``, and ``clone`` with any ``CLONE_NEW*`` flag
   (arg 0 on x86_64); ``clone3`` answers ENOSYS, so glibc falls back to ``clone``, whose
   flags a filter can see (clone3's are behind a pointer). A user namespace gives uid 0
-  every capability over new mounts: a cgroupfs whose limits it could lift (issue 39 J1);
+  every capability over new mounts: a cgroupfs whose limits it could lift (docs/jail.md, J1);
 - the kernel keyrings, which are not namespaced: ``add_key``, ``request_key``,
   ``keyctl`` (J4: a key in root's user keyring outlives the jail and fills the node's
   root quota);

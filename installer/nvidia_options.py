@@ -30,7 +30,7 @@ def version_key(version: str) -> tuple[int, ...]:
 
 def too_old(version: str) -> str | None:
     """Why an explicit driver ``version`` is refused: older than the oldest nvidia-installer
-    we drive. One rule for ``install`` and ``manifests render`` (issue 26); None for a
+    we drive. One rule for ``install`` and ``manifests render``; None for a
     version we take and for what is no version at all (an alias: checked elsewhere)."""
     parts = version.split(".")
     if len(parts) < 2 or not all(p.isascii() and p.isdigit() for p in parts):

@@ -66,7 +66,7 @@ def plan_text(doc: dict[str, Any]) -> str:
 class GuardedStream(io.TextIOBase):
     """stdout or stderr whose writes never raise: a closed pipe (``install 2>&1 | head``),
     a full disk under a redirect or a vanished terminal must not change what the installer
-    does to the node (issue 26). The first failure points the fd at /dev/null (so the
+    does to the node. The first failure points the fd at /dev/null (so the
     interpreter's last flush is quiet too), calls ``on_failure`` once, and later output is
     dropped."""
 

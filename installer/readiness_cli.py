@@ -1,4 +1,4 @@
-"""The options of what "ready" means (issue 31), for install and verify: the fabric gate
+"""The options of what "ready" means (docs/node-shapes.md), for install and verify: the fabric gate
 (NVSwitch nodes), the CUDA check and its way out, the daemon sidecars; and where install
 gets the fabric manager from."""
 

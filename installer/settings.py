@@ -105,12 +105,12 @@ class Settings:
     vulkan_icd_dir_host: PurePosixPath | None = None  # None: no Vulkan ICD file written
     module_args: tuple[ModuleArg, ...] = ()  # checked when parsed (cli.ModuleArgType)
     persistence_mode: bool = False
-    # Issue 31: verify also runs CUDA (a context and a memory round trip on each GPU, in a
+    # verify also runs CUDA (a context and a memory round trip on each GPU, in a
     # child under this deadline); skipped only by choice, where no context may be made.
     skip_cuda_check: bool = False
     cc_set_ready: bool = False  # --cc-set-ready: nvidia-smi conf-compute -srs 1 before CUDA
     cuda_check_deadline_s: float = 60.0
-    # Issue 31 §2, NVSwitch nodes: the fabric manager of the installed version (fabricmanager.py)
+    # NVSwitch nodes (docs/node-shapes.md): the fabric manager of the installed version (fabricmanager.py)
     # and how long the NVLink fabric may take to reach Completed.
     fabric_manager_base_url: str = FABRIC_MANAGER_BASE_URL
     fabric_manager_sha256: str | None = None
@@ -127,7 +127,7 @@ class Settings:
     download_min_rate_time_s: float = 60.0
     download_retries: int | None = None  # attempts per operation; None: the default (retry.py)
     download_timeout_s: float | None = None  # no new attempt after this; None: the default
-    # Issue 15: install a prebuilt bundle (URL template) before compiling.
+    # A prebuilt bundle (docs/contract.md §3): install it (URL template) before compiling.
     prebuilt_url: str | None = None
     prebuilt_sha256: str | None = None
     prebuilt_only: bool = False
@@ -222,7 +222,7 @@ def _check_driver_url_version(s: Settings) -> None:
 
 
 def _check_prebuilt(s: Settings) -> str | None:
-    """The --prebuilt-* options (issue 15), checked together (the URL template itself when
+    """The --prebuilt-* options, checked together (the URL template itself when
     parsed: cli.PrebuiltUrl); the sha256 normalised."""
     if s.prebuilt_url is None:
         if s.prebuilt_sha256 or s.prebuilt_only:

@@ -1,4 +1,4 @@
-"""Proof the driver works: device nodes, nvidia-smi, and (issue 31) what a workload needs:
+"""Proof the driver works: device nodes, nvidia-smi, and what a workload needs:
 the NVLink fabric where there is one, CUDA itself, the daemon sidecars."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Precompiled driver bundles (issue 15): build once per (driver, kernel, module type),
+"""Precompiled driver bundles: build once per (driver, kernel, module type),
 install on every node of a fleet without compiling.
 
 - ``manifest``: the bundle's manifest and name, parsed and checked as hostile input;

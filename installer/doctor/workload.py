@@ -1,4 +1,4 @@
-"""doctor's lines for what "ready" means beyond nvidia-smi (issue 31): the daemons, the
+"""doctor's lines for what "ready" means beyond nvidia-smi (docs/node-shapes.md): the daemons, the
 NVSwitch fabric, CUDA itself, and the kernel log's GPU faults."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a node shows of GKE's own driver installer, for ``doctor`` (issue 26).
+"""What a node shows of GKE's own driver installer, for ``doctor``.
 
 Both installers flock the same host lock, so they never run at once, but each re-installs
 after the other: the operator must remove one (docs/operator/gke.md, "Switching from GKE's installer").

@@ -99,7 +99,7 @@ class RenderOptions:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     instance: str | None = None  # --name: one DaemonSet per node pool
     partition_gpus: bool = False  # GKE's MIG partitioner after the install (COS, as GKE)
-    # Issue 31: NVIDIA's daemons as native sidecars (installer/daemons_cli.py).
+    # NVIDIA's daemons as native sidecars (installer/daemons_cli.py).
     nvswitch: bool = False  # the fabric manager, for NVSwitch node pools
     fabric_manager_config: str | None = None  # a ConfigMap with fabricmanager.cfg
     persistenced: bool = False  # nvidia-persistenced instead of `nvidia-smi -pm 1`

@@ -432,7 +432,7 @@ def _give_up(retry_state: tenacity.RetryCallState, *, policy: RetryPolicy, stop:
                 "the node")
     elif exc is not None:
         hint = "check network access, proxy settings (HTTPS_PROXY) and DNS from the node"
-    log.debug(  # the DownloadError below is the one error event (issue 14)
+    log.debug(  # the DownloadError below is the one error event
         "download_gave_up",
         url=shown_url,
         limit=which,

@@ -11,7 +11,8 @@ device files (read before the tmpfs hides them; none for the jobs that test maki
 and bind-mounts a refusing stub over modprobe/insmod/rmmod/kmod and every nvidia-modprobe
 (the install dir's, PATH's, GKE's): in there nothing can load or unload a module or make a
 file in the node's /dev (libcuda and NVML fork nvidia-modprobe outside any Python hook; the
-stub logs what it was asked). The layout is shared/reference/gpu-node/probe3.sh's NS helper.
+stub logs what it was asked). The layout is that of the namespace probes run on a real H100 node
+(docs/nvidia-facts.md, "CUDA and the fabric on a real H100 node").
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def job_devnodes(spec: dict) -> dict[str, object]:
         env["LD_LIBRARY_PATH"] = spec["lib64"]
     python = os.path.realpath(sys.executable)
     # The installer's own CUDA check child (installer/cuda_probe.py), 64 MiB per GPU as the
-    # probe of shared/reference/gpu-node/cudacheck.py; read as text: uid 65534 may not read
+    # probe run on a real H100 (docs/nvidia-facts.md); read as text: uid 65534 may not read
     # the checkout.
     src = Path(cuda_probe.__file__).read_text()
     out["cuda"] = as_nobody([python, "-I", "-c", src, "libcuda.so.1", str(64 << 20)], env)

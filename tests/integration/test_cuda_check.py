@@ -1,7 +1,7 @@
 """Issue 31 §1: verify and every install's verify step run CUDA (installer/cuda_check.py)
 against the fixture's gcc-built libcuda (tests/fixtures/csrc/cuda.c), which fails each way a
 real libcuda does. The states behind 100 and 999 were reproduced on a real H100
-(shared/reference/gpu-node/README.md, "CUDA errors and the fabric"); 802 is what NVSwitch
+(docs/nvidia-facts.md, "CUDA and the fabric on a real H100 node"); 802 is what NVSwitch
 systems give before the fabric manager ran; the other codes are cuda.h's."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The read-only commands on a real GPU node, rebuilt from its recording (issue 30).
 
 tests/fixtures/recorded_node.py rebuilds the H100 node of
-/work/shared/reference/gpu-node (driver 580.159.04 loaded by the node image, its user
+tests/data/gpu-node (driver 580.159.04 loaded by the node image, its user
 space on a read-only squashfs at /usr/local/nvidia, ``kernel.modules_disabled=1``, a kernel
 without module unload support, no /dev/char links). Each command runs as a person ran it
 there (section E of the transcript: the CLI, ``--host-root`` and ``--install-dir

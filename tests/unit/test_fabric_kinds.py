@@ -5,7 +5,7 @@ Sources (cited in installer/fabric.py too): NVSwitch device ids from open-gpu-ke
 src/common/nvswitch/kernel/nvswitch.c (nvswitch_lr10_device_ids, nvswitch_ls10_device_ids);
 the NVLink5 mark from NVIDIA/gpu-driver-container ubuntu24.04/nvidia-driver
 (_assert_nvlink5_system); NVML's fabric info is Hopper-or-newer (nvmlDeviceGetGpuFabricInfo),
-so an HGX A100 reads N/A (shared/reference/anchors.md, "node shapes")."""
+so an HGX A100 reads N/A (docs/nvidia-facts.md, "CUDA and the fabric on a real H100 node")."""
 
 from __future__ import annotations
 
