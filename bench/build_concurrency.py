@@ -3,7 +3,7 @@ may use, not the host's.
 
     python bench/build_concurrency.py [--json-out FILE]
 
-1. ``installer.cpus.usable_cpus()`` against fake cgroup trees (v2 quota
+1. ``installer.jail.cpus.usable_cpus()`` against fake cgroup trees (v2 quota
    at the namespace root, v2 quota on an ancestor seen through
    /proc/self/cgroup, v1 CFS quota, no quota) next to ``os.cpu_count()``.
 2. End to end (root only): a fresh install in the pod-like chroot with a fake
@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json-out", help="write the summary rows here (for run_all.py)")
     ap.add_argument("--no-pod", action="store_true", help="skip the end-to-end install")
     args = ap.parse_args(argv)
-    from installer.cpus import usable_cpus
-    from installer.headers import KernelTree
-    from installer.module_build import make_argv
+    from installer.driver.module_build import make_argv
+    from installer.jail.cpus import usable_cpus
+    from installer.kmod.headers import KernelTree
 
     work = Path(tempfile.mkdtemp(prefix="bench-build-", dir="/tmp"))
     try:

@@ -73,8 +73,8 @@ def pad_module(install_dir: Path, mb: int) -> None:
     The fixture modules are small ELF objects; bytes after the ELF (the section
     header table's end) are ignored by both the installer's and the fake insmod's readers.
     """
-    from installer import cache
-    from installer.fsutil import sha256_file, write_atomic
+    from installer.base.fsutil import sha256_file, write_atomic
+    from installer.records import cache
 
     ko = install_dir / "drivers/nvidia.ko"
     line = b"#" * 1023 + b"\n"
@@ -239,8 +239,8 @@ def help_figures(runs: int, wheel_cli: Path) -> tuple[Row, list[str]]:
 
 def hash_figures(mb: int, work: Path) -> tuple[Row, list[str]]:
     """sha256 of an ``mb`` MB module vs the cache check's stat fast path."""
-    from installer import cache
-    from installer.cache import CacheKey
+    from installer.records import cache
+    from installer.records.cache import CacheKey
 
     root = work / "hash"
     (root / "drivers").mkdir(parents=True)

@@ -41,7 +41,7 @@ def measure(tree: Path, work: Path) -> dict:
 
     with fixture(work) as fx:
         # The tree first on PYTHONPATH too: the fake kernel's start-up hook (sitecustomize,
-        # on the pod's PYTHONPATH) imports installer.kernel before the interpreter puts the
+        # on the pod's PYTHONPATH) imports installer.kmod.kernel before the interpreter puts the
         # working dir on sys.path, which made the baseline's runs the dev venv's installer
         # against the baseline's fixture .run (its libcuda has no cuDeviceGet: exit 9).
         path = os.pathsep.join(filter(None, (str(tree), fx.pod.env.get("PYTHONPATH"))))

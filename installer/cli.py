@@ -14,30 +14,30 @@ from collections.abc import Callable, Iterator
 import click
 
 from installer import __version__
-from installer.errors import ExitCode, InstallerError
+from installer.base.errors import ExitCode, InstallerError
 
 
 def _node_command(name: str) -> click.Command:
-    from installer import commands_cli
+    from installer.commands import node_cli as commands_cli
 
     command: click.Command = getattr(commands_cli, name)
     return command
 
 
 def _manifests() -> click.Command:
-    from installer.manifests.cli import manifests
+    from installer.commands.manifests.cli import manifests
 
     return manifests
 
 
 def _bundle() -> click.Command:
-    from installer.bundle.cli import bundle
+    from installer.commands.bundle_cli import bundle
 
     return bundle
 
 
 def _sidecar() -> click.Command:
-    from installer.daemons_cli import sidecar
+    from installer.commands.sidecar_cli import sidecar
 
     return sidecar
 
@@ -94,7 +94,7 @@ def _command_name(argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run a command; the only place outcomes become exit codes (docs/contract.md §3). The failure
     reports (``exits``) load only when a command fails: ``--help`` stays fast."""
-    from installer import signals
+    from installer.base import signals
 
     argv = sys.argv[1:] if argv is None else argv
     command = _command_name(argv)
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(exc.exit_code)
         except Exception as exc:  # noqa: BLE001 - the one boundary
             from installer import exits
-            from installer.errors import from_os_error
+            from installer.base.errors import from_os_error
 
             known = from_os_error(exc) if isinstance(exc, OSError) else None
             if known is not None:  # no privileges, a read-only host: one line, no traceback
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
 def _guarded_output() -> Iterator[None]:
     """stdout and stderr that never raise (issue 26): the node's outcome is the same whether
     anyone reads the output or not. A lost stdout is said on stderr, once."""
-    from installer.output import GuardedStream
+    from installer.base.output import GuardedStream
 
     def stdout_lost(exc: OSError | ValueError) -> None:
         import structlog

@@ -8,21 +8,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from installer import cpuarch, gpus
-from installer.cache import CacheRecord
-from installer.cpuarch import CpuArch
-from installer.gpus import PciGpu
-from installer.hostroot import HostRoot
-from installer.installdir import InstallDir
-from installer.kernel import KernelState
+from installer.base import cpuarch
+from installer.base.cpuarch import CpuArch
+from installer.host import gpus
+from installer.host.gpus import PciGpu
+from installer.host.hostroot import HostRoot
+from installer.host.installdir import InstallDir
+from installer.host.osinfo import HostInfo
+from installer.host.runner import Runner
+from installer.kmod.kernel import KernelState
+from installer.kmod.signing import SigningPolicy
 from installer.net.policy import UrlPolicy
 from installer.net.retry import NETWORK_DEFAULTS, TransferLimits, with_settings
 from installer.net.session import ArtifactSession, make_session
-from installer.osinfo import HostInfo
-from installer.runner import Runner
+from installer.records.cache import CacheRecord
+from installer.records.workstate import WorkState
 from installer.settings import Settings
-from installer.signing import SigningPolicy
-from installer.workstate import WorkState
 
 
 @dataclass(frozen=True)

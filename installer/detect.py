@@ -6,21 +6,26 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import replace
 
-from installer import branches, cache, cpuarch, devnodes, distros, fabric, gpus, modules, signing
+from installer import distros
+from installer.base import branches, cpuarch
+from installer.base.errors import UnsupportedHostError, UsageError, clip
+from installer.base.values import is_kernel_release
 from installer.context import Context, NodeProbe
-from installer.errors import UnsupportedHostError, UsageError, clip
-from installer.gpus import PciGpu
-from installer.hostroot import HostRoot
-from installer.installdir import locate
-from installer.kernel import KernelState
-from installer.moduleargs import ModuleArg
-from installer.modules import loaded_driver_version
+from installer.driver.nvidia_urls import named_arch
+from installer.host import gpus
+from installer.host.gpus import PciGpu
+from installer.host.hostroot import HostRoot
+from installer.host.installdir import locate
+from installer.host.osinfo import HostInfo
+from installer.host.runner import Runner
+from installer.kmod import devnodes, modules, signing
+from installer.kmod.kernel import KernelState
+from installer.kmod.moduleargs import ModuleArg
+from installer.kmod.modules import loaded_driver_version
 from installer.net.policy import UrlPolicy
-from installer.nvidia_urls import named_arch
-from installer.osinfo import HostInfo
-from installer.runner import Runner
+from installer.records import cache
+from installer.services import fabric
 from installer.settings import Settings
-from installer.values import is_kernel_release
 
 
 def context(settings: Settings, kernel: KernelState | None = None, runner: Runner | None = None,

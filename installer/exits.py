@@ -14,7 +14,7 @@ from typing import Any
 import click
 import structlog
 
-from installer.errors import InstallerError, UsageError
+from installer.base.errors import InstallerError, UsageError
 from installer.log import configure
 from installer.net.policy import scrub_text
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from installer.errors import clip
+from installer.base.errors import clip
 from installer.net.policy import processor as redact_processor
 
 FALLBACK_WIDTH = 120  # columns when stderr is no terminal (kubectl logs, a pipe)

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer.errors import InstallerError
-from installer.kinds import ModuleType, PlanKind
+from installer.base.errors import InstallerError
+from installer.base.kinds import ModuleType, PlanKind
 
 if TYPE_CHECKING:
     from installer.context import Context

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache, devnodes, firmware, ldcache, modules, readiness
-from installer.errors import InstallerError
-from installer.moduleargs import ModuleArg
-from installer.workstate import NodeChanges, device_files
+from installer.base.errors import InstallerError
+from installer.kmod import devnodes, firmware, ldcache, modules
+from installer.kmod.moduleargs import ModuleArg
+from installer.records import cache, readiness
+from installer.records.workstate import NodeChanges, device_files
 
 if TYPE_CHECKING:
     from installer.context import Context

@@ -9,20 +9,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal, TypeVar
 
-from installer import podcontract
-from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
-from installer.errors import UsageError
-from installer.kinds import AUTO, MODULE_TYPE_REQUESTS, DaemonName, ModuleTypeRequest
-from installer.moduleargs import ModuleArg
-from installer.net.integrity import normalize_sha256
-from installer.nvidia_options import too_old
-from installer.nvidia_urls import (
+from installer.base import podcontract
+from installer.base.envvars import ENV_RETRIES, ENV_TIMEOUT
+from installer.base.errors import UsageError
+from installer.base.kinds import AUTO, MODULE_TYPE_REQUESTS, DaemonName, ModuleTypeRequest
+from installer.base.values import KERNEL_RELEASE_MAX, is_kernel_release
+from installer.driver.nvidia_options import too_old
+from installer.driver.nvidia_urls import (
     FABRIC_MANAGER_BASE_URL,
     NVIDIA_BASE_URL,
     named_version,
     run_url,
 )
-from installer.values import KERNEL_RELEASE_MAX, is_kernel_release
+from installer.kmod.moduleargs import ModuleArg
+from installer.net.integrity import normalize_sha256
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Settings:
     # DaemonSets that load the modules themselves: cos-gpu-installer v2's -no-verify).
     install_only: bool = False
     # A different driver loaded and in use: "fail" (exit 8 naming the holders, docs/contract.md §4)
-    # or "stage" (build and check the new one, keep it for the next boot: nextboot.py).
+    # or "stage" (build and check the new one, keep it for the next boot: records/staged_driver.py).
     when_in_use: str = "fail"
     vulkan_icd_dir: Path | None = None  # this process's view; None: via the host root
     vulkan_icd_dir_host: PurePosixPath | None = None  # None: no Vulkan ICD file written

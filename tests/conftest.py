@@ -22,11 +22,11 @@ def _fresh_structlog():
 
 @pytest.fixture(autouse=True)
 def _real_kernel_roots():
-    """Tests point the installer at a fake kernel through its seam (installer.kernel's
+    """Tests point the installer at a fake kernel through its seam (installer.kmod.kernel's
     use_roots, as tests/fixtures/kernelhook does in a child): every test ends with the real
     /proc, /sys and /dev again."""
     yield
-    from installer import kernel
+    from installer.kmod import kernel
 
     kernel.use_roots(kernel.KernelRoots())
 

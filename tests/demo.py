@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from installer.branches import RECOMMENDED_VERSION
+from installer.base.branches import RECOMMENDED_VERSION
 from tests.fixtures.kernel import UBUNTU_KERNEL
 from tests.pod import ubuntu_pod
 

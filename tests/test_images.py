@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from installer import __version__
-from installer.manifests import values
+from installer.commands.manifests import values
 from tests.pod import events as pod_events
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from installer.manifests import values
+from installer.commands.manifests import values
 
 # The image tier's build fixture, and its marks (skipped unless NDI_IMAGE_TESTS=1, root).
 from tests.test_images import REPO, built, pytestmark  # noqa: F401

@@ -34,9 +34,19 @@ from urllib.parse import unquote, urlsplit
 
 import structlog
 
-from installer import archive, signing
+from installer.base.errors import DownloadError, IntegrityError, UsageError
+from installer.base.fsutil import remove_tree
+from installer.base.kinds import ModuleType
 from installer.bundle import index, tree
-from installer.bundle.manifest import (
+from installer.host.installdir import LAYOUT_DIRS, Tree
+from installer.jail import archive
+from installer.kmod import signing
+from installer.kmod.modinfo import read_modinfo, vermagic_release
+from installer.net.fetch import fetch_text
+from installer.net.policy import redact_url
+from installer.net.transfer import stream
+from installer.plan import Step
+from installer.records.bundle_manifest import (
     INDEX_NAME,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -47,15 +57,6 @@ from installer.bundle.manifest import (
     expand_url,
     index_url,
 )
-from installer.errors import DownloadError, IntegrityError, UsageError
-from installer.fsutil import remove_tree
-from installer.installdir import LAYOUT_DIRS, Tree
-from installer.kinds import ModuleType
-from installer.modinfo import read_modinfo, vermagic_release
-from installer.net.fetch import fetch_text
-from installer.net.policy import redact_url
-from installer.net.transfer import stream
-from installer.plan import Step
 
 if TYPE_CHECKING:
     from installer.context import Context

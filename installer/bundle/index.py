@@ -22,8 +22,10 @@ from pathlib import Path
 
 import structlog
 
-from installer import safejson
-from installer.bundle.manifest import (
+from installer.base import safejson
+from installer.base.fsutil import sha256_file, write_atomic
+from installer.jail.tarstream import UnreadableArchive, read_first_member
+from installer.records.bundle_manifest import (
     FORMAT,
     INDEX_NAME,
     MANIFEST_NAME,
@@ -34,8 +36,6 @@ from installer.bundle.manifest import (
     Manifest,
     check_sha256,
 )
-from installer.fsutil import sha256_file, write_atomic
-from installer.tarstream import UnreadableArchive, read_first_member
 
 log = structlog.get_logger(__name__)
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from installer.bundle.manifest import MAX_FILES, BundleError, FileEntry
-from installer.fsutil import sha256_file
-from installer.installdir import LAYOUT_DIRS
+from installer.base.fsutil import sha256_file
+from installer.host.installdir import LAYOUT_DIRS
+from installer.records.bundle_manifest import MAX_FILES, BundleError, FileEntry
 
 
 def describe(root: Path, known: Mapping[str, str] | None = None

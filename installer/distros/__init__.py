@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from installer import podcontract
+from installer.base import podcontract
+from installer.base.errors import UnsupportedHostError
 from installer.distros.base import Distro
 from installer.distros.cos.host import Cos
 from installer.distros.debian import Debian
 from installer.distros.ubuntu import Ubuntu
-from installer.errors import UnsupportedHostError
-from installer.hostroot import HostRoot
-from installer.osinfo import HostInfo, os_release_fields
+from installer.host.hostroot import HostRoot
+from installer.host.osinfo import HostInfo, os_release_fields
 
 # Every distro, in the order they are tried (and rendered: one DaemonSet each).
 DISTROS: tuple[type[Distro], ...] = (Cos, Ubuntu, Debian)

@@ -9,12 +9,12 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from installer.branches import EXAMPLE_VERSION
-from installer.cachekey import CacheKey
+from installer.base.branches import EXAMPLE_VERSION
+from installer.base.values import is_driver_version
 from installer.distros.daemonset import DaemonSetNeeds
-from installer.osinfo import HostInfo
+from installer.host.osinfo import HostInfo
+from installer.records.cachekey import CacheKey
 from installer.settings import DistroOptions, Settings
-from installer.values import is_driver_version
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ hosts are only recognised. A distro that installs as another does adds nothing h
 
 from __future__ import annotations
 
+from installer.base.errors import UnsupportedHostError
 from installer.distros import DISTROS, by_name
 from installer.distros.cos.flow import CosFlow
 from installer.distros.headers_build_flow import HeadersBuildFlow
 from installer.distros.planning import Flow
-from installer.errors import UnsupportedHostError
-from installer.osinfo import HostInfo
+from installer.host.osinfo import HostInfo
 
 FLOWS: dict[str, type[Flow]] = {"cos": CosFlow, "headers_build": HeadersBuildFlow}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from installer import branches
+from installer.base import branches
 from installer.distros.base import Distro
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
 

@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import gpus, headers
+from installer.base.kinds import ModuleType
 from installer.bundle.fetch import prebuilt_step
-from installer.cache import CacheKey, ModuleSource
 from installer.distros.base import Distro
 from installer.distros.headers_build import HeadersBuild
 from installer.distros.planning import DistroSteps, Flow, Wanted, cached_plan, fresh_plan
-from installer.kinds import ModuleType
-from installer.nvidia_run import check_version, version_from_url
+from installer.driver.nvidia_run import check_version, version_from_url
+from installer.host import gpus
+from installer.kmod import headers
 from installer.plan import Plan, Step
+from installer.records.cache import CacheKey, ModuleSource
 from installer.steps import checks, staging
 
 if TYPE_CHECKING:

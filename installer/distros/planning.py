@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import cache
-from installer.cache import CacheKey
+from installer.base.kinds import ModuleType
 from installer.distros.base import Distro
-from installer.kinds import ModuleType
 from installer.plan import Plan, Step
+from installer.records import cache
+from installer.records.cache import CacheKey
+from installer.records.workstate import InUse
 from installer.settings import Settings
 from installer.steps import activate, checks, next_boot, staging
-from installer.workstate import InUse
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -122,7 +122,7 @@ def fresh_plan(ctx: Context, wanted: Wanted, own: DistroSteps,
 
     With ``--when-in-use stage`` and another driver loaded and in use, the plan is
     ``staged``: the same fill and checks, then the tree is kept for the next boot and the
-    running driver verified, untouched (nextboot.py). ``load``: the distro's own step
+    running driver verified, untouched (records/staged_driver.py). ``load``: the distro's own step
     loading the staged modules (None: the shared one)."""
     version, key = wanted.version, wanted.key
     prebuilt, check_signing = own.prebuilt, own.check_signing

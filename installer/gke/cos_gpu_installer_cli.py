@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Mapping
 
-from installer.errors import ExitCode, UsageError
+from installer.base.errors import ExitCode, UsageError
 
 USAGE = """\
 usage: /cos-gpu-installer install [-version=default|latest|R<branch>|<version>] [flags]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import requests
 import structlog
 
-from installer.errors import DownloadError
+from installer.base.errors import DownloadError
 from installer.net import retry
 from installer.net.pace import Pacer
 from installer.net.policy import redact_url, scrubber

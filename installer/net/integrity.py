@@ -4,8 +4,8 @@ any download."""
 
 from __future__ import annotations
 
-from installer.errors import UsageError
-from installer.values import SHA256_PREFIX, sha256_digest
+from installer.base.errors import UsageError
+from installer.base.values import SHA256_PREFIX, sha256_digest
 
 
 def normalize_sha256(value: str | None, what: str = "expected sha256") -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from installer.errors import DownloadError
+from installer.base.errors import DownloadError
 from installer.net.retry import RetryPolicy, SlowTransferError, TransferLimits
 
 

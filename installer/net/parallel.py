@@ -10,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from installer.errors import UsageError
+from installer.base.errors import UsageError
 from installer.net.retry import RetryPolicy
 from installer.net.session import ArtifactSession
 from installer.net.transfer import Cancelled, Downloaded, download

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-from installer.errors import DownloadError, IntegrityError, UsageError
+from installer.base.errors import DownloadError, IntegrityError, UsageError
 
 GCS_HTTPS = "https://storage.googleapis.com/"
 

@@ -11,11 +11,11 @@ second try:
   asks (delta-seconds or an HTTP-date), capped by ``wait_max``.
 
 Never retried: other 4xx, checksum mismatches, full disks, usage errors, i.e.
-every :class:`~installer.errors.InstallerError`. Those propagate unchanged.
+every :class:`~installer.base.errors.InstallerError`. Those propagate unchanged.
 
 Between attempts the wait grows exponentially from ``wait_initial`` up to
 ``wait_max`` with jitter, and an event ``download_retry`` (attempt, wait_s,
-cause) is logged. Giving up raises :class:`~installer.errors.DownloadError`
+cause) is logged. Giving up raises :class:`~installer.base.errors.DownloadError`
 saying which limit ran out (attempts or total time) and the last cause.
 
 ``total_timeout`` bounds when a *new* attempt may start (no attempt begins,
@@ -48,8 +48,8 @@ import structlog
 import tenacity
 import urllib3.exceptions
 
-from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
-from installer.errors import DownloadError, InstallerError
+from installer.base.envvars import ENV_RETRIES, ENV_TIMEOUT
+from installer.base.errors import DownloadError, InstallerError
 
 log = structlog.get_logger(__name__)
 

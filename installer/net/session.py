@@ -24,8 +24,8 @@ import requests.structures
 import urllib3.response
 
 from installer import __version__
-from installer.errors import DownloadError
-from installer.fsutil import file_kind
+from installer.base.errors import DownloadError
+from installer.base.fsutil import file_kind
 from installer.net.policy import UrlPolicy, local_path, redact_url
 from installer.net.retry import (
     NETWORK_DEFAULTS,

@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import structlog
 
-from installer.errors import DiskSpaceError, DownloadError
+from installer.base.errors import DiskSpaceError, DownloadError
 from installer.net.pace import Pacer
 from installer.net.retry import TransferLimits
 

@@ -63,8 +63,9 @@ from typing import BinaryIO, TypeVar
 import requests
 import structlog
 
-from installer.errors import DownloadError, IntegrityError
-from installer.fsutil import fsync_dir
+from installer.base.errors import DownloadError, IntegrityError
+from installer.base.fsutil import fsync_dir
+from installer.base.progress import Progress
 from installer.net import retry
 from installer.net.integrity import normalize_sha256
 from installer.net.policy import redact_url, scrubber
@@ -88,7 +89,6 @@ from installer.net.sinks import (
     check_space,
     too_big,
 )
-from installer.progress import Progress
 
 log = structlog.get_logger(__name__)
 
@@ -390,7 +390,7 @@ def stream(
     except ConsumerFailed as exc:
         raise exc.error from None
     except BaseException:
-        # A signal (installer.signals) can land after the consumer thread started and
+        # A signal (installer.base.signals) can land after the consumer thread started and
         # before _run's own guard: no consumer may be left running.
         st.discard()
         raise

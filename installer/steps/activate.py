@@ -7,23 +7,18 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import (
-    __version__,
-    cache,
-    devnodes,
-    fabric_steps,
-    firmware,
-    ldcache,
-    modules,
-    verify,
-)
-from installer.cache import CacheKey
-from installer.errors import VerifyError
-from installer.gke import vulkan_icd
-from installer.installdir import Tree
-from installer.kernel import module_name
+from installer import __version__
+from installer.base.errors import VerifyError
+from installer.host.installdir import Tree
+from installer.host.runner import CommandError
+from installer.kmod import devnodes, firmware, ldcache, modules
+from installer.kmod.kernel import module_name
 from installer.plan import Step
-from installer.runner import CommandError
+from installer.records import cache
+from installer.records.cache import CacheKey
+from installer.services import verify
+from installer.steps import fabric as fabric_steps
+from installer.steps import vulkan_icd
 from installer.steps.checks import check_loaded_driver
 from installer.steps.staging import check_staged_modules, clear_leftovers
 

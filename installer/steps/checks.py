@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import branches, gpus, modules, signing
-from installer.errors import ModuleLoadError, UsageError
+from installer.base import branches
+from installer.base.errors import ModuleLoadError, UsageError
+from installer.host import gpus
+from installer.kmod import modules, signing
 from installer.plan import Step
 
 if TYPE_CHECKING:

@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import nextboot
-from installer.cache import CacheKey
 from installer.plan import Step
+from installer.records import staged_driver as nextboot
+from installer.records.cache import CacheKey
+from installer.records.workstate import InUse
 from installer.steps.activate import container_ld_cache, dev_char_links, verify_install
 from installer.steps.staging import check_staged_modules
-from installer.workstate import InUse
 
 if TYPE_CHECKING:
     from installer.context import Context

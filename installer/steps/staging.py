@@ -6,15 +6,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from installer import cgroup_memory, cpus, module_build, modules, nvidia_options, nvidia_run
-from installer.errors import BuildError
-from installer.fsutil import remove_tree
-from installer.headers import KernelTree
+from installer.base.errors import BuildError
+from installer.base.fsutil import remove_tree
+from installer.driver import module_build, nvidia_options, nvidia_run
+from installer.jail import cgroup_memory, cpus
+from installer.kmod import modules
+from installer.kmod.headers import KernelTree
 from installer.net.parallel import DownloadJob, download_all
 from installer.net.policy import file_name, local_file
 from installer.net.transfer import download
 from installer.plan import Step
-from installer.workstate import Artifact
+from installer.records.workstate import Artifact
 
 if TYPE_CHECKING:
     from installer.context import Context

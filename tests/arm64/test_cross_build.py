@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from installer import cpuarch, module_build, nvidia_run
-from installer.headers import KernelTree
-from installer.installdir import Tree
-from installer.runner import Runner
+from installer.base import cpuarch
+from installer.driver import module_build, nvidia_run
+from installer.host.installdir import Tree
+from installer.host.runner import Runner
+from installer.kmod.headers import KernelTree
 from tests.arm64 import qemu_boot
 from tests.arm64.provision import CACHE_ROOT, CrossParts, differing_sources, provision
 from tests.debapt import ProvisionError

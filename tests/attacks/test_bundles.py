@@ -15,9 +15,9 @@ import tarfile
 
 import pytest
 
+from installer.base.errors import IntegrityError
 from installer.bundle import fetch
-from installer.bundle.manifest import BundleKey, FileEntry, Manifest
-from installer.errors import IntegrityError
+from installer.records.bundle_manifest import BundleKey, FileEntry, Manifest
 from tests.attacks.conftest import V, outcome
 
 KERNEL = "5.15.0-1049-gke"

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from installer import cuda_check, cuda_probe
-from installer.errors import VerifyError
-from installer.kernel import KernelState
-from installer.runner import CommandResult, Runner
+from installer.base.errors import VerifyError
+from installer.host.runner import CommandResult, Runner
+from installer.kmod.kernel import KernelState
+from installer.services import cuda_check, cuda_probe
 from tests.attacks.conftest import event_names, outcome
 
 # The probe runs in a pid namespace of its own (unshare --pid): root, as the installer is.

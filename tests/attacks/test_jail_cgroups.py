@@ -13,8 +13,8 @@ writing and writes FROZEN to ``freezer.state``.
 On main before the fix (aa59460): the jail saw the container's files under
 /sys/fs/cgroup, opened its memory.limit_in_bytes for writing, and froze it (thawed by
 this test). After it: /sys/fs/cgroup is an empty read-only tmpfs in the jail, unshare is
-refused (jail_seccomp.py), and the jail's cgroup-namespace root is ``ndi-jail-*/jail``
-in every hierarchy (jail_limits.py).
+refused (jail/seccomp.py), and the jail's cgroup-namespace root is ``ndi-jail-*/jail``
+in every hierarchy (jail/limits.py).
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ exit 1
 EXTRACT = """
 import sys
 from pathlib import Path
-from installer import nvidia_run
-from installer.errors import BuildError
-from installer.runner import Runner
+from installer.driver import nvidia_run
+from installer.base.errors import BuildError
+from installer.host.runner import Runner
 try:
     nvidia_run.extract(Runner(), Path(sys.argv[1]), Path(sys.argv[2]))
 except BuildError as exc:

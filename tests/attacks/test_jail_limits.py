@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from installer import nvidia_run
-from installer.errors import BuildError
-from installer.runner import Runner
+from installer.base.errors import BuildError
+from installer.driver import nvidia_run
+from installer.host.runner import Runner
 from tests.attacks.payloads import fork_loop
 
 pytestmark = pytest.mark.chroot

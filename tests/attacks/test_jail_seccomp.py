@@ -1,4 +1,4 @@
-"""Issue 39 J1 and J4: what the jail's seccomp filter (installer/jail_seccomp.py) refuses,
+"""Issue 39 J1 and J4: what the jail's seccomp filter (installer/jail/seccomp.py) refuses,
 tried from a .run header in the real jail (nvidia_run.extract, as in the pod).
 
 J1: Python calls unshare(CLONE_NEWUSER|CLONE_NEWNS|CLONE_NEWCGROUP) itself (no uid map
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from installer import nvidia_run
-from installer.errors import BuildError
-from installer.runner import Runner
+from installer.base.errors import BuildError
+from installer.driver import nvidia_run
+from installer.host.runner import Runner
 from tests.attacks.payloads import fork_loop
 
 pytestmark = pytest.mark.chroot

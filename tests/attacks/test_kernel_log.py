@@ -22,8 +22,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer.kernel import KernelState
-from installer.runner import Runner
+from installer.host.runner import Runner
+from installer.kmod.kernel import KernelState
 
 
 def _tripwire():
@@ -73,7 +73,7 @@ def _node(tmp_path: Path, monkeypatch, records: list[tuple[int, str]]) -> Kernel
 
 
 def test_forged_xid_lines_do_not_fail_doctor(tmp_path, monkeypatch):
-    from installer.doctor.workload import check_kernel_log
+    from installer.commands.doctor.workload import check_kernel_log
 
     kernel = _node(tmp_path, monkeypatch, FORGED)
     found = check_kernel_log(SimpleNamespace(kernel=kernel, runner=Runner()))
@@ -83,7 +83,7 @@ def test_forged_xid_lines_do_not_fail_doctor(tmp_path, monkeypatch):
 
 def test_the_drivers_own_xid_still_fails_doctor(tmp_path, monkeypatch):
     """The filter keeps what it must: the same line, logged by the driver (facility 0)."""
-    from installer.doctor.workload import check_kernel_log
+    from installer.commands.doctor.workload import check_kernel_log
 
     kernel = _node(tmp_path, monkeypatch, [*FORGED, (4, XID79)])
     found = check_kernel_log(SimpleNamespace(kernel=kernel, runner=Runner()))
@@ -92,8 +92,8 @@ def test_the_drivers_own_xid_still_fails_doctor(tmp_path, monkeypatch):
 
 
 def test_a_failed_load_quotes_the_drivers_words_not_a_forged_line(tmp_path, monkeypatch):
-    from installer.errors import ModuleLoadError
-    from installer.modules import ModuleLoad, load
+    from installer.base.errors import ModuleLoadError
+    from installer.kmod.modules import ModuleLoad, load
 
     kernel = _node(tmp_path, monkeypatch, [(4, "NVRM: No NVIDIA GPU found."), *FORGED])
     ko = tmp_path / "nvidia.ko"
@@ -105,7 +105,7 @@ def test_a_failed_load_quotes_the_drivers_words_not_a_forged_line(tmp_path, monk
 
 
 def test_the_failure_tail_shows_no_forged_line(tmp_path, monkeypatch):
-    from installer import diagnostics
+    from installer.kmod import diagnostics
 
     kernel = _node(tmp_path, monkeypatch,
                    [(4, "nvidia: Unknown symbol nvlink_core_init (err -2)"), *FORGED])
@@ -119,7 +119,7 @@ def test_the_failure_tail_shows_no_forged_line(tmp_path, monkeypatch):
 def test_this_test_process_cannot_read_the_machines_kernel_log():
     """The tripwire is armed in the default tier: /dev/kmsg and the system's dmesg are refused
     (and a test that hit them would fail the session, see tests/fixtures/pytest_plugin.py)."""
-    from installer import xid
+    from installer.kmod import xid
 
     kernellog_tripwire = _tripwire()
     assert os.environ.get(kernellog_tripwire.TRIPWIRE_ENV), "the tripwire is not armed"

@@ -3,7 +3,7 @@
 Before, ``NVIDIA_INSTALLER_{PROC,SYS,DEV}_DIR`` made the installed CLI read a planted
 /proc, /sys and /dev: whoever set the pod's env could show it any loaded driver and any
 kernel, and have it hand those paths on to nvidia-modprobe. Now only the test harness moves
-them, in-process (installer.kernel.use_roots through tests/fixtures/kernelhook).
+them, in-process (installer.kmod.kernel.use_roots through tests/fixtures/kernelhook).
 """
 
 from __future__ import annotations

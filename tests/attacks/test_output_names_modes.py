@@ -21,7 +21,7 @@ import stat
 
 import pytest
 
-from installer import nvidia_run
+from installer.driver import nvidia_run
 from tests.attacks.conftest import V, doctored_run, outcome
 from tests.pod import events
 

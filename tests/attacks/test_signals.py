@@ -96,7 +96,7 @@ def test_a_signal_mid_install_stops_children_releases_the_lock_and_keeps_the_ins
     assert last["event"] == "install_interrupted"
     assert last["message"].startswith(f"INTERRUPTED by {signal.Signals(sig).name} (exit {code})")
     # The package was asked to stop (its TERM trap ran: bwrap passed the group's TERM on
-    # and did not kill the jail first, sandbox.py) and nothing of it outlives the install.
+    # and did not kill the jail first, jail/run_in_jail.py) and nothing of it outlives the install.
     assert "stopped-by-TERM" in child_log.read_text()
     deadline = time.monotonic() + 5
     while _processes_marked(mark) and time.monotonic() < deadline:

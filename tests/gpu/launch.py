@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from installer import cuda_probe
+from installer.services import cuda_probe
 from tests.gpu import guard
 from tests.gpu.node import NOBODY, dev_listing
 
@@ -153,10 +153,10 @@ def as_nobody(argv: list[str], env: dict[str, str], timeout: float = 180) -> dic
 
 
 def job_devnodes(spec: dict) -> dict[str, object]:
-    from installer import devnodes
-    from installer.errors import InstallerError
-    from installer.kernel import KernelRoots, KernelState, use_roots
-    from installer.runner import Runner
+    from installer.base.errors import InstallerError
+    from installer.host.runner import Runner
+    from installer.kmod import devnodes
+    from installer.kmod.kernel import KernelRoots, KernelState, use_roots
 
     fresh_dev()
     use_roots(KernelRoots(dev=Path("/dev")))  # the tmpfs: the installer's /dev here
@@ -172,7 +172,7 @@ def job_devnodes(spec: dict) -> dict[str, object]:
     if spec.get("lib64"):
         env["LD_LIBRARY_PATH"] = spec["lib64"]
     python = os.path.realpath(sys.executable)
-    # The installer's own CUDA check child (installer/cuda_probe.py), 64 MiB per GPU as the
+    # The installer's own CUDA check child (installer/services/cuda_probe.py), 64 MiB per GPU as the
     # probe run on a real H100 (docs/nvidia-facts.md); read as text: uid 65534 may not read
     # the checkout.
     src = Path(cuda_probe.__file__).read_text()

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from installer import verify
-from installer.errors import ExitCode, VerifyError
-from installer.installdir import Tree
-from installer.outcome import Outcome
-from installer.runner import CommandError, CommandResult
+from installer.base.errors import ExitCode, VerifyError
+from installer.host.installdir import Tree
+from installer.host.runner import CommandError, CommandResult
+from installer.records.outcome import Outcome
+from installer.services import verify
 from tests.gpu.conftest import report_dir
 from tests.gpu.node import GpuNode, cli, in_namespace, norm_bus_id
 
@@ -179,7 +179,7 @@ def test_device_files_step_makes_what_cuda_needs_and_cuda_works(gpu_node, smi, t
     gpu_node.results["devnodes"] = out
     assert "crashed" not in out and "refused" not in out, out
     assert out["module_calls"] == [], f"the device-file step asked to load modules: {out}"
-    assert "error" not in out, f"installer.devnodes.create failed: {out['error']}"
+    assert "error" not in out, f"installer.kmod.devnodes.create failed: {out['error']}"
     params = gpu_node.params() or ""
     mode = next((int(ln.split(":")[1]) for ln in params.splitlines()
                  if ln.startswith("DeviceFileMode:")), 0o666)

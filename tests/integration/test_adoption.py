@@ -84,7 +84,7 @@ def test_a_build_failure_names_the_kept_log_by_its_host_path(node, pod):
 
 def test_uninstall_removes_the_firmware_copies_it_made_and_only_those(node, pod):
     # The fixture kernel has no firmware_class.path: install copies the GSP firmware into
-    # the host's /lib/firmware/updates (installer.firmware._copy_to_host).
+    # the host's /lib/firmware/updates (installer.kmod.firmware._copy_to_host).
     updates = node.root / "lib/firmware/updates/nvidia"
 
     def files() -> list[str]:

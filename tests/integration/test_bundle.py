@@ -255,7 +255,7 @@ def test_signed_bundle_loads_on_a_signature_enforcing_kernel(tmp_path, driver_ru
     """`bundle build --signing-key/--signing-cert` signs with the headers' scripts/sign-file
     (a stand-in here that appends a real module signature trailer); a node that only loads
     signed modules installs that bundle without compiling and loads every module."""
-    from installer.modsign import MAGIC
+    from installer.kmod.modsign import MAGIC
     from tests.fixtures.server import ArtifactServer
 
     (tmp_path / "mok.key").write_text("KEY")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from installer import cache
+from installer.records import cache
 from tests.fixtures.node import tree_digest
 from tests.integration.conftest import V1, V2
 from tests.pod import events, last_event, ok

@@ -1,4 +1,4 @@
-"""Issue 31 §1: verify and every install's verify step run CUDA (installer/cuda_check.py)
+"""Issue 31 §1: verify and every install's verify step run CUDA (installer/services/cuda_check.py)
 against the fixture's gcc-built libcuda (tests/fixtures/csrc/cuda.c), which fails each way a
 real libcuda does. The states behind 100 and 999 were reproduced on a real H100
 (docs/nvidia-facts.md, "CUDA and the fabric on a real H100 node"); 802 is what NVSwitch

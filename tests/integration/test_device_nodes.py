@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from installer import devnodes
+from installer.kmod import devnodes
 from tests.fixtures.fakekmod import CAPS_MAJOR, UVM_MAJOR
 from tests.integration.conftest import V1, V2
 from tests.pod import events, last_event, ok, reboot_then_cached_install
@@ -107,8 +107,8 @@ def test_only_nvidia_and_uvm_loaded_makes_their_files_and_no_modeset(driver_run,
     import shutil
     import subprocess
 
-    from installer.kernel import KernelState
-    from installer.runner import Runner
+    from installer.host.runner import Runner
+    from installer.kmod.kernel import KernelState
     from tests.fixtures.kernel import fake_ko
 
     fake_kernel.add_gpu()

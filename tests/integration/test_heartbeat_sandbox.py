@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from installer import nvidia_run
-from installer.errors import BuildError
-from installer.runner import Runner
+from installer.base.errors import BuildError
+from installer.driver import nvidia_run
+from installer.host.runner import Runner
 
 pytestmark = pytest.mark.chroot
 

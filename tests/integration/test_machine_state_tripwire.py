@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from installer.kernel import KernelState
+from installer.kmod.kernel import KernelState
 from tests.fixtures.kernel import UBUNTU_KERNEL
 from tests.pod import Pod, events, pod_on
 
@@ -60,7 +60,7 @@ def test_the_list_is_read_under_the_machine_root_it_is_given(tmp_path, monkeypat
 @pytest.mark.real_machine("proves the one allowance: a marked test's installer may read "
                           "the machine's own state, and still never its kernel log")
 def test_the_real_machine_marker_allows_node_state_but_not_the_kernel_log():
-    from installer import xid
+    from installer.kmod import xid
 
     tripwire = _tripwire()
     assert tripwire.MACHINE_ENV not in os.environ  # nor in what this test starts
@@ -70,7 +70,7 @@ def test_the_real_machine_marker_allows_node_state_but_not_the_kernel_log():
 
 
 LEAKY_TESTS = '''
-from installer.kernel import KernelState
+from installer.kmod.kernel import KernelState
 
 
 def test_forgets_its_fake_kernel():

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from installer import cuda_probe
+from installer.services import cuda_probe
 from tests.fixtures import fabricmanager
 from tests.fixtures.kernel import NVSWITCH_LR10
 from tests.fixtures.runfile import build_driver_run

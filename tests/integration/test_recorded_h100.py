@@ -214,9 +214,9 @@ def test_module_args_read_back_as_applied_from_proc_params(node, monkeypatch):
     """Caught: every ``nvidia.NVreg_*`` was "not applied" on the real node, read from
     /sys/module/nvidia/parameters, which nvidia.ko never makes (nv-linux.h registers its
     options with permission 0); the values are in /proc/driver/nvidia/params, unprefixed."""
-    from installer import modules
-    from installer.kernel import KernelState
-    from installer.moduleargs import ModuleArg
+    from installer.kmod import modules
+    from installer.kmod.kernel import KernelState
+    from installer.kmod.moduleargs import ModuleArg
 
     node.activate(monkeypatch)
     kernel = KernelState()
@@ -235,9 +235,9 @@ def test_the_device_file_step_makes_the_loaded_modules_files_in_an_empty_dev(
     file; on this node (nvidia + nvidia_uvm, modules_disabled=1) NVIDIA's nvidia-modprobe
     exits 1 asking for it. In an empty /dev (no /dev/char, as the probe's tmpfs), NVIDIA's
     real nvidia-modprobe (the payload's launcher) makes exactly the four files CUDA needs."""
-    from installer import devnodes
-    from installer.kernel import KernelState
-    from installer.runner import Runner
+    from installer.host.runner import Runner
+    from installer.kmod import devnodes
+    from installer.kmod.kernel import KernelState
 
     fresh = build_recorded_node(tmp_path / "node")
     for entry in fresh.dev_dir.iterdir():

@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from installer.manifests import values
+from installer.commands.manifests import values
 from tests.fixtures.runfile import build_driver_run
 from tests.fixtures.server import ArtifactServer
 from tests.pod_tier.lifecycle import RUNNING

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from installer.manifests import values
+from installer.commands.manifests import values
 from tests.pod_tier.podman import GRAPHROOT, RUNROOT, Podman, missing_tools
 from tests.pod_tier.workload import PAUSE, REPO, Kubelet, committed_daemonset, role_images
 

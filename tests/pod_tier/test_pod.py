@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from installer.manifests import values
+from installer.commands.manifests import values
 from tests.fixtures.node import COS_BUILD_ID
 from tests.fixtures.server import ArtifactServer
 from tests.pod_tier.checks import assert_installed, cos_node, manifest_env, pod_name, ubuntu_node

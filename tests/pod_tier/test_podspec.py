@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.manifests import values
+from installer.commands.manifests import values
 from tests.pod_tier.podman import INIT_TYPE_ANNOTATION
 from tests.pod_tier.podspec import Seams, differences, pod_from_daemonset
 from tests.pod_tier.workload import committed_daemonset
@@ -59,7 +59,7 @@ def test_an_image_without_a_local_build_is_refused():
 def test_the_daemon_sidecars_get_the_seams_and_keep_their_restart_policy():
     """`manifests render --nvswitch --persistenced`: the sidecars run on the node as the
     install does (the same fakes), and stay native sidecars for lifecycle.py."""
-    from installer.manifests.render import RenderOptions, render
+    from installer.commands.manifests.render import RenderOptions, render
 
     ds = yaml.safe_load(render("ubuntu", RenderOptions(nvswitch=True, persistenced=True)))
     spec = ds["spec"]["template"]["spec"]

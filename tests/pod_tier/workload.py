@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.manifests import values
+from installer.commands.manifests import values
 from tests.fixtures.kernel import HOOK_DIR, FakeKernel
 from tests.fixtures.node import COS_KERNEL, UBUNTU_KERNEL, Node, build_cos_node, build_ubuntu_node
 from tests.fixtures.server import ArtifactServer

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from installer.errors import VerifyError
-from installer.installdir import Tree
-from installer.kernel import KernelState
-from installer.verify import nvidia_smi
+from installer.base.errors import VerifyError
+from installer.host.installdir import Tree
+from installer.kmod.kernel import KernelState
+from installer.services.verify import nvidia_smi
 from tests.fixtures import nvidia_options
 from tests.fixtures.runfile import driver_payload
 from tests.realparts import kbuild, runfile
@@ -153,7 +153,7 @@ def test_real_nvidia_smi_failures_are_classified(real_parts, tmp_path):
     smi.write_bytes(real_parts.main.nvidia_smi.read_bytes())
     smi.chmod(0o755)
     kernel = KernelState()
-    from installer.runner import Runner
+    from installer.host.runner import Runner
 
     # libnvidia-ml.so.1 not found: NVIDIA-SMI couldn't find libnvidia-ml.so (exit 12).
     with pytest.raises(VerifyError) as err:

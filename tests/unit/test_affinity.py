@@ -12,9 +12,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from installer.commands.manifests import values
+from installer.commands.manifests.cli import manifests
 from installer.distros import DISTROS
-from installer.manifests import values
-from installer.manifests.cli import manifests
 
 GKE_OS = ("cos", "cos_containerd", "ubuntu", "ubuntu_containerd", None)
 NFD_OS = ("cos", "ubuntu", "debian", "pop", None)

@@ -1,4 +1,4 @@
-"""installer.archive: safe extraction of archives we did not make."""
+"""installer.jail.archive: safe extraction of archives we did not make."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from installer import archive, tarstream
-from installer.errors import ExitCode, IntegrityError
+from installer.base.errors import ExitCode, IntegrityError
+from installer.jail import archive, tarstream
 
 # --------------------------------------------------------------------------- helpers
 
@@ -289,7 +289,7 @@ def test_member_count_and_path_length_limits(area):
 def test_disk_full_while_extracting_is_exit_11(area, monkeypatch):
     import errno
 
-    from installer.errors import DiskSpaceError
+    from installer.base.errors import DiskSpaceError
 
     tgz = make_tar(area / "work/a.tgz", [("big", b"x" * 4096)])
 

@@ -12,16 +12,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer import cpuarch, fabric, fabric_steps, fabricmanager, gpus, module_build, sandbox
+from installer.base import cpuarch
+from installer.base.errors import ExitCode, IntegrityError, UnsupportedHostError, UsageError
 from installer.detect import context, probe
 from installer.distros.headers_build_flow import HeadersBuildFlow
 from installer.distros.ubuntu import Ubuntu
-from installer.errors import ExitCode, IntegrityError, UnsupportedHostError, UsageError
-from installer.headers import KernelTree
-from installer.kernel import KernelState
-from installer.moduleargs import ModuleArg
-from installer.nvidia_urls import named_arch, named_version, run_url
+from installer.driver import module_build
+from installer.driver.nvidia_urls import named_arch, named_version, run_url
+from installer.host import gpus
+from installer.jail import run_in_jail as sandbox
+from installer.kmod.headers import KernelTree
+from installer.kmod.kernel import KernelState
+from installer.kmod.moduleargs import ModuleArg
+from installer.services import fabric, fabricmanager
 from installer.settings import Settings, validate
+from installer.steps import fabric as fabric_steps
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import COS_KERNEL, UBUNTU_KERNEL, build_cos_node, build_ubuntu_node
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from installer import branches, gpus
+from installer.base import branches
 from installer.distros.ubuntu import Ubuntu
+from installer.host import gpus
 
 
 def test_the_ubuntu_default_is_a_release_of_the_current_long_term_branch():
@@ -44,12 +45,12 @@ def _offered(text: str) -> list[str]:
 
 
 def _example_messages() -> list[str]:
-    from installer.bundle.cli import pick_target
-    from installer.bundle.manifest import BundleError, BundleKey
+    from installer.base.errors import UsageError
+    from installer.commands.bundle_cli import pick_target
     from installer.distros.cos.artifacts import parse_requested
     from installer.distros.cos.host import Cos
-    from installer.errors import UsageError
-    from installer.nvidia_run import check_version
+    from installer.driver.nvidia_run import check_version
+    from installer.records.bundle_manifest import BundleError, BundleKey
 
     said = []
     for call in (lambda: check_version("5x0"), lambda: parse_requested("newest"),

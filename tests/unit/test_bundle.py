@@ -16,10 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from installer import tarstream
-from installer.bundle import build, index, tree
+from installer.base.errors import ExitCode, IntegrityError
+from installer.bundle import index, tree
 from installer.bundle.fetch import unpack
-from installer.bundle.manifest import (
+from installer.cli import main
+from installer.commands import bundle_build as build
+from installer.host.installdir import InstallDir
+from installer.jail import tarstream
+from installer.records.bundle_manifest import (
     BundleError,
     BundleKey,
     FileEntry,
@@ -27,9 +31,6 @@ from installer.bundle.manifest import (
     expand_url,
     index_url,
 )
-from installer.cli import main
-from installer.errors import ExitCode, IntegrityError
-from installer.installdir import InstallDir
 from tests.fixtures.kernel import fake_ko
 
 V, R, OTHER_R = "550.54.14", "5.15.0-1049-gke", "6.8.0-1015-gke"
@@ -348,7 +349,7 @@ SIGN_FILE = f"""#!{sys.executable}
 # Stand-in for the kernel's scripts/sign-file: HASH KEY X509 MODULE, appends a signature.
 import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
-from installer.modsign import append_signature
+from installer.kmod.modsign import append_signature
 from tests.fixtures.fakekmod import fake_pkcs7
 hash_algo, key, cert, module = sys.argv[1:5]
 if open(key).read() != "KEY":
@@ -363,11 +364,11 @@ open(module, "wb").write(append_signature(data, fake_pkcs7(data)))
 def test_sign_modules_uses_the_headers_sign_file(tmp_path):
     from types import SimpleNamespace
 
-    from installer.errors import BuildError
-    from installer.headers import KernelTree
-    from installer.modsign import parse_signature
-    from installer.runner import Runner
-    from installer.workstate import WorkState
+    from installer.base.errors import BuildError
+    from installer.host.runner import Runner
+    from installer.kmod.headers import KernelTree
+    from installer.kmod.modsign import parse_signature
+    from installer.records.workstate import WorkState
     from tests.fixtures.fakekmod import fake_pkcs7
 
     headers = tmp_path / "headers"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer.bundle.cli import pick_target
-from installer.errors import UsageError
-from installer.manifests.cli import manifests
+from installer.base.errors import UsageError
+from installer.commands.bundle_cli import pick_target
+from installer.commands.manifests.cli import manifests
 
 yaml = pytest.importorskip("yaml")
 kv = pytest.importorskip("kubernetes_validate")

@@ -1,5 +1,5 @@
-from installer import cache
-from installer.cache import CacheKey, CacheRecord, ModuleSource
+from installer.records import cache
+from installer.records.cache import CacheKey, CacheRecord, ModuleSource
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 
 KEY = CacheKey("550.54.14", kernel_release=RELEASE, source=ModuleSource.COMPILED,

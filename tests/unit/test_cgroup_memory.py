@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from installer.cgroup_memory import JOB_PEAK_BYTES, RESERVE_BYTES, jobs_for, memory_limit
+from installer.jail.cgroup_memory import JOB_PEAK_BYTES, RESERVE_BYTES, jobs_for, memory_limit
 from tests.unit.test_usable_cpus import _tree  # the same fake cgroup tree
 
 GIB = 1 << 30

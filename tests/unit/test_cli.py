@@ -20,7 +20,7 @@ def _fixture_kernel(fake_kernel, monkeypatch):
     (a fresh FakeKernel, no GPU), never the machine's (issue 43: on a GPU runner ``status``
     and ``detect`` would report the runner's loaded driver). In this process only: the
     children these tests start are measured as the installed CLI starts (no start-up hook)."""
-    from installer import kernel
+    from installer.kmod import kernel
 
     monkeypatch.setattr(kernel, "_roots", fake_kernel.roots())
 
@@ -104,7 +104,7 @@ def test_install_help_documents_the_security_options(capsys):
 
 
 def test_a_bug_traceback_is_shown_without_secrets(capsys, monkeypatch, tmp_path):
-    from installer import install as install_flow
+    from installer.commands import install as install_flow
 
     def bug(settings):
         raise RuntimeError(f"boom fetching {settings.driver_url}")
@@ -128,8 +128,8 @@ def test_help_lists_commands(capsys):
 
 
 def test_version_parsing():
-    from installer.errors import UsageError
-    from installer.nvidia_run import check_version, version_from_url
+    from installer.base.errors import UsageError
+    from installer.driver.nvidia_run import check_version, version_from_url
 
     assert version_from_url("file:///x/NVIDIA-Linux-x86_64-550.54.14.run") == "550.54.14"
     assert version_from_url("https://m/NVIDIA-Linux-x86_64-535.183.01-custom.run?sig=1") == "535.183.01"
@@ -345,7 +345,7 @@ def test_detect_on_an_unknown_distro_exits_3_with_what_is_supported(capsys, tmp_
     ("no space left", "free some space"),
 ])
 def test_failure_message_ends_each_sentence_with_one_full_stop(message, hint):
-    from installer.errors import DiskSpaceError
+    from installer.base.errors import DiskSpaceError
     from installer.exits import failure_message
 
     assert failure_message(DiskSpaceError(message, hint=hint)) == (
@@ -357,7 +357,7 @@ def test_failure_message_ends_each_sentence_with_one_full_stop(message, hint):
 def test_readme_exit_codes_table_lists_every_exit_code():
     import re
 
-    from installer.errors import EXIT_CODE_MEANINGS, ExitCode
+    from installer.base.errors import EXIT_CODE_MEANINGS, ExitCode
 
     reference = Path(__file__).resolve().parents[2] / "docs/operator/reference.md"
     text = reference.read_text()  # moved from the README (issue 41)
@@ -368,8 +368,8 @@ def test_readme_exit_codes_table_lists_every_exit_code():
 
 def test_durations_and_log_format_spellings_are_accepted(capsys, monkeypatch, tmp_path):
     """Issue 26: LOCK_TIMEOUT=10m and LOG_FORMAT=JSON were refused."""
-    from installer import install as install_mod
-    from installer.outcome import Outcome
+    from installer.commands import install as install_mod
+    from installer.records.outcome import Outcome
 
     seen = {}
     monkeypatch.setattr(install_mod, "run",
@@ -402,7 +402,7 @@ def test_a_bad_setting_with_json_logs_is_a_json_event(capsys, monkeypatch, tmp_p
     (errno.EIO, None, None),  # nothing known to say: a real bug's traceback, exit 1
 ])
 def test_host_os_errors_become_their_exit_codes(code, exit_code, says):
-    from installer.errors import from_os_error
+    from installer.base.errors import from_os_error
 
     known = from_os_error(OSError(code, os.strerror(code), "/home/kubernetes/bin/nvidia/.cache"))
     if exit_code is None:
@@ -418,7 +418,7 @@ def test_when_in_use_defaults_to_stage_in_a_pod_and_fail_by_hand(monkeypatch, se
                                                                  expected):
     """Issue 34 §1: the kubelet sets KUBERNETES_SERVICE_HOST in every container; GKE's own
     DaemonSets set no WHEN_IN_USE, so in a pod the default must be stage."""
-    from installer import commands_cli
+    from installer.commands import node_cli as commands_cli
 
     monkeypatch.delenv("WHEN_IN_USE", raising=False)
     if service_host is None:
@@ -445,7 +445,7 @@ def test_top_level_help_names_every_supported_os(capsys):
 
 
 def test_install_help_lists_the_environment_only_variables(capsys):
-    from installer.envvars import ENV_RETRIES, ENV_TIMEOUT
+    from installer.base.envvars import ENV_RETRIES, ENV_TIMEOUT
 
     _, out, _ = run_main(capsys, ["install", "--help"])
     assert ENV_RETRIES in out and ENV_TIMEOUT in out
@@ -487,7 +487,7 @@ def test_a_report_s_log_lines_follow_its_output_format(capsys, monkeypatch, tmp_
 # What --help imports: measured in bench/cache_hit.py; here only which modules load.
 REPO = Path(__file__).resolve().parents[2]
 HEAVY_FOR_HELP = ("requests", "urllib3", "tenacity", "zstandard", "jinja2", "structlog", "rich",
-                  "asyncio", "yaml", "pyseccomp", "installer.distros", "installer.commands_cli")
+                  "asyncio", "yaml", "pyseccomp", "installer.distros", "installer.commands.node_cli")
 
 
 def imported_by(argv: list[str]) -> set[str]:

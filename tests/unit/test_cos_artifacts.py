@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from installer.distros.cos import artifacts as ca
-from installer.errors import (
+from installer.base.errors import (
     DownloadError,
     ExitCode,
     IntegrityError,
     UnsupportedHostError,
     UsageError,
 )
+from installer.distros.cos import artifacts as ca
 from installer.net.policy import UrlPolicy
 from installer.net.session import make_session
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from installer import cache
-from installer.cache import CacheKey, ModuleSource
 from installer.distros.cos.choice import Probe, choose, precompiled_wanted
-from installer.gpus import MODELS, PciGpu
-from installer.signing import SigningPolicy
+from installer.host.gpus import MODELS, PciGpu
+from installer.kmod.signing import SigningPolicy
+from installer.records import cache
+from installer.records.cache import CacheKey, ModuleSource
 
 V = "550.90.07"
 L4, V100 = "0x27b8", "0x1db4"  # open modules supported / proprietary only

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from installer.base.errors import IntegrityError, UsageError
 from installer.distros.cos.pins import Manifest, load
-from installer.errors import IntegrityError, UsageError
 
 A, B = "a" * 64, "b" * 64
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from installer import cache
-from installer.cache import CacheKey, ModuleSource
+from installer.base.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
 from installer.context import Context
 from installer.detect import context, probe
 from installer.distros.cos.choice import decide_modules
@@ -18,8 +17,9 @@ from installer.distros.cos.flow import CosFlow
 from installer.distros.cos.host import Cos
 from installer.distros.cos.options import CosOptions
 from installer.distros.flows import for_host
-from installer.errors import DownloadError, ExitCode, IntegrityError, SecureBootError
-from installer.kernel import KernelState
+from installer.kmod.kernel import KernelState
+from installer.records import cache
+from installer.records.cache import CacheKey, ModuleSource
 from installer.settings import Settings, validate
 from tests.cosbucket import CC, CXX, DEFAULT_V, LATEST_V, TRIPLE, Bucket
 from tests.fixtures.kernel import FakeKernel
@@ -117,11 +117,13 @@ def test_compile_plan(env):
 
 
 def test_dry_run_texts_are_the_argv_the_steps_run(env):
-    from installer import cgroup_memory, cpus, devnodes, module_build
-    from installer.headers import KernelTree
-    from installer.kernel import module_name
-    from installer.modules import COMPUTE_MODULES
-    from installer.nvidia_options import installer_args
+    from installer.driver import module_build
+    from installer.driver.nvidia_options import installer_args
+    from installer.jail import cgroup_memory, cpus
+    from installer.kmod import devnodes
+    from installer.kmod.headers import KernelTree
+    from installer.kmod.kernel import module_name
+    from installer.kmod.modules import COMPUTE_MODULES
 
     loaded = tuple(module_name(f) for f in COMPUTE_MODULES)  # what load_modules loads
     env.kernel.add_gpu("0000:00:04.0")
@@ -314,7 +316,7 @@ def test_enforced_signatures_with_prebuilt_pass(env):
 
 
 def test_decide_modules_matrix():
-    from installer import gpus
+    from installer.host import gpus
 
     l4 = gpus.PciGpu("0000:00:04.0", "0x27b8", "0x030200", model=gpus.MODELS["0x27b8"])
     v100 = gpus.PciGpu("0000:00:05.0", "0x1db1", "0x030200", model=gpus.MODELS["0x1db1"])
@@ -345,7 +347,7 @@ def test_default_alias_falls_back_to_a_branch_the_gpu_supports(env):
     ctx = env.ctx(driver_version="R535")
     plan = CosFlow().plan(probe(ctx))
     assert plan.summary["driver_version"] == DEFAULT_V
-    from installer.errors import UsageError
+    from installer.base.errors import UsageError
     with pytest.raises(UsageError, match="too new"):
         plan.steps[0].run(ctx)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from installer import cache
-from installer.cache import CacheKey, CacheRecord, ModuleSource
 from installer.distros.cos.v2_cache import with_v2_lines
+from installer.records import cache
+from installer.records.cache import CacheKey, CacheRecord, ModuleSource
 
 BUILD, V = "18244.151.14", "570.158.01"
 

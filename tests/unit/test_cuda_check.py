@@ -1,9 +1,10 @@
-"""installer.cuda_check's pure parts: which GPUs CUDA must see, and the words for a code."""
+"""installer.services.cuda_check's pure parts: which GPUs CUDA must see, and the words for a code."""
 
 from __future__ import annotations
 
-from installer import cuda_check, gpus
-from installer.kernel import KernelState
+from installer.host import gpus
+from installer.kmod.kernel import KernelState
+from installer.services import cuda_check
 
 
 def _gpu(root, addr, excluded: str | None) -> None:

@@ -9,8 +9,9 @@ import dataclasses
 import click
 import pytest
 
-from installer import daemons, podcontract
-from installer.manifests import render
+from installer.base import podcontract
+from installer.commands.manifests import render
+from installer.services import supervise as daemons
 
 
 def _option(command: click.Command, name: str) -> click.Parameter:
@@ -29,8 +30,8 @@ def test_the_install_and_verify_choices_are_the_registry():
 
 
 def test_every_daemon_has_its_sidecar_command_and_render_flag():
-    from installer.daemons_cli import sidecar
-    from installer.manifests.cli import render_command
+    from installer.commands.manifests.cli import render_command
+    from installer.commands.sidecar_cli import sidecar
 
     flags = {o for p in render_command.params for o in p.opts}
     fields = {f.name for f in dataclasses.fields(render.RenderOptions)}

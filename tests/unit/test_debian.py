@@ -7,13 +7,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from installer.bundle import build
+from installer.base.errors import UnsupportedHostError
+from installer.commands import bundle_build as build
+from installer.commands.manifests import values
+from installer.commands.manifests.cli import manifests
 from installer.distros import Debian
 from installer.distros.flows import for_host
 from installer.distros.headers_build_flow import HeadersBuildFlow
-from installer.errors import UnsupportedHostError
-from installer.manifests import values
-from installer.manifests.cli import manifests
 from tests.fixtures.node import COS_113, DEBIAN_12
 from tests.unit.test_ubuntu_plan import FRESH_STEPS, Env, names
 

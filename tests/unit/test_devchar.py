@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from installer import devchar
+from installer.kmod import devchar
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of char devices needs root")
 
@@ -101,7 +101,7 @@ def test_the_final_step_links_the_caps_files_nvml_made_after_device_nodes(dev):
     last step of every plan that verifies, links them; it leaves the modes as NVIDIA made them."""
     from types import SimpleNamespace
 
-    from installer import devnodes
+    from installer.kmod import devnodes
     from installer.steps import activate
 
     devnodes.link_char_devices(dev)  # what device_nodes did

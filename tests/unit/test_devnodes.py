@@ -1,5 +1,5 @@
-from installer import devnodes
-from installer.moduleargs import ModuleArg
+from installer.kmod import devnodes
+from installer.kmod.moduleargs import ModuleArg
 
 INFO = ("Model: \t\t NVIDIA L4\nIRQ:   \t\t 35\nBus Location: \t 0000:00:05.0\n"
         "Device Minor: \t 3\nGPU Excluded:\t No\n")
@@ -50,7 +50,7 @@ def test_only_the_loaded_modules_files_are_asked_for():
 
 
 def _kernel(tmp_path, loaded=("nvidia", "nvidia_uvm")):
-    from installer.kernel import KernelState
+    from installer.kmod.kernel import KernelState
 
     k = KernelState(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev")
     k.dev_dir.mkdir()
@@ -78,7 +78,7 @@ def _recording_modprobe(tmp_path, fail_on=None):
 def test_create_asks_for_and_requires_only_the_loaded_modules_files(tmp_path):
     import os
 
-    from installer.runner import Runner
+    from installer.host.runner import Runner
 
     k = _kernel(tmp_path)
     modprobe, log = _recording_modprobe(tmp_path, fail_on="-m")
@@ -95,8 +95,8 @@ def test_create_makes_dev_char_before_nvidia_modprobe(tmp_path):
     section D; symlink_char_dev)."""
     import pytest
 
-    from installer.errors import VerifyError
-    from installer.runner import Runner
+    from installer.base.errors import VerifyError
+    from installer.host.runner import Runner
 
     k = _kernel(tmp_path)
     modprobe, log = _recording_modprobe(tmp_path)
@@ -110,8 +110,8 @@ def test_create_makes_dev_char_before_nvidia_modprobe(tmp_path):
 def test_a_failed_call_names_the_loaded_modules_not_modeset(tmp_path):
     import pytest
 
-    from installer.errors import VerifyError
-    from installer.runner import Runner
+    from installer.base.errors import VerifyError
+    from installer.host.runner import Runner
 
     k = _kernel(tmp_path)
     modprobe, _ = _recording_modprobe(tmp_path, fail_on="-u")
@@ -122,7 +122,7 @@ def test_a_failed_call_names_the_loaded_modules_not_modeset(tmp_path):
 
 
 def test_with_modeset_loaded_it_asks_for_its_file_too(tmp_path):
-    from installer.runner import Runner
+    from installer.host.runner import Runner
 
     k = _kernel(tmp_path, ("nvidia", "nvidia_uvm", "nvidia_modeset"))
     modprobe, log = _recording_modprobe(tmp_path)
@@ -135,8 +135,8 @@ def test_with_modeset_loaded_it_asks_for_its_file_too(tmp_path):
 def test_create_refuses_when_nvidia_is_not_loaded(tmp_path):
     import pytest
 
-    from installer.errors import VerifyError
-    from installer.runner import Runner
+    from installer.base.errors import VerifyError
+    from installer.host.runner import Runner
 
     k = _kernel(tmp_path, ())
     modprobe, log = _recording_modprobe(tmp_path)
@@ -146,7 +146,7 @@ def test_create_refuses_when_nvidia_is_not_loaded(tmp_path):
 
 
 def test_gpu_minors_from_the_driver_else_the_pci_scan(tmp_path):
-    from installer.kernel import KernelState
+    from installer.kmod.kernel import KernelState
 
     k = KernelState(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev")
     assert devnodes.gpu_minors(k) == [0]  # no GPU seen at all: still nvidia0
@@ -161,8 +161,8 @@ def test_a_hung_nvidia_modprobe_is_said_to_have_timed_out(tmp_path, monkeypatch)
     """Issue 26: a hang read "failed:" with an empty cause; it names the timeout."""
     import pytest
 
-    from installer.errors import VerifyError
-    from installer.runner import Runner
+    from installer.base.errors import VerifyError
+    from installer.host.runner import Runner
 
     k = _kernel(tmp_path)
     modprobe = tmp_path / "nvidia-modprobe"

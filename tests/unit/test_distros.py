@@ -3,10 +3,10 @@ import sys
 
 import pytest
 
+from installer.base.errors import UnsupportedHostError
+from installer.commands.manifests import values
 from installer.distros import DISTROS, Cos, Ubuntu, by_name, flows, recognise
-from installer.errors import UnsupportedHostError
-from installer.manifests import values
-from installer.osinfo import parse_env_file
+from installer.host.osinfo import parse_env_file
 
 COS = 'ID=cos\nVERSION_ID=113\nBUILD_ID=17801.218.41\nPRETTY_NAME="COS 113"\n'
 
@@ -69,7 +69,7 @@ def test_distro_options_live_with_their_distro_and_name_their_pin_option():
     unpinned-artifacts warning names the option that pins them."""
     from dataclasses import fields
 
-    from installer.commands_cli import install
+    from installer.commands.node_cli import install
     from installer.settings import Settings
 
     assert not [f.name for f in fields(Settings)

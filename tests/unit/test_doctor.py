@@ -19,10 +19,13 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import branches, cache, cli, kernel, signing
-from installer.cache import CacheKey, ModuleSource
-from installer.doctor import host as doctor_host
-from installer.doctor import report as doctor_report
+from installer import cli
+from installer.base import branches
+from installer.commands.doctor import host as doctor_host
+from installer.commands.doctor import report as doctor_report
+from installer.kmod import kernel, signing
+from installer.records import cache
+from installer.records.cache import CacheKey, ModuleSource
 from tests.fixtures import node as fixture_node
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 from tests.fixtures.kernel import UBUNTU_KERNEL_UPDATE, FakeKernel, fake_ko
@@ -654,7 +657,7 @@ def test_a_cuda_failure_is_its_own_line_with_the_cause(node, capsys, monkeypatch
 
 
 def test_a_dead_daemon_sidecar_and_an_unfinished_fabric_fail_their_lines(node, capsys):
-    from installer import daemons
+    from installer.services import supervise as daemons
 
     daemons.write_state(node.install, daemons.FABRIC_MANAGER, daemons.EXITED,
                         "fabricmanager exited with status 1: [ERROR] no NVSwitch")
@@ -688,8 +691,8 @@ def test_a_trained_hgx_a100_fabric_is_ok_though_nvml_reads_na(node, capsys):
 
 def test_the_health_sidecars_verdict_is_a_line_of_its_own(node, capsys):
     """Issue 41: doctor reads the verdict the health sidecar keeps (daemons/health.json)."""
-    from installer import health
-    from installer.health import Health
+    from installer.services import health
+    from installer.services.health import Health
 
     _, found = node.findings(capsys)
     assert found["gpu_health"]["detail"].startswith("no health sidecar reports here")

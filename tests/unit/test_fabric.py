@@ -1,4 +1,4 @@
-"""fabric.py, fabricmanager.py and sidecars.py: the NVSwitch pieces that need no node."""
+"""fabric.py, fabricmanager.py and services/sidecar_setup.py: the NVSwitch pieces that need no node."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from installer import fabric, fabricmanager, sidecars
-from installer.errors import IntegrityError, VerifyError
-from installer.kernel import KernelState
+from installer.base.errors import IntegrityError, VerifyError
+from installer.kmod.kernel import KernelState
+from installer.services import fabric, fabricmanager
+from installer.services import sidecar_setup as sidecars
 from tests.fixtures.clock import Clock
 
 V = "570.124.06"
@@ -112,7 +113,8 @@ def test_an_nvlink5_node_lacking_its_pieces_ends_the_sidecar_with_exit_9(tmp_pat
                                                                          capsys):
     """The sidecar names what is missing and exits 9 (docs/contract.md §3), like any sidecar
     that cannot start its daemon; the state file says why, so the install's gate does too."""
-    from installer import cli, daemons
+    from installer import cli
+    from installer.services import supervise as daemons
 
     missing = ["nvlsm (NVIDIA's NVLink subnet manager) on PATH"]
     monkeypatch.setattr(fabric, "detect", lambda _sys: fabric.Fabric(fabric.NVLINK5, ("mlx5_0",)))

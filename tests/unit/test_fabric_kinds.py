@@ -1,7 +1,7 @@
 """Issue 38 items 3 and 4: the NVLink fabric by kind (fabric.detect) and the gate of each kind
 (fabric.wait_ready), on the fake clock (tests/fixtures/clock.py): no test waits in real time.
 
-Sources (cited in installer/fabric.py too): NVSwitch device ids from open-gpu-kernel-modules
+Sources (cited in installer/services/fabric.py too): NVSwitch device ids from open-gpu-kernel-modules
 src/common/nvswitch/kernel/nvswitch.c (nvswitch_lr10_device_ids, nvswitch_ls10_device_ids);
 the NVLink5 mark from NVIDIA/gpu-driver-container ubuntu24.04/nvidia-driver
 (_assert_nvlink5_system); NVML's fabric info is Hopper-or-newer (nvmlDeviceGetGpuFabricInfo),
@@ -14,8 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer import cpuarch, fabric, fabric_steps, fabricmanager, forking, sidecars
-from installer.errors import UsageError, VerifyError
+from installer.base import cpuarch
+from installer.base.errors import UsageError, VerifyError
+from installer.services import fabric, fabricmanager, forking
+from installer.services import sidecar_setup as sidecars
+from installer.steps import fabric as fabric_steps
 from tests.fixtures.clock import Clock
 from tests.fixtures.kernel import NVSWITCH_LR10, NVSWITCH_LS10, FakeKernel
 
@@ -179,7 +182,9 @@ def test_the_sidecar_refuses_a_configmap_config_naming_a_host_path(tmp_path, mon
                                                                    capsys):
     """`sidecar fabric-manager --config` before: the file went to nv-fabricmanager as it was.
     Now: exit 2 with the key named, the state file refused, nv-fabricmanager never started."""
-    from installer import cli, daemons, sidecars
+    from installer import cli
+    from installer.services import sidecar_setup as sidecars
+    from installer.services import supervise as daemons
 
     started = []
     monkeypatch.setattr(fabric, "detect", lambda _sys: fabric.Fabric(fabric.GEN3, ("x",)))

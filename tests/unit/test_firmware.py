@@ -7,11 +7,11 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import firmware
-from installer.errors import ModuleLoadError
-from installer.hostroot import HostRoot
-from installer.installdir import InstallDir
-from installer.kernel import KernelState
+from installer.base.errors import ModuleLoadError
+from installer.host.hostroot import HostRoot
+from installer.host.installdir import InstallDir
+from installer.kmod import firmware
+from installer.kmod.kernel import KernelState
 
 VERSION = "535.261.03"
 GSP = (f"nvidia/{VERSION}/gsp_ga10x.bin", f"nvidia/{VERSION}/gsp_tu10x.bin")

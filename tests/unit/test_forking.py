@@ -1,4 +1,4 @@
-"""installer/forking.py: a forking daemon watched by its sidecar (issue 38 §1)."""
+"""installer/services/forking.py: a forking daemon watched by its sidecar (issue 38 §1)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import time
 import pytest
 import structlog
 
-from installer import daemons, forking
-from installer.errors import VerifyError
+from installer.base.errors import VerifyError
+from installer.services import forking
+from installer.services import supervise as daemons
 from tests.fixtures import realpersistenced
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from installer.manifests import values
-from installer.manifests.cli import manifests
+from installer.commands.manifests import values
+from installer.commands.manifests.cli import manifests
 
 yaml = pytest.importorskip("yaml")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")

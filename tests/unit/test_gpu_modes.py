@@ -1,8 +1,8 @@
-"""installer.gpu_modes' parsers, on the lines NVIDIA's tools print (sources in its docstring)."""
+"""installer.services.gpu_modes' parsers, on the lines NVIDIA's tools print (sources in its docstring)."""
 
 from __future__ import annotations
 
-from installer import gpu_modes
+from installer.services import gpu_modes
 
 # `nvidia-smi -L` with MIG devices, in the format NVIDIA's MIG user guide and GKE's and
 # NVIDIA's own parsers show (two A100-SXM4-40GB, one in MIG mode with two 1g.5gb devices).

@@ -60,7 +60,7 @@ def test_guard_hook_stops_commands_and_writes_before_they_happen(tmp_path):
 import subprocess, sys
 from tests.gpu import guard
 guard.install()
-from installer.runner import Runner
+from installer.host.runner import Runner
 for what, call in (
     ("popen", lambda: subprocess.run(["rmmod", "nvidia"])),
     ("shell", lambda: subprocess.run("touch {marker}; modprobe -r nvidia", shell=True)),

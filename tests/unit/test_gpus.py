@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 import structlog.testing
 
-from installer import gpus
-from installer.errors import ExitCode, UsageError
-from installer.kernel import KernelState
+from installer.base.errors import ExitCode, UsageError
+from installer.host import gpus
+from installer.kmod.kernel import KernelState
+from installer.records.workstate import WorkState
 from installer.settings import Settings
 from installer.steps.checks import check_gpus
-from installer.workstate import WorkState
 
 
 def add_pci(sys_dir: Path, addr: str, device: str, *, vendor: str = "0x10de",

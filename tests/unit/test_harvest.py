@@ -1,4 +1,4 @@
-"""installer/harvest.py: what is taken from a jail's output, and what is refused."""
+"""installer/jail/harvest.py: what is taken from a jail's output, and what is refused."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from installer import harvest
+from installer.jail import harvest
 
 
 def _move(src, dst) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from installer import headers
-from installer.hostroot import HostRoot
+from installer.host.hostroot import HostRoot
+from installer.kmod import headers
 
 RELEASE = "6.1.0-56-amd64"
 COMMON = "/usr/src/linux-headers-6.1.0-56-common"

@@ -1,4 +1,4 @@
-"""The health sidecar's checks (installer/health.py) on fixture states, and its HTTP server.
+"""The health sidecar's checks (installer/services/health.py) on fixture states, and its HTTP server.
 
 Kernel log lines are shaped as real ones: the load banner and the FBHUB and persistence
 lines from the H100 node (/work/shared/reference/gpu-node, h100-cuda-and-fabric-transcript),
@@ -17,10 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from installer import daemons, health, metrics, podcontract, xid
-from installer.installdir import InstallDir
-from installer.metrics_http import MetricsServer
-from installer.runner import Runner
+from installer.base import podcontract
+from installer.host.installdir import InstallDir
+from installer.host.runner import Runner
+from installer.kmod import xid
+from installer.records import metrics
+from installer.services import health
+from installer.services import supervise as daemons
+from installer.services.metrics_http import MetricsServer
 from tests.fixtures.kernel import UBUNTU_KERNEL as RELEASE
 from tests.fixtures.kernel import FakeKernel, fake_ko
 
@@ -53,7 +57,7 @@ def node(tmp_path, monkeypatch):
 
 
 def watcher(node) -> health.Watcher:
-    from installer.kernel import KernelState
+    from installer.kmod.kernel import KernelState
 
     kernel, install = node
     return health.Watcher(install, KernelState(), Runner())
@@ -177,8 +181,8 @@ def test_no_driver_loaded_is_a_problem(tmp_path, monkeypatch):
 
 
 def test_a_staged_driver_is_shown_and_is_no_problem(node):
-    from installer import cache
-    from installer.cache import CacheKey, ModuleSource
+    from installer.records import cache
+    from installer.records.cache import CacheKey, ModuleSource
 
     kernel, install = node
     install.next_boot_dir.mkdir()
@@ -271,7 +275,7 @@ def test_no_gauge_name_is_left_out_of_the_docs():
 
 def health_metric_names() -> list[str]:
     """Every metric name the sidecar serves: the install's and the health gauges."""
-    from installer.outcome import Outcome
+    from installer.records.outcome import Outcome
 
     text = metrics.format_metrics(Outcome("ok"), kernel_release="k") + health.format_gauges(
         health.Health(0.0, V, "x", 1, 1, {("79", "reboot"): 1}, {"persistenced": "running"}))

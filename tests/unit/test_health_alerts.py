@@ -67,8 +67,9 @@ def test_the_name_finder_sees_through_promql():
 def test_promtool_passes_the_rules_and_the_sidecars_metrics(tmp_path):
     """Prometheus's own checker (Debian's promtool, tests/fixtures/realprometheus.py): the
     rule file loads, and the exposition text (every metric, with labels) lints clean."""
-    from installer import health, metrics
-    from installer.outcome import Outcome
+    from installer.records import metrics
+    from installer.records.outcome import Outcome
+    from installer.services import health
     from tests.fixtures import realprometheus
 
     promtool = str(realprometheus.promtool())

@@ -7,7 +7,7 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from installer.runner import CommandError, Runner
+from installer.host.runner import CommandError, Runner
 from tests.unit.test_signals import stop_group_on_sigterm
 
 SCRIPT = "echo a; sleep 2; echo b >&2; sleep 2"

@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from installer.errors import UsageError
-from installer.hostroot import HostRoot
+from installer.base.errors import UsageError
+from installer.host.hostroot import HostRoot
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_mkdir_and_unlink_resolve_parents_inside(root, outside):
 
 
 def test_reads_refuse_fifos_devices_and_huge_files(root):
-    from installer.errors import UnsupportedHostError
+    from installer.base.errors import UnsupportedHostError
 
     os.mkfifo(root.root / "etc/lsb-release")
     with pytest.raises(UnsupportedHostError, match="is a FIFO"):

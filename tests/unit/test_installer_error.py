@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from installer.installdir import Tree
-from installer.nvidia_run import installer_error
+from installer.driver.nvidia_run import installer_error
+from installer.host.installdir import Tree
 
 # The real tail of NVIDIA 535.261.03's open modules failing on Debian's 6.1.0-56 headers
 # (seen in the real-parts tier), paths as inside our sandbox.

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer.manifests import values
-from installer.manifests.cli import manifests
+from installer.commands.manifests import values
+from installer.commands.manifests.cli import manifests
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from installer.headers import KernelTree
-from installer.nvidia_run import kernel_tree_binds
-from installer.sandbox import SandboxSpec, bwrap_argv
+from installer.driver.nvidia_run import kernel_tree_binds
+from installer.jail.run_in_jail import SandboxSpec, bwrap_argv
+from installer.kmod.headers import KernelTree
 
 
 def test_debian_split_headers_bind_the_kbuild_dir_their_links_lead_to(tmp_path):

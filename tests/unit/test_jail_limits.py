@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from installer import jail_limits
+from installer.jail import limits as jail_limits
 
 
 def _self(tmp_path: Path, text: str) -> Path:

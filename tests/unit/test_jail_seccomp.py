@@ -1,4 +1,4 @@
-"""The jail's seccomp filter (installer/jail_seccomp.py): its rules as libseccomp exports
+"""The jail's seccomp filter (installer/jail/seccomp.py): its rules as libseccomp exports
 them, and the filter loaded in a child process of the test (the jail's attack tests:
 tests/attacks/test_jail_seccomp.py, test_jail_cgroups.py, test_jail.py)."""
 
@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from installer import jail_seccomp
+from installer.jail import seccomp as jail_seccomp
 
 
 def _pfc() -> str:
@@ -37,7 +37,7 @@ def test_loaded_it_refuses_namespaces_and_keyrings_and_allows_a_plain_fork():
     """A child loads the exported BPF itself (as bwrap does) and tries each call."""
     child = r"""
 import ctypes, os, sys
-from installer import jail_seccomp
+from installer.jail import seccomp as jail_seccomp
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, as bwrap has

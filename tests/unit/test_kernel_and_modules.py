@@ -4,17 +4,17 @@ import subprocess
 
 import pytest
 
-from installer.kernel import KernelState, module_name, parse_proc_modules
-from installer.modinfo import module_depends, read_modinfo, vermagic_release
-from installer.moduleargs import ModuleArg, for_module
-from installer.modules import (
+from installer.kmod.kernel import KernelState, module_name, parse_proc_modules
+from installer.kmod.modinfo import module_depends, read_modinfo, vermagic_release
+from installer.kmod.moduleargs import ModuleArg, for_module
+from installer.kmod.modules import (
     ModuleLoad,
     loaded_params,
     params_not_applied,
     plan_loads,
     users,
 )
-from installer.signing import cmdline_enforces_signatures, parse_lockdown
+from installer.kmod.signing import cmdline_enforces_signatures, parse_lockdown
 from tests.fixtures.fakekmod import driver_params_text
 from tests.fixtures.kernel import fake_ko
 
@@ -108,9 +108,9 @@ def test_no_gpu_enodev_is_said_exactly(tmp_path, monkeypatch):
     qemu tier. Both texts below are what kmod and the kernel print."""
     import pytest
 
-    from installer.errors import ModuleLoadError
-    from installer.modules import load
-    from installer.runner import Runner
+    from installer.base.errors import ModuleLoadError
+    from installer.host.runner import Runner
+    from installer.kmod.modules import load
 
     bin_dir = tmp_path / "bin"
     _tool(bin_dir, "insmod", 'echo "insmod: ERROR: could not insert module $1: No such device" >&2\n'
@@ -136,7 +136,7 @@ def test_no_gpu_enodev_is_said_exactly(tmp_path, monkeypatch):
 
 def test_real_nvidia_smi_failure_texts_get_their_hint():
     """Texts of Debian's nvidia-smi 535.261.03 (tests/realparts runs the binary itself)."""
-    from installer.verify import smi_failure_hint
+    from installer.services.verify import smi_failure_hint
 
     assert "not loaded" in smi_failure_hint(
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from installer import modules
-from installer.errors import ExitCode, ModuleLoadError
-from installer.kernel import KernelState, parse_proc_modules
+from installer.base.errors import ExitCode, ModuleLoadError
+from installer.kmod import modules
+from installer.kmod.kernel import KernelState, parse_proc_modules
 from installer.steps import checks
 
 # grep -E "^nvidia|^drm" /proc/modules on the H100 node: refcount and users are "-".

@@ -2,7 +2,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from installer.ldcache import plan_host_entry
+from installer.kmod.ldcache import plan_host_entry
 
 LIB = PurePosixPath("/home/kubernetes/bin/nvidia/lib64")
 
@@ -32,9 +32,9 @@ def test_plan_is_idempotent():
 def test_remove_host_undoes_update_host_and_refreshes_the_cache(tmp_path, conf):
     """The real ldconfig -r on a plain directory: what update_host adds, remove_host takes
     away (the host's own lines and other drop-ins stay); a second remove changes nothing."""
-    from installer.hostroot import HostRoot
-    from installer.ldcache import remove_host, update_host
-    from installer.runner import Runner
+    from installer.host.hostroot import HostRoot
+    from installer.host.runner import Runner
+    from installer.kmod.ldcache import remove_host, update_host
 
     (tmp_path / "etc/ld.so.conf.d").mkdir(parents=True)
     (tmp_path / "etc/ld.so.conf").write_text(conf)
@@ -52,7 +52,7 @@ def test_remove_host_undoes_update_host_and_refreshes_the_cache(tmp_path, conf):
 
 
 def test_parse_ldconfig_p_keeps_64_bit_entries_in_lookup_order():
-    from installer.ldcache import parse_ldconfig_p
+    from installer.kmod.ldcache import parse_ldconfig_p
 
     text = ("3 libs found in cache `/etc/ld.so.cache'\n"
             "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1\n"

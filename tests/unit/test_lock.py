@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from installer.errors import LockHeldError
-from installer.hostroot import HostRoot
-from installer.lock import HostLock, holder_pid
+from installer.base.errors import LockHeldError
+from installer.host.hostroot import HostRoot
+from installer.host.lock import HostLock, holder_pid
 
 # Holds the flock until the test closes its stdin (or, at the latest, after 120 s), so no
 # assertion races a fixed hold time on a loaded machine.
@@ -157,7 +157,7 @@ def test_protected_symlinks_eacces_is_a_clear_exit_4(host, monkeypatch):
     sticky dir (a global sysctl, so simulated here): a refusal, not a traceback."""
     import errno
 
-    from installer import lock as lock_mod
+    from installer.host import lock as lock_mod
 
     real_open = os.open
 

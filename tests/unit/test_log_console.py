@@ -9,7 +9,7 @@ import pytest
 import structlog
 
 from installer import log as logmod
-from installer.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
+from installer.base.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
 from installer.cli import main
 
 OS_RELEASE = 'ID=ubuntu\nVERSION_ID="22.04"\nPRETTY_NAME="Ubuntu 22.04.4 LTS"\n'
@@ -29,7 +29,7 @@ def _fresh_context(monkeypatch):
 def _fixture_kernel(fake_kernel, monkeypatch):
     """``install --dry-run`` runs in this process on a fixture host root: its kernel is a
     fixture's too, never the machine's (issue 43: a GPU runner's loaded driver)."""
-    from installer import kernel
+    from installer.kmod import kernel
 
     monkeypatch.setattr(kernel, "_roots", fake_kernel.roots())
 

@@ -18,9 +18,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from installer import __version__, envvars
-from installer.manifests import render, validate, values
-from installer.manifests.cli import manifests
+from installer import __version__
+from installer.base import envvars
+from installer.commands.manifests import render, validate, values
+from installer.commands.manifests.cli import manifests
 
 yaml = pytest.importorskip("yaml")
 
@@ -622,8 +623,8 @@ def test_cos_manifests_accept_every_version_the_cos_install_accepts(value):
 
 @pytest.mark.parametrize("value", ["R5", "r53", "latest-1", "R535 ", "R٥٣٥"])
 def test_cos_manifests_refuse_every_version_the_cos_install_refuses(value):
+    from installer.base.errors import UsageError
     from installer.distros.cos.artifacts import parse_requested
-    from installer.errors import UsageError
 
     if value.strip() == value:  # install strips the env value; render takes it as given
         with pytest.raises(UsageError):

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from installer import modsign
+from installer.kmod import modsign
 from tests.fixtures.kernel import UBUNTU_KERNEL, fake_ko
 
 MAGIC = b"~Module signature appended~\n"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from installer import readiness
-from installer.moduleargs import ModuleArg, for_module, parse_listed
+from installer.kmod.moduleargs import ModuleArg, for_module, parse_listed
+from installer.records import readiness
 
 LOADED = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 

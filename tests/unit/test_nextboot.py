@@ -7,9 +7,9 @@ from pathlib import Path, PurePosixPath
 import pytest
 import structlog
 
-from installer import nextboot
-from installer.cache import CacheKey, ModuleSource
-from installer.installdir import InstallDir
+from installer.host.installdir import InstallDir
+from installer.records import staged_driver as nextboot
+from installer.records.cache import CacheKey, ModuleSource
 
 KERNEL, UPDATED = "5.15.0-1049-gke", "5.15.0-1050-gke"
 KEY = CacheKey("535.183.01", kernel_release=KERNEL, source=ModuleSource.COMPILED, module_type="open")

@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from installer import gpus, module_build
-from installer.errors import UsageError
-from installer.headers import KernelTree
-from installer.nvidia_options import (
+from installer.base.errors import UsageError
+from installer.driver import module_build
+from installer.driver.nvidia_options import (
     FIRST_RELEASE,
     KERNEL_MODULE_OPTIONS,
     accepts,
     check_loads_nothing,
     installer_args,
 )
+from installer.host import gpus
+from installer.kmod.headers import KernelTree
 from tests.fixtures import nvidia_options as tables
 
 TABULATED = tables.tabulated()

@@ -1,8 +1,8 @@
 import pytest
 
+from installer.base.errors import UnsupportedHostError
 from installer.distros import host_info_from_text
-from installer.errors import UnsupportedHostError
-from installer.osinfo import parse_env_file
+from installer.host.osinfo import parse_env_file
 from tests.fixtures.kernel import UBUNTU_KERNEL
 from tests.fixtures.node import COS_113, COS_113_LSB_RELEASE, UBUNTU_2204
 
@@ -63,7 +63,7 @@ def test_shell_words_match_shlex_and_stay_linear():
     import shlex
     import time
 
-    from installer.osinfo import shell_words
+    from installer.host.osinfo import shell_words
 
     rng = random.Random(7)
     for _ in range(20000):

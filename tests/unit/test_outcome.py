@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from installer import metrics, status
-from installer.fsutil import UnreadableFile
-from installer.outcome import Outcome
+from installer.base.fsutil import UnreadableFile
+from installer.records import metrics, status
+from installer.records.outcome import Outcome
 
 V1, V2 = "570.172.08", "580.82.07"
 

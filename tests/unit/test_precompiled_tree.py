@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from installer.base.errors import BuildError
 from installer.distros.cos.precompiled import _check_dirs
-from installer.errors import BuildError
 
 
 def test_a_linked_precompiled_dir_is_refused(tmp_path):

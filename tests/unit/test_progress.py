@@ -1,11 +1,11 @@
-"""installer.progress: what a download shows while it runs."""
+"""installer.base.progress: what a download shows while it runs."""
 
 from __future__ import annotations
 
 import pytest
 from structlog.testing import capture_logs
 
-from installer.progress import Progress
+from installer.base.progress import Progress
 
 
 def test_progress_logs_sparsely_when_not_a_terminal():

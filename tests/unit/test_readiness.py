@@ -7,11 +7,13 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from installer import diagnostics, install, kernel, metrics, readiness
-from installer.errors import BuildError
-from installer.hostroot import HostRoot
-from installer.outcome import Outcome
+from installer.base.errors import BuildError
+from installer.commands import install
+from installer.host.hostroot import HostRoot
+from installer.kmod import diagnostics, kernel
 from installer.plan import Plan, Step
+from installer.records import metrics, readiness
+from installer.records.outcome import Outcome
 from installer.settings import Settings, validate
 from tests.fixtures.kernel import UBUNTU_KERNEL
 
@@ -180,7 +182,7 @@ def test_installer_log_tail_only_from_this_run(host, monkeypatch, tmp_path):
 
 
 def test_download_failure_has_no_stale_installer_log(host, monkeypatch):
-    from installer.errors import DownloadError
+    from installer.base.errors import DownloadError
 
     (host.root / INSTALL_HOST.relative_to("/") / "nvidia-installer.log").write_text("old\n")
     import os
@@ -198,8 +200,8 @@ def test_download_failure_has_no_stale_installer_log(host, monkeypatch):
 def _dmesg_node(monkeypatch, tmp_path, script: str):
     """A kernel whose /dev has no kmsg and counts as the running kernel's (so the reader
     falls back to dmesg), with ``script`` as dmesg."""
-    from installer.kernel import KernelState
-    from installer.runner import Runner
+    from installer.host.runner import Runner
+    from installer.kmod.kernel import KernelState
 
     bin_dir, dev = tmp_path / "bin", tmp_path / "dev"
     bin_dir.mkdir()
@@ -234,8 +236,8 @@ EOF
 def test_a_fake_node_without_kmsg_never_reads_the_machines_kernel_log(tmp_path):
     """dmesg reads the kernel this process runs on: for any other roots (a test's node) the
     log is unreadable, never the machine's."""
-    from installer.kernel import KernelState
-    from installer.runner import Runner
+    from installer.host.runner import Runner
+    from installer.kmod.kernel import KernelState
 
     kernel = KernelState(tmp_path / "proc", tmp_path / "sys", tmp_path / "dev")
     assert diagnostics.kernel_log_tail(kernel, Runner()) == [
@@ -244,8 +246,8 @@ def test_a_fake_node_without_kmsg_never_reads_the_machines_kernel_log(tmp_path):
 
 def _kernel_log_tail(tmp_path, *records: str) -> list[str]:
     """diagnostics.kernel_log_tail of a kernel whose /dev/kmsg holds ``records``."""
-    from installer.kernel import KernelState
-    from installer.runner import Runner
+    from installer.host.runner import Runner
+    from installer.kmod.kernel import KernelState
 
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev/kmsg").write_text("".join(f"{r}\n" for r in records))
@@ -275,7 +277,7 @@ def test_kernel_log_tail_never_shows_unrelated_lines(tmp_path):
 
 
 def test_unwritable_readiness_is_a_verify_failure(host, monkeypatch):
-    from installer.errors import VerifyError
+    from installer.base.errors import VerifyError
 
     (host.root / "run/nvidia").mkdir(parents=True)
     (host.root / "run/nvidia/validations").write_text("a file, not a directory")
@@ -293,7 +295,7 @@ def test_a_readiness_check_is_one_function_and_one_registration(host, monkeypatc
     """verify.CHECKS is the one list: a check added there runs in the verify, in order, sees
     the results before it, and its result is a driver-ready line (status.json's cuda_check
     says "not run" when CUDA_CHECK is not among them)."""
-    from installer import verify
+    from installer.services import verify
 
     def ecc(ctx, lib_dir, done):
         return f"clean after {','.join(done)}"
@@ -313,7 +315,7 @@ def test_a_readiness_check_is_one_function_and_one_registration(host, monkeypatc
 
 
 def test_the_checks_report_their_unchecked_line_until_they_run():
-    from installer import verify
+    from installer.services import verify
 
     assert [c.key for c in verify.CHECKS] == ["NVLINK_FABRIC", "CUDA_CHECK", "DAEMONS"]
     assert verify.check_results({}) == {"NVLINK_FABRIC": "not checked",

@@ -7,9 +7,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from installer.commands.manifests.cli import manifests
+from installer.commands.manifests.values import OS_ID_LABEL
 from installer.distros import DISTROS
-from installer.manifests.cli import manifests
-from installer.manifests.values import OS_ID_LABEL
 
 
 def render(*args: str):
@@ -39,7 +39,7 @@ def test_render_refuses_an_alias_install_refuses():
 def test_bundle_job_builds_the_module_type_r580_nodes_ask_for():
     """Nodes pick open modules on R580 (auto, Turing or newer GPUs): the Job's default must
     build those, or every bundle goes unused (or exit 5 with --prebuilt-only)."""
-    from installer.manifests.bundle_job import built_module_type
+    from installer.commands.manifests.bundle_job import built_module_type
 
     result = render("--kind", "bundle-job", "--target", "580.82.07@6.8.0-1015-gke",
                     "--volume-claim", "bundles")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from installer.errors import ExitCode, IntegrityError
-from installer.nvidia_run import _CORRUPT, check_run_file, preview
+from installer.base.errors import ExitCode, IntegrityError
+from installer.driver.nvidia_run import _CORRUPT, check_run_file, preview
 from tests.fixtures.runfile import build_driver_run
 
 NAME = "NVIDIA-Linux-x86_64-550.54.14.run"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from installer import safejson
+from installer.base import safejson
 
 
 @pytest.mark.parametrize(("doc", "deepest"), [

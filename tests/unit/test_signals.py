@@ -1,4 +1,4 @@
-"""installer.signals and the Runner's process groups: SIGTERM/SIGINT stop everything cleanly.
+"""installer.base.signals and the Runner's process groups: SIGTERM/SIGINT stop everything cleanly.
 
 The signals go to a child Python running the code under test (``in_child``), never to the
 test runner: a signal that lands after a handler is restored would stop the whole run.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from installer.runner import CommandError, Runner
+from installer.host.runner import CommandError, Runner
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 30
@@ -26,8 +26,8 @@ def in_child(body: str) -> subprocess.Popen[str]:
     """A Python child running ``body`` (indented into a function ``main``) with the
     installer's signal handlers; it prints ``exit <code> <name>`` when Interrupted."""
     code = ("import os, signal, sys, time\n"
-            "from installer import signals\n"
-            "from installer.runner import Runner\n"
+            "from installer.base import signals\n"
+            "from installer.host.runner import Runner\n"
             "def main():\n" + textwrap.indent(textwrap.dedent(body), "    ") + "\n"
             "try:\n"
             "    main()\n"

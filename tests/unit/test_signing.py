@@ -1,8 +1,8 @@
 import pytest
 
-from installer import signing
-from installer.kernel import KernelState
-from installer.signing import KernelSigning, decide
+from installer.kmod import signing
+from installer.kmod.kernel import KernelState
+from installer.kmod.signing import KernelSigning, decide
 
 
 @pytest.mark.parametrize(("state", "reasons"), [

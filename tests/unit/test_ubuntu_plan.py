@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from installer import cache, gpus
-from installer.cache import CacheKey, ModuleSource
+from installer.base.errors import ExitCode, InstallerError, SecureBootError, UsageError
 from installer.context import Context
 from installer.detect import context, probe
 from installer.distros.cos.options import CosOptions
 from installer.distros.flows import for_host
 from installer.distros.headers_build_flow import HeadersBuildFlow, find_kernel_headers
 from installer.distros.ubuntu import Ubuntu
-from installer.errors import ExitCode, InstallerError, SecureBootError, UsageError
+from installer.host import gpus
+from installer.records import cache
+from installer.records.cache import CacheKey, ModuleSource
 from installer.settings import Settings, validate
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import UBUNTU_KERNEL, build_ubuntu_node

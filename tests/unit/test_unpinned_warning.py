@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from structlog.testing import capture_logs
 
-from installer import install
+from installer.commands import install
 from installer.plan import Plan
 from installer.settings import Settings
 

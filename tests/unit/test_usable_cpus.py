@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from installer.cpus import usable_cpus
-from installer.headers import KernelTree
-from installer.module_build import make_argv
+from installer.driver.module_build import make_argv
+from installer.jail.cpus import usable_cpus
+from installer.kmod.headers import KernelTree
 
 HOST = len(os.sched_getaffinity(0))
 

@@ -1,4 +1,4 @@
-"""installer.values: one reading of driver versions, kernel releases and sha256 digests,
+"""installer.base.values: one reading of driver versions, kernel releases and sha256 digests,
 whoever asks (settings, the context, bundles, the COS pins, downloads)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import hashlib
 
 import pytest
 
-from installer import values
-from installer.bundle.manifest import BundleError, BundleKey, check_sha256
+from installer.base import values
+from installer.base.errors import UsageError
 from installer.distros.cos.pins import Manifest as PinManifest
-from installer.errors import UsageError
 from installer.net.integrity import normalize_sha256
+from installer.records.bundle_manifest import BundleError, BundleKey, check_sha256
 from installer.settings import Settings, validate
 
 HEX = hashlib.sha256(b"driver").hexdigest()

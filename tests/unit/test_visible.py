@@ -1,10 +1,10 @@
-"""installer.visible and harvest.read_tail: what the jail printed or named, shown bounded
+"""installer.jail.visible and harvest.read_tail: what the jail printed or named, shown bounded
 and on one line (issue 39 J5, H1)."""
 
 from __future__ import annotations
 
-from installer import harvest
-from installer.visible import visible
+from installer.jail import harvest
+from installer.jail.visible import visible
 
 
 def test_control_characters_become_visible_escapes():

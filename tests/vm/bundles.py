@@ -18,8 +18,9 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from installer.bundle import build, index
-from installer.bundle.manifest import BundleKey
+from installer.bundle import index
+from installer.commands import bundle_build as build
+from installer.records.bundle_manifest import BundleKey
 from tests.vm import driver_run
 
 

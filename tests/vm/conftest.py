@@ -266,7 +266,7 @@ def real_data(vm_assets: prov.VMAssets, vm_workdir: Path, real_installs):
 def real_bundle_data(vm_assets: prov.VMAssets, vm_workdir: Path, real_installs):
     """The bundles data disk (tests/vm/bundles.py): the real 535 install as a bundle, a
     tampered copy, a bundle for another kernel. Returns (image, Bundles)."""
-    from installer.bundle.manifest import BundleKey
+    from installer.records.bundle_manifest import BundleKey
     from tests.vm import bundles
 
     installs, versions = real_installs
@@ -357,7 +357,7 @@ def r550_installs(request: pytest.FixtureRequest, vm_assets: prov.VMAssets, newe
 def r550_data(newer_kernel, vm_workdir: Path, r550_installs):
     """The 6.12 guest's data disk: both installs, ndi_fwreq.ko built for 6.12, NVIDIA's
     real nvidia-smi + NVML 550, the open install as an indexed bundle."""
-    from installer.bundle.manifest import BundleKey
+    from installer.records.bundle_manifest import BundleKey
     from tests.vm import bundles
 
     assets, _headers = newer_kernel

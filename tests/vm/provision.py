@@ -63,7 +63,7 @@ HOST_PACKAGES = [
 # Installed in the guest root on top of debootstrap's minbase (the headers
 # package is added with the ABI). gcc/make/kmod: kbuild and module loading;
 # procps: ps/pgrep for lock-holder and debugging output; bubblewrap: the build jail
-# NVIDIA's code runs in (installer/sandbox.py), as in our images.
+# NVIDIA's code runs in (installer/jail/run_in_jail.py), as in our images.
 GUEST_PACKAGES = [
     "python3",
     "kmod",

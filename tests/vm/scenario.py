@@ -227,7 +227,7 @@ def real_smi() -> str:
 def classify_real_smi() -> str:
     """The installer's verify.smi_failure_hint on the real nvidia-smi's words, in the guest."""
     return (f"{real_smi()} > /tmp/smi.out 2>&1; echo \"rc=$?\"; cat /tmp/smi.out; "
-            "python3 -c 'import sys; from installer.verify import smi_failure_hint; "
+            "python3 -c 'import sys; from installer.services.verify import smi_failure_hint; "
             "print(\"hint: \" + smi_failure_hint(open(\"/tmp/smi.out\").read()))'")
 
 

@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from installer.verify import SMI_FAILURES, VerifyError
+from installer.services.verify import SMI_FAILURES, VerifyError
 from tests.vm.harness import BootResult
 from tests.vm.scenario import GSP_FILES, INSTALL_DIR, R550_FLAVORS
 from tests.vm.test_real_modules import (

@@ -23,17 +23,17 @@ from dataclasses import dataclass
 
 import structlog
 
-from installer.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
+from installer.base.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
+from installer.base.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
+from installer.base.values import is_driver_version
 from installer.distros.cos.host import VERSION_ALIAS
 from installer.distros.cos.pins import Manifest
 from installer.distros.cos.toolchain import check_toolchain_env
-from installer.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
+from installer.host.osinfo import parse_env_file
 from installer.net.fetch import fetch_text, url_exists
 from installer.net.policy import from_metadata
 from installer.net.retry import RetryPolicy
 from installer.net.session import ArtifactSession, or_default
-from installer.osinfo import parse_env_file
-from installer.values import is_driver_version
 
 log = structlog.get_logger(__name__)
 

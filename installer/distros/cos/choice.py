@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from installer import gpus
-from installer.cachekey import ModuleSource
-from installer.kinds import OPEN, PROPRIETARY, ModuleType
-from installer.signing import SigningPolicy
+from installer.base.kinds import OPEN, PROPRIETARY, ModuleType
+from installer.host import gpus
+from installer.kmod.signing import SigningPolicy
+from installer.records.cachekey import ModuleSource
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import headers
-from installer.cache import CacheKey, ModuleSource
+from installer.base.errors import UnsupportedHostError
+from installer.base.kinds import OPEN
 from installer.distros.base import Distro
-from installer.distros.cos import pins, toolchain, v2_cache, v2_tools, versions
+from installer.distros.cos import mirror, pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
     TOOLCHAIN_ENV_FILE,
@@ -45,12 +45,11 @@ from installer.distros.cos.steps import (
 )
 from installer.distros.cos.toolchain import BuildTools
 from installer.distros.planning import DistroSteps, Flow, Wanted, cached_plan, fresh_plan
-from installer.errors import UnsupportedHostError
-from installer.gke import mirror
-from installer.kinds import OPEN
+from installer.kmod import headers
 from installer.net.fetch import fetch_text
 from installer.net.policy import artifacts_root
 from installer.plan import Plan, Step
+from installer.records.cache import CacheKey, ModuleSource
 from installer.steps import staging
 from installer.steps.staging import Fetch
 

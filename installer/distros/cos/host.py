@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import re
 
-from installer import podcontract
-from installer.branches import EXAMPLE_BRANCH
-from installer.cachekey import CacheKey
+from installer.base import podcontract
+from installer.base.branches import EXAMPLE_BRANCH
+from installer.base.errors import UnsupportedHostError
 from installer.distros.base import Distro, SignedModules, StaleCache
 from installer.distros.cos.options import CosOptions
 from installer.distros.daemonset import DaemonSetNeeds, HostMount
-from installer.errors import UnsupportedHostError
-from installer.osinfo import HostInfo, parse_env_file
+from installer.host.osinfo import HostInfo, parse_env_file
+from installer.records.cachekey import CacheKey
 
 # The build's driver version aliases (its gpu_<alias>_version files): default, latest and a
 # branch, R535 (r535 and 535 name it too). ``manifests render`` and ``install`` both read

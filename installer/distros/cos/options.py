@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
-from installer import podcontract
-from installer.errors import UsageError
+from installer.base import podcontract
+from installer.base.errors import UsageError
 from installer.settings import CliOption, DistroOptions, Settings
 
 DEFAULT_ARTIFACTS_URL = "https://storage.googleapis.com/cos-tools/{build_id}"

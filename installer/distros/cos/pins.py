@@ -27,10 +27,10 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from installer.errors import IntegrityError, UsageError
-from installer.fsutil import UnreadableFile, read_limited
+from installer.base.errors import IntegrityError, UsageError
+from installer.base.fsutil import UnreadableFile, read_limited
+from installer.base.values import sha256_digest
 from installer.net.policy import file_name, redact_url
-from installer.values import sha256_digest
 
 log = structlog.get_logger(__name__)
 

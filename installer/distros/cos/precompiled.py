@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import archive, harvest, modsign, nvidia_run
+from installer.base.errors import BuildError, IntegrityError, ModuleLoadError, SecureBootError
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import custom_run_name, signatures_name
 from installer.distros.cos.toolchain import BuildTools
-from installer.errors import BuildError, IntegrityError, ModuleLoadError, SecureBootError
-from installer.modinfo import read_modinfo
+from installer.driver import nvidia_run
+from installer.host.runner import CommandError
+from installer.jail import archive, harvest
+from installer.kmod import modsign
+from installer.kmod.modinfo import read_modinfo
 from installer.plan import Step
-from installer.runner import CommandError
 from installer.steps import activate
 
 if TYPE_CHECKING:
@@ -123,7 +125,7 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
 def _check_dirs(extract: Path) -> None:
     """Exit 7 unless the dirs this step reads and links in, outside the jail, are real
     dirs of the extracted tree: a link the .run's code left there would send the linker's
-    output or our reads to the host (installer/harvest.py)."""
+    output or our reads to the host (installer/jail/harvest.py)."""
     for rel in ("kernel/precompiled", *(f"kernel/{core.rsplit('/', 1)[0]}"
                                         for _m, _i, core in LINKED)):
         try:

@@ -9,17 +9,18 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import archive, headers, signing
+from installer.base.errors import BuildError, IntegrityError, SecureBootError
+from installer.base.fsutil import remove_tree
 from installer.distros.cos import toolchain
 from installer.distros.cos.artifacts import KERNEL_HEADERS, prebuilt_modules_name
 from installer.distros.cos.toolchain import BuildTools
-from installer.errors import BuildError, IntegrityError, SecureBootError
-from installer.fsutil import remove_tree
-from installer.modinfo import read_modinfo
+from installer.jail import archive
+from installer.jail.run_in_jail import SANDBOX_PATH
+from installer.kmod import headers, signing
+from installer.kmod.modinfo import read_modinfo
 from installer.plan import Step
-from installer.sandbox import SANDBOX_PATH
+from installer.records.workstate import BuildToolchain
 from installer.steps import checks
-from installer.workstate import BuildToolchain
 
 if TYPE_CHECKING:
     from installer.context import Context

@@ -26,12 +26,14 @@ from typing import Any
 
 import structlog
 
-from installer import __version__, archive, podcontract, safejson
-from installer.errors import BuildError, IntegrityError
-from installer.fsutil import UnreadableFile, read_limited, remove_tree, write_atomic
-from installer.hostroot import HostRoot
+from installer import __version__
+from installer.base import podcontract, safejson
+from installer.base.errors import BuildError, IntegrityError
+from installer.base.fsutil import UnreadableFile, read_limited, remove_tree, write_atomic
+from installer.host.hostroot import HostRoot
+from installer.host.runner import CommandError, Runner
+from installer.jail import archive
 from installer.net.policy import redact_url
-from installer.runner import CommandError, Runner
 
 log = structlog.get_logger(__name__)
 

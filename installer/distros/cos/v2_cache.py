@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from installer.cache import V2_KERNEL_OPEN_KEY, CacheKey
-from installer.kinds import OPEN
+from installer.base.kinds import OPEN
+from installer.records.cache import V2_KERNEL_OPEN_KEY, CacheKey
 
 
 def v2_lines(build_id: str | None, driver_version: str, module_type: str | None) -> list[str]:

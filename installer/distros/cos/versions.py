@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer import branches, cache, gpus
+from installer.base import branches
+from installer.base.errors import DownloadError
 from installer.distros.cos.artifacts import (
     DEFAULT_ALIAS,
     LATEST_ALIAS,
@@ -18,9 +19,10 @@ from installer.distros.cos.artifacts import (
     Resolved,
     parse_requested,
 )
-from installer.errors import DownloadError
+from installer.driver.nvidia_run import version_from_url
+from installer.host import gpus
 from installer.net.retry import RetryPolicy
-from installer.nvidia_run import version_from_url
+from installer.records import cache
 
 if TYPE_CHECKING:
     from installer.context import Context

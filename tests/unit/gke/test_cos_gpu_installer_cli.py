@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from installer.errors import UsageError
+from installer.base.errors import UsageError
 from installer.gke.cos_gpu_installer_cli import translate
 
 GKE_ENV = {

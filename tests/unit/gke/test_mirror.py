@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from installer.gke import mirror
+from installer.distros.cos import mirror
 from installer.settings import Settings
 
 V = "535.216.03"

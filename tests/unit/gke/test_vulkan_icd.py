@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from installer.gke.vulkan_icd import icd_text
+from installer.steps.vulkan_icd import icd_text
 
 
 def test_finished_json_is_taken_as_is(tmp_path):

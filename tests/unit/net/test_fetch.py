@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 from werkzeug import Response
 
-from installer.errors import DownloadError, UsageError
+from installer.base.errors import DownloadError, UsageError
 from installer.net.fetch import fetch_text, url_exists
 from installer.net.retry import RetryPolicy
 from installer.net.session import make_session

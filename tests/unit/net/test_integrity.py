@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from installer.errors import UsageError
+from installer.base.errors import UsageError
 from installer.net.integrity import normalize_sha256
 from installer.net.transfer import download
 from installer.settings import Settings, validate

@@ -9,7 +9,7 @@ import time
 import pytest
 from werkzeug import Response
 
-from installer.errors import DownloadError, UsageError
+from installer.base.errors import DownloadError, UsageError
 from installer.net.parallel import DownloadJob, download_all
 from tests.unit.net.kit import FAST, seen
 

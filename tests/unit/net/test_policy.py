@@ -9,7 +9,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 from structlog.testing import capture_logs
 
-from installer.errors import UsageError
+from installer.base.errors import UsageError
 from installer.log import configure
 from installer.net import policy
 from installer.net.policy import UrlPolicy, check_url_scheme
@@ -132,8 +132,8 @@ def test_the_ubuntu_driver_download_is_named_by_the_same_rule(tmp_path):
     ``..`` there or a signed URL's query ended up in the file name."""
     from types import SimpleNamespace
 
-    from installer.installdir import Tree
-    from installer.workstate import WorkState
+    from installer.host.installdir import Tree
+    from installer.records.workstate import WorkState
 
     src = tmp_path / "src" / "NVIDIA-Linux-x86_64-550.127.05.run"
     src.parent.mkdir()

@@ -13,8 +13,8 @@ import urllib3.exceptions
 from structlog.testing import capture_logs
 from werkzeug import Response
 
+from installer.base.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
 from installer.detect import context
-from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
 from installer.net import retry
 from installer.net.retry import (
     NETWORK_DEFAULTS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from installer.errors import DownloadError
+from installer.base.errors import DownloadError
 from installer.net.session import make_session
 from installer.net.transfer import download
 from tests.unit.net.kit import FAST, PAYLOAD_SHA, ranged

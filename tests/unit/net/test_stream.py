@@ -9,7 +9,7 @@ import threading
 import pytest
 from werkzeug import Response
 
-from installer.errors import DownloadError, IntegrityError
+from installer.base.errors import DownloadError, IntegrityError
 from installer.net.transfer import Cancelled, stream
 from tests.unit.net.kit import FAST, PAYLOAD, PAYLOAD_SHA, ranged, seen
 from tests.unit.net.test_transfer import dropping
@@ -133,7 +133,7 @@ def test_cancel_stops_and_discards(tmp_path):
 
 def test_a_signal_mid_body_discards_and_leaves_no_consumer_running(server, ca_bundle, tmp_path):
     """SIGTERM as the kubelet sends it: the CLI's handler raises Interrupted in the main
-    thread (installer.signals), blocked in a socket read here. The download runs in a
+    thread (installer.base.signals), blocked in a socket read here. The download runs in a
     child Python, which the test signals once its consumer thread runs and the server is
     answering its request (never the test runner itself)."""
     import signal
@@ -156,7 +156,7 @@ def test_a_signal_mid_body_discards_and_leaves_no_consumer_running(server, ca_bu
         import threading
         from pathlib import Path
         import structlog
-        from installer import signals
+        from installer.base import signals
         from installer.net.session import make_session
         from tests.unit.net.test_stream import Consumer, run
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 from werkzeug import Request, Response
 
-from installer.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
+from installer.base.errors import DiskSpaceError, DownloadError, IntegrityError, UsageError
 from installer.net import retry, sinks, transfer
 from installer.net.retry import RetryPolicy
 from installer.net.session import make_session

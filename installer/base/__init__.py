@@ -1,0 +1,1 @@
+"""The leaves every layer may import: errors, values, file helpers, the pod's contract."""

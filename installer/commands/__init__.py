@@ -1,0 +1,1 @@
+"""What the CLI runs: install, uninstall, doctor, manifests, bundle, the sidecars."""

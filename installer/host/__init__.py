@@ -1,0 +1,1 @@
+"""The seams to the node (HostRoot, Runner) and what they read: OS, GPUs, install dir."""

@@ -1,0 +1,1 @@
+"""Kernel modules: files, signatures, options, loading, device nodes, firmware, kernel log."""
