@@ -15,7 +15,6 @@ from installer.kmod.diagnostics import read_kernel_log
 from installer.kmod.kernel import KernelState, module_name
 from installer.kmod.modinfo import module_depends, read_modinfo, vermagic_release
 from installer.kmod.moduleargs import ModuleArg, for_module
-from installer.records.workstate import InUse
 
 log = structlog.get_logger(__name__)
 
@@ -350,6 +349,14 @@ def holders(kernel: KernelState) -> str | None:
     # Without a refcount _users() already named the processes.
     processes = device_holders(kernel.proc_dir) if counted else []
     return described + ("; " + "; ".join(processes) if processes else "")
+
+
+@dataclass(frozen=True)
+class InUse:
+    """The other driver that keeps running while the wanted one waits for the next boot."""
+
+    running_version: str
+    holders: str  # what holds it (holders())
 
 
 def in_use_by_other(kernel: KernelState, want_version: str) -> InUse | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from installer.kmod.moduleargs import ModuleArg
+from installer.kmod.modules import InUse as InUse  # re-exported: what a staged plan holds
 from installer.records import readiness
 
 if TYPE_CHECKING:
@@ -65,14 +66,6 @@ def device_files(dev_dir: Path) -> frozenset[str]:
         found |= {f"char/{p.name}" for p in char.iterdir()
                   if p.is_symlink() and os.readlink(p).startswith("../nvidia")}
     return frozenset(found)
-
-
-@dataclass(frozen=True)
-class InUse:
-    """The other driver that keeps running while the wanted one waits for the next boot."""
-
-    running_version: str
-    holders: str  # what holds it (modules.holders)
 
 
 @dataclass

@@ -66,3 +66,30 @@ def test_no_module_over_500_lines(files):
 def test_no_function_over_60_lines(files):
     assert [f"{f.module}:{f.line} {f.name} ({f.lines} lines)"
             for f in graph.long_functions(files)] == []
+
+
+def test_the_lazy_commands_are_edges_the_layering_check_sees(edges):
+    """cli loads some commands by name (start-up time); each such module is also imported
+    under TYPE_CHECKING in cli.py, which the layers contract and this graph count."""
+    from installer.cli import _LazyGroup
+
+    lazy = {target.split(":")[0] for target in _LazyGroup.lazy.values()}
+    seen = {e.imported for e in edges if e.importer == "installer.cli" and e.type_only}
+    assert lazy and lazy <= seen, lazy - seen
+
+
+def test_the_packages_form_no_circle(edges):
+    """installer/'s folders carry the layers: taken as units (a package, or a top-level
+    module), nothing imports back up."""
+    def unit(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    between = [graph.Import(unit(e.importer), unit(e.imported), e.line, e.type_only, e.in_function,
+                            e.reason)
+               for e in edges if unit(e.importer) != unit(e.imported)]
+    assert graph.circles(between) == []
+
+
+def test_few_top_level_modules_outside_packages(files):
+    top = [m for m, path in files.items() if m.count(".") == 1 and path.name != "__init__.py"]
+    assert len(top) <= 15, sorted(top)
