@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
 
 @contextlib.contextmanager
 def _guarded_output() -> Iterator[None]:
-    """stdout and stderr that never raise (issue 26): the node's outcome is the same whether
+    """stdout and stderr that never raise: the node's outcome is the same whether
     anyone reads the output or not. A lost stdout is said on stderr, once."""
     from installer.base.output import GuardedStream
 

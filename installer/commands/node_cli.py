@@ -123,7 +123,7 @@ def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _auto_output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``detect``'s -o: docs/contract.md §3 promises JSON to tools, issue 14 text to people; auto
+    """``detect``'s -o: docs/contract.md §3 promises JSON to tools and text to people; auto
     gives each theirs (JSON when stdout is not a terminal, as --log-format auto does)."""
     return click.option("-o", "--output", type=click.Choice(["auto", *FORMATS]),
                         default="auto", show_default=True,
@@ -152,7 +152,7 @@ def _settings(**opts: Any) -> Settings:
 
 
 def _follow_output(output: str, opts: dict[str, Any]) -> dict[str, Any]:
-    """A report's log lines in its own format (-o), not JSON beside text (issue 34): only
+    """A report's log lines in its own format (-o), not JSON beside text: only
     a --log-format flag wins over -o; LOG_FORMAT (a pod's env) and auto give way."""
     if not _from_command_line("log_format"):
         opts["log_format"] = "json" if output == "json" else "console"

@@ -80,7 +80,7 @@ class WorkState:
     signatures_dir: Path | None = None  # unpack_signatures (COS)
     kernel_module_type: str | None = None  # check_gpu_compatibility
     # check_gpu_compatibility, --dry-run on a machine without an NVIDIA GPU: what the real run
-    # here would end in (the plan is still printed: issue 41, a plan from a workstation or CI).
+    # here would end in (the plan is still printed: a plan previewed from a workstation or CI).
     no_gpu: str | None = None
     changes: NodeChanges = field(default_factory=NodeChanges)  # what rollback.undo reverses
     gpus: list[Gpu] | None = None  # verify (None: no verify ran, as with --preload)

@@ -90,7 +90,7 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
         if not found and ctx.settings.dry_run and not ctx.settings.install_only:
             # The real run goes on (a GPU-less VM still proves the kernel accepts the
             # modules) and fails at the load: exit 8. The dry run says so and still shows the
-            # plan (a workstation or CI previews it: issue 41). --install-only loads nothing,
+            # plan (a workstation or CI previews it). --install-only loads nothing,
             # so its real run only warns, and so does its dry run.
             ctx.work.no_gpu = (
                 f"no NVIDIA GPU on the PCI bus ({ctx.kernel.sys_dir}/bus/pci/devices): here the "

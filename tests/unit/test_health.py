@@ -1,7 +1,7 @@
 """The health sidecar's checks (installer/services/health.py) on fixture states, and its HTTP server.
 
 Kernel log lines are shaped as real ones: the load banner and the FBHUB and persistence
-lines from the H100 node (/work/shared/reference/gpu-node, h100-cuda-and-fabric-transcript),
+lines from the real H100 node's transcript (tests/data/gpu-node),
 Xid 79 as NVIDIA/open-gpu-kernel-modules issue 1151 quotes it (kernel_rc.c's format), Xid 63
 as stas00/ml-engineering compute/accelerator/nvidia/debug.md quotes it, Xid 119 with the
 ``pid='N/A'`` field the 5xx drivers print.

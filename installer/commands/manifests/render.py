@@ -107,7 +107,7 @@ class RenderOptions:
     partition_gpus_image: str = PARTITION_GPUS_IMAGE
     driver_sha256: str | None = None  # pins the .run of driver_version
     metrics_file: str | None = None  # host path of a node_exporter textfile
-    health: bool = False  # issue 41: the health sidecar, /metrics and /healthz on metrics_port
+    health: bool = False  # the health sidecar: /metrics and /healthz on metrics_port
     metrics_port: int = 9402
     pod_monitoring: bool = False  # with health: GKE Managed Prometheus's PodMonitoring
 

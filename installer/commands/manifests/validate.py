@@ -170,8 +170,8 @@ def check_sidecars_supported(kube: tuple[int, int], rendered: str) -> None:
                          "render without the sidecar options (--persistenced, --nvswitch, --health)")
 
 
-# The placeholders --image and --node-label fill in; any other {word} is a typo (issue 41:
-# `{flavour}` got only "not a valid image reference").
+# The placeholders --image and --node-label fill in; any other {word} is a typo, named as
+# one (`{flavour}` used to get only "not a valid image reference").
 PLACEHOLDERS = ("{flavor}",)
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
 
