@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import os
 import shutil
@@ -151,3 +153,25 @@ def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:
             with contextlib.suppress(OSError):
                 os.chmod(dirpath, 0o700)
         shutil.rmtree(path, ignore_errors=ignore_errors)
+
+
+RENAME_EXCHANGE = 2  # include/uapi/linux/fs.h (Linux 3.15; tmpfs, ext4, xfs, overlayfs)
+
+
+def exchange(name_a: str, name_b: str, dir_fd: int) -> bool:
+    """Swap two names in one directory atomically (renameat2 with RENAME_EXCHANGE): both
+    must exist, so a file removed meanwhile is never brought back. FileNotFoundError when
+    one is gone; False where the kernel, the file system or the C library cannot do it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)  # glibc 2.28
+    if renameat2 is None:
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint)
+    if renameat2(dir_fd, os.fsencode(name_a), dir_fd, os.fsencode(name_b),
+                 RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), name_b)

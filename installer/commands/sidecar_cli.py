@@ -223,6 +223,10 @@ def persistenced(install_dir: Path, driver_wait_s: float, log_format: str,
               envvar="NVIDIA_INSTALL_DIR_CONTAINER", show_envvar=True,
               default=str(podcontract.INSTALL_DIR_CONTAINER), show_default=True,
               help="This container's view of the install dir.")
+@click.option("--host-root", type=click.Path(path_type=Path), envvar="ROOT_MOUNT_DIR",
+              default=str(podcontract.HOST_ROOT), show_default=True, show_envvar=True,
+              help="Where the host's / is mounted: the readiness file there gets the verdict "
+              "(GPU_HEALTH lines) once the install has written it.")
 @click.option("--interval", "interval_s", type=Seconds(open_min=True),
               envvar="NVIDIA_HEALTH_INTERVAL", default=30, show_default=True,
               show_envvar=True, help="Time between two checks (each reads the kernel log, "
@@ -235,15 +239,17 @@ def persistenced(install_dir: Path, driver_wait_s: float, log_format: str,
               help="Port of /metrics and /healthz (0: any free one, logged).")
 @click.option("--log-format", type=LOG_FORMATS, envvar="LOG_FORMAT", default="auto",
               show_default=True, show_envvar=True)
-def health(install_dir: Path, interval_s: float, listen_address: str, port: int,
+def health(install_dir: Path, host_root: Path, interval_s: float, listen_address: str, port: int,
            log_format: str) -> int:
     """Check the node's GPUs every --interval seconds after the install: Xid/GSP events in
     the kernel log since the driver's load (the kernel's own records only), GPUs gone from
     the driver, daemon sidecars down, a driver staged for the next boot. The verdict goes to
-    <install-dir>/daemons/health.json and, with the install's own metrics, to /metrics;
-    /healthz answers 503 with the reasons while the node needs action. Reads only: it never
-    changes a GPU setting. Runs until the pod stops (docs/health-and-metrics.md)."""
+    <install-dir>/daemons/health.json, to the GPU_HEALTH lines of the readiness file the
+    install wrote (never one it did not) and, with the install's own metrics, to /metrics;
+    /healthz answers 503 with the reasons while the node needs action. It never changes a
+    GPU setting. Runs until the pod stops (docs/health-and-metrics.md)."""
     from installer.base.errors import UsageError
+    from installer.host.hostroot import HostRoot
     from installer.host.installdir import InstallDir
     from installer.host.runner import Runner
     from installer.kmod.kernel import KernelState
@@ -254,7 +260,7 @@ def health(install_dir: Path, interval_s: float, listen_address: str, port: int,
     configure(log_format)
     kernel = KernelState()
     install = InstallDir(install_dir, podcontract.INSTALL_DIR_HOST)
-    watcher = checks.Watcher(install, kernel, Runner(env=kernel.seam_env()))
+    watcher = checks.Watcher(install, kernel, Runner(env=kernel.seam_env()), HostRoot(host_root))
     try:
         server = MetricsServer(listen_address, port, lambda: _scrape(watcher),
                                lambda: _healthz(watcher)).start()

@@ -20,10 +20,11 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from installer.base.errors import UnsupportedHostError, UsageError
-from installer.base.fsutil import UnreadableFile, read_limited
+from installer.base.fsutil import UnreadableFile, exchange, read_limited, read_regular
 
 _MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -220,6 +221,29 @@ class HostRoot:
             os.close(fd)
         return self.root.joinpath(*names, name)
 
+    def rewrite_existing(self, host_path: str | PurePosixPath, edit: Callable[[str], str],
+                         max_bytes: int = 65536) -> bool:
+        """Replace an existing regular file's content with ``edit(content)``, atomically, with
+        its mode and owner; True if it was written. Never creates the file: missing (or
+        removed before the swap) is False, and so is an unchanged content. The new file is
+        swapped in (``fsutil.exchange``), so a file removed meanwhile stays removed, and one
+        another writer replaced meanwhile is swapped back and left as that writer made it."""
+        try:
+            fd, _names, name = self._locate(host_path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False  # no host root mounted here
+        if fd is None:
+            return False
+        try:
+            try:
+                old, st = read_regular(name, max_bytes, dir_fd=fd)
+            except (FileNotFoundError, UnreadableFile):
+                return False
+            new = edit(old.decode("utf-8", errors="replace")).encode()
+            return new != old and _swap_in(fd, name, new, st)
+        finally:
+            os.close(fd)
+
     def unlink(self, host_path: str | PurePosixPath) -> bool:
         """Remove the file (a symlink itself, never what it points to); True if there was one."""
         fd, _names, name = self._locate(host_path, follow=False)
@@ -297,6 +321,43 @@ def _replace_in(dir_fd: int, name: str, raw: bytes, mode: int) -> None:
         raise
     with contextlib.suppress(OSError):
         os.fsync(dir_fd)  # the rename itself survives a crash
+
+
+def _swap_in(dir_fd: int, name: str, raw: bytes, was: os.stat_result) -> bool:
+    """``rewrite_existing``'s write: a temp file like ``was`` (mode, owner) exchanged with
+    ``name`` only while ``name`` is still the file ``was`` describes."""
+    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            with contextlib.suppress(PermissionError):  # not root: it stays ours
+                os.fchown(f.fileno(), was.st_uid, was.st_gid)
+            os.fchmod(f.fileno(), stat.S_IMODE(was.st_mode))
+            os.fsync(f.fileno())
+        return _exchange_if_same(dir_fd, tmp, name, was)
+    except FileNotFoundError:
+        return False  # removed meanwhile: not brought back
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+
+
+def _exchange_if_same(dir_fd: int, tmp: str, name: str, was: os.stat_result) -> bool:
+    if not exchange(tmp, name, dir_fd):  # no renameat2 here: check, then rename
+        st = _lstat(name, dir_fd)
+        if st is None or st.st_ino != was.st_ino:
+            return False
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return True
+    if os.stat(tmp, dir_fd=dir_fd, follow_symlinks=False).st_ino != was.st_ino:
+        exchange(tmp, name, dir_fd)  # another writer's file came meanwhile: put it back
+        return False
+    with contextlib.suppress(OSError):
+        os.fsync(dir_fd)
+    return True
 
 
 def _lstat(name: str, dir_fd: int) -> os.stat_result | None:

@@ -64,6 +64,49 @@ def write(host: HostRoot, fields: Mapping[str, object]) -> Path:
     return path
 
 
+# The health sidecar's own lines (services/health.py): the node's action (ok, reset, reboot,
+# check) and why, one visible line. The install writes neither; the sidecar replaces only
+# these, and only in a file the install wrote.
+HEALTH_KEY = "GPU_HEALTH"
+HEALTH_REASON_KEY = "GPU_HEALTH_REASON"
+REASON_MAX_CHARS = 400
+
+
+def visible(text: str, limit: int = REASON_MAX_CHARS) -> str:
+    """One line of at most ``limit`` characters: backslash, control and non-ASCII characters
+    as Python escapes (``\\n``, ``\\x1b``), cut with ``...`` past the limit."""
+    escaped = text.encode("unicode_escape").decode("ascii")
+    return escaped if len(escaped) <= limit else escaped[:limit - 3] + "..."
+
+
+def with_own_lines(text: str, own: Mapping[str, str]) -> str:
+    """``text`` with its ``own`` keys' lines replaced: every other line kept as it was, in
+    its place; the new lines where the first old one was, else at the end."""
+    new = [f"{key}={visible(value)}" for key, value in own.items()]
+    kept: list[str] = []
+    at = None
+    for line in text.splitlines(keepends=True):
+        if line.partition("=")[0].strip() in own:
+            at = len(kept) if at is None else at
+            continue
+        kept.append(line)
+    if kept and not kept[-1].endswith("\n"):
+        kept[-1] += "\n"
+    at = len(kept) if at is None else at
+    return "".join(kept[:at] + [line + "\n" for line in new] + kept[at:])
+
+
+def set_health(host: HostRoot, action: str, reason: str) -> bool:
+    """Put the health sidecar's verdict in the readiness file the install wrote; True if
+    the file changed. No file, no write: its absence means not ready, and the sidecar must
+    never make a node look ready (``HostRoot.rewrite_existing``)."""
+    own = {HEALTH_KEY: action, HEALTH_REASON_KEY: reason}
+    written = host.rewrite_existing(READY_HOST_PATH, lambda text: with_own_lines(text, own))
+    if written:
+        log.info("readiness_health_written", path=str(READY_HOST_PATH), gpu_health=action)
+    return written
+
+
 def read_text(host: HostRoot) -> str | None:
     return host.read_text(READY_HOST_PATH)
 

@@ -18,7 +18,9 @@ workload failed. The health sidecar checks, every ``interval`` seconds, each che
 
 It reads only through the kernel roots (``KernelState``), the Runner and the install dir, and
 never touches a GPU setting. The verdict is written to ``<install-dir>/daemons/health.json``
-(doctor and the install read the daemons' files there) and served as gauges (metrics_http).
+(doctor and the install read the daemons' files there), served as gauges (metrics_http), and
+put in the readiness file's GPU_HEALTH lines when the install has written that file
+(``publish``).
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ from pathlib import Path
 
 import structlog
 
+from installer.base.errors import InstallerError
 from installer.base.fsutil import UnreadableFile, write_atomic
+from installer.host.hostroot import HostRoot
 from installer.host.installdir import InstallDir
 from installer.host.runner import Runner
 from installer.kmod import modules, xid
 from installer.kmod.diagnostics import read_kernel_log
 from installer.kmod.kernel import KernelState
-from installer.records import metrics, status
+from installer.records import metrics, readiness, status
 from installer.records import staged_driver as nextboot
 from installer.records.outcome import Outcome
 from installer.services import supervise as daemons
@@ -156,8 +160,10 @@ class Watcher:
     """The sidecar's state across checks: every GPU it has seen stays expected, so one that
     vanishes later is a fault even where status.json has no list."""
 
-    def __init__(self, install: InstallDir, kernel: KernelState, runner: Runner) -> None:
+    def __init__(self, install: InstallDir, kernel: KernelState, runner: Runner,
+                 host: HostRoot | None = None) -> None:
         self.install, self.kernel, self.runner = install, kernel, runner
+        self.host = host  # where the readiness file is (None: not told the verdict)
         self.seen: frozenset[str] = frozenset()
         self.last: Health | None = None
 
@@ -199,6 +205,28 @@ def write_status(install_root: Path, health: Health) -> None:
     path = install_root / daemons.STATE_DIR / HEALTH_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(health.to_json(), sort_keys=True) + "\n")
+
+
+def readiness_lines(health: Health) -> tuple[str, str]:
+    """driver-ready's GPU_HEALTH (``ok``, or the action: reset, reboot, check) and
+    GPU_HEALTH_REASON (the problems, ``; ``-joined; empty when ok)."""
+    action = "ok" if health.healthy else health.action
+    return action, "; ".join(health.problems)
+
+
+def publish(host: HostRoot | None, health: Health) -> bool:
+    """The verdict into the readiness file, if the install wrote one and it says otherwise
+    (readiness.set_health: no write while it already says this, none without the file)."""
+    if host is None:
+        return False
+    return readiness.set_health(host, *readiness_lines(health))
+
+
+def _publish_logged(host: HostRoot | None, health: Health) -> None:
+    try:
+        publish(host, health)
+    except (OSError, InstallerError) as exc:  # the verdict stands in health.json and /metrics
+        log.warning("readiness_health_not_written", error=f"{type(exc).__name__}: {exc}")
 
 
 def read_status(install_root: Path) -> dict[str, object] | None:
@@ -291,6 +319,7 @@ def watch(watcher: Watcher, interval_s: float, *, checks: int | None = None,
                      problems=list(found.problems), driver_version=found.driver_version,
                      staged_for_next_boot=found.staged_version)
                 verdict = found.problems
+            _publish_logged(watcher.host, found)
         done += 1
         if checks is None or done < checks:
             sleep(interval_s)

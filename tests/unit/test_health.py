@@ -10,6 +10,7 @@ as stas00/ml-engineering compute/accelerator/nvidia/debug.md quotes it, Xid 119 
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -297,3 +298,117 @@ def test_the_sidecar_on_a_port_in_use_exits_2_with_one_line(tmp_path, capsys, mo
     assert exit_info.value.code == 2, err
     assert f"cannot serve metrics on 127.0.0.1:{busy.port}: Address already in use" in err
     assert "Traceback" not in err
+
+
+# -- the verdict in the readiness file (records/readiness.py) --------------------------------
+
+INSTALL_LINES = "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_VERSION=580.159.04\nDAEMONS=ok\n"
+
+
+def test_own_lines_are_replaced_and_every_other_line_kept_in_place():
+    from installer.records import readiness
+
+    first = readiness.with_own_lines(INSTALL_LINES, {"GPU_HEALTH": "ok", "GPU_HEALTH_REASON": ""})
+    assert first == INSTALL_LINES + "GPU_HEALTH=ok\nGPU_HEALTH_REASON=\n"
+    moved = first.replace("GPU_HEALTH=ok\n", "") .replace("DAEMONS=ok\n",
+                                                           "GPU_HEALTH=ok\nDAEMONS=ok\n")
+    again = readiness.with_own_lines(moved, {"GPU_HEALTH": "reboot",
+                                             "GPU_HEALTH_REASON": "Xid 79\nREADY=yes\x1b"})
+    assert again == ("IS_HOST_DRIVER=true\nNVIDIA_DRIVER_VERSION=580.159.04\n"
+                     "GPU_HEALTH=reboot\nGPU_HEALTH_REASON=Xid 79\\nREADY=yes\\x1b\n"
+                     "DAEMONS=ok\n")
+    assert readiness.parse(again)["GPU_HEALTH_REASON"] == "Xid 79\\nREADY=yes\\x1b"
+    assert "READY" not in readiness.parse(again)  # the reason's newline made no line
+    long = readiness.with_own_lines("A=1", {"GPU_HEALTH_REASON": "x" * 1000})
+    assert long.startswith("A=1\nGPU_HEALTH_REASON=x") and long.endswith("...\n")
+    assert len(long.splitlines()[1]) == len("GPU_HEALTH_REASON=") + readiness.REASON_MAX_CHARS
+
+
+def ready_host(tmp_path, text: str | None):
+    from installer.host.hostroot import HostRoot
+    from installer.records import readiness
+
+    (tmp_path / "host").mkdir()
+    host = HostRoot(tmp_path / "host")
+    if text is not None:
+        host.write_atomic(readiness.READY_HOST_PATH, text, mode=0o640)
+    return host, host.path(readiness.READY_HOST_PATH)
+
+
+def test_the_verdict_is_written_once_keeping_the_file_and_its_mode(tmp_path):
+    from installer.records import readiness
+
+    host, path = ready_host(tmp_path, INSTALL_LINES)
+    assert readiness.set_health(host, "reboot", "Xid 79 (PCI:0000:00:04): gone")
+    assert path.read_text() == INSTALL_LINES + (
+        "GPU_HEALTH=reboot\nGPU_HEALTH_REASON=Xid 79 (PCI:0000:00:04): gone\n")
+    assert (path.stat().st_mode & 0o7777, path.stat().st_uid) == (0o640, os.getuid())
+    inode = path.stat().st_ino
+    assert not readiness.set_health(host, "reboot", "Xid 79 (PCI:0000:00:04): gone")
+    assert path.stat().st_ino == inode  # unchanged verdict: no write
+    assert sorted(p.name for p in path.parent.iterdir()) == ["driver-ready"]  # no temp left
+
+
+def test_no_readiness_file_no_write(tmp_path):
+    from installer.records import readiness
+
+    host, path = ready_host(tmp_path, None)
+    assert not readiness.set_health(host, "ok", "")
+    assert not path.exists() and not path.parent.exists()
+    path.parent.mkdir(parents=True)
+    assert not readiness.set_health(host, "reboot", "Xid 79")
+    assert list(path.parent.iterdir()) == []
+
+
+def test_a_file_removed_before_the_swap_stays_removed(tmp_path, monkeypatch):
+    """doctor or uninstall by hand removes driver-ready between the sidecar's read and its
+    rename: the exchange fails (ENOENT) and nothing is left behind."""
+    from installer.host import hostroot
+    from installer.records import readiness
+
+    host, path = ready_host(tmp_path, INSTALL_LINES)
+    real = hostroot._exchange_if_same
+
+    def removed_first(dir_fd, tmp, name, was):
+        path.unlink()
+        return real(dir_fd, tmp, name, was)
+
+    monkeypatch.setattr(hostroot, "_exchange_if_same", removed_first)
+    assert not readiness.set_health(host, "reboot", "Xid 79")
+    assert list(path.parent.iterdir()) == []
+
+
+def test_a_file_the_install_replaced_meanwhile_is_left_as_the_install_wrote_it(
+        tmp_path, monkeypatch):
+    from installer.host import hostroot
+    from installer.records import readiness
+
+    host, path = ready_host(tmp_path, INSTALL_LINES)
+    real = hostroot._exchange_if_same
+    newer = INSTALL_LINES.replace("580.159.04", "580.95.05")
+
+    def install_wrote(dir_fd, tmp, name, was):
+        host.write_atomic(readiness.READY_HOST_PATH, newer)
+        return real(dir_fd, tmp, name, was)
+
+    monkeypatch.setattr(hostroot, "_exchange_if_same", install_wrote)
+    assert not readiness.set_health(host, "reboot", "Xid 79")
+    assert path.read_text() == newer
+    assert sorted(p.name for p in path.parent.iterdir()) == ["driver-ready"]
+
+
+def test_watch_puts_the_verdict_in_the_readiness_file(node, tmp_path):
+    kernel, install = node
+    host, path = ready_host(tmp_path, INSTALL_LINES)
+    w = health.Watcher(install, watcher(node).kernel, Runner(), host)
+    health.watch(w, 0.01, checks=1, sleep=lambda s: None)
+    assert path.read_text() == INSTALL_LINES + "GPU_HEALTH=ok\nGPU_HEALTH_REASON=\n"
+    kernel.kernel_log(XID79, level=3)
+    health.watch(w, 0.01, checks=1, sleep=lambda s: None)
+    assert readiness_of(path)[-2:] == [
+        "GPU_HEALTH=reboot",
+        "GPU_HEALTH_REASON=Xid 79 (PCI:0000:00:04): GPU has fallen off the bus"]
+
+
+def readiness_of(path: Path) -> list[str]:
+    return path.read_text().splitlines()
