@@ -3,7 +3,8 @@
 The pod installs the driver, then runs `sidecar health` as the DaemonSet would (its own
 process, the pod's mounts); the test scrapes /metrics and /healthz over 127.0.0.1, writes an
 Xid 79 line into the FAKE node's kernel log (tests/fixtures/kernel.py: /dev/kmsg records, a
-regular file) and sees the gauge, /healthz and health.json change within a bounded poll. The
+regular file) and sees the gauge, /healthz, health.json and driver-ready's GPU_HEALTH lines
+change within a bounded poll, every line the install wrote in driver-ready kept. The
 same text written from user space (facility LOG_USER, as any write to /dev/kmsg gets)
 changes nothing."""
 
@@ -22,6 +23,7 @@ from tests.fixtures import realprometheus
 from tests.integration.conftest import V1
 from tests.pod import ok
 
+READY = "run/nvidia/validations/driver-ready"  # readiness.READY_HOST_PATH on the fixture node
 ALERTS = Path(__file__).parents[2] / "docs/examples/prometheus-alerts.yaml"
 
 XID79 = "NVRM: Xid (PCI:0000:00:04): 79, GPU has fallen off the bus."  # kernel_rc.c's format
@@ -69,6 +71,9 @@ def gauge(text: str, sample: str) -> str | None:
 def test_xid_79_in_the_kernel_log_turns_the_node_unhealthy_within_seconds(
         pod, node, kernel, sidecars):
     ok(pod.run("install"))
+    ready = node.root / READY
+    installed = ready.read_text()
+    assert "GPU_HEALTH" not in installed
     port = free_port()
     proc = sidecars("health", NVIDIA_METRICS_ADDRESS="127.0.0.1",
                     NVIDIA_METRICS_PORT=str(port), NVIDIA_HEALTH_INTERVAL=str(INTERVAL_S))
@@ -81,10 +86,13 @@ def test_xid_79_in_the_kernel_log_turns_the_node_unhealthy_within_seconds(
     assert gauge(text, "nvidia_driver_installer_health_ok") == "1"
     assert gauge(text, 'nvidia_driver_installer_health_action{action="none"}') == "1"
     assert gauge(text, "nvidia_driver_installer_health_gpus_present") == "1"
+    healthy = installed + "GPU_HEALTH=ok\nGPU_HEALTH_REASON=\n"
+    poll(ready.read_text, lambda t: t == healthy, proc)  # the install's lines, then ours
 
     kernel.kernel_log(XID79, level=4, facility=1)  # a user's write to /dev/kmsg
     time.sleep(4 * INTERVAL_S)
     assert get(base + "/healthz") == (200, "ok\n")
+    assert ready.read_text() == healthy
 
     started = time.monotonic()
     kernel.kernel_log(XID79, level=3)  # the driver's own record
@@ -97,6 +105,9 @@ def test_xid_79_in_the_kernel_log_turns_the_node_unhealthy_within_seconds(
     assert gauge(text, 'nvidia_driver_installer_health_action{action="reboot"}') == "1"
     assert gauge(text, 'nvidia_driver_installer_health_xid_events{code="79",action="reboot"}'
                  ) == "1"
+    reason = "Xid 79 (PCI:0000:00:04): GPU has fallen off the bus"
+    assert poll(ready.read_text, lambda t: "GPU_HEALTH=reboot" in t, proc, deadline_s=10.0) == (
+        installed + f"GPU_HEALTH=reboot\nGPU_HEALTH_REASON={reason}\n")
     doc = json.loads((node.install_dir / "daemons/health.json").read_text())
     assert (doc["healthy"], doc["action"], doc["driver_version"]) == (False, "reboot", V1)
 
