@@ -333,6 +333,11 @@ def test_the_health_sidecar_serves_its_port_with_probes_and_is_no_required_daemo
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert sidecar["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
     assert "/dev" in {m["mountPath"] for m in sidecar["volumeMounts"]}  # /dev/kmsg
+    # driver-ready's dir alone, where its verdict goes (GPU_HEALTH lines), under ROOT_MOUNT_DIR
+    assert {"name": "root-mount", "mountPath": "/root/run/nvidia/validations",
+            "subPath": "run/nvidia/validations"} in sidecar["volumeMounts"]
+    assert {e["name"]: e["value"] for e in sidecar["env"]}["ROOT_MOUNT_DIR"] == "/root"
+    assert "/root" not in {m["mountPath"] for m in sidecar["volumeMounts"]}
     assert _env(ds)["NVIDIA_REQUIRED_DAEMONS"] == "persistenced"
     assert "ports" not in inits[0] and "readinessProbe" not in inits[0]
 

@@ -20,6 +20,7 @@ import jinja2
 
 from installer import __version__
 from installer.base import podcontract
+from installer.records import readiness
 from installer.commands.manifests.validate import (
     fill_flavor,
     parse_image,
@@ -33,6 +34,7 @@ from installer.commands.manifests.validate import (
 from installer.commands.manifests.values import (
     CONTRACT_ENV,
     CONTRACT_MOUNTS,
+    HOST_ROOT_CONTAINER,
     DEFAULT_DRIVER_VERSION,
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_LOG_FORMAT,
@@ -146,7 +148,10 @@ def health_sidecar(port: int) -> dict[str, Any]:
         raise ValueError(f"the metrics port {port} is not a TCP port (1-65535)")
     return {"name": "nvidia-gpu-health", "command": "health", "config_map": None,
             "daemon": None, "port": port,
-            "env": [("NVIDIA_METRICS_PORT", str(port))],
+            "env": [("NVIDIA_METRICS_PORT", str(port)),
+                    ("ROOT_MOUNT_DIR", HOST_ROOT_CONTAINER)],
+            # driver-ready's dir alone (readiness.READY_HOST_PATH): the verdict's lines
+            "readiness_dir": str(readiness.READY_HOST_PATH.parent).lstrip("/"),
             "why": ("Watches the GPUs after the install: Xid events, GPUs gone, daemons",
                     "down; serves /metrics and /healthz (docs/health-and-metrics.md).")}
 
@@ -310,6 +315,7 @@ def _context(flavor: str, opts: RenderOptions) -> dict[str, Any]:
         "match_expressions": match_expressions(flavor, opts),
         "mounts": (*CONTRACT_MOUNTS, *needs.mounts),
         "install_dir_container": INSTALL_DIR_CONTAINER,  # the partition-gpus container's
+        "host_root_container": HOST_ROOT_CONTAINER,
         "host_network": needs.host_network,
         "version": __version__,
     }
