@@ -20,7 +20,6 @@ import jinja2
 
 from installer import __version__
 from installer.base import podcontract
-from installer.records import readiness
 from installer.commands.manifests.validate import (
     fill_flavor,
     parse_image,
@@ -34,7 +33,6 @@ from installer.commands.manifests.validate import (
 from installer.commands.manifests.values import (
     CONTRACT_ENV,
     CONTRACT_MOUNTS,
-    HOST_ROOT_CONTAINER,
     DEFAULT_DRIVER_VERSION,
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_LOG_FORMAT,
@@ -48,6 +46,7 @@ from installer.commands.manifests.values import (
     GKE_GUARDS,
     GKE_OS_DISTRIBUTIONS,
     GKE_OS_LABEL,
+    HOST_ROOT_CONTAINER,
     INSTALL_DIR_CONTAINER,
     OS_ID_LABEL,
     OWN_ENV,
@@ -59,6 +58,7 @@ from installer.commands.manifests.values import (
     is_placeholder,
     label_version,
 )
+from installer.records import readiness
 
 TEMPLATE_PACKAGE = "installer"
 TEMPLATE_DIR = "templates"
