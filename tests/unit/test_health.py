@@ -310,8 +310,8 @@ def test_own_lines_are_replaced_and_every_other_line_kept_in_place():
 
     first = readiness.with_own_lines(INSTALL_LINES, {"GPU_HEALTH": "ok", "GPU_HEALTH_REASON": ""})
     assert first == INSTALL_LINES + "GPU_HEALTH=ok\nGPU_HEALTH_REASON=\n"
-    moved = first.replace("GPU_HEALTH=ok\n", "") .replace("DAEMONS=ok\n",
-                                                           "GPU_HEALTH=ok\nDAEMONS=ok\n")
+    moved = first.replace("GPU_HEALTH=ok\n", "").replace("DAEMONS=ok\n",
+                                                          "GPU_HEALTH=ok\nDAEMONS=ok\n")
     again = readiness.with_own_lines(moved, {"GPU_HEALTH": "reboot",
                                              "GPU_HEALTH_REASON": "Xid 79\nREADY=yes\x1b"})
     assert again == ("IS_HOST_DRIVER=true\nNVIDIA_DRIVER_VERSION=580.159.04\n"
@@ -412,3 +412,24 @@ def test_watch_puts_the_verdict_in_the_readiness_file(node, tmp_path):
 
 def readiness_of(path: Path) -> list[str]:
     return path.read_text().splitlines()
+
+
+def test_without_renameat2_it_checks_then_renames_and_still_never_recreates(
+        tmp_path, monkeypatch):
+    """Where the C library or the file system cannot exchange (fsutil.exchange False)."""
+    from installer.host import hostroot
+    from installer.records import readiness
+
+    monkeypatch.setattr(hostroot, "exchange", lambda a, b, dir_fd: False)
+    host, path = ready_host(tmp_path, INSTALL_LINES)
+    assert readiness.set_health(host, "reset", "Xid 63")
+    assert path.read_text() == INSTALL_LINES + "GPU_HEALTH=reset\nGPU_HEALTH_REASON=Xid 63\n"
+    real = hostroot._exchange_if_same
+
+    def removed_first(dir_fd, tmp, name, was):
+        path.unlink()
+        return real(dir_fd, tmp, name, was)
+
+    monkeypatch.setattr(hostroot, "_exchange_if_same", removed_first)
+    assert not readiness.set_health(host, "reboot", "Xid 79")
+    assert list(path.parent.iterdir()) == []
