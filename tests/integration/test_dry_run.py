@@ -252,3 +252,17 @@ def test_dry_run_gpu_model_refuses_an_unknown_model_a_real_run_and_a_mix(node, p
                                           "json")).stdout)
     assert "assumed_gpu" not in plan
     assert server.requests == []
+
+
+def test_dry_run_gpu_model_grace_part_gets_its_cdmm_default(node, pod, kernel, server):
+    """A Grace part (GB200) gets NVreg_CoherentGPUMemoryMode=driver as on its own node
+    (detect.with_grace_defaults); a B200, no Grace part, does not."""
+    _no_gpu_node(kernel)
+    env = {"NVIDIA_DRIVER_VERSION": "580.82.07"}  # the option exists from 580.65.06
+    grace = json.loads(ok(_assumed_dry_run(pod, node, kernel, "--gpu-model", "GB200", "-o",
+                                           "json", env=env)).stdout)
+    assert grace["module_args"] == {"nvidia": ["NVreg_CoherentGPUMemoryMode=driver"]}
+    assert grace["kernel_module_type"] == "open"
+    plain = json.loads(ok(_assumed_dry_run(pod, node, kernel, "--gpu-model", "B200", "-o",
+                                           "json", env=env)).stdout)
+    assert plain["module_args"] == {}
