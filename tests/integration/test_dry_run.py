@@ -221,6 +221,9 @@ def test_dry_run_gpu_model_refuses_a_branch_too_old_for_it_as_the_real_run(node,
             "GPUs on this node support R570 or newer: set --driver-version "
             "(NVIDIA_DRIVER_VERSION) to such a driver, e.g. 580.82.07, or leave it unset to "
             "get a supported default.")
+    kepler = refused(_assumed_dry_run(pod, node, kernel, "--gpu-model", "K80",
+                                      env={"NVIDIA_DRIVER_VERSION": V1}), 2)
+    assert kepler == K80_TOO_NEW.replace("0000:00:04.0", "(--gpu-model)"), kepler
     # The real run on a node with a B200 on its bus refuses it with the same check.
     (kernel.sys_dir / "bus/pci/devices/0000:00:04.0").mkdir(parents=True)
     for attr, value in (("vendor", "0x10de"), ("device", "0x2901"), ("class", "0x030200")):
