@@ -67,6 +67,9 @@ class Context:
     # The node as planning sees it (detect.probe); None until probed (commands that plan
     # nothing never probe).
     probe: NodeProbe | None = None
+    # install --dry-run --gpu-model: the GPU planning assumes on a bus without one
+    # (detect.probe puts it in the probe; nothing else reads or writes the node for it).
+    assumed_gpus: tuple[PciGpu, ...] = ()
     _session: ArtifactSession | None = None
     _pci_gpus: tuple[PciGpu, ...] | None = None
 

@@ -107,16 +107,38 @@ def probe(ctx: Context) -> Context:
     """``ctx`` with its node probe (context.NodeProbe): everything planning reads of the
     node, read here once. install calls it under the lock, after which nothing else may
     change the install dir or the driver."""
+    ctx = _with_assumed_gpu(ctx)
     s, kernel = ctx.settings, ctx.kernel
     loaded = loaded_driver_version(kernel)
     may_stay = loaded is not None and not s.install_only and (
         s.when_in_use == "stage" or not kernel.can_unload())
     held = (modules.holders(kernel) or modules.why_no_unload(kernel)) if may_stay else None
     return replace(ctx, probe=NodeProbe(
-        pci_gpus=ctx.pci_gpus, fabric_present=fabric.detect(kernel.sys_dir).present,
+        pci_gpus=ctx.assumed_gpus or ctx.pci_gpus, fabric_present=fabric.detect(kernel.sys_dir).present,
         installed=cache.read(ctx.install.cache_file), loaded_driver=loaded, held_by=held,
         signing=signing.policy(kernel), nvidia_params=devnodes.read_params(kernel),
         driver_minors=devnodes.driver_minors(kernel)))
+
+
+def _with_assumed_gpu(ctx: Context) -> Context:
+    """--dry-run --gpu-model: ``ctx`` planning one GPU of that model, never mixed with the
+    node's own (a GPU of another model on the bus: exit 2; the named one: nothing assumed).
+    A Grace part brings its CDMM default (with_grace_defaults) as on its own node."""
+    name = ctx.settings.dry_run_gpu_model
+    if name is None:
+        return ctx
+    assumed = gpus.assumed_gpu(name)
+    real = ctx.pci_gpus
+    if real and all(g.device_id == assumed.device_id for g in real):
+        return ctx
+    if real:
+        raise UsageError(
+            f"--gpu-model {name!r} names {assumed.name}, and this node has "
+            f"{', '.join(g.describe() for g in real)}: a plan for both would match neither",
+            hint="drop --gpu-model (NVIDIA_DRY_RUN_GPU_MODEL) to preview this node's plan, "
+            "or run the dry run on a machine without an NVIDIA GPU")
+    settings = with_grace_defaults(ctx.settings, (assumed,))
+    return replace(ctx, settings=settings, assumed_gpus=(assumed,))
 
 
 def _host_info(host: HostRoot, kernel: KernelState, release: str) -> HostInfo:

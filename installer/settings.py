@@ -21,6 +21,7 @@ from installer.driver.nvidia_urls import (
     named_version,
     run_url,
 )
+from installer.host import gpus
 from installer.kmod.moduleargs import ModuleArg
 from installer.net.integrity import normalize_sha256
 
@@ -94,6 +95,9 @@ class Settings:
     force: bool = False
     lock_timeout_s: float = 0.0
     dry_run: bool = False
+    # --gpu-model (install --dry-run only): plan as if one GPU of this model were on the
+    # PCI bus (gpus.assumed_gpu names what it accepts; detect.probe puts it in the probe).
+    dry_run_gpu_model: str | None = None
     allow_insecure_http: bool = False
     # Put the driver in the install dir and stop: nothing loaded, unloaded or verified (for
     # DaemonSets that load the modules themselves: cos-gpu-installer v2's -no-verify).
@@ -190,6 +194,7 @@ def validate(settings: Settings) -> Settings:
         raise UsageError("--download-deadline and --download-min-rate-time must be > 0 "
                          "seconds, --download-min-rate >= 0 bytes/s")
     _check_readiness_deadlines(s)
+    _check_gpu_model(s)
     if s.install_only and s.persistence_mode:
         raise UsageError("--install-only loads nothing: it cannot be combined with "
                          "--persistence-mode")
@@ -199,6 +204,17 @@ def validate(settings: Settings) -> Settings:
     fm_sha = normalize_sha256(s.fabric_manager_sha256 or None, "--fabric-manager-sha256")
     return replace(s, driver_sha256=sha, prebuilt_sha256=prebuilt_sha,
                    fabric_manager_sha256=fm_sha)
+
+
+def _check_gpu_model(s: Settings) -> None:
+    """--gpu-model only previews: a real run installs for the GPUs it finds."""
+    if s.dry_run_gpu_model is None:
+        return
+    if not s.dry_run:
+        raise UsageError("--gpu-model (NVIDIA_DRY_RUN_GPU_MODEL) previews only: it needs "
+                         "--dry-run", hint="add --dry-run, or unset it for a real install "
+                         "(which plans for the GPUs on the node)")
+    gpus.assumed_gpu(s.dry_run_gpu_model)  # an unknown name: UsageError with the list
 
 
 def _check_readiness_deadlines(s: Settings) -> None:

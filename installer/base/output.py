@@ -54,8 +54,13 @@ def plan_text(doc: dict[str, Any]) -> str:
               if doc.get("no_gpu") else "pre-flight checks passed")
     head = (f"dry run: {doc.get('kind')} plan for {host.get('pretty_name') or host.get('os_id')}, "
             f"kernel {host.get('kernel_release')}; {checks}, nothing was changed")
-    skip = {"dry_run", "host", "kind", "steps"}
+    skip = {"dry_run", "host", "kind", "steps", "assumed_gpu"}
     summary = as_text({k: v for k, v in doc.items() if k not in skip}).splitlines()
+    if gpu := doc.get("assumed_gpu"):  # --gpu-model: said before anything else
+        head = (f"ASSUMED GPU: {gpu['name']} ({gpu['device_id']}, --gpu-model "
+                f"{gpu['requested']}): this node has no NVIDIA GPU; the plan is for one "
+                "with that GPU on its PCI bus (the NVLink fabric is still this node's)\n"
+                + head)
     steps = []
     for i, s in enumerate(doc.get("steps") or [], 1):
         line = f"  {i:2}. {s['name']}: {s['detail']}" if s.get("detail") else f"  {i:2}. {s['name']}"

@@ -146,6 +146,8 @@ def _dry_run(ctx: Context, distro: Flow) -> Outcome:
            "readiness_file": str(readiness.READY_HOST_PATH)}
     if ctx.work.no_gpu is not None:
         doc["no_gpu"] = ctx.work.no_gpu
+    for gpu in ctx.assumed_gpus:  # --gpu-model: one, on a bus without an NVIDIA GPU
+        doc["assumed_gpu"] = {**gpu.to_dict(), "requested": ctx.settings.dry_run_gpu_model}
     return Outcome(DRY_RUN, plan=plan.kind, dry_run=scrub(doc))
 
 

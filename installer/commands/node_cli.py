@@ -289,6 +289,10 @@ def _exit_codes_epilog() -> str:
               help="Never compile: a missing bundle is exit 5.")
 @click.option("--dry-run", is_flag=True, help="Run the pre-flight checks, print the plan; "
               "change nothing.")
+@click.option("--gpu-model", "dry_run_gpu_model", envvar="NVIDIA_DRY_RUN_GPU_MODEL",
+              show_envvar=True, metavar="MODEL",
+              help="With --dry-run on a machine without an NVIDIA GPU: plan as if one MODEL "
+              "GPU were there (H100, A100, L4, T4, GB200, … or a PCI device id like 0x2330).")
 @_output_option
 @_distro_options
 def install(output: str, **opts: Any) -> None:

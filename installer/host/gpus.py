@@ -133,6 +133,56 @@ CDMM_PARAM = "NVreg_CoherentGPUMemoryMode"
 CDMM_SINCE = (580, 65, 6)
 
 
+# --gpu-model (install --dry-run): a model's short name is its table name without the
+# vendor prefix, up to the first space or dash (H100, A100, T4, GB200); the first id of the
+# table with that short name is the one assumed (H100: the SXM part, 0x2330).
+ASSUMED_ADDRESS = "(--gpu-model)"  # where messages name an assumed GPU's PCI address
+_PREFIXES = ("nvidia ", "tesla ")
+
+
+def _bare(name: str) -> str:
+    low = name.strip().casefold()
+    return next((low[len(p):] for p in _PREFIXES if low.startswith(p)), low)
+
+
+def short_names() -> dict[str, str]:
+    """Short model name (upper case) -> the device id it stands for, in table order."""
+    found: dict[str, str] = {}
+    for device_id, model in MODELS.items():
+        short = _bare(model.name).replace("-", " ").split()[0].upper()
+        found.setdefault(short, device_id)
+    return found
+
+
+def _device_id(text: str) -> str | None:
+    """``0x2330`` (as sysfs writes a device id) or ``10de:2330`` (as lspci -n), else None:
+    a bare ``b200`` or ``a100`` is a model's name, not hex."""
+    low = text.strip().casefold()
+    if not low.startswith(("0x", "10de:")):
+        return None
+    low = low.removeprefix("10de:").removeprefix("0x")
+    if len(low) == 4 and all(c in "0123456789abcdef" for c in low):
+        return f"0x{low}"
+    return None
+
+
+def assumed_gpu(requested: str) -> PciGpu:
+    """The GPU --gpu-model names, as the PCI scan would find it: a table name (with or
+    without its NVIDIA/Tesla prefix) or a short name, any case, or a PCI device id (one
+    the table lacks is an unknown GPU, as the scan finds it). UsageError otherwise."""
+    device_id = _device_id(requested)
+    if device_id is None:
+        wanted = _bare(requested)
+        device_id = next((i for i, m in MODELS.items() if _bare(m.name) == wanted),
+                         None) or short_names().get(wanted.upper())
+    if device_id is None:
+        raise UsageError(
+            f"--gpu-model {requested.strip()[:64]!r} is not a GPU model this installer knows",
+            hint=f"use one of {', '.join(short_names())}, or a PCI device id such as 0x2330 "
+            "(the GPU's `cat /sys/bus/pci/devices/<address>/device`)")
+    return PciGpu(ASSUMED_ADDRESS, device_id, "0x030200", model=MODELS.get(device_id))
+
+
 def grace_parts(gpus: list[PciGpu] | tuple[PciGpu, ...]) -> list[PciGpu]:
     return [g for g in gpus if g.device_id in GRACE_PARTS]
 

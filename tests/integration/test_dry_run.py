@@ -153,3 +153,119 @@ def test_dry_run_shows_module_args_and_its_checks(node, pod, kernel, server):
     assert ("   1. check_gpu_compatibility: NVIDIA GPUs in sysfs support driver "
             f"{V1}; auto kernel modules [checked: passed]") in text
     assert server.requests == [] and kernel.calls() == []
+
+
+def _no_gpu_node(kernel) -> None:
+    import shutil
+
+    shutil.rmtree(kernel.sys_dir / "bus/pci/devices/0000:00:04.0")
+
+
+def _assumed_dry_run(pod, node, kernel, *args, env=None):
+    """``install --dry-run *args``, its JSON plan or refusal, and the host tree unchanged."""
+    from tests.integration.test_operator import tree_state
+
+    before = tree_state(node.root, kernel.dev_dir)
+    proc = pod.run("install", "--dry-run", *args, env=env)
+    assert tree_state(node.root, kernel.dev_dir) == before
+    assert kernel.calls() == []
+    return proc
+
+
+@pytest.mark.parametrize("model, version, device_id, module_type", [
+    # Turing takes either: NVIDIA's default for the branch (proprietary before R560, open after)
+    ("T4", V1, "0x1eb8", "proprietary"),
+    ("t4", "580.82.07", "0x1eb8", "open"),
+    ("h100", "580.82.07", "0x2330", "open"),
+    ("0x2330", "580.82.07", "0x2330", "open"),
+    ("Tesla P4", "580.82.07", "0x1bb3", "proprietary"),  # Pascal: open needs Turing+
+    ("B200", "570.133.20", "0x2901", "open"),  # Blackwell: open required on every branch
+    ("A100", V1, "0x20b0", "proprietary"),  # a name, not hex: the A100-SXM4-40GB
+])
+def test_dry_run_gpu_model_plans_for_the_named_gpu(node, pod, kernel, server, model, version,
+                                                   device_id, module_type):
+    """Issue 41: a workstation or CI previews the plan a node with that GPU gets; the module
+    flavour follows the table (gpus.MODELS) as it does for a GPU found on the bus."""
+    from installer.host import gpus
+
+    _no_gpu_node(kernel)
+    proc = ok(_assumed_dry_run(pod, node, kernel, "--gpu-model", model, "-o", "json",
+                               env={"NVIDIA_DRIVER_VERSION": version}))
+    plan = json.loads(proc.stdout)
+    assumed = gpus.assumed_gpu(model)
+    assert gpus.choose_module_type([assumed], version).module_type == module_type
+    assert plan["assumed_gpu"]["device_id"] == device_id
+    assert plan["assumed_gpu"]["name"] == gpus.MODELS[device_id].name
+    assert plan["kernel_module_type"] == module_type, plan
+    assert "no_gpu" not in plan
+    text = ok(_assumed_dry_run(pod, node, kernel, env={"NVIDIA_DRY_RUN_GPU_MODEL": model,
+                                                       "NVIDIA_DRIVER_VERSION": version})
+              ).stdout.splitlines()
+    assert text[0] == (f"ASSUMED GPU: {gpus.MODELS[device_id].name} ({device_id}, --gpu-model "
+                       f"{model}): this node has no NVIDIA GPU; the plan is for one with that "
+                       "GPU on its PCI bus (the NVLink fabric is still this node's)")
+    assert text[1].startswith("dry run: fresh plan for Ubuntu 22.04.4 LTS") and "NO NVIDIA" not in text[1]
+    assert server.requests == []
+
+
+def test_dry_run_gpu_model_refuses_a_branch_too_old_for_it_as_the_real_run(node, pod, kernel,
+                                                                          server):
+    """B200/GB200 need R570: R535 is refused with the real run's exit code and check."""
+    _no_gpu_node(kernel)
+    for model, name in (("B200", "NVIDIA B200"), ("gb200", "NVIDIA GB200")):
+        proc = _assumed_dry_run(pod, node, kernel, "--gpu-model", model,
+                                env={"NVIDIA_DRIVER_VERSION": "535.230.02"})
+        assert refused(proc, 2) == (
+            "FAILED in step check_gpu_compatibility (usage, exit 2): driver 535.230.02 (R535) "
+            f"is too old for {name} at (--gpu-model): it needs R570 or newer. What to do: the "
+            "GPUs on this node support R570 or newer: set --driver-version "
+            "(NVIDIA_DRIVER_VERSION) to such a driver, e.g. 580.82.07, or leave it unset to "
+            "get a supported default.")
+    kepler = refused(_assumed_dry_run(pod, node, kernel, "--gpu-model", "K80",
+                                      env={"NVIDIA_DRIVER_VERSION": V1}), 2)
+    assert kepler == K80_TOO_NEW.replace("0000:00:04.0", "(--gpu-model)"), kepler
+    # The real run on a node with a B200 on its bus refuses it with the same check.
+    (kernel.sys_dir / "bus/pci/devices/0000:00:04.0").mkdir(parents=True)
+    for attr, value in (("vendor", "0x10de"), ("device", "0x2901"), ("class", "0x030200")):
+        (kernel.sys_dir / "bus/pci/devices/0000:00:04.0" / attr).write_text(value + "\n")
+    real = refused(pod.run("install", env={"NVIDIA_DRIVER_VERSION": "535.230.02"}), 2)
+    assert real.startswith("FAILED in step check_gpu_compatibility (usage, exit 2): driver "
+                           "535.230.02 (R535) is too old for NVIDIA B200 at 0000:00:04.0: it "
+                           "needs R570 or newer."), real
+    assert server.requests == []
+
+
+def test_dry_run_gpu_model_refuses_an_unknown_model_a_real_run_and_a_mix(node, pod, kernel,
+                                                                        server):
+    proc = _assumed_dry_run(pod, node, kernel, "--gpu-model", "H900")  # a GPU here: name first
+    message = refused(proc, 2)
+    assert message.startswith("FAILED (usage, exit 2): --gpu-model 'H900' is not a GPU model "
+                              "this installer knows. What to do: use one of K80, "), message
+    assert "H100, " in message and "a PCI device id such as 0x2330" in message
+    real = pod.run("install", "--gpu-model", "H100")
+    assert refused(real, 2).startswith("FAILED (usage, exit 2): --gpu-model "
+                                       "(NVIDIA_DRY_RUN_GPU_MODEL) previews only: it needs "
+                                       "--dry-run.")
+    # The fixture node has an L4: naming another model would mix them.
+    mixed = refused(_assumed_dry_run(pod, node, kernel, "--gpu-model", "H100"), 2)
+    assert mixed.startswith("FAILED (usage, exit 2): --gpu-model 'H100' names NVIDIA H100 80GB "
+                            "HBM3, and this node has NVIDIA L4 at 0000:00:04.0"), mixed
+    # Naming its own model assumes nothing: the node's plan.
+    plan = json.loads(ok(_assumed_dry_run(pod, node, kernel, "--gpu-model", "L4", "-o",
+                                          "json")).stdout)
+    assert "assumed_gpu" not in plan
+    assert server.requests == []
+
+
+def test_dry_run_gpu_model_grace_part_gets_its_cdmm_default(node, pod, kernel, server):
+    """A Grace part (GB200) gets NVreg_CoherentGPUMemoryMode=driver as on its own node
+    (detect.with_grace_defaults); a B200, no Grace part, does not."""
+    _no_gpu_node(kernel)
+    env = {"NVIDIA_DRIVER_VERSION": "580.82.07"}  # the option exists from 580.65.06
+    grace = json.loads(ok(_assumed_dry_run(pod, node, kernel, "--gpu-model", "GB200", "-o",
+                                           "json", env=env)).stdout)
+    assert grace["module_args"] == {"nvidia": ["NVreg_CoherentGPUMemoryMode=driver"]}
+    assert grace["kernel_module_type"] == "open"
+    plain = json.loads(ok(_assumed_dry_run(pod, node, kernel, "--gpu-model", "B200", "-o",
+                                           "json", env=env)).stdout)
+    assert plain["module_args"] == {}
