@@ -52,6 +52,7 @@ INSTALLER_ENV_VARS: tuple[str, ...] = (
     "NVIDIA_FABRIC_MANAGER_BASE_URL",
     "NVIDIA_FABRIC_MANAGER_SHA256",
     "NVIDIA_REQUIRED_DAEMONS",
+    "NVIDIA_DRY_RUN_GPU_MODEL",  # a preview only: refused without --dry-run
     ENV_RETRIES,
     ENV_TIMEOUT,
 )
