@@ -16,6 +16,15 @@ from typing import BinaryIO
 HASH_CHUNK = 1 << 20
 
 
+def sorted_entries(path: Path) -> list[Path]:
+    """The entries of directory ``path``, sorted; none when it is missing or unreadable
+    (sysfs dirs a node lacks: no such bus, class or module)."""
+    try:
+        return sorted(path.iterdir())
+    except OSError:
+        return []
+
+
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     """Write via a temp file in the same dir, fsync, rename: readers see old or new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)

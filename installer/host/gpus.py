@@ -23,6 +23,7 @@ from pathlib import Path
 from installer.base import branches
 from installer.base.branches import branch_of
 from installer.base.errors import UsageError
+from installer.base.fsutil import sorted_entries
 from installer.base.kinds import AUTO, MODULE_TYPE_REQUESTS, OPEN, PROPRIETARY, ModuleType
 
 NVIDIA_VENDOR = "0x10de"
@@ -245,13 +246,8 @@ def read_attr(path: Path) -> str:
 def nvidia_functions(sys_dir: Path, class_prefix: str) -> list[tuple[Path, str]]:
     """NVIDIA's PCI functions under ``<sys_dir>/bus/pci/devices`` whose class starts with
     ``class_prefix``, by address: each one's sysfs dir and class."""
-    base = Path(sys_dir) / "bus/pci/devices"
-    try:
-        entries = sorted(base.iterdir())
-    except OSError:
-        return []
     found = []
-    for dev in entries:
+    for dev in sorted_entries(Path(sys_dir) / "bus/pci/devices"):
         if read_attr(dev / "vendor") != NVIDIA_VENDOR:
             continue
         pci_class = read_attr(dev / "class")

@@ -9,6 +9,7 @@ from pathlib import Path
 import structlog
 
 from installer.base.errors import ModuleLoadError, SecureBootError
+from installer.base.fsutil import sorted_entries
 from installer.host.runner import CommandError, Runner
 from installer.kmod import signing, xid
 from installer.kmod.diagnostics import read_kernel_log
@@ -152,12 +153,7 @@ def loaded_params(kernel: KernelState, module: str) -> dict[str, str] | None:
         except OSError:
             return None
     found: dict[str, str] = {}
-    params_dir = kernel.sys_dir / "module" / module / "parameters"
-    try:
-        entries = sorted(params_dir.iterdir())
-    except OSError:
-        return found
-    for entry in entries:
+    for entry in sorted_entries(kernel.sys_dir / "module" / module / "parameters"):
         try:
             found[entry.name] = entry.read_text().strip()
         except OSError:  # mode 0200 and the like: not readable

@@ -44,6 +44,7 @@ from pathlib import Path
 import structlog
 
 from installer.base.errors import VerifyError
+from installer.base.fsutil import sorted_entries
 from installer.host import gpus
 
 log = structlog.get_logger(__name__)
@@ -80,13 +81,8 @@ def nvlink5_bridges(sys_dir: Path) -> list[str]:
     """InfiniBand devices (``/sys/class/infiniband/<dev>``) whose PCI function's VPD holds
     ``SW_MNG``: NVIDIA's test for an NVLink5 system (gpu-driver-container
     ``_assert_nvlink5_system``)."""
-    base = Path(sys_dir) / "class/infiniband"
-    try:
-        entries = sorted(base.iterdir())
-    except OSError:
-        return []
     found = []
-    for dev in entries:
+    for dev in sorted_entries(Path(sys_dir) / "class/infiniband"):
         try:
             with (dev / "device/vpd").open("rb") as f:
                 vpd = f.read(VPD_MAX_BYTES)
