@@ -299,7 +299,10 @@ def _link_target(part: str, dir_fd: int, names: list[str], create: bool) -> str 
     return target
 
 
-def _replace_in(dir_fd: int, name: str, raw: bytes, mode: int) -> None:
+def _write_temp(dir_fd: int, name: str, raw: bytes, mode: int,
+                owner: tuple[int, int] | None = None) -> str:
+    """``raw`` in a new temp file beside ``name`` (fsynced, ``mode``, and ``owner`` where
+    this process may set it): its name, for the caller to rename or exchange."""
     # Not the pid: in a container's PID namespace every run has the same one, so a killed
     # run's leftover would make each later run fail with EEXIST.
     tmp = f".{name}.{secrets.token_hex(8)}.tmp"
@@ -309,8 +312,21 @@ def _replace_in(dir_fd: int, name: str, raw: bytes, mode: int) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
+            if owner is not None:
+                with contextlib.suppress(PermissionError):  # not root: it stays ours
+                    os.fchown(f.fileno(), *owner)
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    return tmp
+
+
+def _replace_in(dir_fd: int, name: str, raw: bytes, mode: int) -> None:
+    tmp = _write_temp(dir_fd, name, raw, mode)
+    try:
         st = _lstat(name, dir_fd)
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory", name)
@@ -326,17 +342,12 @@ def _replace_in(dir_fd: int, name: str, raw: bytes, mode: int) -> None:
 def _swap_in(dir_fd: int, name: str, raw: bytes, was: os.stat_result) -> bool:
     """``rewrite_existing``'s write: a temp file like ``was`` (mode, owner) exchanged with
     ``name`` only while ``name`` is still the file ``was`` describes."""
-    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600, dir_fd=dir_fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            with contextlib.suppress(PermissionError):  # not root: it stays ours
-                os.fchown(f.fileno(), was.st_uid, was.st_gid)
-            os.fchmod(f.fileno(), stat.S_IMODE(was.st_mode))
-            os.fsync(f.fileno())
+        tmp = _write_temp(dir_fd, name, raw, stat.S_IMODE(was.st_mode),
+                          owner=(was.st_uid, was.st_gid))
+    except FileNotFoundError:
+        return False  # the directory went meanwhile: nothing brought back
+    try:
         return _exchange_if_same(dir_fd, tmp, name, was)
     except FileNotFoundError:
         return False  # removed meanwhile: not brought back
