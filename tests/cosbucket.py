@@ -320,10 +320,13 @@ class Bucket:
     custom_runs: dict[str, Path] = field(default_factory=dict)
     signature_versions: tuple[str, ...] = ()
     evil_signatures: str | None = None
+    # v2's layout, <BUILD_ID>/<board>/ (cos/tools src/pkg/cos/artifacts.go NewGCSDownloader):
+    # "lakitu-arm64" for an Arm build's artifacts; None: the board-less <BUILD_ID>/.
+    board: str | None = None
 
     @property
     def build_dir(self) -> Path:
-        return self.root / self.build_id
+        return self.root / self.build_id / (self.board or "")
 
     def write(self) -> Path:
         d = self.build_dir
@@ -352,9 +355,12 @@ class Bucket:
 
     def file_url(self) -> str:
         """The artifacts URL template for file:// access."""
-        return f"file://{self.root}/{{build_id}}"
+        return f"file://{self.root}/{self._template_path()}"
+
+    def _template_path(self) -> str:
+        return "{build_id}/{board}" if self.board else "{build_id}"
 
     def serve(self, server, prefix: str = "/cos-tools") -> str:
         """Serve the staged files; returns the artifacts URL template."""
         server.serve_tree(prefix, self.root)
-        return f"{server.url}{prefix}/{{build_id}}"
+        return f"{server.url}{prefix}/{self._template_path()}"

@@ -28,7 +28,7 @@ from installer.services import fabric, fabricmanager
 from installer.settings import Settings, validate
 from installer.steps import fabric as fabric_steps
 from tests.fixtures.kernel import FakeKernel
-from tests.fixtures.node import COS_KERNEL, UBUNTU_KERNEL, build_cos_node, build_ubuntu_node
+from tests.fixtures.node import UBUNTU_KERNEL, build_ubuntu_node
 
 GB200, GH200, H100 = "0x2941", "0x2342", "0x2330"
 V = "580.82.07"
@@ -167,19 +167,6 @@ def test_an_x86_64_node_plans_as_before(tmp_path, monkeypatch):
     assert ctx.arch is cpuarch.X86_64 and ctx.settings.module_args == ()
     assert HeadersBuildFlow(Ubuntu).plan(probe(ctx)).summary["driver_url"].endswith(
         f"/{V}/NVIDIA-Linux-x86_64-{V}.run")
-
-
-def test_cos_on_arm_is_refused_not_guessed(tmp_path):
-    from installer.distros.cos.flow import CosFlow
-
-    node = build_cos_node(tmp_path / "node")
-    fake = FakeKernel(tmp_path / "k", COS_KERNEL)
-    fake.set_machine("aarch64")
-    fake.add_gpu(device=GB200)
-    kernel = KernelState(fake.proc_dir, fake.sys_dir, fake.dev_dir)
-    ctx = context(validate(Settings(host_root=node.root, install_dir=node.install_dir)), kernel)
-    with pytest.raises(UnsupportedHostError, match="COS on aarch64"):
-        CosFlow().plan(probe(ctx))
 
 
 def test_a_cross_build_passes_kbuilds_arch_and_cross_prefix_and_a_native_one_does_not():

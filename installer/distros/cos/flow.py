@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from installer.base.errors import UnsupportedHostError
 from installer.base.kinds import OPEN
 from installer.distros.base import Distro
-from installer.distros.cos import mirror, pins, toolchain, v2_cache, v2_tools, versions
+from installer.distros.cos import boards, mirror, pins, toolchain, v2_cache, v2_tools, versions
 from installer.distros.cos.artifacts import (
     KERNEL_HEADERS,
     TOOLCHAIN_ENV_FILE,
@@ -70,8 +69,8 @@ class CosFlow(Flow):
     def _base(self, ctx: Context) -> str:
         info = ctx.host_info
         assert info.build_id is not None, "osinfo guarantees a COS BUILD_ID"
-        return artifacts_base(CosOptions.of(ctx.settings).artifacts_url, build_id=info.build_id,
-                              board=info.board)
+        template = boards.artifacts_template(CosOptions.of(ctx.settings).artifacts_url, ctx.arch)
+        return artifacts_base(template, build_id=info.build_id, board=info.board)
 
     def _artifacts(self, ctx: Context, policy: RetryPolicy | None = None) -> Artifacts:
         info = ctx.host_info
@@ -99,8 +98,10 @@ class CosFlow(Flow):
 
     def _mirror(self, ctx: Context) -> str | None:
         """Google's regional mirror of NVIDIA's files (gke/mirror.py says why), asked for
-        only when no driver URL or base URL was given."""
-        if ctx.settings.driver_url or ctx.settings.driver_base_url:
+        only when no driver URL or base URL was given, and only for the x86_64 files it
+        names (boards.py): an aarch64 .run comes from NVIDIA's version directory."""
+        if (ctx.settings.driver_url or ctx.settings.driver_base_url
+                or not boards.uses_google_mirror(ctx.arch)):
             return None
         return mirror.mirror_base_url(mirror.gce_zone())
 
@@ -123,8 +124,10 @@ class CosFlow(Flow):
     def plan(self, ctx: Context) -> Plan:
         """Probe (version, cache, the build's module sources, the node), decide (a pure
         ``choice.choose``), then list the steps for that choice."""
-        _refuse_other_arches(ctx)
+        boards.check_board(ctx.arch, ctx.host_info.board)
         if CosOptions.of(ctx.settings).preload:
+            if not boards.offers_compile(ctx.arch):
+                raise boards.refuse_preload(ctx.arch)
             return self._preload_plan(ctx)
         resolved = self.resolve(ctx)
         version = resolved.version
@@ -148,6 +151,10 @@ class CosFlow(Flow):
         arts = self._artifacts(ctx)
         probe = self._probe(ctx, arts, version)
         chosen = choose(probe, version)
+        if chosen.source is ModuleSource.COMPILED and not boards.offers_compile(ctx.arch):
+            raise boards.refuse_compile(ctx.arch, arts.build_id, version,
+                                        arts.url(prebuilt_modules_name(version)),
+                                        _no_prebuilt(arts, version, probe, chosen))
         for note in chosen.notes:
             log.warning("kernel_module_choice", note=note)
         return self._fresh_plan(ctx, arts, version, probe, chosen, display)
@@ -162,7 +169,8 @@ class CosFlow(Flow):
         use_prebuilt = decide_modules(list(found), version, requested,
                                       prebuilt_available).use_prebuilt
         precompiled_available = (
-            precompiled_wanted(found, requested, policy, use_prebuilt)
+            boards.offers_precompiled(ctx.arch)
+            and precompiled_wanted(found, requested, policy, use_prebuilt)
             and arts.exists(signatures_name(version)) and arts.exists(custom_run_name(version)))
         return Probe(found, requested, policy, prebuilt_available, precompiled_available)
 
@@ -188,7 +196,7 @@ class CosFlow(Flow):
               ) -> tuple[Fetch, list[Fetch], list[Step], dict[str, object]]:
         """What fills the staging dir for ``chosen``: the .run's fetch, the other fetches, the
         steps, and what the plan shows about them."""
-        run_url = ctx.settings.driver_run_url(version, self._mirror(ctx))
+        run_url = ctx.settings.driver_run_url(version, self._mirror(ctx), ctx.arch.nvidia)
         # With a manifest NVIDIA's .run is pinned like the build's files: listed, or exit 6.
         run_fetch = Fetch("driver", run_url, "driver",
                           ctx.settings.driver_sha256 or arts.pin(run_url, "driver"))
@@ -341,13 +349,9 @@ def _signing_step(arts: Artifacts, version: str, probe: Probe, chosen: Choice) -
         else "signed prebuilt modules")
 
 
-def _refuse_other_arches(ctx: Context) -> None:
-    """COS on Arm (GKE's A4X/GH200 pools) is not served yet: which artifacts Google's
-    arm64 builds publish (the custom .run's name, the toolchain's target) is unverified
-    here, and a guessed name would fetch the wrong thing (docs/arm64.md)."""
-    if ctx.arch.machine != "x86_64":
-        raise UnsupportedHostError(
-            f"COS on {ctx.arch.machine} is not supported by this installer yet "
-            "(x86_64 COS nodes are)",
-            hint="use GKE's own driver installer on Arm COS node pools (docs/arm64.md)",
-            machine=ctx.arch.machine)
+def _no_prebuilt(arts: Artifacts, version: str, probe: Probe, chosen: Choice) -> str:
+    """Why the build's prebuilt modules are not what this install uses."""
+    if not probe.prebuilt_available:
+        return (f"it publishes no prebuilt modules for driver {version} "
+                f"({arts.url(prebuilt_modules_name(version))} not found)")
+    return "; ".join(chosen.notes) or "its prebuilt modules cannot be used here"
