@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tests.fixtures.elfmod import elf_object, fake_pkcs7
 from tests.fixtures.kernel import fake_ko
-from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL
+from tests.fixtures.node import COS_113_LSB_RELEASE, COS_BUILD_ID, COS_KERNEL
 from tests.fixtures.runfile import driver_payload, pack_run, run_name
 
 TRIPLE = "x86_64-cos-linux-gnu"
@@ -39,6 +39,15 @@ DEFAULT_V = "535.183.01"  # gpu_default_version
 LATEST_V = "550.54.14"  # gpu_latest_version
 ALIASES = {"default": DEFAULT_V, "latest": LATEST_V, "R535": DEFAULT_V, "R550": LATEST_V}
 ENV_BEGIN = "=== fake COS test: environment seen by nvidia-installer ==="
+
+# An Arm build (issue 42): the board Google names lakitu-arm64 (cos/tools
+# src/cmd/cos_kernel_devenv/devenv.sh: lakitu-arm64 is arm64) in /etc/lsb-release, whose
+# artifacts lie under <BUILD_ID>/lakitu-arm64/ (src/pkg/cos/artifacts.go NewGCSDownloader).
+ARM_BOARD = "lakitu-arm64"
+ARM_V = "580.82.07"  # GB200 needs R570+; NVreg_CoherentGPUMemoryMode from 580.65.06
+ARM_ALIASES = {"default": ARM_V, "latest": ARM_V, "R580": ARM_V}
+ARM_LSB_RELEASE = COS_113_LSB_RELEASE.replace("=lakitu\n", f"={ARM_BOARD}\n").replace(
+    "stable-channel lakitu\n", f"stable-channel {ARM_BOARD}\n")
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes | str = b"", mode: int = 0o644,

@@ -20,15 +20,12 @@ from installer.distros.cos.flow import CosFlow
 from installer.distros.cos.options import DEFAULT_ARTIFACTS_URL, CosOptions
 from installer.kmod.kernel import KernelState
 from installer.settings import Settings, validate
-from tests.cosbucket import Bucket
+from tests.cosbucket import ARM_ALIASES, ARM_LSB_RELEASE, ARM_V, Bucket
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import COS_113_LSB_RELEASE, COS_BUILD_ID, COS_KERNEL, build_cos_node
 
 GB200 = "0x2941"
-V = "580.82.07"  # has NVreg_CoherentGPUMemoryMode (580.65.06+); GB200 needs R570+
-ARM_ALIASES = {"default": V, "latest": V, "R580": V}
-ARM_LSB_RELEASE = COS_113_LSB_RELEASE.replace("=lakitu\n", "=lakitu-arm64\n").replace(
-    "stable-channel lakitu\n", "stable-channel lakitu-arm64\n")
+V = ARM_V
 CDMM = "nvidia.NVreg_CoherentGPUMemoryMode=driver"
 
 
