@@ -23,4 +23,7 @@ parallel, only after the signature policy allowed it.
   the kernel only loads signed modules.
 - **cached**: same build, version and intact files: load and verify.
 - **preload** (``--preload``): fetch and cache the toolchain and headers only.
+
+On arm64 (board ``lakitu-arm64``) the artifacts are that board's and only **prebuilt**
+and **cached** are offered; ``boards`` says why, from Google's source.
 """
