@@ -154,7 +154,9 @@ def test_preload_on_arm64_is_refused(tmp_path):
     ("aarch64", "lakitu", "this node is aarch64 but its COS board 'lakitu' is built for x86_64"),
     ("x86_64", "lakitu-arm64",
      "this node is x86_64 but its COS board 'lakitu-arm64' is built for aarch64"),
-    ("aarch64", None, "this aarch64 COS node's /etc/lsb-release names no CHROMEOS_RELEASE_BOARD"),
+    # No board, and a template naming {board} (the default on aarch64): artifacts_base refuses.
+    ("aarch64", None, "the COS artifacts URL needs {board}, but the host's /etc/lsb-release "
+     "has no CHROMEOS_RELEASE_BOARD"),
 ])
 def test_a_board_of_the_other_architecture_is_refused(tmp_path, machine, board, what):
     lsb = COS_113_LSB_RELEASE if board == "lakitu" else ARM_LSB_RELEASE

@@ -58,18 +58,9 @@ def arch_of_board(board: str) -> CpuArch:
 
 def check_board(arch: CpuArch, board: str | None) -> None:
     """UnsupportedHostError (exit 3) when the node's architecture and its COS board
-    disagree, or an aarch64 node names no board: the artifacts would be another
-    architecture's, or could not be found."""
-    if board is None:
-        if arch is X86_64:
-            return  # as before: the default artifacts URL needs no board on x86_64
-        raise UnsupportedHostError(
-            f"this {arch} COS node's /etc/lsb-release names no CHROMEOS_RELEASE_BOARD: "
-            f"the build's {arch} artifacts lie under <BUILD_ID>/{ARM_BOARD}/",
-            hint="check --host-root (the host's /etc/lsb-release), or give "
-            "--cos-artifacts-url (COS_DOWNLOAD_GCS) naming the build's arm64 artifacts",
-            path="/etc/lsb-release", machine=arch.machine)
-    if arch_of_board(board) is not arch:
+    disagree: the board's artifacts would be another architecture's. No board: only a
+    template with ``{board}`` needs one (artifacts.artifacts_base refuses then)."""
+    if board is not None and arch_of_board(board) is not arch:
         raise UnsupportedHostError(
             f"this node is {arch} but its COS board {clip(board)!r} is built for "
             f"{arch_of_board(board)}: its artifacts would not run here",
