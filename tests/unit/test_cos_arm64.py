@@ -165,3 +165,12 @@ def test_a_board_of_the_other_architecture_is_refused(tmp_path, machine, board, 
                       if not ln.startswith("CHROMEOS_RELEASE_BOARD="))
     err = refusal(ArmCos(tmp_path, machine=machine, lsb_release=lsb).ctx())
     assert err.message.startswith(what)
+
+
+def test_the_default_artifacts_url_on_an_arm64_node_is_the_boards_directory(tmp_path):
+    """No --cos-artifacts-url: v2's cos-tools/<BUILD_ID>/<board> (nothing fetched here)."""
+    arm = ArmCos(tmp_path)
+    s = validate(Settings(host_root=arm.node.root, install_dir=arm.node.install_dir))
+    kernel = KernelState(arm.kernel.proc_dir, arm.kernel.sys_dir, arm.kernel.dev_dir)
+    assert CosFlow()._base(context(s, kernel)) == (
+        f"https://storage.googleapis.com/cos-tools/{COS_BUILD_ID}/lakitu-arm64")
