@@ -9,10 +9,11 @@ On today's main this run is refused (exit 3, "COS on aarch64 is not supported").
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from tests.cosbucket import ARM_ALIASES, ARM_BOARD, ARM_LSB_RELEASE, Bucket
+from tests.cosbucket import ARM_ALIASES, ARM_BOARD, ARM_LSB_RELEASE, Bucket, env_recording_run
 from tests.cosbucket import ARM_V as V
 from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import COS_BUILD_ID, COS_KERNEL, build_cos_node, tree_digest
@@ -28,12 +29,18 @@ ARM_BUILD = f"/cos-tools/{COS_BUILD_ID}/lakitu-arm64"
 
 
 @pytest.fixture
-def arm_cos(tmp_path):
+def nvlink() -> bool:
+    return True
+
+
+@pytest.fixture
+def arm_cos(tmp_path, nvlink):
     node = build_cos_node(tmp_path / "node", lsb_release=ARM_LSB_RELEASE)
     kernel = FakeKernel(tmp_path / "kernel", COS_KERNEL)
     kernel.set_machine("aarch64")
     kernel.add_gpu(device=GB200)
-    kernel.add_nvlink5_bridge()
+    if nvlink:
+        kernel.add_nvlink5_bridge()
     bucket = Bucket(tmp_path / "bucket", board=ARM_BOARD, aliases=dict(ARM_ALIASES),
                     prebuilt_versions=(V,))
     bucket.write()
@@ -80,3 +87,30 @@ def test_an_arm64_build_without_prebuilt_modules_for_the_version_exits_3(arm_cos
         "no prebuilt modules for driver 580.95.05")
     assert not any("/toolchain" in r.path or "kernel-headers" in r.path
                    for r in server.requests)
+
+
+@pytest.fixture(scope="session")
+def aarch64_run(tmp_path_factory):
+    """The fixture .run under the aarch64 name (its payload is scripts: any architecture)."""
+    out = tmp_path_factory.mktemp("cos-arm-run")
+    run = env_recording_run(out, V)
+    return shutil.copyfile(run, out / f"NVIDIA-Linux-aarch64-{V}.run")
+
+
+# No NVLink5 bridge: the fabric manager (planned above) is the NVSwitch tests' subject.
+@pytest.mark.parametrize("nvlink", [False])
+def test_install_loads_the_boards_signed_prebuilt_modules(arm_cos, aarch64_run):
+    node, kernel, server, pod = arm_cos
+    server.serve_run(V, aarch64_run)
+    kernel.set_sig_enforce(True)  # signed modules: loadable where unsigned ones are not
+    final = last_event(ok(pod.run("install")))
+    assert final["plan"] == "fresh" and final["driver_version"] == V
+    cache = (node.install_dir / ".cache").read_text()
+    assert "CACHE_FLAVOR=prebuilt-open" in cache and f"CACHE_BUILD_ID={COS_BUILD_ID}" in cache
+    assert kernel.loaded()["nvidia"].version == V
+    first = kernel.calls("insmod")[0]["argv"]  # CDMM on Grace (detect.with_grace_defaults)
+    assert first[0].endswith("/nvidia.ko") and first[1:] == [CDMM]
+    gets = [r.path for r in server.requests if r.method == "GET"]
+    assert f"/tesla/{V}/NVIDIA-Linux-aarch64-{V}.run" in gets
+    assert f"{ARM_BUILD}/nvidia-drivers-{V}.tgz" in gets
+    assert not any("toolchain" in p or "kernel-headers" in p for p in gets)
