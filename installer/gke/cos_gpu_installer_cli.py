@@ -143,7 +143,10 @@ def translate(argv: list[str], env: Mapping[str, str]) -> list[str]:
 
 
 def _artifacts_url(bucket: str, prefix: str) -> str:
-    """v2 reads <bucket>/<prefix>/<artifact>; the default prefix is the COS build."""
+    """v2 reads <bucket>/<prefix>/<artifact>; its default prefix is the COS build and the
+    node's board, ``<BUILD_ID>/<board>`` (src/pkg/cos/artifacts.go ``NewGCSDownloader``:
+    ``path.Join(e.BuildNumber(), e.Board())``): on an arm64 node (board lakitu-arm64)
+    the board-less directory would hold x86_64's files (distros/cos/boards.py)."""
     if not _BUCKET.match(bucket):
         raise UsageError(f"cos-gpu-installer: -gcs-download-bucket {bucket!r} is not a "
                          "bucket name", hint="give the bare name, e.g. cos-tools-eu")
@@ -152,7 +155,7 @@ def _artifacts_url(bucket: str, prefix: str) -> str:
                    or any(c in prefix for c in "?#%\\ ")):
         raise UsageError(f"cos-gpu-installer: -gcs-download-prefix {prefix!r} is not a path "
                          "inside the bucket")
-    return f"{ARTIFACTS_BASE}/{bucket}/{prefix or '{build_id}'}"
+    return f"{ARTIFACTS_BASE}/{bucket}/{prefix or '{build_id}/{board}'}"
 
 
 _HELP = {"-h", "--help", "-help", "--h"}

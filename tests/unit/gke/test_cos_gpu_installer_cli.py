@@ -43,7 +43,7 @@ GKE_ENV = {
     (["install", "-host-dir=/var/lib/nvidia"],
      ["install", "--install-dir-host", "/var/lib/nvidia", "--install-dir", "/root/var/lib/nvidia"]),
     (["install", "-gcs-download-bucket=cos-tools-eu"],
-     ["install", "--cos-artifacts-url", "https://storage.googleapis.com/cos-tools-eu/{build_id}"]),
+     ["install", "--cos-artifacts-url", "https://storage.googleapis.com/cos-tools-eu/{build_id}/{board}"]),
     (["install", "-gcs-download-prefix", "17800.66.78/lakitu"],
      ["install", "--cos-artifacts-url",
       "https://storage.googleapis.com/cos-tools/17800.66.78/lakitu"]),
