@@ -1,6 +1,7 @@
 """The cache-hit path (a node reboots): our overhead vs a shell script running the same commands.
 
-    python bench/cache_hit.py [--runs 10] [--ko-mb 100] [--help-runs 20] [--json-out FILE]
+    python bench/cache_hit.py [--runs 10] [--ko-mb 100] [--help-runs 20] [--compare-ref REF]
+                              [--json-out FILE]
 
 Builds a fixture Ubuntu node, a fake kernel and a makeself NVIDIA .run served
 over HTTPS on 127.0.0.1, and runs one real fresh install the way the
@@ -19,10 +20,14 @@ Then, ``--runs`` times, rotating which goes first, each after a "reboot"
   out as in the image (a wheel in a plain venv; the headline figure) and from
   the dev venv (``pip install -e``, whose import finder adds ~15 ms to every
   start).
-- baseline: a ``sh`` script running the very commands our run ran (taken from
-  a ``-v`` calibration run: insmod x4, the in-tree modprobes, nvidia-modprobe,
-  ldconfig x2, nvidia-smi), in sequence, as the reference installers do, plus
-  the ld.so.conf drop-in they write.
+- baseline: a ``sh`` script doing the same checks and running the very commands
+  our run ran (taken from a ``-v`` calibration run: insmod x4, the in-tree
+  modprobes, nvidia-modprobe, ldconfig x2, nvidia-smi), in sequence, as the
+  reference installers do: it reads the .cache record and stats every file it
+  lists (our fast path's check), and writes the ld.so.conf drop-in.
+- with ``--compare-ref REF`` (``make bench``: main), the installer as it is at
+  that git ref, in a wheel layout of its own, in the same rotation: the earlier
+  figures measured in this run, on this machine, at this load.
 
 Both run inside the same kind of pod against the same fake kernel, so the
 external commands cost the same; the fake kmod tools are Python scripts and
@@ -30,9 +35,9 @@ much slower than the real ones, which is why overhead, not the ratio of wall
 times, is the target.
 
 Also: ``nvidia-driver-installer --help`` vs ``python3 -c pass`` (the same
-venv's interpreter, alternating; both layouts), whether requests/jinja2/tenacity were imported
-on the cache hit (``-X importtime``), and sha256 of a ``--ko-mb`` file vs the
-stat fast path of the cache check.
+venv's interpreter, alternating; both layouts; REF's ``--help`` too), which heavy
+modules the cache hit imported (``sys.modules`` in its own process), and sha256 of a
+``--ko-mb`` file vs the stat fast path of the cache check.
 
 Needs root (mount namespaces), like ``make demo``.
 """
@@ -93,11 +98,17 @@ def pad_module(install_dir: Path, mb: int) -> None:
     assert record and record.file_hashes.get(rel) == digest, "could not re-record nvidia.ko"
 
 
-def baseline_script(commands: list[list[str]], lib_dir: str) -> str:
+def baseline_script(commands: list[list[str]], lib_dir: str, install_dir: str,
+                    recorded: list[str]) -> str:
+    """A shell installer's cache hit: read the record, stat the files it lists (what our
+    fast path checks: size, mtime, ctime, inode), then our commands, one after the other."""
     lines = [
         "#!/bin/sh",
-        "# A shell installer's cache hit: the same commands as ours, one after the other.",
+        "# A shell installer's cache hit: the same checks and commands as ours, in sequence.",
         "set -e",
+        f"cat {shlex.quote(install_dir + '/.cache')} >/dev/null",
+        "stat -c '%s %Y %Z %i' " + " ".join(shlex.quote(f"{install_dir}/{rel}") for rel in recorded)
+        + " >/dev/null",
     ]
     dropin_done = False
     for argv in commands:
@@ -165,20 +176,20 @@ def image_packages(site: Path) -> list[str]:
     return linked
 
 
-def wheel_layout(work: Path) -> Path:
+def wheel_layout(work: Path, source: Path = REPO, name: str = "wheel-venv") -> Path:
     """A venv laid out like the image's (a wheel installed into a plain venv): no
     editable-install finder in site-packages, and only the image's packages. Returns
-    its nvidia-driver-installer.
+    its nvidia-driver-installer, running the installer package under ``source``.
 
     The dev venv's ``pip install -e`` adds a finder that site.py imports on every
     start-up (~15 ms), and the dev venv holds test and lint tools (rich among them);
     the image installs a wheel and its locked dependencies. The installer comes from
-    this tree through a plain .pth (a path, no code).
+    ``source`` through a plain .pth (a path, no code).
     """
-    venv = work / "wheel-venv"
+    venv = work / name
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next((venv / "lib").glob("python3*/site-packages"))
-    (site / "nvidia_driver_installer_bench.pth").write_text(f"{REPO}\n")
+    (site / "nvidia_driver_installer_bench.pth").write_text(f"{source}\n")
     image_packages(site)
     script = venv / "bin/nvidia-driver-installer"
     text = CLI.read_text().split("\n", 1)[1]
@@ -187,7 +198,25 @@ def wheel_layout(work: Path) -> Path:
     return script
 
 
-def help_figures(runs: int, wheel_cli: Path) -> tuple[Row, list[str]]:
+def _resolves(ref: str) -> bool:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet",
+                           f"{ref}^{{commit}}"], capture_output=True).returncode == 0
+
+
+def source_at(ref: str, work: Path) -> Path:
+    """The installer package as it is at git ``ref``, compiled (as an image ships it)."""
+    tree = work / "ref-source"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "installer"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "installer")],
+                   check=True, stdout=subprocess.DEVNULL)
+    return tree
+
+
+def help_figures(runs: int, wheel_cli: Path, ref_cli: Path | None,
+                 ref: str | None) -> tuple[Row, list[str]]:
     wheel_python = str(wheel_cli.parent / "python3")
     cmds = {
         "help": [str(wheel_cli), "--help"],
@@ -196,6 +225,8 @@ def help_figures(runs: int, wheel_cli: Path) -> tuple[Row, list[str]]:
         "dev_help": [str(CLI), "--help"],
         "dev_pass": [str(VENV_BIN / "python3"), "-c", "pass"],
     }
+    if ref_cli is not None:
+        cmds["ref_help"] = [str(ref_cli), "--help"]
     wall, cpu = time_commands(cmds, runs)
     w = {k: Stats.of(v) for k, v in wall.items()}
     c = {k: Stats.of(v) for k, v in cpu.items()}
@@ -218,18 +249,28 @@ def help_figures(runs: int, wheel_cli: Path) -> tuple[Row, list[str]]:
         f"dev venv {dev_ratio:.2f}x wall",
         f"  floor set by click alone: import click / pass = {click_ratio:.2f}x wall, "
         f"{c['import_click'].median / c['pass'].median:.2f}x cpu",
+    ]
+    if ref_cli is not None:
+        lines.insert(4, line(f"wheel layout, {ref}'s code: --help", "ref_help"))
+    earlier = (f"{ref}'s code {w['ref_help'].median * 1e3:.0f} / {w['ref_help'].min * 1e3:.0f}   "
+               if ref_cli is not None else "")
+    lines.append(
         f"  side by side (ms, median / min): --help {w['help'].median * 1e3:.0f} / "
         f"{w['help'].min * 1e3:.0f}   python3 -c pass {w['pass'].median * 1e3:.0f} / "
-        f"{w['pass'].min * 1e3:.0f}   README's earlier --help {EARLIER_MS['help']:.0f}   "
-        f"(target <= {HELP_TARGET_MS:.0f})",
-    ]
+        f"{w['pass'].min * 1e3:.0f}   {earlier}README's earlier --help {EARLIER_MS['help']:.0f}   "
+        f"(target <= {HELP_TARGET_MS:.0f})")
     row = Row(
         target=f"--help <= {HELP_TARGET_MS:.0f} ms",
-        measured=f"{w['help'].median * 1e3:.0f} ms (min {w['help'].min * 1e3:.0f})",
-        baseline=f"python3 -c pass {w['pass'].median * 1e3:.0f} ms; earlier {EARLIER_MS['help']:.0f} ms",
+        measured=f"{w['help'].median * 1e3:.0f} ms (min {w['help'].min * 1e3:.0f}; CPU "
+                 f"{c['help'].median * 1e3:.0f})",
+        baseline=f"python3 -c pass {w['pass'].median * 1e3:.0f} ms; earlier {EARLIER_MS['help']:.0f} ms"
+        + (f"; {ref} {w['ref_help'].median * 1e3:.0f} ms (CPU {c['ref_help'].median * 1e3:.0f})"
+           if ref_cli is not None else ""),
         ratio=f"{ratio:.2f}x",
         met=w["help"].median * 1e3 <= HELP_TARGET_MS,
-        note=(f"'import click' alone {w['import_click'].median * 1e3:.0f} ms; dev venv --help "
+        note=(f"CPU {c['help'].median * 1e3:.0f} ms vs python3 -c pass {c['pass'].median * 1e3:.0f}, "
+              f"'import click' {c['import_click'].median * 1e3:.0f}; 'import click' alone "
+              f"{w['import_click'].median * 1e3:.0f} ms wall; dev venv --help "
               f"{w['dev_help'].median * 1e3:.0f} ms"),
         data={k: w[k].median * 1e3 for k in w} | {f"{k}_cpu": c[k].median * 1e3 for k in c}
         | {"help_min": w["help"].min * 1e3, "pass_min": w["pass"].min * 1e3},
@@ -277,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--help-runs", type=int, default=20, help="--help runs (default 20)")
     ap.add_argument("--ko-mb", type=int, default=100,
                     help="pad nvidia.ko to this many MB (default 100; 0: keep the fixture's)")
+    ap.add_argument("--compare-ref", metavar="REF",
+                    help="also time the installer as it is at this git ref (e.g. main), in the "
+                    "same rotation: the earlier figures, measured in this run")
     ap.add_argument("--json-out", help="write the summary rows here (for run_all.py)")
     args = ap.parse_args(argv)
     rows: list[Row] = []
@@ -289,7 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-cache-hit-", dir="/tmp"))
     try:
         wheel_cli = wheel_layout(work)
-        help_row, lines = help_figures(args.help_runs, wheel_cli)
+        ref_cli = None
+        if args.compare_ref and _resolves(args.compare_ref):
+            ref_cli = wheel_layout(work, source_at(args.compare_ref, work), "ref-venv")
+        elif args.compare_ref:
+            report.append(f"--compare-ref {args.compare_ref}: not a commit here; not compared")
+            args.compare_ref = None
+        help_row, lines = help_figures(args.help_runs, wheel_cli, ref_cli, args.compare_ref)
         report += lines
         if args.ko_mb:
             hash_row, lines = hash_figures(args.ko_mb, work)
@@ -299,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(Row(f"cache-hit overhead <= {OVERHEAD_TARGET_MS:.0f} ms", "not run", "", "",
                             None, why_not))
         else:
-            row, lines = cache_hit(args, work, wheel_cli)
+            row, lines = cache_hit(args, work, wheel_cli, ref_cli)
             rows.append(row)
             report += lines
         rows.append(help_row)
@@ -318,7 +368,13 @@ def _load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-def cache_hit(args, work: Path, wheel_cli: Path) -> tuple[Row, list[str]]:
+# The install dir as the pod sees it (the DaemonSet mounts the host's there).
+POD_INSTALL_DIR = "/usr/local/nvidia"
+
+
+def cache_hit(args, work: Path, wheel_cli: Path, ref_cli: Path | None) -> tuple[Row, list[str]]:
+    from installer.records import cache
+
     with fixture(work) as fx:
         node, kernel, pod = fx.node, fx.kernel, fx.pod
         t0 = time.perf_counter()
@@ -343,16 +399,21 @@ def cache_hit(args, work: Path, wheel_cli: Path) -> tuple[Row, list[str]]:
     commands = [e["argv"] for e in events(cal["stderr"]) if e.get("event") == "command_started"]
     heavy = sorted(imported_modules(cal["stderr"]) & set(HEAVY))
     script = work / "baseline.sh"
-    script.write_text(baseline_script(commands, "/usr/local/nvidia/lib64"))
+    record = cache.read(node.install_dir / ".cache")
+    assert record is not None
+    script.write_text(baseline_script(commands, f"{POD_INSTALL_DIR}/lib64", POD_INSTALL_DIR,
+                                      sorted(record.file_stats or record.file_hashes)))
 
     load_before = _load()
     variants = {"wheel": [str(wheel_cli), "install"], "dev": [str(CLI), "install"],
                 "baseline": ["sh", str(script)]}
+    if ref_cli is not None:
+        variants["ref"] = [str(ref_cli), "install"]
     m: dict[str, dict[str, list[float]]] = {
         v: {"wall": [], "cpu": [], "ext": [], "dur": []} for v in variants}
     order = list(variants)
     for i in range(args.runs):
-        for name in order[i % 3:] + order[: i % 3]:
+        for name in order[i % len(order):] + order[: i % len(order)]:
             kernel.unload_all()
             res = pod.timed(variants[name])
             if res["rc"] != 0:
@@ -380,8 +441,11 @@ def cache_hit(args, work: Path, wheel_cli: Path) -> tuple[Row, list[str]]:
         + ", ".join(Path(c[0]).name for c in commands) + ")",
     ]
     figures = {}
-    for name, label in (("wheel", "ours, wheel layout (as in the image)"),
-                        ("dev", "ours, dev venv (pip install -e)")):
+    ours = [("wheel", "ours, wheel layout (as in the image)"),
+            ("dev", "ours, dev venv (pip install -e)")]
+    if ref_cli is not None:
+        ours.append(("ref", f"{args.compare_ref}'s code, wheel layout"))
+    for name, label in ours:
         overhead = Stats.of(series(name, "wall", "ext"))
         cpu_over = med(name, "cpu") - med("baseline", "cpu")
         figures[name] = (overhead, cpu_over)
@@ -401,7 +465,7 @@ def cache_hit(args, work: Path, wheel_cli: Path) -> tuple[Row, list[str]]:
     bw = Stats.of(m["baseline"]["wall"])
     ratio = med("wheel", "wall") / bw.median
     lines += [
-        "  baseline: sh script, same commands",
+        "  baseline: sh script, same checks (stat of the recorded files) and commands",
         f"    {'wall':44} {bw.fmt(1e3)}",
         f"    {'CPU':44} {Stats.of(m['baseline']['cpu']).fmt(1e3)}",
         f"  ratio ours (wheel) / baseline, wall: {ratio:.2f}x; load average {load_before} -> "
@@ -410,16 +474,23 @@ def cache_hit(args, work: Path, wheel_cli: Path) -> tuple[Row, list[str]]:
         f"(checked: {', '.join(HEAVY)})",
         f"  side by side (ms, median / min): our overhead {figures['wheel'][0].median * 1e3:.0f} / "
         f"{figures['wheel'][0].min * 1e3:.0f}   sh script's whole cache hit {bw.median * 1e3:.0f} / "
-        f"{bw.min * 1e3:.0f}   README's earlier overhead {EARLIER_MS['cache_hit_overhead']:.0f}   "
+        f"{bw.min * 1e3:.0f}   " + (
+            f"{args.compare_ref}'s overhead {figures['ref'][0].median * 1e3:.0f} / "
+            f"{figures['ref'][0].min * 1e3:.0f}   " if ref_cli is not None else "")
+        + f"README's earlier overhead {EARLIER_MS['cache_hit_overhead']:.0f}   "
         f"(target <= {OVERHEAD_TARGET_MS:.0f})",
+        f"  side by side (CPU over the sh script, ms): ours {figures['wheel'][1] * 1e3:.0f}" + (
+            f"   {args.compare_ref}'s {figures['ref'][1] * 1e3:.0f}" if ref_cli is not None else ""),
     ]
     overhead, cpu_over = figures["wheel"]
     dev_overhead, dev_cpu = figures["dev"]
     row = Row(
         target=f"cache-hit overhead <= {OVERHEAD_TARGET_MS:.0f} ms",
         measured=f"{overhead.median * 1e3:.0f} ms (min {overhead.min * 1e3:.0f}, wall "
-                 f"{med('wheel', 'wall') * 1e3:.0f})",
-        baseline=f"sh script {bw.median * 1e3:.0f} ms; earlier {EARLIER_MS['cache_hit_overhead']:.0f} ms",
+                 f"{med('wheel', 'wall') * 1e3:.0f}; CPU over sh {cpu_over * 1e3:.0f})",
+        baseline=f"sh script {bw.median * 1e3:.0f} ms; earlier {EARLIER_MS['cache_hit_overhead']:.0f} ms"
+        + (f"; {args.compare_ref} {figures['ref'][0].median * 1e3:.0f} ms (CPU over sh "
+           f"{figures['ref'][1] * 1e3:.0f})" if ref_cli is not None else ""),
         ratio=f"{ratio:.2f}x",
         met=overhead.median * 1e3 <= OVERHEAD_TARGET_MS and not heavy,
         note=(f"CPU over the sh script {cpu_over * 1e3:.0f} ms; dev venv {dev_overhead.median * 1e3:.0f}"
@@ -429,7 +500,9 @@ def cache_hit(args, work: Path, wheel_cli: Path) -> tuple[Row, list[str]]:
               "dev_overhead_ms": dev_overhead.median * 1e3, "dev_cpu_overhead_ms": dev_cpu * 1e3,
               "wall_ms": med("wheel", "wall") * 1e3, "external_ms": med("wheel", "ext") * 1e3,
               "baseline_ms": bw.median * 1e3, "heavy_imports": heavy, "commands": len(commands),
-              "ko_mb": args.ko_mb, "load": load_before},
+              "ko_mb": args.ko_mb, "load": load_before}
+        | ({"ref": args.compare_ref, "ref_overhead_ms": figures["ref"][0].median * 1e3,
+            "ref_cpu_overhead_ms": figures["ref"][1] * 1e3} if ref_cli is not None else {}),
     )
     return row, lines
 

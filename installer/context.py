@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from installer.base import cpuarch
 from installer.base.cpuarch import CpuArch
@@ -20,10 +21,12 @@ from installer.kmod.kernel import KernelState
 from installer.kmod.signing import SigningPolicy
 from installer.net.policy import UrlPolicy
 from installer.net.retry import NETWORK_DEFAULTS, TransferLimits, with_settings
-from installer.net.session import ArtifactSession, make_session
 from installer.records.cache import CacheRecord
 from installer.records.workstate import WorkState
 from installer.settings import Settings
+
+if TYPE_CHECKING:
+    from installer.net.session import ArtifactSession
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,10 @@ class Context:
     def http(self) -> ArtifactSession:
         """The run's HTTP session, made on first use (a cache hit makes none)."""
         if self._session is None:
+            # Imported here: the session module imports requests, which a run that fetches
+            # nothing (a cache hit, every boot) must not load (installer/net/__init__.py).
+            from installer.net.session import make_session
+
             s = self.settings
             self._session = make_session(
                 limits=TransferLimits(s.download_deadline_s, s.download_min_rate,

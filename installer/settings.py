@@ -35,7 +35,7 @@ class CliOption:
     envvar: str
     help: str
     # text: a string; flag: a boolean switch; path: this process's path; host_path: a
-    # path as the host sees it (absolute, no '..': clitypes.HostPath)
+    # path as the host sees it (absolute, no '..': commands/click_types.HostPath)
     kind: Literal["text", "flag", "path", "host_path"] = "text"
     default: str | None = None  # shown in --help when given
 

@@ -24,6 +24,23 @@ PACKAGE = "installer"
 # Where an import inside a function is the point: the commands keep their heavy imports
 # out of ``--help`` and of the commands that do not need them.
 CLI_STARTUP = re.compile(r"^installer(\.__main__|(\..+)?\.cli|\..+_cli)$")
+# Elsewhere, the only imports inside a function: each defers a library that only some runs
+# use, so that a cache hit (every boot) loads none of them (docs/performance.md,
+# tests/integration/test_startup_imports.py). module -> what it imports there; each site
+# says why in a comment.
+DEFERRED_IMPORTS: dict[str, frozenset[str]] = {
+    # requests, through the session module, with the first request
+    "installer.context": frozenset({"installer.net.session"}),
+    "installer.distros.cos.artifacts": frozenset({"installer.net.session"}),
+    "installer.net.fetch": frozenset({"installer.net.session"}),
+    "installer.net.transfer": frozenset({"installer.net.session"}),
+    # requests' and urllib3's error classes, and tenacity, with the first retried request
+    "installer.net.retry": frozenset({"requests", "urllib3.exceptions", "tenacity"}),
+    # libseccomp (ctypes; find_library runs ldconfig) when a jail starts
+    "installer.jail.seccomp": frozenset({"pyseccomp"}),
+    # the zstd binding for the first zstd archive (a bundle)
+    "installer.jail.tarstream": frozenset({"zstandard"}),
+}
 # The comment an import running up the layers carries, on its line or the line above.
 UPWARD_REASON = re.compile(r"#\s*upward:\s*\S")
 
@@ -122,14 +139,27 @@ def imports(files: dict[str, Path] | None = None) -> list[Import]:
     return found
 
 
-def function_level_imports(files: dict[str, Path] | None = None) -> list[tuple[str, int]]:
-    """Import statements inside a function (of any module: stdlib and libraries too),
-    outside the CLI's start-up path."""
+def _imported_names(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    return {node.module or ""}
+
+
+def deferred_imports(files: dict[str, Path] | None = None) -> list[tuple[str, int, str]]:
+    """(module, line, imported name) of every import statement inside a function (of any
+    module: stdlib and libraries too), outside the CLI's start-up path."""
     files = files if files is not None else module_files()
-    return [(module, node.lineno)
+    return [(module, node.lineno, name)
             for module, path in files.items() if not CLI_STARTUP.match(module)
             for node, _, in_function in _walk(ast.parse(path.read_text(), str(path)))
-            if in_function and isinstance(node, ast.Import | ast.ImportFrom)]
+            if in_function and isinstance(node, ast.Import | ast.ImportFrom)
+            for name in sorted(_imported_names(node))]
+
+
+def function_level_imports(files: dict[str, Path] | None = None) -> list[tuple[str, int]]:
+    """Imports inside a function outside the CLI's start-up path and DEFERRED_IMPORTS."""
+    return [(module, line) for module, line, name in deferred_imports(files)
+            if name not in DEFERRED_IMPORTS.get(module, frozenset())]
 
 
 def circles(edges: list[Import]) -> list[list[str]]:

@@ -1,4 +1,6 @@
-"""Option types the commands share (the main CLI and the sidecars' own)."""
+"""The option types both command lines share: the node's commands (node_cli) and the daemon
+sidecars' (sidecar_cli). Neither imports the other: a sidecar starts without loading every
+distro, and the node's commands without the sidecars' supervisor."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The commands that act on the node (install, detect, status, verify, doctor, uninstall):
-their options, and the settings they build. ``installer.cli`` loads this module only when
+their options (those of what "ready" means, docs/node-shapes.md, shared by install and
+verify), and the settings they build. ``installer.cli`` loads this module only when
 one of them runs (``--help`` lists them without it); each command imports its own flow
 when it runs, so a command loads only what it uses.
 """
@@ -19,11 +20,10 @@ from installer.base.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.base.errors import EXIT_CODE_MEANINGS
 from installer.base.kinds import MODULE_TYPE_REQUESTS
 from installer.base.output import FORMATS, plan_text, render
-from installer.base.podcontract import HOST_ROOT, INSTALL_DIR_HOST
+from installer.base.podcontract import DAEMON_NAMES, HOST_ROOT, INSTALL_DIR_HOST
 from installer.commands.click_types import LOG_FORMATS, HostPath, Seconds
-from installer.commands.readiness_options import fabric_manager_options, readiness_options
 from installer.distros import DISTROS
-from installer.driver.nvidia_urls import DEFAULT_DRIVER_BASE_URL
+from installer.driver.nvidia_urls import DEFAULT_DRIVER_BASE_URL, FABRIC_MANAGER_BASE_URL
 from installer.kmod.moduleargs import ModuleArg
 from installer.settings import (
     CliOption,
@@ -132,6 +132,53 @@ def _auto_output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                         "tools.")(fn)
 
 
+def _readiness_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """install and verify: the fabric gate (NVSwitch nodes), the CUDA check
+    (installer/services/cuda_check.py) and its way out."""
+    fn = click.option("--require-daemon", "required_daemons", multiple=True,
+                      type=click.Choice(list(DAEMON_NAMES)),
+                      envvar="NVIDIA_REQUIRED_DAEMONS", show_envvar=True,
+                      help="A daemon sidecar that must report running before the driver is "
+                      "ready (repeatable; the env var: space-separated). manifests render sets "
+                      "it for the sidecars it adds.")(fn)
+    fn = click.option("--fabric-deadline", "fabric_deadline_s", type=Seconds(open_min=True),
+                      envvar="NVIDIA_FABRIC_DEADLINE", default=600, show_default=True,
+                      show_envvar=True,
+                      help="NVSwitch nodes: how long every GPU's NVLink fabric may take to "
+                      "reach Completed (the fabric manager sidecar trains it) before the "
+                      "verify fails (exit 9).")(fn)
+    fn = click.option("--cuda-check-deadline", "cuda_check_deadline_s",
+                      type=Seconds(open_min=True), envvar="NVIDIA_CUDA_CHECK_DEADLINE",
+                      default=60, show_default=True, show_envvar=True,
+                      help="How long the CUDA check may take before it is stopped and the "
+                      "verify fails (exit 9): a hung cuInit cannot hang the installer.")(fn)
+    fn = click.option("--cc-set-ready", is_flag=True, envvar="NVIDIA_CC_SET_READY",
+                      show_envvar=True,
+                      help="Confidential-computing GPUs (H100 CC mode on): set the GPUs' ready "
+                      "state (`nvidia-smi conf-compute -srs 1`, once persistenced is up) "
+                      "before the CUDA check. It changes a GPU setting: only on your say, "
+                      "after you have attested the GPUs.")(fn)
+    return click.option("--skip-cuda-check", is_flag=True, envvar="NVIDIA_SKIP_CUDA_CHECK",
+                        show_envvar=True,
+                        help="Verify with nvidia-smi only, making no CUDA context (nodes "
+                        "where one must not be made). Risk: \"verified\" then does not mean a "
+                        "CUDA program runs (an NVSwitch fabric not ready, missing UVM files, "
+                        "a GPU in exclusive mode all pass nvidia-smi).")(fn)
+
+
+def _fabric_manager_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """install: NVIDIA's fabric manager archive for NVSwitch nodes (fabricmanager.py)."""
+    fn = click.option("--fabric-manager-sha256", envvar="NVIDIA_FABRIC_MANAGER_SHA256",
+                      show_envvar=True,
+                      help="NVSwitch nodes: the fabric manager archive's SHA-256 [default: "
+                      "from redistrib_<V>.json].")(fn)
+    return click.option("--fabric-manager-base-url", envvar="NVIDIA_FABRIC_MANAGER_BASE_URL",
+                        show_envvar=True, default=FABRIC_MANAGER_BASE_URL, show_default=True,
+                        help="NVSwitch nodes: where fabricmanager/linux-x86_64/fabricmanager-"
+                        "linux-x86_64-<V>-archive.tar.xz and redistrib_<V>.json are (NVIDIA's "
+                        "redistributable area, or a mirror of it).")(fn)
+
+
 def _settings(**opts: Any) -> Settings:
     import structlog
 
@@ -197,7 +244,7 @@ def _exit_codes_epilog() -> str:
 @click.command(short_help="Install or load the cached driver; verify it (nvidia-smi, CUDA).",
              epilog=_exit_codes_epilog())
 @_host_options
-@readiness_options
+@_readiness_options
 @click.option("--driver-version", envvar="NVIDIA_DRIVER_VERSION", show_envvar=True,
               help=f"Driver version, or on COS an alias: default, latest, {EXAMPLE_BRANCH} … "
               "[default: COS: default; Ubuntu: a pinned, tested version]")
@@ -258,7 +305,7 @@ def _exit_codes_epilog() -> str:
               help="Also load nvidia-modeset and nvidia-drm (kernel mode setting, /dev/dri). "
               "CUDA and NVML need neither: by default only nvidia and nvidia-uvm load, as "
               "GKE's Ubuntu installer loads them.")
-@fabric_manager_options
+@_fabric_manager_options
 @click.option("--persistence-mode", is_flag=True, envvar="NVIDIA_PERSISTENCE_MODE",
               show_envvar=True, help="After verifying, enable persistence mode (nvidia-smi -pm 1). "
               "Deprecated by NVIDIA (the 580 driver logs so): prefer nvidia-persistenced as a "
@@ -339,7 +386,7 @@ def status(output: str, **opts: Any) -> int:
 
 @click.command(short_help="Check the device nodes, nvidia-smi and CUDA (exit 9 if broken).")
 @_host_options
-@readiness_options
+@_readiness_options
 @_output_option
 def verify(output: str, **opts: Any) -> None:
     """Check the installed driver: device nodes, nvidia-smi, then CUDA on every GPU (a

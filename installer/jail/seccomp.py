@@ -46,13 +46,6 @@ import os
 import tempfile
 from typing import Any
 
-try:
-    import pyseccomp as seccomp  # ctypes: loads libseccomp.so.2 (Debian libseccomp2)
-    MISSING = None
-except (RuntimeError, OSError) as exc:  # no libseccomp.so.2: the jail refuses to start
-    seccomp = None
-    MISSING = f"libseccomp could not be loaded ({exc})"
-
 # Each answered EPERM, as Docker's profile does.
 REFUSED = (
     "unshare", "setns",
@@ -80,9 +73,15 @@ def build_filter() -> Any:  # a pyseccomp.SyscallFilter (pyseccomp ships no type
     """The filter, as a libseccomp ``SyscallFilter``: allow, except the refused. Without
     libseccomp the jail does not run at all (SystemExit: one line on the jail's stderr,
     which the installer quotes as the build's error): never a jail without its filter."""
-    if seccomp is None:
-        raise SystemExit(f"the build jail needs its seccomp filter: {MISSING}; install "
-                         "libseccomp2 (Debian/Ubuntu) in the installer's image")
+    # Deferred to the jail's start: loading the binding runs ``ldconfig -p`` (ctypes'
+    # find_library) and dlopens libseccomp, ~20-30 ms that a run building nothing (a cache
+    # hit, every boot) would pay for nothing.
+    try:
+        import pyseccomp as seccomp  # ctypes: loads libseccomp.so.2 (Debian libseccomp2)
+    except (ImportError, RuntimeError, OSError) as exc:  # no libseccomp.so.2: no jail
+        raise SystemExit(f"the build jail needs its seccomp filter: libseccomp could not be "
+                         f"loaded ({exc}); install libseccomp2 (Debian/Ubuntu) in the "
+                         "installer's image") from None
     flt = seccomp.SyscallFilter(seccomp.ALLOW)
     if seccomp.system_arch() == seccomp.Arch.X86_64:
         # The 32-bit and x32 entry points get the same rules (any other arch is killed:

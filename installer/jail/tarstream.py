@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 import structlog
-import zstandard
 
 log = structlog.get_logger(__name__)
 
@@ -32,7 +31,7 @@ MAX_TRAILING_BYTES = 16 << 20
 CLOSE_TIMEOUT_S = 300.0
 _MAGICS = ((b"\x1f\x8b", "gz"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bz2"),
            (b"\x28\xb5\x2f\xfd", "zst"))
-CORRUPT = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError)
+CORRUPT = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError)  # zstd's: CorruptZstd
 MAX_HEADER_BYTES = 1 << 20
 _HEADER_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
                  tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
@@ -64,6 +63,31 @@ class StreamTar(tarfile.TarFile):
 
 
 _STREAM_MODES: dict[str, Literal["r|", "r|xz", "r|bz2"]] = {"": "r|", "xz": "r|xz", "bz2": "r|bz2"}
+
+
+class CorruptZstd(tarfile.ReadError):
+    """The zstd decompressor refused the stream (its ``ZstdError``, said as a tar read error,
+    so ``CORRUPT`` names no class of a library only a bundle loads)."""
+
+
+class _ZstdReader:
+    """A zstd stream's decompressed bytes, read by ReadAhead's thread."""
+
+    def __init__(self, source: BinaryIO) -> None:
+        # Deferred to the first zstd archive (a bundle): a run that opens none (a cache
+        # hit, every boot; a .run install) never loads the binding.
+        import zstandard
+
+        self.error = zstandard.ZstdError
+        self.reader = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).stream_reader(
+            source, read_size=STREAM_BUFSIZE, read_across_frames=True, closefd=False)
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            data: bytes = self.reader.read(size)
+        except self.error as exc:
+            raise CorruptZstd(str(exc)) from exc
+        return data
 
 
 class UnreadableArchive(Exception):
@@ -199,9 +223,8 @@ def open_stream(fileobj: BinaryIO) -> Iterator[StreamTar]:
     source: BinaryIO = _Prefixed(head, fileobj)  # type: ignore[assignment]
     ahead = None
     if kind == "zst":
-        ahead = ReadAhead(zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
-                           .stream_reader(source, read_size=STREAM_BUFSIZE,
-                                          read_across_frames=True, closefd=False))
+        # ignored: _ZstdReader gives read(), all that ReadAhead calls
+        ahead = ReadAhead(_ZstdReader(source))  # type: ignore[arg-type]
     elif kind == "gz":
         # ignored: a GzipFile reads like the BinaryIO ReadAhead takes (read() only)
         ahead = ReadAhead(gzip.GzipFile(fileobj=source, mode="rb"))  # type: ignore[arg-type]

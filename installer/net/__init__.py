@@ -4,6 +4,9 @@
 (how often, how long, how slow), ``transfer`` (one artifact to disk), ``parallel``
 (several at once) and ``fetch`` (small documents and existence probes).
 
-Nothing is imported here: ``policy`` and ``integrity`` must stay free of ``requests``
-(a cache hit checks URLs but downloads nothing).
+Nothing is imported here. ``requests`` and ``tenacity`` load with the first request, not
+with these modules (a cache hit, every boot, plans with them and fetches nothing; pip
+defers its network stack the same way): only ``session`` imports ``requests`` at its top,
+and the rest import ``session`` where a request is made (``fetch``, ``transfer``,
+the Context's session) and ``tenacity`` where a retryer is made.
 """

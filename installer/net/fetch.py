@@ -4,7 +4,8 @@ reading and retries as a download."""
 
 from __future__ import annotations
 
-import requests
+from typing import TYPE_CHECKING
+
 import structlog
 
 from installer.base.errors import DownloadError
@@ -12,13 +13,9 @@ from installer.net import retry
 from installer.net.pace import Pacer
 from installer.net.policy import redact_url, scrubber
 from installer.net.retry import RetryPolicy
-from installer.net.session import (
-    ArtifactSession,
-    classify,
-    or_default,
-    refuse_encoding,
-    request_error,
-)
+
+if TYPE_CHECKING:
+    from installer.net.session import ArtifactSession
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +32,10 @@ def fetch_text(
     A missing ``file://`` path is None too (the session's file adapter answers 404).
     Larger than ``max_bytes``, not UTF-8, or any other failure: :class:`DownloadError`.
     """
+    # Deferred to the first request: the session module imports requests, which a run that
+    # fetches nothing (a cache hit, every boot) must not load (installer/net/__init__.py).
+    from installer.net.session import classify, or_default, refuse_encoding, request_errors
+
     session = or_default(session)
     url_policy = session.url_policy
     url_policy.check(url)
@@ -60,11 +61,9 @@ def fetch_text(
                     break
             return bytes(buf)
 
-    try:
+    with request_errors(shown, scrub):
         data = retry.network_retryer(policy, url=shown, redact=scrub,
                                      deadline_at=pace.deadline_at)(attempt)
-    except requests.RequestException as exc:
-        raise request_error(exc, shown, scrub) from exc
     if data is None:
         log.info("fetch_text_missing", url=shown, status=404)
         return None
@@ -86,6 +85,9 @@ def url_exists(session: ArtifactSession | None, url: str, *,
                policy: RetryPolicy | None = None) -> bool:
     """Whether ``url`` names an object, without fetching it (HEAD; a 1-byte GET if HEAD is
     not allowed). 404/403/410 -> False; transient errors are retried; others raise."""
+    # Deferred to the first request (see fetch_text).
+    from installer.net.session import classify, or_default, request_errors
+
     session = or_default(session)
     url_policy = session.url_policy
     url_policy.check(url)
@@ -102,9 +104,7 @@ def url_exists(session: ArtifactSession | None, url: str, *,
         # GCS answers 403 for a missing object in a bucket one cannot list.
         return classify(resp, shown, url_policy, expected=(200, 206), missing=(403, 404, 410))
 
-    try:
+    with request_errors(shown, scrub, doing="probing"):
         found = retry.network_retryer(policy, url=shown, redact=scrub)(attempt)
-    except requests.RequestException as exc:
-        raise request_error(exc, shown, scrub, doing="probing") from exc
     log.info("artifact_probe", url=shown, exists=found)
     return found

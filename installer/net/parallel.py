@@ -7,13 +7,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from installer.base.errors import UsageError
 from installer.net.retry import RetryPolicy
-from installer.net.session import ArtifactSession
 from installer.net.transfer import Cancelled, Downloaded, download
+
+if TYPE_CHECKING:
+    from installer.net.session import ArtifactSession
 
 log = structlog.get_logger(__name__)
 

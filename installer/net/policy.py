@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import urllib.request
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +59,9 @@ def local_path(url: str) -> Path:
             hint="use file:///absolute/path (three slashes)",
             url=redact_url(url),
         )
-    return Path(urllib.request.url2pathname(parts.path))
+    # What urllib.request.url2pathname does on POSIX (the percent-decoded path), without
+    # importing urllib.request (http.client, email: ~8 ms of every start-up).
+    return Path(unquote(parts.path))
 
 
 def local_file(url: str) -> Path | None:

@@ -5,10 +5,12 @@ the download restarts from 0 (a 416, a range ignored, a mismatched ``Content-Ran
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import requests
 import structlog
+
+if TYPE_CHECKING:
+    import requests
 
 log = structlog.get_logger(__name__)
 

@@ -41,15 +41,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
-import requests
 import structlog
-import tenacity
-import urllib3.exceptions
 
 from installer.base.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.base.errors import DownloadError, InstallerError
+
+if TYPE_CHECKING:
+    import tenacity
 
 log = structlog.get_logger(__name__)
 
@@ -216,27 +216,47 @@ def _cert_verify_failure(exc: BaseException) -> bool:
     return False
 
 
+class _WireErrors(NamedTuple):
+    tls: tuple[type[BaseException], ...]  # a TLS failure (retried unless it is the certificate)
+    transient: tuple[type[BaseException], ...]  # worth another try
+    name_resolution: type[BaseException]  # a host name that did not resolve
+
+
+@functools.cache
+def _wire_errors() -> _WireErrors:
+    """requests' and urllib3's exception classes this module tells apart.
+
+    Imported here, not at the module's top: requests loads with the first request
+    (installer.net.session), and a run that makes none (a cache hit, every boot) must not
+    pay for it; an error of theirs to classify means they are loaded already."""
+    # Deferred: see the docstring.
+    import requests
+    import urllib3.exceptions
+
+    tls = (requests.exceptions.SSLError, urllib3.exceptions.SSLError, ssl.SSLError)
+    transient = (
+        requests.exceptions.ConnectionError,  # includes ProxyError, ConnectTimeout
+        requests.exceptions.Timeout,
+        requests.exceptions.ChunkedEncodingError,
+        # Raised by reads from the body (resp.raw) directly:
+        urllib3.exceptions.ProtocolError,
+        urllib3.exceptions.ReadTimeoutError,
+        urllib3.exceptions.IncompleteRead,
+    )
+    return _WireErrors(tls, transient, urllib3.exceptions.NameResolutionError)
+
+
 def is_transient(exc: BaseException) -> bool:
     """True for failures that another attempt may get past."""
     if isinstance(exc, InstallerError):
         return False
     if isinstance(exc, (TransientHTTPError, IncompleteBodyError, SlowTransferError)):
         return True
-    if isinstance(exc, (requests.exceptions.SSLError, urllib3.exceptions.SSLError, ssl.SSLError)):
+    wire = _wire_errors()
+    if isinstance(exc, wire.tls):
         # An untrusted certificate will not become trusted by waiting.
         return not _cert_verify_failure(exc)
-    if isinstance(
-        exc,
-        (
-            requests.exceptions.ConnectionError,  # includes ProxyError, ConnectTimeout
-            requests.exceptions.Timeout,
-            requests.exceptions.ChunkedEncodingError,
-            # Raised by reads from the body (resp.raw) directly:
-            urllib3.exceptions.ProtocolError,
-            urllib3.exceptions.ReadTimeoutError,
-            urllib3.exceptions.IncompleteRead,
-        ),
-    ):
+    if isinstance(exc, wire.transient):
         return True
     # A socket reset surfacing raw from a read.
     return isinstance(exc, (ConnectionResetError, ConnectionAbortedError, TimeoutError))
@@ -250,6 +270,7 @@ _FAILED_TO_RESOLVE = re.compile(r"Failed to resolve '([^'\s]+)'")
 def unresolved_host(exc: BaseException) -> str | None:
     """The host whose name lookup failed, when that is what ``exc`` (or what it wraps: requests
     puts urllib3's MaxRetryError, whose reason is the NameResolutionError, in its args) is."""
+    name_resolution = _wire_errors().name_resolution
     seen: set[int] = set()
     todo: list[BaseException] = [exc]
     while todo:
@@ -257,7 +278,7 @@ def unresolved_host(exc: BaseException) -> str | None:
         if id(cur) in seen:
             continue
         seen.add(id(cur))
-        if isinstance(cur, urllib3.exceptions.NameResolutionError):
+        if isinstance(cur, name_resolution):
             found = _FAILED_TO_RESOLVE.search(str(cur))
             return found.group(1) if found else None
         linked = [cur.__cause__, cur.__context__, getattr(cur, "reason", None), *cur.args]
@@ -372,6 +393,10 @@ def network_retryer(
     ``Event.wait`` so a cancelled job stops waiting). No attempt starts (and no
     wait is slept) past ``deadline_at`` (``time.monotonic()`` clock).
     """
+    # Deferred to the first retried operation: a run that fetches nothing (a cache hit,
+    # every boot) never loads tenacity.
+    import tenacity
+
     shown_url = redact(url) if (url is not None and redact is not None) else url
     stop = _Stop(policy, deadline_at)
 

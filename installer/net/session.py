@@ -5,16 +5,17 @@ through a session from :func:`make_session` (``file://`` through its
 :class:`LocalFSAdapter`) and has its answer read by
 :func:`classify`, so a redirect to plain http, a 429/5xx (retried) or a 4xx (not)
 mean the same wherever they happen; :func:`refuse_encoding` guards every body read,
-and :func:`request_error` turns a non-transient ``requests`` failure into the one
+and :func:`request_errors` turns a non-transient ``requests`` failure into the one
 message shape, with the URL's secrets scrubbed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import stat
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import BinaryIO
 
 import requests
@@ -262,10 +263,20 @@ def refuse_encoding(resp: requests.Response, shown: str) -> None:
             url=shown, content_encoding=enc)
 
 
-def request_error(exc: BaseException, shown: str, scrub: Callable[[str], str], *,
-                  doing: str = "download of") -> DownloadError:
-    """A ``requests`` failure that is not transient (e.g. an untrusted certificate, too
-    many redirects), as one line without secrets."""
+@contextlib.contextmanager
+def request_errors(shown: str, scrub: Callable[[str], str], *,
+                   doing: str = "download of") -> Iterator[None]:
+    """A ``requests`` failure the retries let through (not transient: an untrusted
+    certificate, too many redirects), raised as one :class:`DownloadError`."""
+    try:
+        yield
+    except requests.RequestException as exc:
+        raise _request_error(exc, shown, scrub, doing=doing) from exc
+
+
+def _request_error(exc: BaseException, shown: str, scrub: Callable[[str], str], *,
+                   doing: str) -> DownloadError:
+    """A ``requests`` failure that is not transient, as one line without secrets."""
     cause = describe_cause(exc, scrub)
     hint = None
     if isinstance(exc, requests.exceptions.SSLError):

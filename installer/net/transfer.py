@@ -58,9 +58,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
-import requests
 import structlog
 
 from installer.base.errors import DownloadError, IntegrityError
@@ -71,13 +70,6 @@ from installer.net.integrity import normalize_sha256
 from installer.net.policy import redact_url, scrubber
 from installer.net.ranges import answer_extent, range_headers
 from installer.net.retry import IncompleteBodyError, RetryPolicy
-from installer.net.session import (
-    ArtifactSession,
-    classify,
-    or_default,
-    refuse_encoding,
-    request_error,
-)
 from installer.net.sinks import (
     CHUNK_SIZE,
     MAX_DOWNLOAD_BYTES,
@@ -89,6 +81,11 @@ from installer.net.sinks import (
     check_space,
     too_big,
 )
+
+if TYPE_CHECKING:
+    import requests
+
+    from installer.net.session import ArtifactSession
 
 log = structlog.get_logger(__name__)
 
@@ -176,6 +173,9 @@ def _attempt(
     min_free_bytes: int,
 ) -> None:
     """One attempt: one request (two if the server's answer forces a restart from 0)."""
+    # Deferred (see _begin); loaded by now: _begin made the session.
+    from installer.net.session import classify, refuse_encoding
+
     st.pacer.begin_attempt()
     for _ in range(2):
         if cancel is not None and cancel.is_set():
@@ -189,6 +189,7 @@ def _attempt(
             extent = answer_extent(resp, st, asked)
             if extent is None:
                 continue  # restarted from 0: ask again
+            refuse_encoding(resp, st.shown)
             _receive(resp, st, *extent, progress=progress, cancel=cancel,
                      min_free_bytes=min_free_bytes)
             return
@@ -203,7 +204,6 @@ def _receive(resp: requests.Response, st: Sink, total: int | None, body_end: int
     """The body of an answer whose extent is known, into ``st``; IncompleteBodyError when
     it ends short (the next attempt resumes from there)."""
     shown = st.shown
-    refuse_encoding(resp, shown)
     if total is not None and total > MAX_DOWNLOAD_BYTES:
         raise too_big(total, shown, "announced")
     st.total = total
@@ -258,9 +258,15 @@ def _finish(st: Sink, expected: str | None, *, label: str, started: float) -> Do
     return result
 
 
-def _begin(session: ArtifactSession, url: str, dest: Path, label: str | None,
-           expected_sha256: str | None) -> tuple[str | None, str, str]:
-    """(expected sha256, redacted URL, label); ``dest``'s directory made."""
+def _begin(session: ArtifactSession | None, url: str, dest: Path, label: str | None,
+           expected_sha256: str | None) -> tuple[ArtifactSession, str | None, str, str]:
+    """(the session, expected sha256, redacted URL, label); ``dest``'s directory made.
+    ``session`` None: one with the default policies."""
+    # Deferred to the first download: the session module imports requests, which a run that
+    # fetches nothing (a cache hit, every boot) must not load (installer/net/__init__.py).
+    from installer.net.session import or_default
+
+    session = or_default(session)
     session.url_policy.check(url)
     expected = normalize_sha256(expected_sha256)
     shown = redact_url(url)
@@ -272,7 +278,7 @@ def _begin(session: ArtifactSession, url: str, dest: Path, label: str | None,
             f"cannot create {dest.parent}: {exc.strerror or exc}", path=str(dest.parent)
         ) from exc
     log.info("download_started", url=shown, label=label, dest=str(dest), expected_sha256=expected)
-    return expected, shown, label
+    return session, expected, shown, label
 
 
 def _run(
@@ -289,6 +295,9 @@ def _run(
 ) -> Downloaded:
     """The body into ``st`` (through the session: HTTP(S), or file:// by its adapter, with
     retries), then verified; ``st`` discarded on any failure."""
+    # Deferred (see _begin); loaded by now: _begin made the session.
+    from installer.net.session import request_errors
+
     policy = policy or session.retry_policy
     progress = Progress(label=label, url=st.shown)
     try:
@@ -300,7 +309,7 @@ def _run(
             sleep_fn=(lambda s: cancel.wait(s)) if cancel is not None else None,
             deadline_at=st.pacer.deadline_at,
         )
-        try:
+        with request_errors(st.shown, scrub):
             retryer(
                 _attempt,
                 session,
@@ -311,9 +320,6 @@ def _run(
                 cancel=cancel,
                 min_free_bytes=min_free_bytes,
             )
-        except requests.RequestException as exc:
-            # Not transient (e.g. an untrusted certificate, too many redirects).
-            raise request_error(exc, st.shown, scrub) from exc
         progress.close()
         return _finish(st, expected, label=label, started=started)
     except BaseException:
@@ -340,8 +346,7 @@ def download(
     ``session`` None: one with the default policies."""
     started = time.monotonic()
     dest = Path(dest)
-    session = or_default(session)
-    expected, shown, label = _begin(session, url, dest, label, expected_sha256)
+    session, expected, shown, label = _begin(session, url, dest, label, expected_sha256)
     part = dest.with_name(f".{dest.name}.part")
     try:
         st = FileSink(part, dest, shown, session.transfer_limits)
@@ -380,8 +385,7 @@ def stream(
     The consumer's own exception is re-raised as itself."""
     started = time.monotonic()
     dest = Path(dest)
-    session = or_default(session)
-    expected, shown, label = _begin(session, url, dest, label, expected_sha256)
+    session, expected, shown, label = _begin(session, url, dest, label, expected_sha256)
     st = PipeSink(consume, discard, dest, shown, session.transfer_limits)
     try:
         got = _run(session, url, st, expected=expected, label=label, started=started,

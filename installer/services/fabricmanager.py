@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -32,8 +33,10 @@ from installer.base.safejson import loads
 from installer.driver.nvidia_urls import FABRIC_MANAGER_BASE_URL
 from installer.jail import archive
 from installer.net.fetch import fetch_text
-from installer.net.session import ArtifactSession
 from installer.net.transfer import download
+
+if TYPE_CHECKING:
+    from installer.net.session import ArtifactSession
 
 log = structlog.get_logger(__name__)
 

@@ -171,6 +171,23 @@ def test_corrupt_archive_is_integrity_error(area):
         archive.extract(junk, area / "work/target")
 
 
+@pytest.mark.parametrize("damage", ["checksum", "cut"])
+def test_a_damaged_zstd_stream_is_a_corrupt_archive(area, damage):
+    """zstd's own error (the binding loads only for a zstd archive) is a corrupt archive
+    like gzip's and xz's: a bad frame checksum, a frame cut short."""
+    import zstandard
+
+    tar = make_tar(area / "work/a.tar", [("a", os.urandom(100_000))], mode="w").read_bytes()
+    good = zstandard.ZstdCompressor(write_checksum=True).compress(tar)
+    bad = (good[:-4] + bytes(b ^ 0xFF for b in good[-4:]) if damage == "checksum"
+           else good[: len(good) * 3 // 4])
+    for source in (io.BytesIO(bad), area / "work/bad.zst"):
+        (area / "work/bad.zst").write_bytes(bad)
+        with pytest.raises(IntegrityError, match="corrupt archive"):
+            archive.extract(source, area / "work/t")
+        assert not (area / "work/t").exists()
+
+
 def test_target_must_not_exist(area):
     tgz = make_tar(area / "work/a.tgz", [("f", b"x")])
     (area / "work/target").mkdir()

@@ -55,8 +55,21 @@ def test_the_layers_contract_names_every_module(files):
     assert graph.unlayered(files, graph.layers()) == []
 
 
-def test_no_function_level_import_outside_the_cli_start_up(files):
+def test_no_function_level_import_outside_the_cli_start_up_and_the_deferred_list(files):
     assert graph.function_level_imports(files) == []
+
+
+def test_every_deferred_import_is_used_and_says_why(files):
+    """graph.DEFERRED_IMPORTS names no import that is gone (the list stays the truth), and
+    each deferred import has a comment within the three lines above it or on its line."""
+    used = {(module, name) for module, _, name in graph.deferred_imports(files)}
+    listed = {(module, name) for module, names in graph.DEFERRED_IMPORTS.items() for name in names}
+    assert sorted(listed - used) == []
+    for module, line, name in graph.deferred_imports(files):
+        if name not in graph.DEFERRED_IMPORTS.get(module, frozenset()):
+            continue
+        lines = files[module].read_text().splitlines()[max(0, line - 4):line]
+        assert any("#" in text for text in lines), f"{module}:{line} imports {name}: say why"
 
 
 def test_no_module_over_500_lines(files):

@@ -64,11 +64,18 @@ print("fork", os.waitpid(pid, 0)[1] >> 8)
                    "fork": "7"}, out
 
 
-def test_without_libseccomp_the_jail_refuses_to_start_with_one_line(monkeypatch):
-    """No libseccomp.so.2 (pyseccomp raises on import): the installer still starts, and
-    the jail, never run without its filter, ends with one line naming the package."""
-    monkeypatch.setattr(jail_seccomp, "seccomp", None)
-    monkeypatch.setattr(jail_seccomp, "MISSING", "libseccomp could not be loaded (x)")
+@pytest.mark.parametrize("failure", [
+    "raise OSError('libseccomp.so.2: cannot open shared object file')",  # ctypes' CDLL
+    "raise RuntimeError('Unable to find libseccomp')",
+    "raise ImportError('no pyseccomp')",
+])
+def test_without_libseccomp_the_jail_refuses_to_start_with_one_line(monkeypatch, tmp_path, failure):
+    """No libseccomp.so.2 (pyseccomp raises on import): the installer still starts (the
+    binding loads only when a jail starts), and the jail, never run without its filter,
+    ends with one line naming the package."""
+    (tmp_path / "pyseccomp.py").write_text(failure + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pyseccomp", raising=False)
     with pytest.raises(SystemExit) as exc:
         jail_seccomp.bpf_fd()
     assert "libseccomp2" in str(exc.value) and "\n" not in str(exc.value)

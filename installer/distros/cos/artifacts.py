@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -33,7 +34,9 @@ from installer.host.osinfo import parse_env_file
 from installer.net.fetch import fetch_text, url_exists
 from installer.net.policy import from_metadata
 from installer.net.retry import RetryPolicy
-from installer.net.session import ArtifactSession, or_default
+
+if TYPE_CHECKING:
+    from installer.net.session import ArtifactSession
 
 log = structlog.get_logger(__name__)
 
@@ -234,6 +237,10 @@ class Artifacts:
 
     def __init__(self, base: str, build_id: str, board: str | None, session: ArtifactSession | None,
                  *, policy: RetryPolicy | None = None, manifest: Manifest | None = None) -> None:
+        # Imported here: the session module imports requests, which a run that fetches
+        # nothing (a cache hit, every boot) must not load (installer/net/__init__.py).
+        from installer.net.session import or_default
+
         session = or_default(session)
         session.url_policy.check(base + "/")
         self.base = base
