@@ -20,6 +20,7 @@ from installer.base import safejson
 from installer.base.errors import VerifyError
 from installer.base.fsutil import write_atomic
 from installer.plan import Step
+from installer.records.results import Extracted
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -51,8 +52,7 @@ def install_icd() -> Step:
 
     def run(ctx: Context) -> None:
         settings = ctx.settings
-        assert ctx.work.extract_dir is not None, "extract_driver runs first"
-        text = icd_text(ctx.work.extract_dir)
+        text = icd_text(ctx.results.need(Extracted).extract_dir)
         if text is None:
             log.info("vulkan_icd_skipped", reason="the .run has no nvidia_icd.json")
             return

@@ -20,6 +20,7 @@ from installer.jail import archive, harvest
 from installer.kmod import modsign
 from installer.kmod.modinfo import read_modinfo
 from installer.plan import Step
+from installer.records.results import Extracted, HeadersReady, PrebuiltReady, SignaturesUnpacked
 from installer.steps import activate
 
 if TYPE_CHECKING:
@@ -43,9 +44,11 @@ MAX_MODULE_BYTES = 1 << 30  # a signed nvidia.ko is ~100 MB
 def unpack_signatures(version: str) -> Step:
     """Extract nvidia-drivers-<V>-signature.tar.gz safely (a tampered one is exit 6)."""
 
-    def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
-        got = ctx.work.downloads["signatures"]
+    def run(ctx: Context) -> SignaturesUnpacked:
+        staging = ctx.results.staging()
+        got = ctx.results.download("signatures")
+        if got is None:
+            raise LookupError("no step before unpack_signatures fetched the signatures")
         dest = staging.root / "signatures"
         label = signatures_name(version).rsplit("/", 1)[-1]
         archive.extract(got.path, dest, label=label)
@@ -55,7 +58,7 @@ def unpack_signatures(version: str) -> Step:
             raise IntegrityError(
                 f"{label} has no signature for {', '.join(missing)}",
                 hint="the artifact is incomplete; check the COS artifacts URL", url=got.url)
-        ctx.work.signatures_dir = dest
+        return SignaturesUnpacked(dest)
 
     return Step("unpack_signatures", run,
                 f"{signatures_name(version)} -> <staging>/signatures (safe extraction)")
@@ -70,11 +73,10 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
     then each module + its PKCS#7 signature in the kernel's appended format, into
     <staging>/precompiled/drivers (placed into drivers/ after the user-space install)."""
 
-    def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
-        extract = ctx.work.extract_dir
-        assert extract is not None and ctx.work.kernel_tree is not None, \
-            "the .run is extracted and the kernel headers found first"
+    def run(ctx: Context) -> PrebuiltReady:
+        staging = ctx.results.staging()
+        extract = ctx.results.need(Extracted).extract_dir
+        kernel_tree = ctx.results.need(HeadersReady).tree
         kernel_dir = extract / "kernel"
         pre_dir = kernel_dir / "precompiled"
         _check_dirs(extract)
@@ -86,7 +88,7 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
             log.warning("precompiled_archives_several", names=[p.name for p in packed],
                         using=packed[-1].name)
         # scripts/module.lds is generated: it lives in the kbuild output dir.
-        source: Path = ctx.work.kernel_tree.output
+        source: Path = kernel_tree.output
         script = next((source / "scripts" / n for n in ("module.lds", "module-common.lds")
                        if (source / "scripts" / n).is_file()), None)
         if script is None:
@@ -113,9 +115,9 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
         if built and built != version:
             raise IntegrityError(f"{custom_run_name(version)} holds nvidia.ko version {built}, "
                                  f"not {version}")
-        ctx.work.prebuilt_dir = out.parent
         log.info("precompiled_modules_linked", modules=list(PRECOMPILED_MODULES),
                  linker=str(lld), linker_script=str(script), signed=True)
+        return PrebuiltReady(out.parent)
 
     return Step("link_precompiled", run,
                 "mkprecompiled --unpack; ld.lld -T module.lds -r -o nvidia.ko / nvidia-modeset.ko; "
@@ -140,8 +142,7 @@ def _check_dirs(extract: Path) -> None:
 
 def _link(ctx: Context, linker: list[str]) -> None:
     """``linker -o kernel/<module> <interface> <core>`` for each of LINKED."""
-    extract = ctx.work.extract_dir
-    assert extract is not None, "the .run is extracted first"
+    extract = ctx.results.need(Extracted).extract_dir
     kernel_dir = extract / "kernel"
     for module, interface, core in LINKED:
         argv = [*linker, "-o", str(kernel_dir / module),
@@ -155,8 +156,8 @@ def _link(ctx: Context, linker: list[str]) -> None:
 
 def _sign(ctx: Context, modules: tuple[str, ...], out: Path, version: str) -> None:
     """kernel/<module> + its Google signature, in the kernel's appended format, to out/."""
-    extract, sigs = ctx.work.extract_dir, ctx.work.signatures_dir
-    assert extract is not None and sigs is not None, "the .run and its signatures come first"
+    extract = ctx.results.need(Extracted).extract_dir
+    sigs = ctx.results.need(SignaturesUnpacked).signatures_dir
     kernel_dir = extract / "kernel"
     for name in modules:
         ko = kernel_dir / name
@@ -199,7 +200,7 @@ def load_or_relink(version: str, display_modules: bool) -> Step:
             if ld is None:
                 raise BuildError("no `ld` on PATH for the legacy link (the image needs binutils)")
             _link(ctx, [ld, *LEGACY_LD_OPTIONS])
-            _sign(ctx, tuple(m for m, *_ in LINKED), ctx.work.staged().drivers, version)
+            _sign(ctx, tuple(m for m, *_ in LINKED), ctx.results.staging().drivers, version)
             unload_other.run(ctx)
             load.run(ctx)
         except (BuildError, IntegrityError, ModuleLoadError, SecureBootError) as second:
