@@ -52,7 +52,14 @@ def install_icd() -> Step:
 
     def run(ctx: Context) -> None:
         settings = ctx.settings
-        text = icd_text(ctx.results.need(Extracted).extract_dir)
+        extracted = ctx.results.get(Extracted)
+        if extracted is None:  # extract_driver skipped: nothing of the .run is here
+            log.warning("vulkan_icd_skipped", reason="the staging dir was filled from a "
+                        "prebuilt bundle or the next-boot stage, which hold no nvidia_icd.json",
+                        hint="the ICD file already in the Vulkan ICD dir, if any, stays; an "
+                        "install that builds the driver writes it")
+            return
+        text = icd_text(extracted.extract_dir)
         if text is None:
             log.info("vulkan_icd_skipped", reason="the .run has no nvidia_icd.json")
             return
