@@ -30,6 +30,10 @@ class Step:
     # A pre-flight check: reads the host and kernel, changes nothing, needs nothing an
     # earlier step made. --dry-run runs these, so it refuses what the real run refuses.
     check: bool = False
+    # The results it reads with ctx.results.need, and those it may return: a Plan is
+    # refused when built if a step needs a kind no earlier step gives.
+    needs: tuple[type[StepResult], ...] = ()
+    gives: tuple[type[StepResult], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,16 @@ class Plan:
     driver_url: str | None = None  # the .run a fresh install downloads
     driver_sha256: str | None = None  # its pin, when one is known (flag or COS manifest)
     display: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """The step order the results need holds when the plan is made, not when it runs."""
+        given: set[type[StepResult]] = set()
+        for step in self.steps:
+            missing = [kind.__name__ for kind in step.needs if kind not in given]
+            if missing:
+                raise ValueError(f"the {self.kind} plan runs {step.name} before any step "
+                                 f"that gives {', '.join(missing)}")
+            given.update(step.gives)
 
     @property
     def runs_downloaded_run(self) -> bool:

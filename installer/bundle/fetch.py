@@ -57,7 +57,7 @@ from installer.records.bundle_manifest import (
     expand_url,
     index_url,
 )
-from installer.records.results import BundleStaged
+from installer.records.results import BundleStaged, Staged
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -103,7 +103,7 @@ def fetch_prebuilt(key: BundleKey, template: str) -> Step:
 
     return Step("fetch_prebuilt_bundle", run,
                 f"{redact_url(url)}, sha256 from --prebuilt-sha256 or {INDEX_NAME}; "
-                "else build")
+                "else build", needs=(Staged,), gives=(BundleStaged,))
 
 
 def _candidates(ctx: Context, template: str, key: BundleKey) -> list[tuple[str, str | None]]:

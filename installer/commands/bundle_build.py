@@ -39,7 +39,7 @@ from installer.records.bundle_manifest import (
     Written,
     check_link,
 )
-from installer.records.results import BundleWritten, HeadersReady, ToolchainReady
+from installer.records.results import BundleWritten, HeadersReady, Staged, ToolchainReady
 from installer.steps import staging
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def sign_modules(signing: Signing) -> Step:
         log.info("modules_signed", cert=str(signing.cert))
 
     return Step("sign_modules", run, f"<headers>/scripts/sign-file sha256 {signing.key} "
-                f"{signing.cert} <each .ko>")
+                f"{signing.cert} <each .ko>", needs=(Staged, HeadersReady))
 
 
 def _signed(ko: Path) -> bool:
@@ -120,7 +120,8 @@ def write_bundle(key: BundleKey, output_dir: Path, *, signed: bool) -> Step:
                                  signed=signed, driver_sha256=_run_sha256(ctx))
         return BundleWritten(write(staging.root, manifest, output_dir))
 
-    return Step("write_bundle", run, f"{output_dir}/{key.name()} and its .sha256")
+    return Step("write_bundle", run, f"{output_dir}/{key.name()} and its .sha256",
+                needs=(Staged,), gives=(BundleWritten,))
 
 
 def _run_sha256(ctx: Context) -> str | None:

@@ -43,7 +43,8 @@ def find_kernel_headers() -> Step:
         return HeadersReady(tree)
 
     return Step("find_kernel_headers", run,
-                "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get")
+                "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get",
+                gives=(HeadersReady,))
 
 
 def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tuple[Step, ...]:

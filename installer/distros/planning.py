@@ -7,7 +7,7 @@ from __future__ import annotations
 import abc
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -177,4 +177,4 @@ def _unless_filled(step: Step, note: str = "") -> Step:
             return None
         return step.run(ctx)
 
-    return Step(step.name, run, step.detail + note, check=step.check)
+    return replace(step, run=run, detail=step.detail + note)

@@ -29,6 +29,8 @@ from installer.records.results import (
     BundleStaged,
     ModuleArgsWaiting,
     PersistenceModeSet,
+    Staged,
+    StepResult,
     Verified,
 )
 from installer.services import verify
@@ -54,6 +56,10 @@ def unload_other_driver(version: str) -> Step:
     return Step("unload_other_driver", run, "rmmod a different, unused driver version")
 
 
+def _staged_if(from_staging: bool) -> tuple[type[StepResult], ...]:
+    return (Staged,) if from_staging else ()
+
+
 def _unload(ctx: Context, version: str | None) -> list[str]:
     """rmmod the loaded driver, each module journaled as it goes: a later rmmod that fails
     leaves the driver half out, and rollback loads it back whole."""
@@ -69,7 +75,7 @@ def gpu_firmware(from_staging: bool) -> Step:
 
     where = "<install-dir-host>/.staging/firmware" if from_staging else "<install-dir-host>/firmware"
     return Step("gpu_firmware", run, f"firmware_class.path = {where} when unset or ours, "
-                "else copy to the host's /lib/firmware/updates")
+                "else copy to the host's /lib/firmware/updates", needs=_staged_if(from_staging))
 
 
 def load_modules(from_staging: bool, display_modules: bool = False) -> Step:
@@ -84,7 +90,8 @@ def load_modules(from_staging: bool, display_modules: bool = False) -> Step:
 
     where = "<staging>/drivers" if from_staging else "<install-dir>/drivers"
     files = modules.load_order(display_modules)
-    return Step("load_modules", run, f"insmod {', '.join(files)} from {where}")
+    return Step("load_modules", run, f"insmod {', '.join(files)} from {where}",
+                needs=_staged_if(from_staging))
 
 
 def device_nodes(ctx: Context, from_staging: bool) -> Step:
@@ -99,7 +106,7 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
     return Step("device_nodes", run,
                 devnodes.planned(ctx.node.nvidia_params, ctx.node.driver_minors,
                                  len(ctx.node.pci_gpus), ctx.settings.module_args,
-                                 loads).describe())
+                                 loads).describe(), needs=_staged_if(from_staging))
 
 
 def verify_staged(version: str | None = None) -> Step:
@@ -108,7 +115,8 @@ def verify_staged(version: str | None = None) -> Step:
         gpus = verify.nvidia_smi(staging, ctx.runner, lib_dir=staging.lib64)
         verify.check_driver_version(gpus, version)
 
-    return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces the old one")
+    return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces "
+                "the old one", needs=(Staged,))
 
 
 def promote() -> Step:
@@ -118,7 +126,8 @@ def promote() -> Step:
         ctx.journal.note(InstallPromoted())
         log.info("install_promoted", install_dir=str(ctx.install.root))
 
-    return Step("promote", run, "swap the staged bin/ lib64/ drivers/ firmware/ into place")
+    return Step("promote", run, "swap the staged bin/ lib64/ drivers/ firmware/ into place",
+                needs=(Staged,))
 
 
 def container_ld_cache() -> Step:
@@ -142,7 +151,7 @@ def verify_install(version: str | None = None) -> Step:
         return Verified(tuple(gpus), verify.workloads_ready(ctx))
 
     return Step("verify", run, "nvidia-smi, then CUDA: a context and a memory round trip "
-                "on each GPU")
+                "on each GPU", gives=(Verified,))
 
 
 def record_cache(key: CacheKey) -> Step:
@@ -177,7 +186,7 @@ def persistence_mode() -> Step:
                     "with nvidia-persistenced: manifests render --persistenced runs it")
         return PersistenceModeSet("on")
 
-    return Step("persistence_mode", run, "nvidia-smi -pm 1")
+    return Step("persistence_mode", run, "nvidia-smi -pm 1", gives=(PersistenceModeSet,))
 
 
 def dev_char_links() -> Step:
@@ -247,7 +256,8 @@ def apply_module_args() -> Step:
                  dropped=dropped, modules=removed)
         return None
 
-    return Step("apply_module_args", run, "reload the unused driver if NVIDIA_MODULE_ARGS changed")
+    return Step("apply_module_args", run, "reload the unused driver if NVIDIA_MODULE_ARGS "
+                "changed", gives=(ModuleArgsWaiting,))
 
 
 def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:

@@ -131,4 +131,4 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
 
     return Step("check_gpu_compatibility", run,
                 f"NVIDIA GPUs in sysfs support driver {version}; {requested_module_type} "
-                "kernel modules", check=True)
+                "kernel modules", check=True, gives=(GpusChecked,))

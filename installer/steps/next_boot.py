@@ -9,7 +9,7 @@ import structlog
 from installer.plan import Step
 from installer.records import staged_driver as nextboot
 from installer.records.cache import CacheKey
-from installer.records.results import InUse, KeptForNextBoot, NextBootTaken
+from installer.records.results import InUse, KeptForNextBoot, NextBootTaken, Staged
 from installer.steps.activate import container_ld_cache, dev_char_links, verify_install
 from installer.steps.staging import check_staged_modules
 
@@ -27,7 +27,8 @@ def take_next_boot(key: CacheKey) -> Step:
         taken = nextboot.take(ctx.install, ctx.results.staging(), key)
         return NextBootTaken() if taken else None
 
-    return Step("take_next_boot", run, f"<install-dir>/.next-boot if it holds {key.describe()}")
+    return Step("take_next_boot", run, f"<install-dir>/.next-boot if it holds {key.describe()}",
+                needs=(Staged,), gives=(NextBootTaken,))
 
 
 def stage_next_boot(key: CacheKey, in_use: InUse) -> Step:
@@ -43,7 +44,8 @@ def stage_next_boot(key: CacheKey, in_use: InUse) -> Step:
         return KeptForNextBoot(in_use)
 
     return Step("stage_next_boot", run, f"keep {key.describe()} in <install-dir>/.next-boot; "
-                f"driver {in_use.running_version} stays loaded (in use: {in_use.holders})")
+                f"driver {in_use.running_version} stays loaded (in use: {in_use.holders})",
+                needs=(Staged,), gives=(KeptForNextBoot,))
 
 
 def drop_next_boot(version: str) -> Step:

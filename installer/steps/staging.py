@@ -34,7 +34,7 @@ def prepare_staging() -> Step:
         ctx.install.clear_leftovers()
         return Staged(ctx.install.new_staging())
 
-    return Step("prepare_staging", run, "build aside in <install-dir>/.staging")
+    return Step("prepare_staging", run, "build aside in <install-dir>/.staging", gives=(Staged,))
 
 
 def clear_leftovers() -> Step:
@@ -51,7 +51,7 @@ def download_driver(url: str, sha256: str | None) -> Step:
         )
         return Fetched({"driver": result})
 
-    return Step("download_driver", run, url)
+    return Step("download_driver", run, url, needs=(Staged,), gives=(Fetched,))
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,9 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
         return Fetched({f.artifact: result for f, result in zip(fetches, results, strict=True)})
 
     detail = "in parallel: " + ", ".join(f.url for f in fetches)
-    return Step("fetch_artifacts", run, detail)
+    in_staging = any(f.into is None for f in fetches)
+    return Step("fetch_artifacts", run, detail, needs=(Staged,) if in_staging else (),
+                gives=(Fetched,))
 
 EXTRACT_DIR = "extract"  # under the staging dir
 
@@ -107,7 +109,8 @@ def extract_driver(version: str) -> Step:
 
     argv = nvidia_run.extract_argv("<driver>.run", EXTRACT_DIR)
     return Step("extract_driver", run, f"{' '.join(argv)} (in a sandbox; the staging dir's "
-                f"downloads and {EXTRACT_DIR}/ bound in)")
+                f"downloads and {EXTRACT_DIR}/ bound in)", needs=(Staged, Fetched),
+                gives=(Extracted,))
 
 
 def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
@@ -158,8 +161,9 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
     # What --dry-run shows: both commands, with the headers a later step finds.
     headers = KernelTree(Path("<kernel-source>"), Path("<kernel-output>"))
     make = "" if userspace_only else f"{' '.join(make_argv(headers))}; then "
+    needs = (Staged, Extracted) + (() if userspace_only else (HeadersReady,))
     return Step("build_driver", run, f"{make}{' '.join(installer_argv)} (NVIDIA {version}, "
-                "in the build jail: docs/jail.md)")
+                "in the build jail: docs/jail.md)", needs=needs)
 
 
 def check_staged_modules() -> Step:
@@ -171,4 +175,5 @@ def check_staged_modules() -> Step:
         for ko in sorted(staging.drivers.glob("*.ko")):
             modules.check_vermagic(ko, release)
 
-    return Step("check_staged_modules", run, "vermagic of every built module = running kernel")
+    return Step("check_staged_modules", run, "vermagic of every built module = running kernel",
+                needs=(Staged,))

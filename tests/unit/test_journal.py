@@ -74,6 +74,23 @@ def test_a_dry_run_collects_only_its_checks_results(tmp_path):
     assert [e.step for e in ctx.results.entries] == ["check_gpu_compatibility"]
 
 
+def test_a_plan_reading_a_result_before_any_step_gives_it_is_refused_when_made():
+    """The order the results need is checked when the plan is made (every plan test and
+    --dry-run make plans), not by an assertion in the step when it runs."""
+    from installer.steps import staging
+
+    url = "file:///srv/NVIDIA-Linux-x86_64-550.54.14.run"
+    in_order = (staging.prepare_staging(), staging.download_driver(url, None),
+                staging.extract_driver(NEW))
+    assert [s.name for s in Plan("fresh", in_order).steps] == [
+        "prepare_staging", "download_driver", "extract_driver"]
+    with pytest.raises(ValueError, match="the fresh plan runs extract_driver before any step "
+                       "that gives Fetched"):
+        Plan("fresh", (in_order[0], in_order[2], in_order[1]))
+    with pytest.raises(ValueError, match="runs download_driver before any step that gives Staged"):
+        Plan("fresh", in_order[1:])
+
+
 def test_a_step_asking_for_a_result_no_earlier_step_made_says_which():
     with pytest.raises(LookupError, match="no step before this one returned Staged"):
         Results().staging()

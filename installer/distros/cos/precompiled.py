@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,14 @@ from installer.jail import archive, harvest
 from installer.kmod import modsign
 from installer.kmod.modinfo import read_modinfo
 from installer.plan import Step
-from installer.records.results import Extracted, HeadersReady, PrebuiltReady, SignaturesUnpacked
+from installer.records.results import (
+    Extracted,
+    Fetched,
+    HeadersReady,
+    PrebuiltReady,
+    SignaturesUnpacked,
+    Staged,
+)
 from installer.steps import activate
 
 if TYPE_CHECKING:
@@ -61,7 +69,8 @@ def unpack_signatures(version: str) -> Step:
         return SignaturesUnpacked(dest)
 
     return Step("unpack_signatures", run,
-                f"{signatures_name(version)} -> <staging>/signatures (safe extraction)")
+                f"{signatures_name(version)} -> <staging>/signatures (safe extraction)",
+                needs=(Staged, Fetched), gives=(SignaturesUnpacked,))
 
 
 def _signature_file(root: Path, module: str) -> Path:
@@ -121,7 +130,8 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
 
     return Step("link_precompiled", run,
                 "mkprecompiled --unpack; ld.lld -T module.lds -r -o nvidia.ko / nvidia-modeset.ko; "
-                "append Google's PKCS#7 signatures")
+                "append Google's PKCS#7 signatures",
+                needs=(Staged, Extracted, HeadersReady, SignaturesUnpacked), gives=(PrebuiltReady,))
 
 
 def _check_dirs(extract: Path) -> None:
@@ -192,6 +202,8 @@ def load_or_relink(version: str, display_modules: bool) -> Step:
             return
         except (ModuleLoadError, SecureBootError) as exc:
             first = exc
+        if ctx.results.get(Extracted) is None:
+            raise first  # filled from the next-boot stage: no extracted .run to relink from
         ld = shutil.which("ld")
         log.warning("precompiled_load_failed", error=first.message, linker="ld.lld",
                     retry=f"relinking with {ld or 'GNU ld'} {' '.join(LEGACY_LD_OPTIONS)} "
@@ -213,6 +225,6 @@ def load_or_relink(version: str, display_modules: bool) -> Step:
             ) from second
         log.info("precompiled_loaded_after_legacy_link", linker=ld)
 
-    return Step(load.name, run, f"{load.detail}; if the kernel refuses them: relink "
-                f"nvidia.ko and nvidia-modeset.ko with GNU ld {' '.join(LEGACY_LD_OPTIONS)} "
-                "(legacy, as cos-gpu-installer v2) and load once more")
+    return replace(load, run=run, detail=f"{load.detail}; if the kernel refuses them: relink "
+                   f"nvidia.ko and nvidia-modeset.ko with GNU ld {' '.join(LEGACY_LD_OPTIONS)} "
+                   "(legacy, as cos-gpu-installer v2) and load once more")

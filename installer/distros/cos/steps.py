@@ -22,9 +22,11 @@ from installer.kmod.modinfo import read_modinfo
 from installer.plan import Step
 from installer.records.results import (
     BuildToolchain,
+    Fetched,
     GpusChecked,
     HeadersReady,
     PrebuiltReady,
+    Staged,
     StepResult,
     ToolchainReady,
 )
@@ -47,7 +49,7 @@ def check_gpus(version: str, requested: str, module_type: str | None) -> Step:
             return replace(checked, module_type=module_type)
         return checked
 
-    return Step(inner.name, run, inner.detail, check=True)
+    return replace(inner, run=run)
 
 
 def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: str,
@@ -103,7 +105,7 @@ def prepare_kernel_headers(tools: BuildTools, release: str,
         return HeadersReady(headers.KernelTree(tree, tree))
 
     where = preset.describe() if preset else f"{tools.headers} (safe extraction, reused when present)"
-    return Step("prepare_kernel_headers", run, where)
+    return Step("prepare_kernel_headers", run, where, gives=(HeadersReady,))
 
 
 def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
@@ -130,7 +132,7 @@ def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
 
     return Step("prepare_toolchain", run,
                 f"{tools.toolchain}: CC={env.get('CC')} CXX={env.get('CXX')}, bin/ first on PATH, "
-                "bin/ld -> cross linker (reused when present)")
+                "bin/ld -> cross linker (reused when present)", gives=(ToolchainReady,))
 
 
 def unpack_prebuilt(version: str) -> Step:
@@ -161,7 +163,7 @@ def unpack_prebuilt(version: str) -> Step:
         return PrebuiltReady(dest)
 
     return Step("unpack_prebuilt", run, f"{prebuilt_modules_name(version)} -> <staging>/prebuilt "
-                "(safe extraction, xattrs kept)")
+                "(safe extraction, xattrs kept)", needs=(Staged, Fetched), gives=(PrebuiltReady,))
 
 
 def prebuilt_modules(root: Path) -> dict[str, Path]:
@@ -189,7 +191,8 @@ def place_prebuilt() -> Step:
                     os.replace(Path(dirpath) / f, staging.firmware / rel / f)
         remove_tree(src, ignore_errors=True)
 
-    return Step("place_prebuilt", run, "<staging>/prebuilt -> drivers/ and firmware/")
+    return Step("place_prebuilt", run, "<staging>/prebuilt -> drivers/ and firmware/",
+                needs=(Staged, PrebuiltReady))
 
 
 def preload_finished(tools: BuildTools) -> Step:
