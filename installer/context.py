@@ -63,9 +63,6 @@ class Context:
     results: Results = field(default_factory=Results)
     # What this run changed on the node, noted as each change is made: rollback.undo's input.
     journal: Journal = field(default_factory=Journal)
-    # What this run made outside the staging dir that is worthless if it fails (the COS
-    # tools dir's downloads): removed with the staging dir.
-    scratch: list[Path] = field(default_factory=list)
     # Which URLs this run may fetch: every request through ``http`` follows it.
     url_policy: UrlPolicy = field(default_factory=UrlPolicy)
     # The node as planning sees it (detect.probe); None until probed (commands that plan

@@ -179,7 +179,7 @@ def _discard(ctx: Context, error: BaseException) -> None:
     had, loaded from the live install, and its readiness), and what the run half-made goes."""
     rollback.undo(ctx, error)
     ctx.install.discard_staging()
-    for path in ctx.scratch:
+    for path in ctx.journal.scratch:
         remove_tree(path)
 
 

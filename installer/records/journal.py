@@ -25,6 +25,14 @@ class ReadinessCleared:
 
 
 @dataclass(frozen=True)
+class ScratchDir:
+    """A dir this run fills outside the staging dir that is worthless if it fails (the COS
+    tools dir's downloads): removed with the staging dir."""
+
+    path: Path
+
+
+@dataclass(frozen=True)
 class ModuleUnloaded:
     """One module of the loaded driver, rmmod'ed (unload_other_driver, apply_module_args);
     ``version``: that driver's version (None: unknown)."""
@@ -65,7 +73,7 @@ class InstallCommitted:
     """The new install verified and recorded: from here on it stays (record_cache)."""
 
 
-UndoFact = (ReadinessCleared | ModuleUnloaded | FirmwarePathRead | ModuleLoaded
+UndoFact = (ReadinessCleared | ScratchDir | ModuleUnloaded | FirmwarePathRead | ModuleLoaded
             | DeviceFilesListed | InstallPromoted | InstallCommitted)
 
 
@@ -81,6 +89,10 @@ class Journal:
     @property
     def facts(self) -> tuple[UndoFact, ...]:
         return tuple(self._facts)
+
+    @property
+    def scratch(self) -> list[Path]:
+        return [f.path for f in self._facts if isinstance(f, ScratchDir)]
 
     @property
     def committed(self) -> bool:

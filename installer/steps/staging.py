@@ -16,6 +16,7 @@ from installer.net.parallel import DownloadJob, download_all
 from installer.net.policy import file_name, local_file
 from installer.net.transfer import download
 from installer.plan import Step
+from installer.records.journal import ScratchDir
 from installer.records.results import (
     Artifact,
     Extracted,
@@ -72,7 +73,7 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
             # Archives a killed run left (what is extracted from them is kept only when
             # complete); a failing run removes its own.
             remove_tree(into, ignore_errors=True)
-            ctx.scratch.append(into)
+            ctx.journal.note(ScratchDir(into))
         jobs = []
         for f in fetches:
             base = f.into or ctx.results.staging().root / "downloads"

@@ -227,3 +227,25 @@ def test_the_journal_answers_from_its_facts_in_order():
     assert journal.committed
     with pytest.raises(AttributeError):
         journal.facts.append(ModuleLoaded("x"))  # type: ignore[attr-defined]
+
+
+def test_a_failed_run_removes_the_download_dir_fetch_artifacts_journaled(tmp_path):
+    """What a run fills outside the staging dir (COS's tools-dir downloads) is a journal
+    fact too: the failed run's clean-up removes it, and nothing beside it."""
+    from installer.commands import install
+    from installer.records.journal import ScratchDir
+    from installer.steps.staging import Fetch, fetch_artifacts
+
+    src = tmp_path / "bucket" / "toolchain.tar.xz"
+    src.parent.mkdir()
+    src.write_bytes(b"a toolchain")
+    downloads, kept = tmp_path / "tools/.downloads", tmp_path / "tools/toolchain"
+    kept.mkdir(parents=True)
+    ctx = SimpleNamespace(journal=Journal(), results=Results(), http=None,
+                          install=SimpleNamespace(discard_staging=lambda: None))
+    got = fetch_artifacts((Fetch("toolchain", src.as_uri(), "toolchain.tar.xz",
+                                 into=downloads),)).run(ctx)
+    assert got.files["toolchain"].path == downloads / "toolchain.tar.xz"
+    assert ctx.journal.facts == (ScratchDir(downloads),)
+    install._discard(ctx, ModuleLoadError("a later step failed"))
+    assert not downloads.exists() and kept.is_dir()
