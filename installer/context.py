@@ -1,6 +1,7 @@
 """What every step gets: a plain record of the settings and of what was detected on the
 host (its OS, the kernel, the install dir), the seams (runner, HTTP session) and what
-steps hand to later steps. Built by ``detect.context`` in each command; it detects
+steps hand to later steps (their results, collected by the executor) and the journal of what
+the run changed. Built by ``detect.context`` in each command; it detects
 nothing itself."""
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from installer.kmod.signing import SigningPolicy
 from installer.net.policy import UrlPolicy
 from installer.net.retry import NETWORK_DEFAULTS, TransferLimits, with_settings
 from installer.records.cache import CacheRecord
-from installer.records.workstate import WorkState
+from installer.records.journal import Journal
+from installer.records.results import Results
 from installer.settings import Settings
 
 if TYPE_CHECKING:
@@ -60,11 +62,10 @@ class Context:
     # The node's CPU architecture, read once (detect.context): the .run, the fabric
     # manager's platform and the jail's library dirs follow it.
     arch: CpuArch = cpuarch.X86_64
-    # What steps hand to later steps (downloaded paths, the staging tree, ...).
-    work: WorkState = field(default_factory=WorkState)
-    # What this run made outside the staging dir that is worthless if it fails (the COS
-    # tools dir's downloads): removed with the staging dir.
-    scratch: list[Path] = field(default_factory=list)
+    # What the steps run so far returned, in plan order (plan.run_step adds each).
+    results: Results = field(default_factory=Results)
+    # What this run changed on the node, noted as each change is made: rollback.undo's input.
+    journal: Journal = field(default_factory=Journal)
     # Which URLs this run may fetch: every request through ``http`` follows it.
     url_policy: UrlPolicy = field(default_factory=UrlPolicy)
     # The node as planning sees it (detect.probe); None until probed (commands that plan

@@ -1,7 +1,8 @@
 """Put the node back as it was after a failed or interrupted run (docs/contract.md §4).
 
-The steps that change the node note here what they changed; when a run fails
-at any later point, ``undo`` reverses it, newest first: the modules this run
+The steps that change the node note each change in the run's journal
+(records/journal.py) as they make it; when a run fails at any later point, even
+half way through a step, ``undo`` reverses what the journal holds, newest first: the modules this run
 loaded are unloaded, a promoted install swaps back for the one it replaced,
 ``firmware_class.path`` gets its old value, and the driver this run unloaded
 is loaded again from the install dir, with the module parameters it had, and its
@@ -27,7 +28,7 @@ from installer.base.errors import InstallerError
 from installer.kmod import devnodes, firmware, ldcache, modules
 from installer.kmod.moduleargs import ModuleArg
 from installer.records import cache, readiness
-from installer.records.workstate import NodeChanges, device_files
+from installer.records.journal import Journal, device_files
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -39,8 +40,8 @@ DRIVER_CHECKS = ("device_nodes", "verify_staged", "verify")
 
 
 def undo(ctx: Context, error: BaseException) -> None:
-    """Reverse what ``ctx.work.changes`` records after ``error`` (see the module docstring)."""
-    changes: NodeChanges = ctx.work.changes
+    """Reverse what ``ctx.journal`` records after ``error`` (see the module docstring)."""
+    changes: Journal = ctx.journal
     if changes.committed:  # e.g. the readiness file could not be written: the new driver stays
         return
     done = []
@@ -65,7 +66,7 @@ def undo(ctx: Context, error: BaseException) -> None:
     if changes.promoted:
         done.append(_attempt("restore_host_ld_cache", lambda: ldcache.update_host(
             ctx.host, ctx.runner, ctx.install.lib64_host())))
-    if all(done) and ctx.work.readiness_before is not None:
+    if all(done) and changes.readiness_before is not None:
         _attempt("restore_readiness", lambda: _restore_readiness(ctx, error))
 
 
@@ -99,7 +100,7 @@ def _reload_previous(ctx: Context, version: str) -> bool:
 def _previous_module_args(ctx: Context) -> tuple[ModuleArg, ...]:
     """The parameters the unloaded driver had: this boot's readiness file says (install
     read it first); when it does not, this run's."""
-    loaded_with = ctx.work.module_args_loaded
+    loaded_with = ctx.journal.module_args_loaded
     return ctx.settings.module_args if loaded_with is None else loaded_with
 
 
@@ -111,11 +112,12 @@ def _make_device_files(ctx: Context) -> None:
 def _restore_readiness(ctx: Context, error: BaseException) -> bool:
     """The readiness file the run cleared, back when it names the loaded driver and this
     run did not find that driver broken (a failed check of a driver it never touched)."""
-    text = ctx.work.readiness_before
-    assert text is not None
+    changes = ctx.journal
+    text = changes.readiness_before
+    if text is None:
+        return False
     named = readiness.parse(text).get("NVIDIA_DRIVER_VERSION")
     loaded = modules.loaded_driver_version(ctx.kernel)
-    changes = ctx.work.changes
     untouched = not changes.unloaded_version and "nvidia" not in changes.loaded
     step = error.context.get("step") if isinstance(error, InstallerError) else None
     if named != loaded:

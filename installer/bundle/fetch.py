@@ -57,6 +57,7 @@ from installer.records.bundle_manifest import (
     expand_url,
     index_url,
 )
+from installer.records.results import BundleStaged, Staged
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -79,9 +80,9 @@ def prebuilt_step(ctx: Context, version: str, module_type: ModuleType) -> Step:
 def fetch_prebuilt(key: BundleKey, template: str) -> Step:
     url = expand_url(template, key)
 
-    def run(ctx: Context) -> None:
+    def run(ctx: Context) -> BundleStaged | None:
         # As the build path does before its big download: an in-use other driver is exit 8.
-        staging = ctx.work.staged()
+        staging = ctx.results.staging()
         manifest = None
         for where, digest in _candidates(ctx, template, key):
             manifest = _stream_bundle(ctx, where, key, digest, staging)
@@ -89,20 +90,20 @@ def fetch_prebuilt(key: BundleKey, template: str) -> Step:
                 break
         if manifest is None:
             _missing(ctx, key, url)
-            return
+            return None
         policy = signing.policy(ctx.kernel)
         if policy.enforced and not manifest.signed:
             raise signing.refusal(
                 policy, f"bundle {key.name()} is unsigned",
                 "build the bundles with --signing-key/--signing-cert of a key enrolled on the "
                 "nodes", kernel_release=key.kernel_release)
-        ctx.work.bundle = manifest
         log.info("prebuilt_bundle_staged", bundle=key.name(), url=redact_url(where),
                  vermagic=manifest.vermagic, compiler=manifest.compiler, signed=manifest.signed)
+        return BundleStaged(manifest)
 
     return Step("fetch_prebuilt_bundle", run,
                 f"{redact_url(url)}, sha256 from --prebuilt-sha256 or {INDEX_NAME}; "
-                "else build")
+                "else build", needs=(Staged,), gives=(BundleStaged,))
 
 
 def _candidates(ctx: Context, template: str, key: BundleKey) -> list[tuple[str, str | None]]:

@@ -39,6 +39,7 @@ from installer.records.bundle_manifest import (
     Written,
     check_link,
 )
+from installer.records.results import BundleWritten, HeadersReady, Staged, ToolchainReady
 from installer.steps import staging
 
 if TYPE_CHECKING:
@@ -83,14 +84,13 @@ def sign_modules(signing: Signing) -> Step:
     """Each module signed with the kernel's own ``scripts/sign-file`` from its headers."""
 
     def run(ctx: Context) -> None:
-        kernel_tree = ctx.work.kernel_tree
-        assert kernel_tree is not None, "find_kernel_headers runs first"
+        kernel_tree = ctx.results.need(HeadersReady).tree
         tool = next((p for p in (kernel_tree.output / "scripts/sign-file",
                                  kernel_tree.source / "scripts/sign-file") if p.is_file()), None)
         if tool is None:
             raise BuildError(f"no scripts/sign-file in the kernel headers {kernel_tree.describe()}",
                              hint="install the full linux-headers package of the kernel")
-        staging = ctx.work.staged()
+        staging = ctx.results.staging()
         for ko in sorted(staging.drivers.glob("*.ko")):
             try:
                 ctx.runner.run([tool, "sha256", signing.key, signing.cert, ko],
@@ -104,7 +104,7 @@ def sign_modules(signing: Signing) -> Step:
         log.info("modules_signed", cert=str(signing.cert))
 
     return Step("sign_modules", run, f"<headers>/scripts/sign-file sha256 {signing.key} "
-                f"{signing.cert} <each .ko>")
+                f"{signing.cert} <each .ko>", needs=(Staged, HeadersReady))
 
 
 def _signed(ko: Path) -> bool:
@@ -114,23 +114,25 @@ def _signed(ko: Path) -> bool:
 
 
 def write_bundle(key: BundleKey, output_dir: Path, *, signed: bool) -> Step:
-    def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
+    def run(ctx: Context) -> BundleWritten:
+        staging = ctx.results.staging()
         manifest = make_manifest(staging.root, key, compiler=compiler_version(ctx),
                                  signed=signed, driver_sha256=_run_sha256(ctx))
-        ctx.work.bundle_written = write(staging.root, manifest, output_dir)
+        return BundleWritten(write(staging.root, manifest, output_dir))
 
-    return Step("write_bundle", run, f"{output_dir}/{key.name()} and its .sha256")
+    return Step("write_bundle", run, f"{output_dir}/{key.name()} and its .sha256",
+                needs=(Staged,), gives=(BundleWritten,))
 
 
 def _run_sha256(ctx: Context) -> str | None:
-    got = ctx.work.downloads.get("driver")
+    got = ctx.results.download("driver")
     return got.sha256 if got is not None else None
 
 
 def compiler_version(ctx: Context) -> str:
     """The first line of ``$CC --version``: the compiler the sandboxed build ran."""
-    toolchain_cc = ctx.work.toolchain.env.get("CC") if ctx.work.toolchain else None
+    ready = ctx.results.get(ToolchainReady)
+    toolchain_cc = ready.toolchain.env.get("CC") if ready else None
     cc = toolchain_cc or os.environ.get("CC") or "cc"
     try:
         out = ctx.runner.run([cc.split()[0], "--version"], timeout=30).stdout

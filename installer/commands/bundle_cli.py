@@ -88,6 +88,7 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
     from installer.detect import context
     from installer.log import configure
     from installer.plan import execute
+    from installer.records.results import BundleWritten
     from installer.settings import Settings, retry_env, validate
 
     configure(log_format, "debug" if verbose else "info")
@@ -111,8 +112,7 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
         execute(plan, ctx, [])
     finally:
         remove_tree(work)
-    written = ctx.work.bundle_written
-    assert written is not None, "write_bundle is the plan's last step"
+    written = ctx.results.need(BundleWritten).written  # write_bundle: the plan's last step
     click.echo(json.dumps({"bundle": str(written.path), "sha256": written.sha256,
                            **written.manifest.summary()}, indent=2))
 

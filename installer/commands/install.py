@@ -21,7 +21,16 @@ from installer.kmod.moduleargs import ModuleArg, for_module
 from installer.net.policy import scrub
 from installer.plan import Plan, StepTiming, execute
 from installer.records import cache, metrics, readiness, status
+from installer.records.journal import ReadinessCleared
 from installer.records.outcome import DRY_RUN, ERROR, INTERRUPTED, OK, Outcome
+from installer.records.results import (
+    GpusChecked,
+    InUse,
+    KeptForNextBoot,
+    ModuleArgsWaiting,
+    PersistenceModeSet,
+    Verified,
+)
 from installer.services import verify
 from installer.settings import Settings
 
@@ -85,7 +94,8 @@ def _install(settings: Settings, started: float) -> Outcome:
         # What this boot's file says the loaded modules got (it lives in /run), then gone:
         # consumers waiting on driver-ready must not start while the driver may change.
         # A failed run puts it back if the node is as it was (rollback.undo).
-        ctx.work.readiness_before = readiness.read_text(ctx.host)
+        if (found := readiness.read_text(ctx.host)) is not None:
+            ctx.journal.note(ReadinessCleared(found))
         readiness.clear(ctx.host)
         started_wall = time.time()
         timings: list[StepTiming] = []
@@ -97,8 +107,8 @@ def _install(settings: Settings, started: float) -> Outcome:
                      **plan.summary)
             _warn_unpinned(ctx, plan, distro)
             execute(plan, ctx, timings)
-            if ctx.work.gpus is not None:  # set by the verify step: no readiness for --preload
-                _write_ready(ctx, plan, len(ctx.work.gpus))
+            if (verified := ctx.results.get(Verified)) is not None:  # none for --preload
+                _write_ready(ctx, plan, len(verified.gpus))
         except InstallerError as exc:
             exc.context.update(failure_details(ctx.install, ctx.kernel, ctx.runner,
                                                exc.error_class, started_wall))
@@ -119,15 +129,21 @@ def _install(settings: Settings, started: float) -> Outcome:
                 ERROR, 1, error_class="internal", message=f"{type(exc).__name__}: {exc}",
                 hint="this is a bug in the installer: report it with the traceback"))
             raise
-        staged, waiting = ctx.work.staged_for_boot, ctx.work.module_args_waiting
-        return _record(ctx, started, timings, plan, Outcome(
-            OK, 0, install_only=settings.install_only,
-            cuda_check=verify.check_results(ctx.work.checks).get("CUDA_CHECK"),
-            gpus=tuple(asdict(g) for g in ctx.work.gpus or ()),
-            driver_version=staged.running_version if staged else None,
-            staged_driver_version=plan.driver_version if staged else None,
-            in_use_by=staged.holders if staged else waiting,
-            module_args_waiting=tuple(map(str, settings.module_args)) if waiting else None))
+        return _record(ctx, started, timings, plan, _succeeded(ctx, plan))
+
+
+def _succeeded(ctx: Context, plan: Plan) -> Outcome:
+    """A run that finished, as the step results say: what was verified, what waits."""
+    staged, waiting = _kept_for_next_boot(ctx), ctx.results.get(ModuleArgsWaiting)
+    verified = ctx.results.get(Verified)
+    return Outcome(
+        OK, 0, install_only=ctx.settings.install_only,
+        cuda_check=_check_results(ctx).get("CUDA_CHECK"),
+        gpus=tuple(asdict(g) for g in verified.gpus) if verified else (),
+        driver_version=staged.running_version if staged else None,
+        staged_driver_version=plan.driver_version if staged else None,
+        in_use_by=staged.holders if staged else waiting.holders if waiting else None,
+        module_args_waiting=tuple(map(str, ctx.settings.module_args)) if waiting else None)
 
 
 def _dry_run(ctx: Context, distro: Flow) -> Outcome:
@@ -144,8 +160,9 @@ def _dry_run(ctx: Context, distro: Flow) -> Outcome:
            "install_dir": str(ctx.install.root), **plan.describe(),
            "module_args": _module_args(ctx.settings.module_args),
            "readiness_file": str(readiness.READY_HOST_PATH)}
-    if ctx.work.no_gpu is not None:
-        doc["no_gpu"] = ctx.work.no_gpu
+    checked = ctx.results.get(GpusChecked)
+    if checked is not None and checked.no_gpu is not None:
+        doc["no_gpu"] = checked.no_gpu
     for gpu in ctx.assumed_gpus:  # --gpu-model: one, on a bus without an NVIDIA GPU
         doc["assumed_gpu"] = {**gpu.to_dict(), "requested": ctx.settings.dry_run_gpu_model}
     return Outcome(DRY_RUN, plan=plan.kind, dry_run=scrub(doc))
@@ -162,7 +179,7 @@ def _discard(ctx: Context, error: BaseException) -> None:
     had, loaded from the live install, and its readiness), and what the run half-made goes."""
     rollback.undo(ctx, error)
     ctx.install.discard_staging()
-    for path in ctx.scratch:
+    for path in ctx.journal.scratch:
         remove_tree(path)
 
 
@@ -185,7 +202,8 @@ def _warn_unpinned(ctx: Context, plan: Plan, distro: Flow) -> None:
 
 def _write_ready(ctx: Context, plan: Plan, gpu_count: int) -> None:
     """driver-ready, written last: everything above verified the driver."""
-    module_type = ctx.work.kernel_module_type or plan.kernel_module_type
+    checked = ctx.results.get(GpusChecked)
+    module_type = (checked.module_type if checked else None) or plan.kernel_module_type
     try:
         _write_ready_file(ctx, plan, gpu_count, module_type)
     except OSError as exc:
@@ -200,28 +218,47 @@ def _write_ready(ctx: Context, plan: Plan, gpu_count: int) -> None:
 def _write_ready_file(ctx: Context, plan: Plan, gpu_count: int, module_type: str | None) -> None:
     """The driver that runs now; with a version staged for the next boot, that one as
     pending (and the running one's module type from its own .cache record)."""
-    staged = ctx.work.staged_for_boot
+    staged = _kept_for_next_boot(ctx)
     if staged is not None:
         record = cache.read(ctx.install.cache_file)
         module_type = record.module_type if record else None
     driver = readiness.ReadyDriver(
         driver_version=staged.running_version if staged else plan.driver_version,
         plan=plan.kind, module_type=module_type, gpu_count=gpu_count,
-        persistence_mode=ctx.work.persistence_mode,
+        persistence_mode=_persistence_mode(ctx),
         pending_driver_version=plan.driver_version if staged else None,
         module_args=_module_args_in_effect(ctx))
     readiness.write(ctx.host, readiness.ready_fields(
         driver, install_dir_host=ctx.install.host_path,
         kernel_release=ctx.host_info.kernel_release, installer_version=__version__,
-        checks=verify.check_results(ctx.work.checks)))
+        checks=_check_results(ctx)))
+
+
+def _kept_for_next_boot(ctx: Context) -> InUse | None:
+    """The running driver a staged plan left in place (stage_next_boot's result)."""
+    kept = ctx.results.get(KeptForNextBoot)
+    return kept.in_use if kept else None
+
+
+def _persistence_mode(ctx: Context) -> str:
+    """"on" or "failed" when the persistence_mode step ran, else "off"."""
+    done = ctx.results.get(PersistenceModeSet)
+    return done.state if done else "off"
+
+
+def _check_results(ctx: Context) -> dict[str, str]:
+    """Each readiness check's result (``unchecked`` where no verify ran)."""
+    verified = ctx.results.get(Verified)
+    return verify.check_results(verified.checks if verified else {})
 
 
 def _module_args_in_effect(ctx: Context) -> tuple[ModuleArg, ...]:
     """The parameters the loaded driver has: this run's when it loaded nvidia (or nothing
     says otherwise), else what this boot's readiness file said."""
-    if "nvidia" in ctx.work.changes.loaded or ctx.work.module_args_loaded is None:
+    loaded_with = ctx.journal.module_args_loaded
+    if "nvidia" in ctx.journal.loaded or loaded_with is None:
         return ctx.settings.module_args
-    return ctx.work.module_args_loaded
+    return loaded_with
 
 
 def _record(ctx: Context, started: float, timings: list[StepTiming], plan: Plan | None,

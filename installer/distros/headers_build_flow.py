@@ -19,6 +19,7 @@ from installer.host import gpus
 from installer.kmod import headers
 from installer.plan import Plan, Step
 from installer.records.cache import CacheKey, ModuleSource
+from installer.records.results import HeadersReady
 from installer.steps import checks, staging
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def find_kernel_headers() -> Step:
     """The host's headers (``--kernel-source-path``, /usr/src, /lib/modules/<r>/build), else
     ``apt-get install linux-headers-<r>`` in this container when it has apt."""
 
-    def run(ctx: Context) -> None:
+    def run(ctx: Context) -> HeadersReady:
         release = ctx.host_info.kernel_release
         tree, tried = headers.find_on_host(ctx.host, release, ctx.settings.kernel_source_path)
         if tree is None and ctx.settings.kernel_source_path is None and shutil.which("apt-get"):
@@ -39,10 +40,11 @@ def find_kernel_headers() -> Step:
         if tree is None:
             raise headers.not_found(release, tried)
         log.info("kernel_headers_found", source=str(tree.source), output=str(tree.output))
-        ctx.work.kernel_tree = tree
+        return HeadersReady(tree)
 
     return Step("find_kernel_headers", run,
-                "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get")
+                "--kernel-source-path, host /usr/src/linux-headers-<r>, /lib/modules/<r>/build, apt-get",
+                gives=(HeadersReady,))
 
 
 def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tuple[Step, ...]:
@@ -62,7 +64,7 @@ class HeadersBuildFlow(Flow):
         super().__init__(distro)
 
     def headers_step(self) -> Step:
-        """Where this distro's kernel headers come from (the step fills ctx.work.kernel_tree)."""
+        """Where this distro's kernel headers come from (the step returns HeadersReady)."""
         return find_kernel_headers()
 
     def driver_version(self, ctx: Context) -> str:

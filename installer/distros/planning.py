@@ -7,7 +7,7 @@ from __future__ import annotations
 import abc
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -17,7 +17,7 @@ from installer.distros.base import Distro
 from installer.plan import Plan, Step
 from installer.records import cache
 from installer.records.cache import CacheKey
-from installer.records.workstate import InUse
+from installer.records.results import BundleStaged, InUse, NextBootTaken, StepResult
 from installer.settings import Settings
 from installer.steps import activate, checks, next_boot, staging
 
@@ -169,11 +169,12 @@ def _in_use_to_stage(ctx: Context, version: str) -> InUse | None:
 def _unless_filled(step: Step, note: str = "") -> Step:
     """``step`` only while nothing has filled the staging dir yet (``note``: for --dry-run)."""
 
-    def run(ctx: Context) -> None:
-        if ctx.work.bundle is not None or ctx.work.from_next_boot:
-            source = "a prebuilt bundle" if ctx.work.bundle is not None else "the next-boot stage"
+    def run(ctx: Context) -> StepResult | None:
+        bundle = ctx.results.get(BundleStaged) is not None
+        if bundle or ctx.results.get(NextBootTaken) is not None:
+            source = "a prebuilt bundle" if bundle else "the next-boot stage"
             log.info("step_skipped", step=step.name, reason=f"staged from {source}")
-            return
-        step.run(ctx)
+            return None
+        return step.run(ctx)
 
-    return Step(step.name, run, step.detail + note, check=step.check)
+    return replace(step, run=run, detail=step.detail + note)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,13 +84,14 @@ def load(
     runner: Runner,
     *,
     modprobe_root: Path | None,
-    loaded_now: list[str] | None = None,
+    on_loaded: Callable[[str], None] | None = None,
     warn_params: bool = True,
 ) -> list[str]:
-    """insmod each module not already loaded; returns (and fills ``loaded_now`` with) the
-    names loaded now, so a caller can undo a half-done load. ``warn_params``: say when a
-    loaded module has other parameters (False: the caller said it already)."""
-    loaded_now = [] if loaded_now is None else loaded_now
+    """insmod each module not already loaded; returns the names loaded now, each also
+    handed to ``on_loaded`` as soon as it is in, so a caller can undo a half-done load.
+    ``warn_params``: say when a loaded module has other parameters (False: the caller said
+    it already)."""
+    loaded_now: list[str] = []
     release = kernel.release()
     lockdown = signing.policy(kernel).lockdown
     for item in loads:
@@ -110,6 +112,8 @@ def load(
         _run_load(kernel, runner, ["insmod", str(item.path), *words], item.name, release,
                   lockdown)
         loaded_now.append(item.name)
+        if on_loaded is not None:
+            on_loaded(item.name)
         log.info("module_loaded", module=item.name, path=str(item.path), params=words)
     return loaded_now
 
@@ -378,8 +382,11 @@ def ensure_unused(kernel: KernelState, refusing: str) -> None:
         )
 
 
-def unload(kernel: KernelState, runner: Runner, only: list[str] | None = None) -> list[str]:
-    """rmmod loaded NVIDIA modules (or just ``only``) in reverse dependency order."""
+def unload(kernel: KernelState, runner: Runner, only: list[str] | None = None, *,
+           on_unloaded: Callable[[str], None] | None = None) -> list[str]:
+    """rmmod loaded NVIDIA modules (or just ``only``) in reverse dependency order; each one
+    out is handed to ``on_unloaded`` at once (a later rmmod may fail: a caller can then
+    load back what went)."""
     loaded = kernel.modules()
     targets = [n for n in NVIDIA_MODULES if n in loaded and (only is None or n in only)]
     if targets:
@@ -394,5 +401,7 @@ def unload(kernel: KernelState, runner: Runner, only: list[str] | None = None) -
                 hint="something still uses the GPU: drain GPU workloads and re-run",
             ) from exc
         removed.append(name)
+        if on_unloaded is not None:
+            on_unloaded(name)
         log.info("module_unloaded", module=name)
     return removed

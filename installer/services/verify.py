@@ -60,10 +60,13 @@ class ReadinessCheck:
     run: Callable[[Context, Path | None, Mapping[str, str]], str]
 
 
-def workloads_ready(ctx: Context, *, lib_dir: Path | None = None) -> None:
-    """Every readiness check, in CHECKS' order; each result into ``ctx.work.checks``."""
+def workloads_ready(ctx: Context, *, lib_dir: Path | None = None) -> dict[str, str]:
+    """Every readiness check, in CHECKS' order: each one's result by its key (a check sees
+    the results of those before it)."""
+    done: dict[str, str] = {}
     for check in CHECKS:
-        ctx.work.checks[check.key] = check.run(ctx, lib_dir, ctx.work.checks)
+        done[check.key] = check.run(ctx, lib_dir, done)
+    return done
 
 
 def check_results(done: Mapping[str, str]) -> dict[str, str]:

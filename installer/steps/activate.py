@@ -16,6 +16,23 @@ from installer.kmod.kernel import module_name
 from installer.plan import Step
 from installer.records import cache
 from installer.records.cache import CacheKey
+from installer.records.journal import (
+    DeviceFilesListed,
+    FirmwarePathRead,
+    InstallCommitted,
+    InstallPromoted,
+    ModuleLoaded,
+    ModuleUnloaded,
+    device_files,
+)
+from installer.records.results import (
+    BundleStaged,
+    ModuleArgsWaiting,
+    PersistenceModeSet,
+    Staged,
+    StepResult,
+    Verified,
+)
 from installer.services import verify
 from installer.steps import fabric as fabric_steps
 from installer.steps import vulkan_icd
@@ -33,43 +50,54 @@ def unload_other_driver(version: str) -> Step:
         loaded = modules.loaded_driver_version(ctx.kernel)
         if loaded is not None and loaded != version:
             modules.ensure_replaceable(ctx.kernel, version)
-            removed = modules.unload(ctx.kernel, ctx.runner)
-            ctx.work.changes.unloaded_version = loaded
+            removed = _unload(ctx, loaded)
             log.info("old_driver_unloaded", version=loaded, modules=removed)
 
     return Step("unload_other_driver", run, "rmmod a different, unused driver version")
 
 
+def _staged_if(from_staging: bool) -> tuple[type[StepResult], ...]:
+    return (Staged,) if from_staging else ()
+
+
+def _unload(ctx: Context, version: str | None) -> list[str]:
+    """rmmod the loaded driver, each module journaled as it goes: a later rmmod that fails
+    leaves the driver half out, and rollback loads it back whole."""
+    return modules.unload(ctx.kernel, ctx.runner, on_unloaded=lambda name: ctx.journal.note(
+        ModuleUnloaded(name, version)))
+
+
 def gpu_firmware(from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
-        tree: Tree = ctx.work.staged() if from_staging else ctx.install
-        ctx.work.changes.note_firmware_path(firmware.read_search_path(ctx.kernel))
+        tree: Tree = ctx.results.staging() if from_staging else ctx.install
+        ctx.journal.note(FirmwarePathRead(firmware.read_search_path(ctx.kernel)))
         firmware.make_findable(ctx.kernel, ctx.host, ctx.install, tree)
 
     where = "<install-dir-host>/.staging/firmware" if from_staging else "<install-dir-host>/firmware"
     return Step("gpu_firmware", run, f"firmware_class.path = {where} when unset or ours, "
-                "else copy to the host's /lib/firmware/updates")
+                "else copy to the host's /lib/firmware/updates", needs=_staged_if(from_staging))
 
 
 def load_modules(from_staging: bool, display_modules: bool = False) -> Step:
     def run(ctx: Context) -> None:
-        tree: Tree = ctx.work.staged() if from_staging else ctx.install
+        tree: Tree = ctx.results.staging() if from_staging else ctx.install
         loads = modules.plan_loads(tree.drivers, ctx.settings.module_args,
                                    display_modules=display_modules)
         # What it loads before a failure is unloaded again by rollback.undo.
         modules.load(loads, ctx.kernel, ctx.runner, modprobe_root=ctx.modprobe_root,
-                     loaded_now=ctx.work.changes.loaded,
-                     warn_params=ctx.work.module_args_waiting is None)
+                     on_loaded=lambda name: ctx.journal.note(ModuleLoaded(name)),
+                     warn_params=ctx.results.get(ModuleArgsWaiting) is None)
 
     where = "<staging>/drivers" if from_staging else "<install-dir>/drivers"
     files = modules.load_order(display_modules)
-    return Step("load_modules", run, f"insmod {', '.join(files)} from {where}")
+    return Step("load_modules", run, f"insmod {', '.join(files)} from {where}",
+                needs=_staged_if(from_staging))
 
 
 def device_nodes(ctx: Context, from_staging: bool) -> Step:
     def run(ctx: Context) -> None:
-        tree: Tree = ctx.work.staged() if from_staging else ctx.install
-        ctx.work.changes.note_device_files(ctx.kernel.dev_dir)
+        tree: Tree = ctx.results.staging() if from_staging else ctx.install
+        ctx.journal.note(DeviceFilesListed(device_files(ctx.kernel.dev_dir)))
         devnodes.create(tree.bin / "nvidia-modprobe", ctx.kernel, ctx.runner,
                         ctx.settings.module_args, on_bus=len(ctx.pci_gpus))
 
@@ -78,25 +106,28 @@ def device_nodes(ctx: Context, from_staging: bool) -> Step:
     return Step("device_nodes", run,
                 devnodes.planned(ctx.node.nvidia_params, ctx.node.driver_minors,
                                  len(ctx.node.pci_gpus), ctx.settings.module_args,
-                                 loads).describe())
+                                 loads).describe(), needs=_staged_if(from_staging))
 
 
 def verify_staged(version: str | None = None) -> Step:
     def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
+        staging = ctx.results.staging()
         gpus = verify.nvidia_smi(staging, ctx.runner, lib_dir=staging.lib64)
         verify.check_driver_version(gpus, version)
 
-    return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces the old one")
+    return Step("verify_staged", run, "nvidia-smi from the staged install, before it replaces "
+                "the old one", needs=(Staged,))
 
 
 def promote() -> Step:
     def run(ctx: Context) -> None:
-        ctx.install.promote(ctx.work.staged())
-        ctx.work.changes.promoted = True
+        ctx.install.promote(ctx.results.staging())
+        # After the swap: promote undoes its own half-done swap (installdir.py).
+        ctx.journal.note(InstallPromoted())
         log.info("install_promoted", install_dir=str(ctx.install.root))
 
-    return Step("promote", run, "swap the staged bin/ lib64/ drivers/ firmware/ into place")
+    return Step("promote", run, "swap the staged bin/ lib64/ drivers/ firmware/ into place",
+                needs=(Staged,))
 
 
 def container_ld_cache() -> Step:
@@ -114,23 +145,24 @@ def host_ld_cache() -> Step:
 
 
 def verify_install(version: str | None = None) -> Step:
-    def run(ctx: Context) -> None:
-        ctx.work.gpus = verify.nvidia_smi(ctx.install, ctx.runner)
-        verify.check_driver_version(ctx.work.gpus, version)
-        verify.workloads_ready(ctx)
+    def run(ctx: Context) -> Verified:
+        gpus = verify.nvidia_smi(ctx.install, ctx.runner)
+        verify.check_driver_version(gpus, version)
+        return Verified(tuple(gpus), verify.workloads_ready(ctx))
 
     return Step("verify", run, "nvidia-smi, then CUDA: a context and a memory round trip "
-                "on each GPU")
+                "on each GPU", gives=(Verified,))
 
 
 def record_cache(key: CacheKey) -> Step:
     def run(ctx: Context) -> None:
-        bundle = ctx.work.bundle  # its files were verified against the tree: hash once
-        known = {rel: (e.sha256, e.size) for rel, e in bundle.files.items()} if bundle else None
+        # A bundle's files were verified against the tree: hashed once.
+        staged = ctx.results.get(BundleStaged)
+        known = ({rel: (e.sha256, e.size) for rel, e in staged.manifest.files.items()}
+                 if staged else None)
         cache.write(ctx.install.cache_file, key, ctx.install.root, __version__, known)
         ctx.install.commit()
-        ctx.work.changes.promoted = False
-        ctx.work.changes.committed = True  # from here on a failure keeps the new driver
+        ctx.journal.note(InstallCommitted())  # from here on a failure keeps the new driver
         log.info("cache_recorded", path=str(ctx.install.cache_file), key=key.describe())
 
     return Step("record_cache", run, f"write .cache for {key.describe()} (last, atomically)")
@@ -139,23 +171,22 @@ def record_cache(key: CacheKey) -> Step:
 def persistence_mode() -> Step:
     """nvidia-smi -pm 1: keeps the driver initialised with no client (optional)."""
 
-    def run(ctx: Context) -> None:
+    def run(ctx: Context) -> PersistenceModeSet:
         smi = ctx.install.bin / "nvidia-smi"
         try:
             ctx.runner.run([smi, "-pm", "1"], timeout=verify.SMI_TIMEOUT_S)
         except CommandError as exc:
-            ctx.work.persistence_mode = "failed"
             log.warning("persistence_mode_failed",
                         error=exc.stderr_tail(2) or exc.stdout.strip()[-300:],
                         hint="the driver works without it; check nvidia-smi -q for the GPU state")
-            return
-        ctx.work.persistence_mode = "on"
+            return PersistenceModeSet("failed")
         # NVRM on a real 580 node: "Persistence mode is deprecated and will be removed in a
         # future release. Please use nvidia-persistenced instead." (gpu-node/README.md)
         log.warning("persistence_mode_enabled", deprecated="NVIDIA replaces nvidia-smi -pm 1 "
                     "with nvidia-persistenced: manifests render --persistenced runs it")
+        return PersistenceModeSet("on")
 
-    return Step("persistence_mode", run, "nvidia-smi -pm 1")
+    return Step("persistence_mode", run, "nvidia-smi -pm 1", gives=(PersistenceModeSet,))
 
 
 def dev_char_links() -> Step:
@@ -199,34 +230,34 @@ def apply_module_args() -> Step:
     unload it (when nothing uses it) so load_modules loads it with the new ones; in use,
     it keeps the old ones until it next loads, and the log says so."""
 
-    def run(ctx: Context) -> None:
-        before, wanted = ctx.work.module_args_loaded, ctx.settings.module_args
+    def run(ctx: Context) -> ModuleArgsWaiting | None:
+        before, wanted = ctx.journal.module_args_loaded, ctx.settings.module_args
         if before is None or not ctx.kernel.is_loaded("nvidia"):
-            return  # loaded by someone else (no record this boot): not reloaded on a guess
+            return None  # loaded by someone else (no record this boot): not reloaded on a guess
         # What the kernel runs with (modules.loaded_params), and what was asked for at the
         # last load and is not now (its default is the kernel's to know).
         differ = [f"{m}.{w}" for m in dict.fromkeys(a.module for a in wanted)
                   for w in modules.params_not_applied(ctx.kernel, m, wanted)]
         dropped = [str(a) for a in before if a not in wanted]
         if not differ and not dropped:
-            return
+            return None
         held = modules.holders(ctx.kernel) or modules.why_no_unload(ctx.kernel)
         if held:
-            ctx.work.module_args_waiting = held  # said once, here (load_modules stays quiet)
+            # Said once, here: load_modules stays quiet when it reads this result.
             log.warning("module_args_not_applied", loaded_with=list(map(str, before)),
                         wanted=list(map(str, wanted)), not_applied=differ, dropped=dropped,
                         holders=held, message=f"the driver cannot be reloaded now ({held}): it "
                         "keeps the module parameters it was loaded with until it next loads: "
                         "drain its GPU work and re-run install (an unused driver is reloaded "
                         "with them), or reboot")
-            return
-        version = modules.loaded_driver_version(ctx.kernel)
-        removed = modules.unload(ctx.kernel, ctx.runner)
-        ctx.work.changes.unloaded_version = version
+            return ModuleArgsWaiting(held)
+        removed = _unload(ctx, modules.loaded_driver_version(ctx.kernel))
         log.info("modules_reloading", reason="NVIDIA_MODULE_ARGS changed", not_applied=differ,
                  dropped=dropped, modules=removed)
+        return None
 
-    return Step("apply_module_args", run, "reload the unused driver if NVIDIA_MODULE_ARGS changed")
+    return Step("apply_module_args", run, "reload the unused driver if NVIDIA_MODULE_ARGS "
+                "changed", gives=(ModuleArgsWaiting,))
 
 
 def load_cached(ctx: Context, version: str) -> tuple[Step, ...]:

@@ -12,6 +12,7 @@ from installer.base.errors import ModuleLoadError, UsageError
 from installer.host import gpus
 from installer.kmod import modules, signing
 from installer.plan import Step
+from installer.records.results import GpusChecked
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -81,18 +82,18 @@ def check_loaded_driver(version: str) -> Step:
 def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
     """Refuse, before any download, a driver branch or module type these GPUs cannot use."""
 
-    def run(ctx: Context) -> None:
+    def run(ctx: Context) -> GpusChecked:
         found = list(ctx.pci_gpus)
         for warning in gpus.unknown(found):
             log.warning("unknown_gpu", message=warning)
         choice = gpus.choose_module_type(found, version, requested_module_type)
-        ctx.work.kernel_module_type = choice.module_type
+        no_gpu = None
         if not found and ctx.settings.dry_run and not ctx.settings.install_only:
             # The real run goes on (a GPU-less VM still proves the kernel accepts the
             # modules) and fails at the load: exit 8. The dry run says so and still shows the
             # plan (a workstation or CI previews it). --install-only loads nothing,
             # so its real run only warns, and so does its dry run.
-            ctx.work.no_gpu = (
+            no_gpu = (
                 f"no NVIDIA GPU on the PCI bus ({ctx.kernel.sys_dir}/bus/pci/devices): here the "
                 "real run would build the driver, then fail to load it (exit 8, nvidia.ko: NVRM: "
                 "No NVIDIA GPU found.); the plan is the one a node with a GPU gets")
@@ -126,7 +127,8 @@ def check_gpus(version: str, requested_module_type: str = "auto") -> Step:
             log.warning("driver_branch_end_of_life", driver_version=version, message=ended)
         log.info("gpus_checked", gpus=[g.describe() for g in found], driver_version=version,
                  kernel_module_type=choice.module_type, reason=choice.reason)
+        return GpusChecked(choice.module_type, no_gpu)
 
     return Step("check_gpu_compatibility", run,
                 f"NVIDIA GPUs in sysfs support driver {version}; {requested_module_type} "
-                "kernel modules", check=True)
+                "kernel modules", check=True, gives=(GpusChecked,))

@@ -16,18 +16,26 @@ from installer.net.parallel import DownloadJob, download_all
 from installer.net.policy import file_name, local_file
 from installer.net.transfer import download
 from installer.plan import Step
-from installer.records.workstate import Artifact
+from installer.records.journal import ScratchDir
+from installer.records.results import (
+    Artifact,
+    Extracted,
+    Fetched,
+    HeadersReady,
+    Staged,
+    ToolchainReady,
+)
 
 if TYPE_CHECKING:
     from installer.context import Context
 
 
 def prepare_staging() -> Step:
-    def run(ctx: Context) -> None:
+    def run(ctx: Context) -> Staged:
         ctx.install.clear_leftovers()
-        ctx.work.staging = ctx.install.new_staging()
+        return Staged(ctx.install.new_staging())
 
-    return Step("prepare_staging", run, "build aside in <install-dir>/.staging")
+    return Step("prepare_staging", run, "build aside in <install-dir>/.staging", gives=(Staged,))
 
 
 def clear_leftovers() -> Step:
@@ -36,22 +44,20 @@ def clear_leftovers() -> Step:
 
 
 def download_driver(url: str, sha256: str | None) -> Step:
-    def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
-        dest = staging.root / "downloads" / file_name(url, "driver.run")
+    def run(ctx: Context) -> Fetched:
+        dest = ctx.results.staging().root / "downloads" / file_name(url, "driver.run")
         dest.parent.mkdir(parents=True, exist_ok=True)
         result = download(
             ctx.http, url, dest, expected_sha256=sha256, label="driver",
         )
-        ctx.work.downloads["driver"] = result
-        ctx.work.run_file = result.path
+        return Fetched({"driver": result})
 
-    return Step("download_driver", run, url)
+    return Step("download_driver", run, url, needs=(Staged,), gives=(Fetched,))
 
 
 @dataclass(frozen=True)
 class Fetch:
-    artifact: Artifact  # where the result goes: ctx.work.downloads[artifact]
+    artifact: Artifact  # its key in the step's Fetched result
     url: str
     label: str
     sha256: str | None = None
@@ -62,49 +68,50 @@ def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
     """Download everything the plan needs at once (download_all: parallel, first failure
     cancels the rest)."""
 
-    def run(ctx: Context) -> None:
+    def run(ctx: Context) -> Fetched:
         for into in sorted({f.into for f in fetches if f.into is not None}):
             # Archives a killed run left (what is extracted from them is kept only when
             # complete); a failing run removes its own.
             remove_tree(into, ignore_errors=True)
-            ctx.scratch.append(into)
+            ctx.journal.note(ScratchDir(into))
         jobs = []
         for f in fetches:
-            base = f.into or ctx.work.staged().root / "downloads"
+            base = f.into or ctx.results.staging().root / "downloads"
             jobs.append(DownloadJob(
                 url=f.url, dest=base / file_name(f.url, f.label), expected_sha256=f.sha256,
                 label=f.label,
             ))
         results = download_all(ctx.http, jobs)
-        for f, result in zip(fetches, results, strict=True):
-            ctx.work.downloads[f.artifact] = result
-        if "driver" in ctx.work.downloads:
-            ctx.work.run_file = ctx.work.downloads["driver"].path
+        return Fetched({f.artifact: result for f, result in zip(fetches, results, strict=True)})
 
     detail = "in parallel: " + ", ".join(f.url for f in fetches)
-    return Step("fetch_artifacts", run, detail)
+    in_staging = any(f.into is None for f in fetches)
+    return Step("fetch_artifacts", run, detail, needs=(Staged,) if in_staging else (),
+                gives=(Fetched,))
 
 EXTRACT_DIR = "extract"  # under the staging dir
 
 
 def extract_driver(version: str) -> Step:
-    def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
+    def run(ctx: Context) -> Extracted:
+        staging = ctx.results.staging()
         # The test seams (empty in production), as for the build: build_driver says why.
         seams = [(path, path) for path in ctx.runner.env.values()]
-        assert ctx.work.run_file is not None, "the .run is fetched first"
-        downloaded = ctx.work.downloads.get("driver")
-        from_network = downloaded is not None and local_file(downloaded.url) is None
-        ctx.work.extract_dir = nvidia_run.extract(
-            ctx.runner, ctx.work.run_file, staging.root / EXTRACT_DIR, rw_binds=seams,
+        downloaded = ctx.results.download("driver")
+        if downloaded is None:
+            raise LookupError("no step before extract_driver fetched the .run")
+        from_network = local_file(downloaded.url) is None
+        extract_dir = nvidia_run.extract(
+            ctx.runner, downloaded.path, staging.root / EXTRACT_DIR, rw_binds=seams,
             from_network=from_network)
         # A --driver-url naming another driver: refused before anything is unloaded.
-        nvidia_run.check_extracted_version(ctx.work.extract_dir, version,
-                                           ctx.settings.driver_url)
+        nvidia_run.check_extracted_version(extract_dir, version, ctx.settings.driver_url)
+        return Extracted(extract_dir)
 
     argv = nvidia_run.extract_argv("<driver>.run", EXTRACT_DIR)
     return Step("extract_driver", run, f"{' '.join(argv)} (in a sandbox; the staging dir's "
-                f"downloads and {EXTRACT_DIR}/ bound in)")
+                f"downloads and {EXTRACT_DIR}/ bound in)", needs=(Staged, Fetched),
+                gives=(Extracted,))
 
 
 def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
@@ -122,27 +129,28 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
         return module_build.make_argv(f"{nvidia_run.EXTRACT_IN_CHROOT}/{tree_dir}", tree, jobs)
 
     def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
+        staging = ctx.results.staging()
+        found_headers = ctx.results.get(HeadersReady)
+        toolchain_ready = ctx.results.get(ToolchainReady)
         # What the jail shows besides the image's system dirs, read-only (container
         # path, jail path): the kernel headers (not the host root they sit in) and the
         # COS toolchain dir.
         binds: list[tuple[str, str]] = []
-        if not userspace_only and ctx.work.kernel_tree is not None:
-            binds += nvidia_run.kernel_tree_binds(ctx.work.kernel_tree)
-        toolchain = ctx.work.toolchain
+        if not userspace_only and found_headers is not None:
+            binds += nvidia_run.kernel_tree_binds(found_headers.tree)
+        toolchain = toolchain_ready.toolchain if toolchain_ready else None
         binds += toolchain.binds if toolchain else ()
         # A kernel-state seam (tests only; empty in production) must mean the same fake
         # kernel inside the jail: the stand-ins record their calls there and would
         # test-load through it if our flow let them (tests/fixtures/README.md).
         env = dict(toolchain.env) if toolchain else {}
-        assert ctx.work.extract_dir is not None, "extract_driver runs first"
         jail = nvidia_run.BuildJail(
-            extract_dir=ctx.work.extract_dir, staging=staging, kernel_release=release,
+            extract_dir=ctx.results.need(Extracted).extract_dir, staging=staging, kernel_release=release,
             binds=binds, env=env, rw_binds=[(path, path) for path in ctx.runner.env.values()])
         try:
             if not userspace_only:
-                assert ctx.work.kernel_tree is not None, "the kernel headers are found first"
-                nvidia_run.build_modules(ctx.runner, jail, argv=make_argv(ctx.work.kernel_tree),
+                tree = ctx.results.need(HeadersReady).tree
+                nvidia_run.build_modules(ctx.runner, jail, argv=make_argv(tree),
                                          tree_dir=tree_dir)
             nvidia_run.install_userspace(ctx.runner, jail, argv=installer_argv)
         except Exception as exc:
@@ -154,17 +162,19 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
     # What --dry-run shows: both commands, with the headers a later step finds.
     headers = KernelTree(Path("<kernel-source>"), Path("<kernel-output>"))
     make = "" if userspace_only else f"{' '.join(make_argv(headers))}; then "
+    needs = (Staged, Extracted) + (() if userspace_only else (HeadersReady,))
     return Step("build_driver", run, f"{make}{' '.join(installer_argv)} (NVIDIA {version}, "
-                "in the build jail: docs/jail.md)")
+                "in the build jail: docs/jail.md)", needs=needs)
 
 
 def check_staged_modules() -> Step:
     """Every built module must match the running kernel before the working driver goes."""
 
     def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
+        staging = ctx.results.staging()
         release = ctx.kernel.release()
         for ko in sorted(staging.drivers.glob("*.ko")):
             modules.check_vermagic(ko, release)
 
-    return Step("check_staged_modules", run, "vermagic of every built module = running kernel")
+    return Step("check_staged_modules", run, "vermagic of every built module = running kernel",
+                needs=(Staged,))

@@ -20,6 +20,7 @@ from installer.base import safejson
 from installer.base.errors import VerifyError
 from installer.base.fsutil import write_atomic
 from installer.plan import Step
+from installer.records.results import Extracted
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -51,8 +52,14 @@ def install_icd() -> Step:
 
     def run(ctx: Context) -> None:
         settings = ctx.settings
-        assert ctx.work.extract_dir is not None, "extract_driver runs first"
-        text = icd_text(ctx.work.extract_dir)
+        extracted = ctx.results.get(Extracted)
+        if extracted is None:  # extract_driver skipped: nothing of the .run is here
+            log.warning("vulkan_icd_skipped", reason="the staging dir was filled from a "
+                        "prebuilt bundle or the next-boot stage, which hold no nvidia_icd.json",
+                        hint="the ICD file already in the Vulkan ICD dir, if any, stays; an "
+                        "install that builds the driver writes it")
+            return
+        text = icd_text(extracted.extract_dir)
         if text is None:
             log.info("vulkan_icd_skipped", reason="the .run has no nvidia_icd.json")
             return

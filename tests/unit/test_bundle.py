@@ -368,7 +368,7 @@ def test_sign_modules_uses_the_headers_sign_file(tmp_path):
     from installer.host.runner import Runner
     from installer.kmod.headers import KernelTree
     from installer.kmod.modsign import parse_signature
-    from installer.records.workstate import WorkState
+    from installer.records.results import HeadersReady, Results, Staged
     from tests.fixtures.fakekmod import fake_pkcs7
 
     headers = tmp_path / "headers"
@@ -382,8 +382,10 @@ def test_sign_modules_uses_the_headers_sign_file(tmp_path):
     layout(stage.root / "t")
     for ko in (stage.root / "t/drivers").iterdir():
         ko.rename(stage.drivers / ko.name)
-    ctx = SimpleNamespace(work=WorkState(staging=stage, kernel_tree=KernelTree(headers, headers)),
-                          runner=Runner())
+    results = Results()
+    results.add("prepare_staging", Staged(stage))
+    results.add("find_kernel_headers", HeadersReady(KernelTree(headers, headers)))
+    ctx = SimpleNamespace(results=results, runner=Runner())
     unsigned = {ko.name: ko.read_bytes() for ko in stage.drivers.glob("*.ko")}
     build.sign_modules(build.Signing(key, cert)).run(ctx)
     for ko in stage.drivers.glob("*.ko"):

@@ -18,8 +18,10 @@ from installer.distros.cos.host import Cos
 from installer.distros.cos.options import CosOptions
 from installer.distros.flows import for_host
 from installer.kmod.kernel import KernelState
+from installer.plan import run_step
 from installer.records import cache
 from installer.records.cache import CacheKey, ModuleSource
+from installer.records.results import HeadersReady, ToolchainReady
 from installer.settings import Settings, validate
 from tests.cosbucket import CC, CXX, DEFAULT_V, LATEST_V, TRIPLE, Bucket
 from tests.fixtures.kernel import FakeKernel
@@ -310,9 +312,9 @@ def test_enforced_signatures_with_prebuilt_pass(env):
     ctx = env.ctx()
     plan = CosFlow().plan(probe(ctx))
     assert plan.summary["module_source"] == "prebuilt" and "blocked" not in plan.summary
-    plan.steps[0].run(ctx)
+    checked = plan.steps[0].run(ctx)
     plan.steps[1].run(ctx)  # no error
-    assert ctx.work.kernel_module_type == "open"
+    assert checked.module_type == "open"
 
 
 def test_decide_modules_matrix():
@@ -363,22 +365,24 @@ def test_preload_plan_and_run(env):
                            "preload_finished"]
     assert plan.summary["already_cached"] is False and plan.driver_version is None
     for s in plan.steps:
-        s.run(ctx)
+        run_step(s, ctx)
     tools = env.tools_dir / COS_BUILD_ID
     headers = tools / f"kernel-headers/usr/src/linux-headers-{COS_KERNEL}"
     assert (headers / "Makefile").is_file()
-    assert ctx.work.kernel_tree.source == ctx.work.kernel_tree.output == headers
+    kernel_tree = ctx.results.need(HeadersReady).tree
+    assert kernel_tree.source == kernel_tree.output == headers
     tc = tools / "toolchain"
     assert os.access(tc / f"bin/{CC}", os.X_OK)
     assert os.readlink(tc / "bin/ld") == f"{TRIPLE}-ld.lld"
     assert not (tc / "usr/lib64/rustlib").exists()
     assert not list((tc / "usr/lib64").glob("librustc*"))
     assert not (tools / ".downloads/kernel-headers.tgz").exists()  # archives removed
-    env_ = ctx.work.toolchain.env
+    toolchain = ctx.results.need(ToolchainReady).toolchain
+    env_ = toolchain.env
     assert env_["CC"] == CC and env_["CXX"] == CXX
     assert env_["PATH"].split(":")[0] == str(tc / "bin")
     assert env_["SYSROOT"] == str(tc / f"usr/{TRIPLE}")
-    assert ctx.work.toolchain.binds == ((str(tools), str(tools)),)
+    assert toolchain.binds == ((str(tools), str(tools)),)
     marker = json.loads((tc / ".nvidia-driver-installer.json").read_text())
     assert marker["source_url"].endswith("/toolchain.tar.xz") and len(marker["sha256"]) == 64
     # Nothing was installed; the install dir is untouched.
@@ -403,7 +407,7 @@ def test_preload_prunes_other_builds_it_made(env):
     (foreign / "keep").write_text("not ours")
     ctx = env.ctx(preload=True)
     for s in CosFlow().plan(probe(ctx)).steps:
-        s.run(ctx)
+        run_step(s, ctx)
     assert not old.exists() and foreign.exists()
 
 
@@ -411,7 +415,7 @@ def test_malicious_headers_refused_during_preload(env, tmp_path):
     env.bucket.evil_headers = "symlink_out"
     ctx = env.ctx(preload=True)
     plan = CosFlow().plan(probe(ctx))
-    step(plan, "fetch_artifacts").run(ctx)
+    run_step(step(plan, "fetch_artifacts"), ctx)
     with pytest.raises(IntegrityError, match="symlink pointing outside") as err:
         step(plan, "prepare_kernel_headers").run(ctx)
     assert err.value.exit_code == 6

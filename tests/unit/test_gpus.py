@@ -11,7 +11,6 @@ import structlog.testing
 from installer.base.errors import ExitCode, UsageError
 from installer.host import gpus
 from installer.kmod.kernel import KernelState
-from installer.records.workstate import WorkState
 from installer.settings import Settings
 from installer.steps.checks import check_gpus
 
@@ -127,8 +126,7 @@ class _Ctx(SimpleNamespace):
 
 
 def _ctx(sys_dir: Path, **settings) -> SimpleNamespace:
-    return _Ctx(kernel=KernelState(sys_dir, sys_dir, sys_dir), settings=Settings(**settings),
-                work=WorkState())
+    return _Ctx(kernel=KernelState(sys_dir, sys_dir, sys_dir), settings=Settings(**settings))
 
 
 def test_step_refuses_k80_with_a_too_new_driver(tmp_path):
@@ -152,15 +150,14 @@ def test_step_refuses_open_modules_on_kepler(tmp_path):
 def test_step_records_the_module_type(tmp_path):
     add_pci(tmp_path, "0000:00:04.0", "0x27b8")
     ctx = _ctx(tmp_path)
-    check_gpus("550.54.14").run(ctx)
-    assert ctx.work.kernel_module_type == "proprietary"
+    assert check_gpus("550.54.14").run(ctx).module_type == "proprietary"
 
 
 def test_step_without_gpus_does_not_fail(tmp_path):
     ctx = _ctx(tmp_path)
-    check_gpus("550.54.14").run(ctx)
+    checked = check_gpus("550.54.14").run(ctx)
     # no GPU: no device says which type it needs, so NVIDIA's default for the branch
-    assert ctx.work.kernel_module_type == "proprietary"
+    assert checked.module_type == "proprietary"
 
 
 @pytest.mark.parametrize("device, name, too_old, ok", [

@@ -14,6 +14,7 @@ from installer.kmod import diagnostics, kernel
 from installer.plan import Plan, Step
 from installer.records import metrics, readiness
 from installer.records.outcome import Outcome
+from installer.records.results import Verified
 from installer.settings import Settings, validate
 from tests.fixtures.kernel import UBUNTU_KERNEL
 
@@ -126,7 +127,7 @@ def test_readiness_absent_during_the_run_and_written_after_verify(host, monkeypa
         seen.append(readiness.read(ctx.host))
 
     def verified(ctx):
-        ctx.work.gpus = []
+        return Verified((), {})
 
     run_with(monkeypatch, host, [Step("look", look), Step("verify", verified)])
     assert seen == [None]
@@ -283,7 +284,7 @@ def test_unwritable_readiness_is_a_verify_failure(host, monkeypatch):
     (host.root / "run/nvidia/validations").write_text("a file, not a directory")
 
     def verified(ctx):
-        ctx.work.gpus = []
+        return Verified((), {})
 
     with pytest.raises(VerifyError, match="readiness file could not be written"):
         run_with(monkeypatch, host, [Step("verify", verified)])
@@ -305,8 +306,7 @@ def test_a_readiness_check_is_one_function_and_one_registration(host, monkeypatc
         verify.ReadinessCheck("ECC_CHECK", "not run", ecc)))
 
     def verified(ctx):
-        ctx.work.gpus = []
-        verify.workloads_ready(ctx)
+        return Verified((), verify.workloads_ready(ctx))
 
     outcome = run_with(monkeypatch, host, [Step("verify", verified)])
     got = readiness.read(host)

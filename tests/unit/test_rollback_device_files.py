@@ -7,7 +7,7 @@ rollback once unlinked that dir and failed with EISDIR (seen in the real-parts t
 import os
 
 from installer import rollback
-from installer.records.workstate import device_files
+from installer.records.journal import device_files
 
 
 def _node_dev(tmp_path):

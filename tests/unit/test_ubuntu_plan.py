@@ -106,8 +106,8 @@ def test_the_pci_bus_is_scanned_once_per_run(env, monkeypatch):
     monkeypatch.setattr(gpus, "scan", lambda sys_dir: scans.append(sys_dir) or real(sys_dir))
     ctx = env.ctx()
     plan = HeadersBuildFlow(Ubuntu).plan(probe(ctx))
-    next(s for s in plan.steps if s.name == "check_gpu_compatibility").run(ctx)
-    assert len(scans) == 1 and ctx.work.kernel_module_type == plan.kernel_module_type
+    checked = next(s for s in plan.steps if s.name == "check_gpu_compatibility").run(ctx)
+    assert len(scans) == 1 and checked.module_type == plan.kernel_module_type
 
 
 @pytest.mark.parametrize("requested", ["open", "proprietary"])
@@ -198,8 +198,7 @@ def test_cache_hit_needs_version_kernel_and_module_type(env):
 
 def test_headers_on_the_host_are_found_without_apt(env):
     ctx = env.ctx()
-    find_kernel_headers().run(ctx)
-    tree = ctx.work.kernel_tree
+    tree = find_kernel_headers().run(ctx).tree
     assert tree.source == env.node.headers_dir
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,14 @@ from installer.jail import archive, harvest
 from installer.kmod import modsign
 from installer.kmod.modinfo import read_modinfo
 from installer.plan import Step
+from installer.records.results import (
+    Extracted,
+    Fetched,
+    HeadersReady,
+    PrebuiltReady,
+    SignaturesUnpacked,
+    Staged,
+)
 from installer.steps import activate
 
 if TYPE_CHECKING:
@@ -43,9 +52,11 @@ MAX_MODULE_BYTES = 1 << 30  # a signed nvidia.ko is ~100 MB
 def unpack_signatures(version: str) -> Step:
     """Extract nvidia-drivers-<V>-signature.tar.gz safely (a tampered one is exit 6)."""
 
-    def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
-        got = ctx.work.downloads["signatures"]
+    def run(ctx: Context) -> SignaturesUnpacked:
+        staging = ctx.results.staging()
+        got = ctx.results.download("signatures")
+        if got is None:
+            raise LookupError("no step before unpack_signatures fetched the signatures")
         dest = staging.root / "signatures"
         label = signatures_name(version).rsplit("/", 1)[-1]
         archive.extract(got.path, dest, label=label)
@@ -55,10 +66,11 @@ def unpack_signatures(version: str) -> Step:
             raise IntegrityError(
                 f"{label} has no signature for {', '.join(missing)}",
                 hint="the artifact is incomplete; check the COS artifacts URL", url=got.url)
-        ctx.work.signatures_dir = dest
+        return SignaturesUnpacked(dest)
 
     return Step("unpack_signatures", run,
-                f"{signatures_name(version)} -> <staging>/signatures (safe extraction)")
+                f"{signatures_name(version)} -> <staging>/signatures (safe extraction)",
+                needs=(Staged, Fetched), gives=(SignaturesUnpacked,))
 
 
 def _signature_file(root: Path, module: str) -> Path:
@@ -70,11 +82,10 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
     then each module + its PKCS#7 signature in the kernel's appended format, into
     <staging>/precompiled/drivers (placed into drivers/ after the user-space install)."""
 
-    def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
-        extract = ctx.work.extract_dir
-        assert extract is not None and ctx.work.kernel_tree is not None, \
-            "the .run is extracted and the kernel headers found first"
+    def run(ctx: Context) -> PrebuiltReady:
+        staging = ctx.results.staging()
+        extract = ctx.results.need(Extracted).extract_dir
+        kernel_tree = ctx.results.need(HeadersReady).tree
         kernel_dir = extract / "kernel"
         pre_dir = kernel_dir / "precompiled"
         _check_dirs(extract)
@@ -86,7 +97,7 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
             log.warning("precompiled_archives_several", names=[p.name for p in packed],
                         using=packed[-1].name)
         # scripts/module.lds is generated: it lives in the kbuild output dir.
-        source: Path = ctx.work.kernel_tree.output
+        source: Path = kernel_tree.output
         script = next((source / "scripts" / n for n in ("module.lds", "module-common.lds")
                        if (source / "scripts" / n).is_file()), None)
         if script is None:
@@ -113,13 +124,14 @@ def link_precompiled(tools: BuildTools, env: dict[str, str], version: str) -> St
         if built and built != version:
             raise IntegrityError(f"{custom_run_name(version)} holds nvidia.ko version {built}, "
                                  f"not {version}")
-        ctx.work.prebuilt_dir = out.parent
         log.info("precompiled_modules_linked", modules=list(PRECOMPILED_MODULES),
                  linker=str(lld), linker_script=str(script), signed=True)
+        return PrebuiltReady(out.parent)
 
     return Step("link_precompiled", run,
                 "mkprecompiled --unpack; ld.lld -T module.lds -r -o nvidia.ko / nvidia-modeset.ko; "
-                "append Google's PKCS#7 signatures")
+                "append Google's PKCS#7 signatures",
+                needs=(Staged, Extracted, HeadersReady, SignaturesUnpacked), gives=(PrebuiltReady,))
 
 
 def _check_dirs(extract: Path) -> None:
@@ -140,8 +152,7 @@ def _check_dirs(extract: Path) -> None:
 
 def _link(ctx: Context, linker: list[str]) -> None:
     """``linker -o kernel/<module> <interface> <core>`` for each of LINKED."""
-    extract = ctx.work.extract_dir
-    assert extract is not None, "the .run is extracted first"
+    extract = ctx.results.need(Extracted).extract_dir
     kernel_dir = extract / "kernel"
     for module, interface, core in LINKED:
         argv = [*linker, "-o", str(kernel_dir / module),
@@ -155,8 +166,8 @@ def _link(ctx: Context, linker: list[str]) -> None:
 
 def _sign(ctx: Context, modules: tuple[str, ...], out: Path, version: str) -> None:
     """kernel/<module> + its Google signature, in the kernel's appended format, to out/."""
-    extract, sigs = ctx.work.extract_dir, ctx.work.signatures_dir
-    assert extract is not None and sigs is not None, "the .run and its signatures come first"
+    extract = ctx.results.need(Extracted).extract_dir
+    sigs = ctx.results.need(SignaturesUnpacked).signatures_dir
     kernel_dir = extract / "kernel"
     for name in modules:
         ko = kernel_dir / name
@@ -191,6 +202,8 @@ def load_or_relink(version: str, display_modules: bool) -> Step:
             return
         except (ModuleLoadError, SecureBootError) as exc:
             first = exc
+        if ctx.results.get(Extracted) is None:
+            raise first  # filled from the next-boot stage: no extracted .run to relink from
         ld = shutil.which("ld")
         log.warning("precompiled_load_failed", error=first.message, linker="ld.lld",
                     retry=f"relinking with {ld or 'GNU ld'} {' '.join(LEGACY_LD_OPTIONS)} "
@@ -199,7 +212,7 @@ def load_or_relink(version: str, display_modules: bool) -> Step:
             if ld is None:
                 raise BuildError("no `ld` on PATH for the legacy link (the image needs binutils)")
             _link(ctx, [ld, *LEGACY_LD_OPTIONS])
-            _sign(ctx, tuple(m for m, *_ in LINKED), ctx.work.staged().drivers, version)
+            _sign(ctx, tuple(m for m, *_ in LINKED), ctx.results.staging().drivers, version)
             unload_other.run(ctx)
             load.run(ctx)
         except (BuildError, IntegrityError, ModuleLoadError, SecureBootError) as second:
@@ -212,6 +225,6 @@ def load_or_relink(version: str, display_modules: bool) -> Step:
             ) from second
         log.info("precompiled_loaded_after_legacy_link", linker=ld)
 
-    return Step(load.name, run, f"{load.detail}; if the kernel refuses them: relink "
-                f"nvidia.ko and nvidia-modeset.ko with GNU ld {' '.join(LEGACY_LD_OPTIONS)} "
-                "(legacy, as cos-gpu-installer v2) and load once more")
+    return replace(load, run=run, detail=f"{load.detail}; if the kernel refuses them: relink "
+                   f"nvidia.ko and nvidia-modeset.ko with GNU ld {' '.join(LEGACY_LD_OPTIONS)} "
+                   "(legacy, as cos-gpu-installer v2) and load once more")

@@ -4,6 +4,7 @@ cache, and the prebuilt modules."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,16 @@ from installer.jail.run_in_jail import SANDBOX_PATH
 from installer.kmod import headers, signing
 from installer.kmod.modinfo import read_modinfo
 from installer.plan import Step
-from installer.records.workstate import BuildToolchain
+from installer.records.results import (
+    BuildToolchain,
+    Fetched,
+    GpusChecked,
+    HeadersReady,
+    PrebuiltReady,
+    Staged,
+    StepResult,
+    ToolchainReady,
+)
 from installer.steps import checks
 
 if TYPE_CHECKING:
@@ -33,12 +43,13 @@ def check_gpus(version: str, requested: str, module_type: str | None) -> Step:
     gets reported, not the one a compile would pick."""
     inner = checks.check_gpus(version, requested)
 
-    def run(ctx: Context) -> None:
-        inner.run(ctx)
-        if module_type:
-            ctx.work.kernel_module_type = module_type
+    def run(ctx: Context) -> StepResult | None:
+        checked = inner.run(ctx)
+        if module_type and isinstance(checked, GpusChecked):
+            return replace(checked, module_type=module_type)
+        return checked
 
-    return Step(inner.name, run, inner.detail, check=True)
+    return replace(inner, run=run)
 
 
 def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: str,
@@ -80,27 +91,26 @@ def check_signing(policy_note: str, *, prebuilt: bool, version: str, build_id: s
 
 def prepare_kernel_headers(tools: BuildTools, release: str,
                            preset: headers.KernelTree | None) -> Step:
-    def run(ctx: Context) -> None:
+    def run(ctx: Context) -> HeadersReady:
         if preset is not None:
-            ctx.work.kernel_tree = preset
-            return
-        got = ctx.work.downloads.get("headers")
+            return HeadersReady(preset)
+        got = ctx.results.download("headers")
         if got is not None:
             toolchain.install_archive(got.path, tools.headers, source_url=got.url,
                                       sha256=got.sha256, label=KERNEL_HEADERS)
         elif not tools.headers_ready():
             raise BuildError(f"kernel headers missing from {tools.headers}", path=str(tools.headers))
         tree = toolchain.find_kernel_tree(tools.headers, release)
-        ctx.work.kernel_tree = headers.KernelTree(tree, tree)
         log.info("kernel_headers_ready", path=str(tree), cached=got is None)
+        return HeadersReady(headers.KernelTree(tree, tree))
 
     where = preset.describe() if preset else f"{tools.headers} (safe extraction, reused when present)"
-    return Step("prepare_kernel_headers", run, where)
+    return Step("prepare_kernel_headers", run, where, gives=(HeadersReady,))
 
 
 def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
-    def run(ctx: Context) -> None:
-        got = ctx.work.downloads.get("toolchain")
+    def run(ctx: Context) -> ToolchainReady:
+        got = ctx.results.download("toolchain")
         if got is not None:
             toolchain.install_archive(got.path, tools.toolchain, source_url=got.url,
                                       sha256=got.sha256, label="COS toolchain",
@@ -110,7 +120,7 @@ def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
         toolchain.ensure_exec(tools.root, ctx.runner)
         linker = toolchain.link_ld(tools.toolchain, env)
         toolchain.check_compiler(tools.toolchain, env)
-        ctx.work.toolchain = BuildToolchain(
+        ready = BuildToolchain(
             toolchain.compile_env(tools.toolchain, env, SANDBOX_PATH),
             # The sandbox is an overlay of the container's root: a separately mounted
             # tools dir (/build/cos-tools) must be bound into it.
@@ -118,18 +128,21 @@ def prepare_toolchain(tools: BuildTools, env: dict[str, str]) -> Step:
         toolchain.prune_other_builds(tools.tools_dir, tools.build_id)
         log.info("toolchain_ready", path=str(tools.toolchain), cc=env.get("CC"),
                  cxx=env.get("CXX"), ld=str(linker) if linker else None, cached=got is None)
+        return ToolchainReady(ready)
 
     return Step("prepare_toolchain", run,
                 f"{tools.toolchain}: CC={env.get('CC')} CXX={env.get('CXX')}, bin/ first on PATH, "
-                "bin/ld -> cross linker (reused when present)")
+                "bin/ld -> cross linker (reused when present)", gives=(ToolchainReady,))
 
 
 def unpack_prebuilt(version: str) -> Step:
     """Extract nvidia-drivers-<V>.tgz safely into the staging area and check it."""
 
-    def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
-        got = ctx.work.downloads["prebuilt"]
+    def run(ctx: Context) -> PrebuiltReady:
+        staging = ctx.results.staging()
+        got = ctx.results.download("prebuilt")
+        if got is None:
+            raise LookupError("no step before unpack_prebuilt fetched the prebuilt modules")
         dest = staging.root / "prebuilt"
         archive.extract(got.path, dest, label=prebuilt_modules_name(version), keep_xattrs=True)
         got.path.unlink(missing_ok=True)
@@ -146,11 +159,11 @@ def unpack_prebuilt(version: str) -> Step:
                 f"{prebuilt_modules_name(version)} holds nvidia.ko version {built}, not {version}",
                 url=got.url,
             )
-        ctx.work.prebuilt_dir = dest
         log.info("prebuilt_modules_unpacked", modules=sorted(modules), version=version)
+        return PrebuiltReady(dest)
 
     return Step("unpack_prebuilt", run, f"{prebuilt_modules_name(version)} -> <staging>/prebuilt "
-                "(safe extraction, xattrs kept)")
+                "(safe extraction, xattrs kept)", needs=(Staged, Fetched), gives=(PrebuiltReady,))
 
 
 def prebuilt_modules(root: Path) -> dict[str, Path]:
@@ -164,9 +177,8 @@ def place_prebuilt() -> Step:
     """After the user-space install: the signed modules into drivers/, firmware merged in."""
 
     def run(ctx: Context) -> None:
-        staging = ctx.work.staged()
-        src = ctx.work.prebuilt_dir
-        assert src is not None, "the prebuilt modules are unpacked first"
+        staging = ctx.results.staging()
+        src = ctx.results.need(PrebuiltReady).prebuilt_dir
         for name, path in prebuilt_modules(src).items():
             os.chmod(path, 0o644)
             os.replace(path, staging.drivers / name)
@@ -179,7 +191,8 @@ def place_prebuilt() -> Step:
                     os.replace(Path(dirpath) / f, staging.firmware / rel / f)
         remove_tree(src, ignore_errors=True)
 
-    return Step("place_prebuilt", run, "<staging>/prebuilt -> drivers/ and firmware/")
+    return Step("place_prebuilt", run, "<staging>/prebuilt -> drivers/ and firmware/",
+                needs=(Staged, PrebuiltReady))
 
 
 def preload_finished(tools: BuildTools) -> Step:

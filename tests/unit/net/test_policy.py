@@ -133,19 +133,24 @@ def test_the_ubuntu_driver_download_is_named_by_the_same_rule(tmp_path):
     from types import SimpleNamespace
 
     from installer.host.installdir import Tree
-    from installer.records.workstate import WorkState
+    from installer.records.results import Results, Staged
+
+    def staged_in(root):
+        results = Results()
+        results.add("prepare_staging", Staged(Tree(root)))
+        return results
 
     src = tmp_path / "src" / "NVIDIA-Linux-x86_64-550.127.05.run"
     src.parent.mkdir()
     src.write_bytes(b"#!/bin/sh\n")
-    ctx = SimpleNamespace(work=WorkState(staging=Tree(tmp_path / "staging")), http=None,
+    ctx = SimpleNamespace(results=staged_in(tmp_path / "staging"), http=None,
                           settings=SimpleNamespace())
-    staging.download_driver(src.as_uri() + "?sig=secretvalue", None).run(ctx)
-    assert ctx.work.run_file == tmp_path / "staging/downloads" / src.name
-    ctx.work = WorkState(staging=Tree(tmp_path / "staging2"))
+    got = staging.download_driver(src.as_uri() + "?sig=secretvalue", None).run(ctx)
+    assert got.files["driver"].path == tmp_path / "staging/downloads" / src.name
+    ctx.results = staged_in(tmp_path / "staging2")
     (src.parent / "sub").mkdir()
-    staging.download_driver(src.parent.as_uri() + "/sub/..%2F" + src.name, None).run(ctx)
-    assert ctx.work.run_file == tmp_path / "staging2/downloads" / src.name
+    got = staging.download_driver(src.parent.as_uri() + "/sub/..%2F" + src.name, None).run(ctx)
+    assert got.files["driver"].path == tmp_path / "staging2/downloads" / src.name
     assert policy.file_name(src.parent.as_uri() + "/..", "driver.run") == "driver.run"
 
 
