@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from installer.base import cpuarch
+from installer.base.cpuarch import CpuArch
 from installer.base.errors import BuildError
 from installer.base.fsutil import remove_tree
 from installer.driver import module_build, nvidia_options, nvidia_run
@@ -108,10 +110,11 @@ def extract_driver(version: str) -> Step:
 
 
 def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
-                 userspace_only: bool = False) -> Step:
+                 userspace_only: bool = False, cross: CpuArch | None = None) -> Step:
     """NVIDIA's Makefile builds the modules (unless ``userspace_only``: COS prebuilt),
     then nvidia-installer --no-kernel-module installs user space; both in the sandbox.
-    Neither loads anything: module_build.py."""
+    Neither loads anything: module_build.py. ``cross``: the target architecture of a
+    cross build (``bundle build --arch``), whose nvidia-installer must run here."""
 
     release = ctx.host_info.kernel_release
     tree_dir = "" if userspace_only else module_build.build_dir(version, module_type)
@@ -119,7 +122,8 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
 
     def make_argv(tree: KernelTree) -> list[str]:
         jobs = cgroup_memory.jobs_for(cpus.usable_cpus(), cgroup_memory.memory_limit())
-        return module_build.make_argv(f"{nvidia_run.EXTRACT_IN_CHROOT}/{tree_dir}", tree, jobs)
+        return module_build.make_argv(f"{nvidia_run.EXTRACT_IN_CHROOT}/{tree_dir}", tree, jobs,
+                                      cross=cross)
 
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
@@ -136,6 +140,9 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
         # test-load through it if our flow let them (tests/fixtures/README.md).
         env = dict(toolchain.env) if toolchain else {}
         assert ctx.work.extract_dir is not None, "extract_driver runs first"
+        if cross is not None:  # before minutes of make: nvidia-installer must run after it
+            nvidia_run.check_runs_here(ctx.work.extract_dir / "nvidia-installer",
+                                       cpuarch.from_machine(ctx.kernel.machine()))
         jail = nvidia_run.BuildJail(
             extract_dir=ctx.work.extract_dir, staging=staging, kernel_release=release,
             binds=binds, env=env, rw_binds=[(path, path) for path in ctx.runner.env.values()])
