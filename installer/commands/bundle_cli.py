@@ -56,7 +56,8 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
 @click.option("--driver-url", envvar="NVIDIA_DRIVER_DOWNLOAD_URL", show_envvar=True,
               help="Full URL of the NVIDIA .run [default: from --driver-base-url].")
 @click.option("--driver-base-url", envvar="NVIDIA_DRIVER_BASE_URL", show_envvar=True,
-              default=DEFAULT_DRIVER_BASE_URL, show_default=True)
+              help=f"The .run is <base>/<V>/NVIDIA-Linux-<arch>-<V>.run [default: "
+              f"{DEFAULT_DRIVER_BASE_URL}]. Not with --driver-url.")
 @click.option("--driver-sha256", envvar="NVIDIA_DRIVER_SHA256", show_envvar=True,
               help="Expected SHA-256 of the .run.")
 @click.option("--kernel-release", envvar="KERNEL_RELEASE", show_envvar=True,

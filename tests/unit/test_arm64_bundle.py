@@ -12,7 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from installer.base import cpuarch
-from installer.base.errors import BuildError, ExitCode, IntegrityError, UsageError
+from installer.base.errors import (
+    BuildError,
+    ExitCode,
+    IntegrityError,
+    UnsupportedHostError,
+    UsageError,
+)
 from installer.bundle.fetch import unpack
 from installer.commands import bundle_build as build
 from installer.commands.bundle_cli import bundle
@@ -191,3 +197,15 @@ def test_a_build_whose_modules_are_another_machines_is_refused(tmp_path):
     to_aarch64(root / "drivers/nvidia-uvm.ko")
     with pytest.raises(BuildError, match=r"nvidia-uvm.ko is built for aarch64, not x86_64"):
         build.make_manifest(root, KEY, compiler="cc", signed=False, driver_sha256=None)
+
+
+def test_a_driver_url_alone_is_not_taken_for_two_places(tmp_path):
+    """--driver-base-url had a click default, so every --driver-url was 'both name where
+    the .run comes from' (exit 2): bundle build could not take a .run's full URL."""
+    result = CliRunner().invoke(bundle, [
+        "build", "--output-dir", str(tmp_path / "out"), "--host-root", str(tmp_path),
+        "--driver-url", f"https://127.0.0.1:1/m/NVIDIA-Linux-aarch64-{V}.run",
+        "--arch", "arm64", "--kernel-release", "6.1.0-50-arm64"])
+    # The run got past the options to the host: no os-release under tmp_path (exit 3).
+    assert isinstance(result.exception, UnsupportedHostError), result.exception
+    assert result.exception.exit_code == ExitCode.UNSUPPORTED_HOST
