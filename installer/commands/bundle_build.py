@@ -65,7 +65,8 @@ class Signing:
     cert: Path  # X.509 certificate enrolled on the nodes (MOK / db)
 
 
-def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
+def plan(ctx: Context, output_dir: Path, signing: Signing | None, *,
+         level: int = COMPRESS_LEVEL) -> Plan:
     distro = for_host(ctx.host_info)  # its version, module type and kernel headers
     if not isinstance(distro, HeadersBuildFlow):
         raise UnsupportedHostError(
@@ -80,7 +81,7 @@ def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
         staging.prepare_staging(),
         *compile_steps(ctx, url, version, key.module_type, cross=cross),
         *((sign_modules(signing),) if signing else ()),
-        write_bundle(key, output_dir, signed=signing is not None, cross=cross),
+        write_bundle(key, output_dir, signed=signing is not None, cross=cross, level=level),
     ), driver_version=version, kernel_module_type=key.module_type, driver_url=url,
         driver_sha256=ctx.settings.driver_sha256,
         display={"kernel_release": key.kernel_release, "bundle": key.name(),
@@ -129,13 +130,13 @@ def _signed(ko: Path) -> bool:
 
 
 def write_bundle(key: BundleKey, output_dir: Path, *, signed: bool,
-                 cross: CpuArch | None = None) -> Step:
+                 cross: CpuArch | None = None, level: int = COMPRESS_LEVEL) -> Step:
     def run(ctx: Context) -> None:
         staging = ctx.work.staged()
         manifest = make_manifest(staging.root, key, compiler=compiler_version(ctx, cross),
                                  signed=signed, driver_sha256=_run_sha256(ctx),
                                  arch=ctx.arch)
-        ctx.work.bundle_written = write(staging.root, manifest, output_dir)
+        ctx.work.bundle_written = write(staging.root, manifest, output_dir, level=level)
 
     return Step("write_bundle", run, f"{output_dir}/{key.name()} and its .sha256")
 

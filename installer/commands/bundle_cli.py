@@ -83,6 +83,10 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
 @click.option("--signing-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               envvar="NVIDIA_BUNDLE_SIGNING_CERT", show_envvar=True,
               help="The X.509 certificate of --signing-key, enrolled on the nodes.")
+@click.option("--compression-level", type=click.IntRange(1, 22), default=19, show_default=True,
+              envvar="NVIDIA_BUNDLE_COMPRESSION_LEVEL", show_envvar=True,
+              help="zstd's level: 19 is the smallest for every node to fetch; a lower one "
+              "builds faster (the format is the same at every level).")
 @click.option("--allow-insecure-http", is_flag=True, envvar="ALLOW_INSECURE_HTTP",
               show_envvar=True)
 @click.option("--log-format", type=LOG_FORMATS, envvar="LOG_FORMAT", default="auto",
@@ -90,7 +94,8 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
 @click.option("-v", "--verbose", is_flag=True)
 def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path | None,
                   targets: str | None, target_index: int | None, log_format: str,
-                  verbose: bool, arch_name: str | None, **opts: Any) -> None:
+                  verbose: bool, arch_name: str | None, compression_level: int,
+                  **opts: Any) -> None:
     """Compile the driver for a kernel (nothing is loaded) and write one bundle."""
     from installer.base.fsutil import remove_tree
     from installer.commands import bundle_build as build
@@ -114,7 +119,7 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
                                      **{k: v for k, v in opts.items() if v is not None}))
         ctx = context(settings, arch=cpuarch.from_name(arch_name) if arch_name else None)
         signing = build.Signing(signing_key, signing_cert) if signing_key and signing_cert else None
-        plan = build.plan(ctx, output_dir.resolve(), signing)
+        plan = build.plan(ctx, output_dir.resolve(), signing, level=compression_level)
         log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],
                          **plan.summary)
         execute(plan, ctx, [])

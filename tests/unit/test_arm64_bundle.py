@@ -209,3 +209,12 @@ def test_a_driver_url_alone_is_not_taken_for_two_places(tmp_path):
     # The run got past the options to the host: no os-release under tmp_path (exit 3).
     assert isinstance(result.exception, UnsupportedHostError), result.exception
     assert result.exception.exit_code == ExitCode.UNSUPPORTED_HOST
+
+
+def test_the_compression_level_is_zstds_range():
+    """--compression-level: a CI building for a fleet may trade size for time (the arm64
+    tier's bundles use 3); zstd's levels are 1-22."""
+    result = CliRunner().invoke(bundle, ["build", "--output-dir", "/nonexistent/x",
+                                         "--compression-level", "23"])
+    assert result.exit_code == ExitCode.USAGE
+    assert "23 is not in the range 1<=x<=22" in result.output
