@@ -29,10 +29,10 @@ from installer.host.installdir import Tree
 from installer.records.bundle_manifest import BundleKey
 from tests.arm64 import bundle_cross
 from tests.arm64.bundle_cross import elf_machine, modinfo
+from tests.arm64.conftest import TYPES
 from tests.arm64.provision import differing_sources
 
 CC = bundle_cross.CC
-TYPES = ("open", "proprietary")
 
 pytestmark = [
     pytest.mark.timeout(2 * bundle_cross.BUILD_TIMEOUT_S + 300),  # provision + two cold builds
@@ -43,11 +43,11 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module", params=TYPES)
-def bundle(request, parts, tmp_path_factory) -> dict:
-    """One module type's arm64 bundle (cached by content), unpacked as an arm64 node's
+def bundle(request, parts, built, tmp_path_factory) -> dict:
+    """One module type's arm64 bundle (conftest ``built``), unpacked as an arm64 node's
     install unpacks it: {"type", "path", "key", "cli", "seconds", "drivers", "root"}."""
     module_type = request.param
-    out, record = bundle_cross.bundle_build(parts, module_type)
+    out, record = built[module_type]
     print(f"\n[arm64] bundle build --arch arm64 ({module_type}): {record['seconds']:.0f} s "
           "(when it was built)")
     cli = record["cli"]

@@ -22,8 +22,7 @@ import pytest
 from installer.bundle import index
 from tests.arm64 import bundle_cross, guest, qemu_boot
 from tests.arm64.bundle_cross import modinfo
-
-TYPES = ("open", "proprietary")
+from tests.arm64.conftest import TYPES
 
 GUEST_TIMEOUT_S = 900
 pytestmark = [
@@ -38,13 +37,13 @@ NO_GPU = ("the driver built and the kernel accepted nvidia.ko, but no NVIDIA GPU
 
 
 @pytest.fixture(scope="module")
-def console(parts, tmp_path_factory) -> str:
+def console(parts, built, tmp_path_factory) -> str:
     work = tmp_path_factory.mktemp("arm64-guest")
     bundles = work / "bundles"
     bundles.mkdir()
     installs, needs = [], set()
     for module_type in TYPES:
-        out, record = bundle_cross.bundle_build(parts, module_type)
+        out, record = built[module_type]
         path = out / record["cli"]["bundle"].rsplit("/", 1)[1]
         shutil.copy(path, bundles / path.name)
         version = record["cli"]["driver_version"]
