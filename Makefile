@@ -81,8 +81,8 @@ deps-tiers:  ## the slow tiers' Debian packages (root), all at once
 # The arm64 tier's cross compiler (about 150 MB with its binutils and libgcc) and
 # qemu-system-aarch64 for the boot that loads the cross-built nvidia.ko.
 ARM64_DEPS := gcc-aarch64-linux-gnu qemu-system-arm
-test-arm64: install  ## NVIDIA's real open modules (Debian's arm64 parts) cross-built for arm64 in the build jail on this amd64 machine, checked with readelf/modinfo (slow tier; skips without gcc-aarch64-linux-gnu)
-	$(PY) -m pytest tests/arm64 $(PYTEST_ARGS)
+test-arm64: install  ## NVIDIA's real arm64 535 modules (Debian's open and proprietary sources) built by `bundle build --arch arm64` on this amd64 machine, then installed by the installer in an arm64 kernel under qemu-system-aarch64 up to "No NVIDIA GPU found" (slow tier; skips without gcc-aarch64-linux-gnu)
+	timeout 3600 $(PY) -m pytest tests/arm64 $(PYTEST_ARGS)
 
 test-gpu: install  ## on a real NVIDIA GPU node (root): detect, verify, doctor, the device-file step + CUDA as uid 65534, nvidia-smi exit 9/12, dry run, verify timing; READ-ONLY (no module load/unload, no GPU setting; device files only in a private tmpfs /dev); report in NDI_GPU_REPORT_DIR; skips in seconds without a GPU (NDI_GPU_REQUIRED=1: fail)
 	$(PY) -m pytest tests/gpu $(PYTEST_ARGS)

@@ -29,7 +29,7 @@ from installer.settings import Settings
 
 
 def context(settings: Settings, kernel: KernelState | None = None, runner: Runner | None = None,
-            *, strict: bool = True) -> Context:
+            *, strict: bool = True, arch: cpuarch.CpuArch | None = None) -> Context:
     """The one way every command (and every test) builds its context.
 
     ``kernel`` and ``runner`` are the seams tests replace. Not ``strict``: a host whose OS
@@ -53,7 +53,10 @@ def context(settings: Settings, kernel: KernelState | None = None, runner: Runne
         host_info = HostInfo.unknown(release)
     # Child processes see the same kernel as we do (the seams: tests only, empty on a node).
     runner = runner or Runner(env=kernel.seam_env())
-    arch, found = _arch(kernel, strict), None
+    # ``arch``: another architecture than the machine's (``bundle build --arch``: the
+    # architecture the bundle is for; the machine's own must still be known).
+    machine_arch, found = _arch(kernel, strict), None
+    arch = arch or machine_arch
     _check_driver_url_arch(settings, arch)
     if arch is not cpuarch.X86_64:  # x86_64: no Grace part, the PCI scan stays lazy
         found = tuple(gpus.scan(kernel.sys_dir))

@@ -68,3 +68,40 @@ def from_name(name: str) -> CpuArch:
             return arch
     raise ValueError(f"{name!r} is not an architecture the installer knows: "
                      + ", ".join(f"{a.machine} ({a.debian})" for a in ARCHES))
+
+
+# ELF e_machine (linux include/uapi/linux/elf-em.h: EM_X86_64 62, EM_AARCH64 183), at
+# offset 18 of the header, little-endian on both (EI_DATA = ELFDATA2LSB).
+ELF_MACHINES = {62: X86_64, 183: AARCH64}
+ELF_HEAD_BYTES = 64
+
+
+def elf_arch(head: bytes) -> CpuArch | None:
+    """The architecture of an ELF file from its first bytes; None for a script, another
+    format or a machine the installer does not know."""
+    if len(head) < 20 or head[:4] != b"\x7fELF" or head[5] != 1:
+        return None
+    return ELF_MACHINES.get(int.from_bytes(head[18:20], "little"))
+
+
+def binfmt_runs(entry: str, head: bytes) -> bool:
+    """Whether one ``/proc/sys/fs/binfmt_misc/<name>`` entry (qemu-user-static's
+    ``qemu-aarch64``) hands a file starting with ``head`` to its interpreter: the kernel's
+    own test (fs/binfmt_misc.c ``check_file``: enabled, and for a magic entry every byte
+    from ``offset`` equal to ``magic`` under ``mask``). Extension entries never match an
+    ELF binary; an unreadable entry matches nothing."""
+    fields: dict[str, str] = {}
+    for line in entry.splitlines():
+        key, _, value = line.strip().partition(" ")
+        fields[key] = value.strip()
+    if "enabled" not in fields or "magic" not in fields:
+        return False
+    try:
+        magic = bytes.fromhex(fields["magic"])
+        mask = bytes.fromhex(fields["mask"]) if "mask" in fields else b"\xff" * len(magic)
+        offset = int(fields.get("offset", "0"))
+    except ValueError:
+        return False
+    window = head[offset:offset + len(magic)]
+    return len(window) == len(magic) and len(mask) == len(magic) and all(
+        (b ^ m) & k == 0 for b, m, k in zip(window, magic, mask, strict=True))

@@ -19,8 +19,9 @@ are skipped.
 Outcomes: a missing bundle (HTTP 404, no such file) falls back to the build
 steps, or with ``--prebuilt-only`` is exit 5 naming it; a bundle that is not
 pinned, fails its digest, lies in its manifest or is for another kernel is
-exit 6 and never falls back; an unsigned bundle on a kernel that enforces
-signatures is exit 10.
+exit 6 and never falls back (so is one for another CPU architecture: its
+manifest's ``arch`` and every module's ELF machine must be the node's); an
+unsigned bundle on a kernel that enforces signatures is exit 10.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 import structlog
 
+from installer.base import cpuarch
 from installer.base.errors import DownloadError, IntegrityError, UsageError
 from installer.base.fsutil import remove_tree
 from installer.base.kinds import ModuleType
@@ -47,6 +49,7 @@ from installer.net.policy import redact_url
 from installer.net.transfer import stream
 from installer.plan import Step
 from installer.records.bundle_manifest import (
+    DEFAULT_ARCH,
     INDEX_NAME,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -197,7 +200,7 @@ def _stream_bundle(ctx: Context, url: str, key: BundleKey, digest: str | None,
             if exc.context.get("status") != 404:  # HTTP 404, or a missing file:// path
                 raise
             return None
-        manifest, extracted = extract(spool, out, key, refuse)
+        manifest, extracted = extract(spool, out, key, refuse, arch=ctx.arch.machine)
         stage(out, staging, manifest, extracted, ctx.kernel.release(), refuse)
     finally:
         spool.unlink(missing_ok=True)
@@ -215,10 +218,12 @@ def _refuser(key: BundleKey, where: str, running_release: str) -> Callable[[str]
 
 
 def extract(source: Path | BinaryIO, out: Path, key: BundleKey,
-            refuse: Callable[[str], IntegrityError]) -> tuple[Manifest, archive.ExtractResult]:
+            refuse: Callable[[str], IntegrityError], *, arch: str = DEFAULT_ARCH,
+            ) -> tuple[Manifest, archive.ExtractResult]:
     """Extract a bundle (a file or a stream, zstd or gzip) into ``out``; its manifest (the
-    first member) is checked against ``key`` before anything else is extracted, so a
-    bundle for another driver, kernel or module type costs one small read."""
+    first member) is checked against ``key`` and the node's ``arch`` (``uname -m``) before
+    anything else is extracted, so a bundle for another driver, kernel, module type or
+    architecture costs one small read."""
     seen: list[Manifest] = []
 
     def check(data: bytes) -> int:
@@ -228,6 +233,8 @@ def extract(source: Path | BinaryIO, out: Path, key: BundleKey,
             raise refuse(f"has a bad manifest: {exc}") from None
         if manifest.key != key:
             raise refuse(f"holds {manifest.key.describe()}, not {key.describe()}")
+        if manifest.arch != arch:
+            raise refuse(f"is built for {manifest.arch}, this node is {arch}")
         seen.append(manifest)
         return sum(entry.size for entry in manifest.files.values())  # no more is written
 
@@ -249,6 +256,10 @@ def stage(out: Path, staging: Tree, manifest: Manifest, extracted: archive.Extra
     if differences:
         raise refuse(f"does not match its manifest: {'; '.join(differences[:3])}")
     for ko in sorted((out / "drivers").glob("*.ko")):
+        machine = _elf_machine(ko)  # the objects themselves, not only the manifest's word
+        if machine != manifest.arch:
+            raise refuse(f"has {ko.name} built for {machine or 'no known machine'}, its "
+                         f"manifest says {manifest.arch}")
         built_for = vermagic_release(read_modinfo(ko))
         if built_for != running_release:
             raise refuse(f"has {ko.name} built for kernel {built_for}, the running kernel is "
@@ -258,12 +269,19 @@ def stage(out: Path, staging: Tree, manifest: Manifest, extracted: archive.Extra
             os.replace(out / top, staging.root / top)  # onto the empty dir new_staging made
 
 
-def unpack(path: Path, staging: Tree, key: BundleKey, running_release: str) -> Manifest:
+def _elf_machine(path: Path) -> str | None:
+    with open(path, "rb") as f:
+        found = cpuarch.elf_arch(f.read(cpuarch.ELF_HEAD_BYTES))
+    return found.machine if found else None
+
+
+def unpack(path: Path, staging: Tree, key: BundleKey, running_release: str, *,
+           arch: str = DEFAULT_ARCH) -> Manifest:
     """A bundle file already verified (tests, a pre-staged copy): extract, check, stage."""
     out = staging.root / "bundle"
     refuse = _refuser(key, str(path), running_release)
     try:
-        manifest, extracted = extract(path, out, key, refuse)
+        manifest, extracted = extract(path, out, key, refuse, arch=arch)
         stage(out, staging, manifest, extracted, running_release, refuse)
     finally:
         remove_tree(out, ignore_errors=True)

@@ -4,7 +4,11 @@ Nothing is loaded and the host's install dir is not touched: the build runs in
 a work dir under the output dir, through the same find-headers / download /
 extract / nvidia-installer-in-the-sandbox steps as ``install`` (so a bundle
 holds exactly what a compiled install would), for the kernel given by
-``--kernel-release`` (default: the running one).
+``--kernel-release`` (default: the running one) and the architecture given by
+``--arch`` (default: this machine's). Another architecture's bundle is cross-compiled:
+Kbuild's ``ARCH=arm64 CROSS_COMPILE=aarch64-linux-gnu-`` against that architecture's
+headers, and the .run's nvidia-installer (the target's binary) run through
+binfmt_misc (qemu-user-static).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import structlog
 import zstandard
 
 from installer import __version__
+from installer.base import cpuarch
+from installer.base.cpuarch import CpuArch
 from installer.base.errors import BuildError, UnsupportedHostError
 from installer.base.fsutil import sha256_file, write_atomic
 from installer.bundle import tree
@@ -60,7 +66,8 @@ class Signing:
     cert: Path  # X.509 certificate enrolled on the nodes (MOK / db)
 
 
-def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
+def plan(ctx: Context, output_dir: Path, signing: Signing | None, *,
+         level: int = COMPRESS_LEVEL) -> Plan:
     distro = for_host(ctx.host_info)  # its version, module type and kernel headers
     if not isinstance(distro, HeadersBuildFlow):
         raise UnsupportedHostError(
@@ -69,15 +76,24 @@ def plan(ctx: Context, output_dir: Path, signing: Signing | None) -> Plan:
     version = distro.driver_version(ctx)
     key = BundleKey(version, ctx.host_info.kernel_release, distro.module_type(ctx, version))
     url = ctx.settings.driver_run_url(version, arch=ctx.arch.nvidia)
+    cross = cross_target(ctx)
     return Plan("bundle", (
         distro.headers_step(),
         staging.prepare_staging(),
-        *compile_steps(ctx, url, version, key.module_type),
+        *compile_steps(ctx, url, version, key.module_type, cross=cross),
         *((sign_modules(signing),) if signing else ()),
-        write_bundle(key, output_dir, signed=signing is not None),
+        write_bundle(key, output_dir, signed=signing is not None, cross=cross, level=level),
     ), driver_version=version, kernel_module_type=key.module_type, driver_url=url,
         driver_sha256=ctx.settings.driver_sha256,
-        display={"kernel_release": key.kernel_release, "bundle": key.name()})
+        display={"kernel_release": key.kernel_release, "bundle": key.name(),
+                 "arch": ctx.arch.machine, "cross_compiled": cross is not None})
+
+
+def cross_target(ctx: Context) -> CpuArch | None:
+    """The bundle's architecture (``--arch``, carried in ``ctx.arch``) when this build
+    machine's (``uname -m``: the compilers' own) is another: Kbuild then cross-compiles."""
+    build_machine = cpuarch.from_machine(ctx.kernel.machine())
+    return None if ctx.arch == build_machine else ctx.arch
 
 
 def sign_modules(signing: Signing) -> Step:
@@ -113,12 +129,14 @@ def _signed(ko: Path) -> bool:
         return f.read() == MAGIC
 
 
-def write_bundle(key: BundleKey, output_dir: Path, *, signed: bool) -> Step:
+def write_bundle(key: BundleKey, output_dir: Path, *, signed: bool,
+                 cross: CpuArch | None = None, level: int = COMPRESS_LEVEL) -> Step:
     def run(ctx: Context) -> BundleWritten:
         staging = ctx.results.staging()
-        manifest = make_manifest(staging.root, key, compiler=compiler_version(ctx),
-                                 signed=signed, driver_sha256=_run_sha256(ctx))
-        return BundleWritten(write(staging.root, manifest, output_dir))
+        manifest = make_manifest(staging.root, key, compiler=compiler_version(ctx, cross),
+                                 signed=signed, driver_sha256=_run_sha256(ctx),
+                                 arch=ctx.arch)
+        return BundleWritten(write(staging.root, manifest, output_dir, level=level))
 
     return Step("write_bundle", run, f"{output_dir}/{key.name()} and its .sha256",
                 needs=(Staged,), gives=(BundleWritten,))
@@ -129,11 +147,13 @@ def _run_sha256(ctx: Context) -> str | None:
     return got.sha256 if got is not None else None
 
 
-def compiler_version(ctx: Context) -> str:
-    """The first line of ``$CC --version``: the compiler the sandboxed build ran."""
+def compiler_version(ctx: Context, cross: CpuArch | None = None) -> str:
+    """The first line of ``$CC --version``: the compiler the sandboxed build ran (a cross
+    build's: Kbuild's ``$(CROSS_COMPILE)gcc``)."""
     ready = ctx.results.get(ToolchainReady)
     toolchain_cc = ready.toolchain.env.get("CC") if ready else None
-    cc = toolchain_cc or os.environ.get("CC") or "cc"
+    cross_cc = f"{cross.cross_prefix}gcc" if cross else None
+    cc = toolchain_cc or cross_cc or os.environ.get("CC") or "cc"
     try:
         out = ctx.runner.run([cc.split()[0], "--version"], timeout=30).stdout
     except (CommandError, OSError):
@@ -142,7 +162,7 @@ def compiler_version(ctx: Context) -> str:
 
 
 def make_manifest(root: Path, key: BundleKey, *, compiler: str, signed: bool,
-                  driver_sha256: str | None) -> Manifest:
+                  driver_sha256: str | None, arch: CpuArch = cpuarch.X86_64) -> Manifest:
     try:
         files, links = tree.describe(root)
         for rel, target in links.items():
@@ -153,6 +173,12 @@ def make_manifest(root: Path, key: BundleKey, *, compiler: str, signed: bool,
     if not (root / "drivers/nvidia.ko").is_file():
         raise BuildError("the build produced no drivers/nvidia.ko", path=str(root))
     for ko in modules:
+        with open(ko, "rb") as f:
+            machine = cpuarch.elf_arch(f.read(cpuarch.ELF_HEAD_BYTES))
+        if machine != arch:
+            raise BuildError(f"{ko.name} is built for {machine or 'an unknown machine'}, "
+                             f"not {arch}", hint="check --arch and the kernel headers' "
+                             "architecture", path=str(ko))
         built_for = vermagic_release(read_modinfo(ko))
         if built_for != key.kernel_release:
             raise BuildError(f"{ko.name} was built for kernel {built_for}, not {key.kernel_release}",
@@ -162,7 +188,8 @@ def make_manifest(root: Path, key: BundleKey, *, compiler: str, signed: bool,
         key=key, vermagic=read_modinfo(root / "drivers/nvidia.ko")["vermagic"],
         compiler=compiler, signed=signed,
         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        installer_version=__version__, driver_sha256=driver_sha256, files=files, links=links)
+        installer_version=__version__, driver_sha256=driver_sha256, files=files, links=links,
+        arch=arch.machine)
 
 
 def write(root: Path, manifest: Manifest, output_dir: Path, *,

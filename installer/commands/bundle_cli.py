@@ -11,6 +11,7 @@ from typing import Any
 import click
 import structlog
 
+from installer.base import cpuarch
 from installer.base.branches import EXAMPLE_VERSION
 from installer.base.errors import UsageError
 from installer.base.kinds import MODULE_TYPE_REQUESTS
@@ -20,6 +21,8 @@ from installer.driver.nvidia_urls import DEFAULT_DRIVER_BASE_URL
 log = structlog.get_logger(__name__)
 
 LOG_FORMATS = click.Choice(["auto", "json", "console"])
+# uname -m's and dpkg's spellings: x86_64 amd64 aarch64 arm64.
+ARCH_NAMES = [name for a in cpuarch.ARCHES for name in (a.machine, a.debian)]
 
 
 @click.group("bundle", short_help="Build precompiled driver bundles once per kernel; index them.")
@@ -53,7 +56,8 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
 @click.option("--driver-url", envvar="NVIDIA_DRIVER_DOWNLOAD_URL", show_envvar=True,
               help="Full URL of the NVIDIA .run [default: from --driver-base-url].")
 @click.option("--driver-base-url", envvar="NVIDIA_DRIVER_BASE_URL", show_envvar=True,
-              default=DEFAULT_DRIVER_BASE_URL, show_default=True)
+              help=f"The .run is <base>/<V>/NVIDIA-Linux-<arch>-<V>.run [default: "
+              f"{DEFAULT_DRIVER_BASE_URL}]. Not with --driver-url.")
 @click.option("--driver-sha256", envvar="NVIDIA_DRIVER_SHA256", show_envvar=True,
               help="Expected SHA-256 of the .run.")
 @click.option("--kernel-release", envvar="KERNEL_RELEASE", show_envvar=True,
@@ -64,6 +68,11 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
 @click.option("--kernel-module-type", type=click.Choice(MODULE_TYPE_REQUESTS),
               envvar="NVIDIA_KERNEL_MODULE_TYPE", default="auto", show_default=True,
               show_envvar=True, help="auto: NVIDIA's default for the branch (no GPU needed).")
+@click.option("--arch", "arch_name", envvar="NVIDIA_BUNDLE_ARCH", show_envvar=True,
+              type=click.Choice(ARCH_NAMES),
+              help="The nodes' CPU architecture [default: this machine's]; another one is "
+              "cross-compiled against its headers (ARCH=arm64 CROSS_COMPILE=aarch64-linux-gnu-; "
+              "the .run's nvidia-installer runs through qemu-user-static).")
 @click.option("--targets", envvar="NVIDIA_BUNDLE_TARGETS", show_envvar=True,
               help="DRIVER@KERNEL items (space or comma separated); --target-index picks one "
               "(for an Indexed Job: one pod per item).")
@@ -74,6 +83,10 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
 @click.option("--signing-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               envvar="NVIDIA_BUNDLE_SIGNING_CERT", show_envvar=True,
               help="The X.509 certificate of --signing-key, enrolled on the nodes.")
+@click.option("--compression-level", type=click.IntRange(1, 22), default=19, show_default=True,
+              envvar="NVIDIA_BUNDLE_COMPRESSION_LEVEL", show_envvar=True,
+              help="zstd's level: 19 is the smallest for every node to fetch; a lower one "
+              "builds faster (the format is the same at every level).")
 @click.option("--allow-insecure-http", is_flag=True, envvar="ALLOW_INSECURE_HTTP",
               show_envvar=True)
 @click.option("--log-format", type=LOG_FORMATS, envvar="LOG_FORMAT", default="auto",
@@ -81,7 +94,8 @@ def pick_target(targets: str, index: int | None) -> tuple[str, str]:
 @click.option("-v", "--verbose", is_flag=True)
 def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path | None,
                   targets: str | None, target_index: int | None, log_format: str,
-                  verbose: bool, **opts: Any) -> None:
+                  verbose: bool, arch_name: str | None, compression_level: int,
+                  **opts: Any) -> None:
     """Compile the driver for a kernel (nothing is loaded) and write one bundle."""
     from installer.base.fsutil import remove_tree
     from installer.commands import bundle_build as build
@@ -104,9 +118,9 @@ def build_command(output_dir: Path, signing_key: Path | None, signing_cert: Path
     try:
         settings = validate(Settings(install_dir=work, **retry_env(os.environ),
                                      **{k: v for k, v in opts.items() if v is not None}))
-        ctx = context(settings)
+        ctx = context(settings, arch=cpuarch.from_name(arch_name) if arch_name else None)
         signing = build.Signing(signing_key, signing_cert) if signing_key and signing_cert else None
-        plan = build.plan(ctx, output_dir.resolve(), signing)
+        plan = build.plan(ctx, output_dir.resolve(), signing, level=compression_level)
         log.info("plan_ready", kind=plan.kind, steps=[s.name for s in plan.steps],
                          **plan.summary)
         execute(plan, ctx, [])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from installer.base.cpuarch import CpuArch
 from installer.base.kinds import ModuleType
 from installer.bundle.fetch import prebuilt_step
 from installer.distros.base import Distro
@@ -47,12 +48,13 @@ def find_kernel_headers() -> Step:
                 gives=(HeadersReady,))
 
 
-def compile_steps(ctx: Context, url: str, version: str, module_type: str) -> tuple[Step, ...]:
+def compile_steps(ctx: Context, url: str, version: str, module_type: str,
+                  cross: CpuArch | None = None) -> tuple[Step, ...]:
     """The NVIDIA .run downloaded, extracted and built in the sandbox: install's build and
-    ``bundle build``'s are this one sequence."""
+    ``bundle build``'s are this one sequence (``cross``: bundle build --arch's target)."""
     return (staging.download_driver(url, ctx.settings.driver_sha256),
             staging.extract_driver(version),
-            staging.build_driver(ctx, version, module_type))
+            staging.build_driver(ctx, version, module_type, cross=cross))
 
 
 class HeadersBuildFlow(Flow):

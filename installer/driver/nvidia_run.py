@@ -19,7 +19,9 @@ from typing import Any
 
 import structlog
 
+from installer.base import cpuarch
 from installer.base.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
+from installer.base.cpuarch import CpuArch
 from installer.base.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
 from installer.base.fsutil import remove_tree
 from installer.base.values import is_driver_version
@@ -310,6 +312,33 @@ def _take_extracted(out: Path, target: Path, what: str) -> None:
     except harvest.Refused as exc:  # named as the header saw it
         raise _refusal(what, f"{OUT_IN_CHROOT}{exc}") from None
     os.replace(out / target.name, target)
+
+
+BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
+
+
+def check_runs_here(program: Path, build_arch: CpuArch, binfmt_dir: Path = BINFMT_DIR) -> None:
+    """Exit 7 before a cross build when the .run's ``program`` (nvidia-installer: an
+    aarch64 ELF in NVIDIA's aarch64 .run) is another machine's binary and no enabled
+    binfmt_misc entry (qemu-user-static's ``qemu-aarch64``) would run it here."""
+    with program.open("rb") as f:
+        head = f.read(cpuarch.ELF_HEAD_BYTES)
+    target = cpuarch.elf_arch(head)
+    if target is None or target == build_arch:
+        return  # a script, or this machine's own binary
+    entries = sorted(binfmt_dir.iterdir()) if binfmt_dir.is_dir() else []
+    for entry in entries:
+        try:
+            if entry.name not in ("register", "status") and cpuarch.binfmt_runs(
+                    entry.read_text(errors="replace"), head):
+                return
+        except OSError:
+            continue
+    raise BuildError(
+        f"{program.name} of the .run is an {target} binary and this {build_arch} machine "
+        f"cannot run it (no binfmt_misc entry for {target})",
+        hint="install qemu-user-static (it registers qemu-aarch64 with binfmt_misc), or "
+        f"build on an {target} machine", path=str(program))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A bundle is ``nvidia-driver-<driver>-<module type>-<kernel release>.tar.zst``
 (``.tar.gz`` for bundles built before zstd: still read, the compression told by
 the archive's magic bytes) holding ``manifest.json`` (first member) and the install layout: ``drivers/``,
 ``bin/``, ``lib64/``, ``firmware/``. The manifest names the keys (driver
-version, kernel release, module type), the modules' vermagic, the compiler,
+version, kernel release, module type), the CPU architecture, the modules' vermagic, the compiler,
 whether the modules are signed, and the sha256 and size of every file and the
 target of every symlink.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from installer.base import safejson
+from installer.base import cpuarch, safejson
 from installer.base.branches import EXAMPLE_VERSION
 from installer.base.kinds import MODULE_TYPES, ModuleType
 from installer.base.values import is_driver_version, is_kernel_release, sha256_digest
@@ -41,6 +41,10 @@ MAX_FILES = 20_000
 MAX_FILE_BYTES = 4 << 30
 MAX_TEXT = 512
 PLACEHOLDERS = ("driver_version", "kernel_release", "module_type")
+ARCH_NAMES = tuple(a.machine for a in cpuarch.ARCHES)
+# A manifest without "arch" was written before arm64 bundles (issue 42): x86_64, the only
+# architecture the installer built for then.
+DEFAULT_ARCH = cpuarch.X86_64.machine
 
 _NAME = re.compile(r"^nvidia-driver-(\d[\d.]*\d)-(open|proprietary)-(.+)\.tar\.(?:zst|gz)$")
 
@@ -140,12 +144,16 @@ class Manifest:
     driver_sha256: str | None  # of the .run the bundle was built from
     files: dict[str, FileEntry] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
+    # The CPU architecture the modules and binaries are for (``uname -m``): the name does
+    # not say it (Ubuntu's 6.8.0-1015-gcp is the same release on x86_64 and arm64).
+    arch: str = DEFAULT_ARCH
 
     def summary(self) -> dict[str, object]:
         """What the index keeps about a bundle besides its digest."""
         return {"driver_version": self.key.driver_version,
                 "kernel_release": self.key.kernel_release,
-                "module_type": self.key.module_type, "vermagic": self.vermagic,
+                "module_type": self.key.module_type, "arch": self.arch,
+                "vermagic": self.vermagic,
                 "compiler": self.compiler, "signed": self.signed, "built_at": self.built_at}
 
     def to_json(self) -> str:
@@ -192,13 +200,16 @@ class Manifest:
         if "drivers/nvidia.ko" not in entries:
             raise BundleError("the manifest lists no drivers/nvidia.ko")
         signed, sha = doc.get("signed"), doc.get("driver_sha256")
+        arch = doc.get("arch", DEFAULT_ARCH)
+        if arch not in ARCH_NAMES:
+            raise BundleError(f"arch {arch!r} is not one of {', '.join(ARCH_NAMES)}")
         if not isinstance(signed, bool):
             raise BundleError("signed is not true or false")
         return cls(key, vermagic, _text(doc.get("compiler"), "compiler"), signed,
                    _text(doc.get("built_at"), "built_at", 64),
                    _text(doc.get("installer_version"), "installer_version", 64),
                    None if sha is None else check_sha256(sha, "driver_sha256"),
-                   entries, dict(links))
+                   entries, dict(links), arch)
 
 
 def expand_url(template: str, key: BundleKey, suffix: str = SUFFIX) -> str:

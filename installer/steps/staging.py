@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from installer.base import cpuarch
+from installer.base.cpuarch import CpuArch
 from installer.base.errors import BuildError
 from installer.base.fsutil import remove_tree
 from installer.driver import module_build, nvidia_options, nvidia_run
@@ -115,10 +117,11 @@ def extract_driver(version: str) -> Step:
 
 
 def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
-                 userspace_only: bool = False) -> Step:
+                 userspace_only: bool = False, cross: CpuArch | None = None) -> Step:
     """NVIDIA's Makefile builds the modules (unless ``userspace_only``: COS prebuilt),
     then nvidia-installer --no-kernel-module installs user space; both in the sandbox.
-    Neither loads anything: module_build.py."""
+    Neither loads anything: module_build.py. ``cross``: the target architecture of a
+    cross build (``bundle build --arch``), whose nvidia-installer must run here."""
 
     release = ctx.host_info.kernel_release
     tree_dir = "" if userspace_only else module_build.build_dir(version, module_type)
@@ -126,7 +129,8 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
 
     def make_argv(tree: KernelTree) -> list[str]:
         jobs = cgroup_memory.jobs_for(cpus.usable_cpus(), cgroup_memory.memory_limit())
-        return module_build.make_argv(f"{nvidia_run.EXTRACT_IN_CHROOT}/{tree_dir}", tree, jobs)
+        return module_build.make_argv(f"{nvidia_run.EXTRACT_IN_CHROOT}/{tree_dir}", tree, jobs,
+                                      cross=cross)
 
     def run(ctx: Context) -> None:
         staging = ctx.results.staging()
@@ -144,8 +148,12 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
         # kernel inside the jail: the stand-ins record their calls there and would
         # test-load through it if our flow let them (tests/fixtures/README.md).
         env = dict(toolchain.env) if toolchain else {}
+        extract_dir = ctx.results.need(Extracted).extract_dir
+        if cross is not None:  # before minutes of make: nvidia-installer must run after it
+            nvidia_run.check_runs_here(extract_dir / "nvidia-installer",
+                                       cpuarch.from_machine(ctx.kernel.machine()))
         jail = nvidia_run.BuildJail(
-            extract_dir=ctx.results.need(Extracted).extract_dir, staging=staging, kernel_release=release,
+            extract_dir=extract_dir, staging=staging, kernel_release=release,
             binds=binds, env=env, rw_binds=[(path, path) for path in ctx.runner.env.values()])
         try:
             if not userspace_only:

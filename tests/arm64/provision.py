@@ -35,9 +35,10 @@ from tests.vm import provision as vm_provision
 from tests.vm.provision import locked
 
 CACHE_ROOT = Path(os.environ.get("NDI_ARM64_CACHE", "/var/cache/ndi-arm64"))
-COMPONENTS = ["main", "contrib"]
+COMPONENTS = ["main", "contrib", "non-free"]
 ARCHES = ("amd64", "arm64")
-RECIPE_VERSION = "2"
+TREES = ("open-arm64", "open-amd64", "prop-arm64")  # unpacked kernel module trees
+RECIPE_VERSION = "3"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,8 @@ class CrossParts:
     kbuild: str  # /usr/lib/linux-kbuild-<X> (amd64 tools)
     open_tree: Path  # the arm64 package's kernel-open tree (Kbuild at its top)
     open_tree_amd64: Path
+    proprietary_tree: Path  # nvidia-kernel-source (arm64): NVIDIA's kernel/ tree
+    userspace: Path  # the arm64 nvidia-smi, libnvidia-ml.so.<V>, nvidia-modprobe unpacked
     versions: dict[str, str]  # package -> Debian version
 
     def binds(self) -> list[tuple[str, str]]:
@@ -94,6 +97,11 @@ def _names(apt: PrivateApt) -> dict[str, str]:
     base = f"{series}.0-{abi_n}"
     return {"nvidia-open-kernel-source:arm64": "open-arm64",
             "nvidia-open-kernel-source:amd64": "open-amd64",
+            "nvidia-kernel-source:arm64": "prop-arm64",
+            # NVIDIA's arm64 user space for the test .run's payload (the stand-in
+            # nvidia-installer installs them; nothing runs them on this machine).
+            "nvidia-smi:arm64": "user-arm64", "libnvidia-ml1:arm64": "user-arm64",
+            "nvidia-modprobe:arm64": "user-arm64",
             f"linux-headers-{base}-arm64:arm64={version}": "root",
             f"linux-headers-{base}-common:all={version}": "root",
             f"linux-kbuild-{series}:amd64={version}": "root"}
@@ -152,12 +160,12 @@ def provision(log: Log = default_log) -> CrossParts:
         record = {"recipe": RECIPE_VERSION, "versions": versions}
         if not stamp.exists() or json.loads(stamp.read_text())["versions"] != versions:
             stamp.unlink(missing_ok=True)
-            for d in ("root", "open-arm64", "open-amd64"):
+            for d in ("root", *TREES, "user-arm64"):
                 shutil.rmtree(CACHE_ROOT / d, ignore_errors=True)
             for pkg, into in names.items():
                 deb = _download(apt, pkg, CACHE_ROOT / "debs" / pkg.split("=")[0].replace(":", "_"))
                 run(["dpkg-deb", "-x", str(deb), str(CACHE_ROOT / into)], log=log)
-            trees = {d: str(_unpack_open(CACHE_ROOT / d)) for d in ("open-arm64", "open-amd64")}
+            trees = {d: str(_unpack_open(CACHE_ROOT / d)) for d in TREES}
             stamp.write_text(json.dumps({**record, "trees": trees}, indent=1) + "\n")
         saved = json.loads(stamp.read_text())
     base = next(p for p in versions if p.endswith("-common:all")).split(":")[0]
@@ -167,7 +175,9 @@ def provision(log: Log = default_log) -> CrossParts:
         abi=abi.split(":")[0].removeprefix("linux-headers-"), root=CACHE_ROOT / "root",
         source=f"/usr/src/{base}", output=f"/usr/src/{abi.split(':')[0]}",
         kbuild=f"/usr/lib/{series}", open_tree=Path(saved["trees"]["open-arm64"]),
-        open_tree_amd64=Path(saved["trees"]["open-amd64"]), versions=versions)
+        open_tree_amd64=Path(saved["trees"]["open-amd64"]),
+        proprietary_tree=Path(saved["trees"]["prop-arm64"]), userspace=CACHE_ROOT / "user-arm64",
+        versions=versions)
     for d in (parts.source, parts.output):
         if not (parts.root / d.lstrip("/") / "Makefile").is_file():
             raise ProvisionError(f"{d} has no Makefile under {parts.root}")
@@ -194,4 +204,6 @@ if __name__ == "__main__":
     p = provision()
     print(json.dumps({**dataclasses.asdict(p), "root": str(p.root),
                       "open_tree": str(p.open_tree),
-                      "open_tree_amd64": str(p.open_tree_amd64)}, indent=1))
+                      "open_tree_amd64": str(p.open_tree_amd64),
+                      "proprietary_tree": str(p.proprietary_tree),
+                      "userspace": str(p.userspace)}, indent=1))

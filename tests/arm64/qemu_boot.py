@@ -1,10 +1,10 @@
 """Debian's arm64 kernel under qemu-system-aarch64 (TCG, no firmware: -kernel/-initrd),
-loading cross-built modules with busybox's insmod from an initramfs (issue 42 §3).
+booting the guest of tests/arm64/guest.py (issue 42 §3).
 
-The image (``linux-image-<abi>`` arm64) and ``busybox-static`` (arm64) come from the same
-private apt configuration as the headers (tests/arm64/provision.py), pinned to the
-headers' version; nothing is installed on this machine but qemu-system-arm
-(``make deps-tiers``). The initramfs' /init prints what the test reads between markers.
+The image (``linux-image-<abi>`` arm64) comes from the same private apt configuration as
+the headers (tests/arm64/provision.py), pinned to the headers' version; nothing is
+installed on this machine but qemu-system-arm (``make deps-tiers``). The guest's /init
+prints what the test reads between markers.
 """
 
 from __future__ import annotations
@@ -21,26 +21,6 @@ from tests.vm.provision import locked
 
 QEMU = "qemu-system-aarch64"
 BOOT_TIMEOUT_S = 420  # TCG on 2 shared cores: measured in docs/arm64.md
-BEGIN, END = "=== ndi-arm64 begin ===", "=== ndi-arm64 end ==="
-
-# busybox sh: mount what insmod and dmesg read, load each module given, print the
-# results between markers, power off (panic=-1 and -no-reboot end qemu either way).
-INIT = f"""#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-echo "{BEGIN}"
-echo "machine=$(uname -m) release=$(uname -r)"
-for ko in $(cat /modules); do
-  insmod /$ko; echo "insmod $ko rc=$?"
-done
-dmesg | grep -E 'NVRM|nvidia|Unknown symbol|disagrees|Invalid module|exec format'
-echo "{END}"
-poweroff -f
-"""
-
-
 def boot_parts(parts: CrossParts, log: Log = default_log) -> tuple[Path, Path, Path]:
     """(vmlinuz, busybox, /lib/modules/<abi>) for the headers' kernel, fetched once."""
     version = parts.versions[f"linux-headers-{parts.abi}:arm64"]
@@ -88,37 +68,19 @@ def in_tree_deps(modules: Path, names: list[str]) -> list[Path]:
     return [modules / p for p in order]
 
 
-def initramfs(work: Path, busybox: Path, modules: list[Path]) -> Path:
-    """busybox, /init and ``modules`` (loaded in this order; names must be unique)."""
-    root = work / "initramfs"
-    for d in ("bin", "proc", "sys", "dev"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    shutil.copy(busybox, root / "bin/busybox")
-    (root / "init").write_text(INIT)
-    (root / "init").chmod(0o755)
-    for ko in modules:
-        shutil.copy(ko, root / ko.name)
-    (root / "modules").write_text(" ".join(ko.name for ko in modules) + "\n")
-    image = work / "initramfs.cpio"
-    files = subprocess.run(["find", "."], cwd=root, capture_output=True, text=True,
-                           check=True).stdout
-    with open(image, "wb") as f:
-        subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files.encode(),
-                       stdout=f, check=True)
-    return image
-
-
-def boot(vmlinuz: Path, initrd: Path, log_file: Path) -> tuple[str, float]:
+def boot(vmlinuz: Path, initrd: Path, log_file: Path, *, memory_mib: int = 2048,
+         timeout_s: float = BOOT_TIMEOUT_S, markers: tuple[str, str]) -> tuple[str, float]:
     """The console between the markers, and the boot's seconds (bounded)."""
-    argv = [QEMU, "-M", "virt", "-cpu", "cortex-a57", "-m", "2048", "-smp", "1",
+    begin, end = markers
+    argv = [QEMU, "-M", "virt", "-cpu", "cortex-a57", "-m", str(memory_mib), "-smp", "1",
             "-nographic", "-no-reboot", "-kernel", str(vmlinuz), "-initrd", str(initrd),
             "-append", "console=ttyAMA0 panic=-1 quiet loglevel=4"]
     t0 = time.monotonic()
     with open(log_file, "w") as f:
         subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                       timeout=BOOT_TIMEOUT_S, check=False)
+                       timeout=timeout_s, check=False)
     took = time.monotonic() - t0
     text = log_file.read_text(errors="replace")
-    if BEGIN not in text or END not in text:
-        raise AssertionError(f"no {BEGIN!r}..{END!r} in the console:\n{text[-3000:]}")
-    return text.split(BEGIN, 1)[1].split(END, 1)[0], took
+    if begin not in text or end not in text:
+        raise AssertionError(f"no {begin!r}..{end!r} in the console:\n{text[-3000:]}")
+    return text.split(begin, 1)[1].split(end, 1)[0], took
