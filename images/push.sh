@@ -65,8 +65,10 @@ for flavor in "${FLAVORS[@]}"; do
   list=$(bah manifest inspect "$src" 2>/dev/null) ||
     die "no manifest list $src in $STORAGE_ROOT: run make images first (TAG names the pushed tag, not the built one: NDI_IMAGE_TAG picks which built images)"
   log "pushing $src ($(python3 -c 'import json,sys; print(", ".join(m["platform"]["architecture"] for m in json.load(sys.stdin)["manifests"]))' <<<"$list")) to $dest ..."
-  # --all: every architecture's image with the list (without it only the list goes).
-  bah manifest push -q --all "${args[@]}" --digestfile "$work/$flavor" "$src" "docker://$dest" >/dev/null
+  # --all: every architecture's image with the list (without it only the list goes);
+  # --format oci: an OCI index over the OCI image manifests buildah commits (the local
+  # list is a Docker manifest list: one media type family, whatever the source).
+  bah manifest push -q --all --format oci "${args[@]}" --digestfile "$work/$flavor" "$src" "docker://$dest" >/dev/null
   digest=$(<"$work/$flavor")
   [[ $digest =~ ^sha256:[a-f0-9]{64}$ ]] || die "buildah manifest push wrote no digest for $dest"
   printf '%s %s@%s\n' "$flavor" "$dest" "$digest"

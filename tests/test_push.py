@@ -227,9 +227,13 @@ def test_the_printed_render_command_pins_the_lists(pushed):
     assert out.returncode == 0, out.stderr
     import yaml
 
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     images = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["initContainers"][0]["image"]
-              for d in yaml.safe_load_all(out.stdout) if d}
-    # One DaemonSet per flavour, no per-architecture variant: the list serves both.
+              for d in docs}
+    # One DaemonSet per flavour, no per-architecture variant, none held to one architecture:
+    # the list serves both.
+    assert all("kubernetes.io/arch" not in json.dumps(d["spec"]["template"]["spec"].get(key))
+               for d in docs for key in ("affinity", "nodeSelector"))
     assert images == {f"nvidia-driver-installer-{flavor}":
                       f"{host}/{REPOSITORY}/nvidia-driver-installer-{flavor}:pushed-1@{digest}"
                       for flavor, digest in digests.items()}
