@@ -180,6 +180,18 @@ def test_each_architecture_pulls_back_through_the_lists_digest(pulled):
     assert len(set(ids.values())) == len(ids)
 
 
+def _resolve(rootfs: Path, path: str) -> Path:
+    """PATH inside ROOTFS with its symlinks followed there, not on this machine."""
+    for _ in range(16):
+        full = rootfs / path.lstrip("/")
+        if not full.is_symlink():
+            return full
+        target = os.readlink(full)
+        path = target if target.startswith("/") else os.path.join(os.path.dirname(path), target)
+        path = os.path.normpath(path)
+    raise AssertionError(f"symlink loop at {path} in {rootfs}")
+
+
 def test_the_arm64_installer_runs_under_qemu_user(pulled):
     """The pulled arm64 image's own Python (an AArch64 ELF) runs the installer's CLI through
     binfmt_misc's qemu-aarch64 (qemu-user-static), as an arm64 node would run it natively."""
@@ -191,9 +203,8 @@ def test_the_arm64_installer_runs_under_qemu_user(pulled):
         try:
             rootfs = Path(subprocess.run([*bah, "mount", ctr], capture_output=True, text=True,
                                          timeout=60, check=True).stdout.strip())
-            python = rootfs / "opt/nvidia-driver-installer/bin/python"
-            target = os.readlink(python)  # the venv's link to the image's interpreter
-            interpreter = rootfs / os.path.realpath(Path("/usr/bin") / target).lstrip("/")
+            # The venv's python: links to the image's own interpreter.
+            interpreter = _resolve(rootfs, "/opt/nvidia-driver-installer/bin/python")
             header = interpreter.read_bytes()[:20]
             assert header[:4] == b"\x7fELF"
             assert int.from_bytes(header[18:20], "little") == ELF_MACHINE["arm64"], interpreter
