@@ -196,9 +196,14 @@ else
   die "cannot read ${MIRROR%/}/dists/$SUITE/Release (the base's cache key): is the mirror reachable? (NDI_DEBIAN_MIRROR; NDI_BASE_DATE=<day> keys by a day instead)"
 fi
 for arch in "${ARCHES[@]}"; do local_base_for "$arch"; done
-# Older bases (another day, recipe or architecture list) are no longer needed.
-bah images --format '{{.Name}}:{{.Tag}}' --filter reference=localhost/ndi-base 2>/dev/null |
-  grep -vxF "${LOCAL_BASE_IMAGE[@]/#/-e}" | xargs -r buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" rmi -f >/dev/null 2>&1 || true
+# Older bases of the architectures built now (another archive state or recipe, or named
+# before the architecture was in the name) are no longer needed. Another architecture's
+# stays: the pod tier builds only amd64 in this storage, and removing the arm64 base would
+# orphan every cached arm64 layer (a recommitted base is a new image ID).
+old_bases=$(bah images --format '{{.Name}}:{{.Tag}}' --filter reference=localhost/ndi-base 2>/dev/null |
+  grep -E "^localhost/ndi-base:$SUITE-(($(IFS='|'; echo "${ARCHES[*]}"))-)?[0-9a-f]{12}\$" |
+  grep -vxF "${LOCAL_BASE_IMAGE[@]/#/-e}") || true
+[[ -z $old_bases ]] || xargs buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" rmi -f <<<"$old_bases" >/dev/null 2>&1 || true
 log "BOTH flavours are built FROM the bookworm base here (NDI_LOCAL_BASE=1: a local substitute," \
     "not the real bases), for ${ARCHES[*]}"
 }
