@@ -41,18 +41,19 @@ manifests: install  ## render the committed manifests from the templates
 lock:  ## regenerate images/requirements.lock (hashed Python dependencies of the images)
 	bash scripts/lock-image-deps.sh
 
-images: install  ## build both images with buildah FROM the bases their Dockerfiles name (NDI_LOCAL_BASE=1: a local debootstrap substitute, for tests)
+images: install  ## build both images for amd64 and arm64 (qemu-user-static) with buildah FROM the bases their Dockerfiles name, one manifest list each (NDI_LOCAL_BASE=1: a local debootstrap substitute, for tests)
 	bash images/build.sh
 
 REGISTRY ?=
 TAG ?=
-push:  ## push the built images to REGISTRY/nvidia-driver-installer-<flavor>:TAG and print the digests to pin (make push REGISTRY=... [TAG=...])
+push:  ## push the built manifest lists (amd64 + arm64) to REGISTRY/nvidia-driver-installer-<flavor>:TAG and print the lists' digests to pin (make push REGISTRY=... [TAG=...])
 	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=registry.example.com/team [TAG=0.1.0]" >&2; exit 2; }
 	@bash images/push.sh "$(REGISTRY)" $(TAG)
 
-# docker-registry: Debian's reference registry (distribution), for the push/pull test.
-IMAGE_DEPS := buildah debootstrap docker-registry
-test-images: install  ## build both images (local substitute base), install from them on fixture nodes, push and pull them by digest (slow tier, root, ~5 min fresh)
+# docker-registry: Debian's reference registry (distribution), for the push/pull test;
+# qemu-user-static: the arm64 images' RUN steps (and the arm64 base's debootstrap) on amd64.
+IMAGE_DEPS := buildah debootstrap docker-registry qemu-user-static
+test-images: install  ## build both images for amd64 and arm64 (local substitute base), install from them on fixture nodes, push the manifest lists and pull each architecture back by digest (slow tier, root; see README for times)
 	bash scripts/install-deps.sh $(IMAGE_DEPS)
 	NDI_IMAGE_TESTS=1 $(PY) -m pytest tests/test_images.py tests/test_push.py $(PYTEST_ARGS)
 

@@ -12,3 +12,11 @@ VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$REPO/installer/__init__.py")
 # The tag images/build.sh gives what it builds: the package version unless NDI_IMAGE_TAG.
 BUILT_TAG=${NDI_IMAGE_TAG:-$(printf '%s' "$VERSION" | tr -c 'A-Za-z0-9_.-' '-')}
 bah() { buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" "$@"; }
+# The architectures built (Debian's names: amd64 arm64), one image each per flavour,
+# and one manifest list per flavour over them (images/build.sh, images/push.sh).
+read -ra ARCHES <<<"${NDI_IMAGE_ARCHES:-amd64 arm64}"
+HOST_ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
+# The plain tag names the image a `podman run` here would pick: the host's architecture.
+built_ref() { printf 'localhost/nvidia-driver-installer-%s:%s' "$1" "$BUILT_TAG"; }
+arch_ref() { printf 'localhost/nvidia-driver-installer-%s:%s-%s' "$1" "$BUILT_TAG" "$2"; }
+list_ref() { printf 'localhost/nvidia-driver-installer-%s:%s-list' "$1" "$BUILT_TAG"; }

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Push the images images/build.sh built (`make images`) to a registry, and print the
-# digests to pin them by (`manifests render --image-digest`).
+# Push the images images/build.sh built (`make images`) to a registry, each flavour as one
+# manifest list over its architectures (amd64, arm64: `buildah manifest push --all`), and
+# print the lists' digests to pin them by (`manifests render --image-digest`): a node pulls
+# its own architecture's image through the list, so one DaemonSet serves both.
 #
 # Usage: images/push.sh REGISTRY [TAG] [FLAVOR...]
 #   REGISTRY  where the images go: REGISTRY/nvidia-driver-installer-<flavor>:TAG
@@ -11,8 +13,9 @@
 #   NDI_PUSH_TLS_VERIFY  false for a plain-http registry on this machine (true)
 #   NDI_PUSH_AUTHFILE    registry credentials (buildah login's auth.json; default: buildah's)
 #
-# stdout: one line per image, "<flavor> <reference>@<digest>", then the render command
-# pinning them. Credentials never appear: buildah reads them from the auth file.
+# stdout: one line per image, "<flavor> <reference>@<digest of the list>", then the render
+# command pinning them; stderr names the architectures each list holds. Credentials never
+# appear: buildah reads them from the auth file.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=common.sh
@@ -35,11 +38,10 @@ command -v buildah >/dev/null || die "buildah is not installed (apt-get install 
 
 args=(--tls-verify="${NDI_PUSH_TLS_VERIFY:-true}")
 [[ -z ${NDI_PUSH_AUTHFILE:-} ]] || args+=(--authfile "$NDI_PUSH_AUTHFILE")
-built_in() {  # built_in STORAGE: every flavour's image is there
+built_in() {  # built_in STORAGE: every flavour's manifest list is there
   local flavor
   for flavor in "${FLAVORS[@]}"; do
-    buildah --root "$1" --runroot "$RUNROOT" inspect --type image \
-      "localhost/nvidia-driver-installer-$flavor:$BUILT_TAG" >/dev/null 2>&1 || return 1
+    buildah --root "$1" --runroot "$RUNROOT" manifest inspect "$(list_ref "$flavor")" >/dev/null 2>&1 || return 1
   done
 }
 # `make images` and `NDI_LOCAL_BASE=1 make images` build into different storages: push
@@ -58,14 +60,17 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 pins=()
 for flavor in "${FLAVORS[@]}"; do
-  src=localhost/nvidia-driver-installer-$flavor:$BUILT_TAG
+  src=$(list_ref "$flavor")
   dest=$REGISTRY/nvidia-driver-installer-$flavor:$TAG
-  bah inspect --type image "$src" >/dev/null 2>&1 ||
-    die "no image $src in $STORAGE_ROOT: run make images first (TAG names the pushed tag, not the built one: NDI_IMAGE_TAG picks which built image)"
-  log "pushing $src to $dest ..."
-  bah push -q "${args[@]}" --digestfile "$work/$flavor" "$src" "docker://$dest" >/dev/null
+  list=$(bah manifest inspect "$src" 2>/dev/null) ||
+    die "no manifest list $src in $STORAGE_ROOT: run make images first (TAG names the pushed tag, not the built one: NDI_IMAGE_TAG picks which built images)"
+  log "pushing $src ($(python3 -c 'import json,sys; print(", ".join(m["platform"]["architecture"] for m in json.load(sys.stdin)["manifests"]))' <<<"$list")) to $dest ..."
+  # --all: every architecture's image with the list (without it only the list goes);
+  # --format oci: an OCI index over the OCI image manifests buildah commits (the local
+  # list is a Docker manifest list: one media type family, whatever the source).
+  bah manifest push -q --all --format oci "${args[@]}" --digestfile "$work/$flavor" "$src" "docker://$dest" >/dev/null
   digest=$(<"$work/$flavor")
-  [[ $digest =~ ^sha256:[a-f0-9]{64}$ ]] || die "buildah push wrote no digest for $dest"
+  [[ $digest =~ ^sha256:[a-f0-9]{64}$ ]] || die "buildah manifest push wrote no digest for $dest"
   printf '%s %s@%s\n' "$flavor" "$dest" "$digest"
   pins+=(--image-digest "$flavor=$digest")
 done

@@ -52,7 +52,12 @@ def built(podman) -> dict[str, str]:
         proc = subprocess.run(
             ["bash", str(REPO / "images/build.sh")], capture_output=True, text=True, timeout=840,
             env={**podman.env(), "NDI_IMAGE_TAG": tag, "NDI_BUILDAH_ROOT": GRAPHROOT,
-                 "NDI_BUILDAH_RUNROOT": RUNROOT, "NDI_LOCAL_BASE": "1"})  # substitute base
+                 "NDI_BUILDAH_RUNROOT": RUNROOT, "NDI_LOCAL_BASE": "1",  # substitute base
+                 # The pods run this machine's architecture: the arm64 images (qemu-user,
+                 # minutes) are the image tier's (tests/test_multiarch.py).
+                 "NDI_IMAGE_ARCHES": subprocess.run(
+                     ["dpkg", "--print-architecture"], capture_output=True, text=True,
+                     check=True, timeout=30).stdout.strip()})
         assert proc.returncode == 0, proc.stderr[-4000:]
     local = {flavor: f"localhost/nvidia-driver-installer-{flavor}:{tag}"
              for flavor in values.IMAGE_FLAVORS}
