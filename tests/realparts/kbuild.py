@@ -89,6 +89,8 @@ def direct_build(kernel_tree_copy: Path, source: Path, output: Path, jobs: int) 
         rc = subprocess.run(["make", "-C", str(tree), *make_args(source, output, jobs)],
                             stdout=f, stderr=subprocess.STDOUT).returncode
         f.write(f"\n# rc={rc} in {time.monotonic() - t0:.1f} s\n")
+    if rc < 0:  # make was killed (the run was stopped): no result, so nothing is cached
+        raise RuntimeError(f"make was killed by signal {-rc} in {tree}")
     if rc != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(True)[-40:])
         raise BuildError(f"NVIDIA's make failed (rc={rc}) in {tree}:\n{tail}", log)

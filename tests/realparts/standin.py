@@ -72,6 +72,8 @@ def cached_install(run: Path, headers: Headers, source: Path, output: Path | Non
         cp = run_with_usr_overlay(argv, work / "upper", cwd=work, timeout=1800)
         seconds = round(time.monotonic() - t0, 1)
         log(f"nvidia-installer exited {cp.returncode} after {seconds} s")
+        if cp.returncode < 0:  # killed (the run was stopped): not a result to cache
+            raise RuntimeError(f"nvidia-installer was killed by signal {-cp.returncode}")
         for item in (work / "pkg").iterdir():  # the rest is in the .run; the modules in modules/
             if item.name in ("kernel", "kernel-open"):
                 prune_build(item)

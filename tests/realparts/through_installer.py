@@ -112,6 +112,8 @@ def install_real(run: Path, version: str, module_type: str, headers: Headers, *,
             proc = pod.run("install", timeout=INSTALL_TIMEOUT_S)
         seconds = round(time.monotonic() - t0, 1)
         log(f"install exited {proc.returncode} after {seconds} s")
+        if proc.returncode < 0:  # killed (the run was stopped): not a result to cache
+            raise RuntimeError(f"install of {run.name} was killed by signal {-proc.returncode}")
         if proc.returncode != 0 and expect_ok:
             raise AssertionError(f"install of {run.name} ({module_type}) through the pod "
                                  f"failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")

@@ -1,14 +1,15 @@
 """Fixtures of the qemu tier: provisioning, the driver .run files, one guest node.
 
-The whole tier shares one guest ("node") and boots it three times:
-``boot_install`` (first install, cache hit, replacement, in-use refusals),
-``boot_reboot`` (the same disk after a reboot: cache hit without rebuilding,
-wrong load order, a module built for another kernel, an unresolved symbol)
-and ``boot_sig_enforce`` (module.sig_enforce=1). A second guest ("real_node")
-gets NVIDIA's real modules built on the host: ``boot_real``, ``boot_real_enforced``
-and ``boot_bundle`` (the real 535 install as a bundle, installed with
-``--prebuilt-only``; tests/vm/bundles.py). Each test asserts on the results of the
-steps those boots ran.
+The whole tier shares one guest ("node") and boots it twice: ``boot_install`` (first
+install, cache hit, replacement, in-use refusals) and ``boot_reboot`` (the same disk after
+a reboot: cache hit without rebuilding, wrong load order, a module built for another
+kernel, an unresolved symbol, then signature enforcement switched on: ``boot_sig_enforce``
+is its last steps, scenario.enforce_steps). A second guest ("real_node") gets NVIDIA's real
+modules built on the host, in one boot: ``boot_real`` (each real install), then
+``boot_bundle`` (the real 535 install as a bundle, installed with ``--prebuilt-only`` on a
+fresh install dir; tests/vm/bundles.py), then ``boot_real_enforced``. A boot costs about
+20 s before its first step under TCG, so tests share one wherever the state they need
+can be made in it. Each test asserts on the results of the steps those boots ran.
 
 NVIDIA's real builds (535, 470 for 6.1; 550 open and proprietary for 6.12) run on one
 background thread, started when the first guest boots: on two cores the host builds and
@@ -41,10 +42,10 @@ from tests.vm import provision as prov
 from tests.vm.harness import BootResult, GuestVM, make_data_disk
 from tests.vm.scenario import (
     BUNDLE_FLAVOR,
+    BUNDLE_SET,
     GSP_FILES,
     R550_FLAVORS,
     REAL_FLAVORS,
-    SIG_ENFORCE,
     VERSIONS,
     bundle_steps,
     install_steps,
@@ -97,9 +98,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def vm_assets() -> prov.VMAssets:
+def vm_assets(request: pytest.FixtureRequest) -> prov.VMAssets:
     if os.environ.get("NDI_VM_SKIP"):
         pytest.skip("NDI_VM_SKIP is set")
+    host_builds.start_downloads(request.session, TIMINGS)  # beside this guest's provisioning
     t0 = time.monotonic()
     try:
         assets = prov.provision()
@@ -209,12 +211,14 @@ def boot_install(node: GuestVM, driver_files) -> BootResult:
 
 @pytest.fixture(scope="session")
 def boot_reboot(node: GuestVM, boot_install: BootResult, driver_files) -> BootResult:
-    return _boot(node, "reboot", reboot_steps(), driver_files["reboot"].result())
+    return _boot(node, "reboot", reboot_steps() + sig_enforce_steps(),
+                 driver_files["reboot"].result())
 
 
 @pytest.fixture(scope="session")
-def boot_sig_enforce(node: GuestVM, boot_reboot: BootResult) -> BootResult:
-    return _boot(node, "sig-enforce", sig_enforce_steps(), {}, cmdline=SIG_ENFORCE)
+def boot_sig_enforce(boot_reboot: BootResult) -> BootResult:
+    """The reboot's last steps: enforcement switched on at run time (scenario.enforce_steps)."""
+    return boot_reboot
 
 
 # ------------------------------------------------- NVIDIA's real modules
@@ -246,43 +250,32 @@ def real_installs(request: pytest.FixtureRequest, vm_assets: prov.VMAssets):
 
 @pytest.fixture(scope="session")
 def real_data(vm_assets: prov.VMAssets, vm_workdir: Path, real_installs):
-    """The data disk: the real installs and the firmware-request test module.
-    Returns (image, {"main": V, "legacy": V})."""
-    installs, versions = real_installs
-    t0 = time.monotonic()
-    data = vm_workdir / "real-data"
-    shutil.rmtree(data, ignore_errors=True)
-    data.mkdir()
-    for name, install_dir in installs.items():
-        shutil.copytree(install_dir, data / name, symlinks=True)
-    shutil.copy2(driver_run.build_fwreq(vm_assets.headers_dir, vm_workdir / "fwreq"), data)
-    image = make_data_disk(data, vm_workdir / "real-data.img")
-    shutil.rmtree(data)
-    TIMINGS["real parts: data disk"] = round(time.monotonic() - t0, 1)
-    return image, versions
-
-
-@pytest.fixture(scope="session")
-def real_bundle_data(vm_assets: prov.VMAssets, vm_workdir: Path, real_installs):
-    """The bundles data disk (tests/vm/bundles.py): the real 535 install as a bundle, a
-    tampered copy, a bundle for another kernel. Returns (image, Bundles)."""
+    """The real node's data disk: the real installs, the firmware-request test module and,
+    under scenario.BUNDLE_SET, the bundles (tests/vm/bundles.py: the real 535 install as a
+    bundle, a tampered copy, a bundle for another kernel).
+    Returns (image, {"main": V, "legacy": V}, Bundles)."""
     from installer.records.bundle_manifest import BundleKey
     from tests.vm import bundles
 
     installs, versions = real_installs
     t0 = time.monotonic()
-    data, scratch = vm_workdir / "bundle-data", vm_workdir / "bundle-scratch"
+    data, scratch = vm_workdir / "real-data", vm_workdir / "bundle-scratch"
     for d in (data, scratch):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
+    for name, install_dir in installs.items():
+        shutil.copytree(install_dir, data / name, symlinks=True)
+    shutil.copy2(driver_run.build_fwreq(vm_assets.headers_dir, vm_workdir / "fwreq"), data)
     key, module_type = REAL_FLAVORS[BUNDLE_FLAVOR]
+    (data / BUNDLE_SET).mkdir()
     made = bundles.make(installs[BUNDLE_FLAVOR],
                         BundleKey(versions[key], vm_assets.kernel_release, module_type),
-                        data, scratch)
-    image = make_data_disk(data, vm_workdir / "bundle-data.img")
+                        data / BUNDLE_SET, scratch)
+    image = make_data_disk(data, vm_workdir / "real-data.img")
     shutil.rmtree(data)
-    TIMINGS["bundles: pack, index, tamper + data disk"] = round(time.monotonic() - t0, 1)
-    return image, made
+    TIMINGS["real parts: data disk (installs, fwreq, bundles packed and tampered)"] = round(
+        time.monotonic() - t0, 1)
+    return image, versions, made
 
 
 @pytest.fixture(scope="session")
@@ -304,22 +297,22 @@ def _boot_real(node: GuestVM, name: str, steps, image: Path, cmdline: str = "") 
 
 @pytest.fixture(scope="session")
 def boot_real(real_node: GuestVM, real_data) -> BootResult:
-    image, versions = real_data
-    return _boot_real(real_node, "real-parts", real_parts_steps(versions), image)
+    """One boot: each real install, then bundles on a fresh install dir, then enforcement."""
+    image, versions, made = real_data
+    steps = real_parts_steps(versions) + bundle_steps(made) + real_sig_enforce_steps(versions)
+    return _boot_real(real_node, "real-parts", steps, image)
 
 
 @pytest.fixture(scope="session")
-def boot_real_enforced(real_node: GuestVM, boot_real: BootResult, real_data) -> BootResult:
-    image, versions = real_data
-    return _boot_real(real_node, "real-sig-enforce", real_sig_enforce_steps(versions), image,
-                      cmdline=SIG_ENFORCE)
+def boot_bundle(boot_real: BootResult) -> BootResult:
+    """The real boot's middle steps: a fresh install dir, every install from a bundle."""
+    return boot_real
 
 
 @pytest.fixture(scope="session")
-def boot_bundle(real_node: GuestVM, real_bundle_data) -> BootResult:
-    """A fresh install dir on the real node: every install comes from a bundle."""
-    image, made = real_bundle_data
-    return _boot_real(real_node, "real-bundle", bundle_steps(made), image)
+def boot_real_enforced(boot_real: BootResult) -> BootResult:
+    """The real boot's last steps: enforcement switched on at run time."""
+    return boot_real
 
 
 # ------------------------------ R550 (open and proprietary) in Debian's 6.12 kernel

@@ -5,6 +5,15 @@ guest) are built on this machine by the installer itself through its sandbox
 (tests/realparts, cached by inputs). They start when the first guest boots
 (``start``): on two cores the host builds and the single-threaded qemu then overlap
 instead of taking turns. The fixtures wait on the futures (``real_installs``, ``r550``).
+Before them, while the 6.1 guest is provisioned, the same thread fetches and unpacks
+NVIDIA's parts and the 6.12 kernel (``start_downloads``): cold, both wait mostly on the
+network.
+
+tests/realparts' own builds (535 open through the installer, which fails by design; the
+direct kbuilds it compares with; the stand-in's refused install) follow on the same thread
+(``realparts``): they then run while the qemu guests boot, and tests/realparts, which runs
+last, finds them in the cache (same calls, same keys) instead of building them after the
+last boot.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +30,8 @@ from tests.vm.scenario import R550_FLAVORS, REAL_FLAVORS
 
 POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvidia-builds")
 _STARTED: dict[str, Future] = {}
+# tests/realparts files whose tests build real NVIDIA modules (``_build_realparts``).
+REALPARTS_BUILDS = {"test_through_installer.py", "test_realparts.py"}
 
 
 def _once(name: str, build: Callable[[], object]) -> Future:
@@ -29,13 +41,46 @@ def _once(name: str, build: Callable[[], object]) -> Future:
     return _STARTED[name]
 
 
+def _wanted(session: pytest.Session) -> tuple[set[str], set[str]]:
+    """(the fixtures the collected tests use, the tests/realparts files collected)."""
+    needs = {f for item in session.items for f in getattr(item, "fixturenames", ())}
+    files = {Path(str(item.path)).name for item in session.items
+             if Path(str(item.path)).parent.name == "realparts"}  # tests/realparts
+    return needs, files
+
+
+def start_downloads(session: pytest.Session, timings: dict) -> None:
+    """NVIDIA's parts and the 6.12 kernel (downloads, unpacking) first on the build thread,
+    while the 6.1 guest is provisioned: cold, both mostly wait on the network."""
+    needs, files = _wanted(session)
+    want_612 = "newer_kernel" in needs
+    if want_612 or "real_installs" in needs or files & REALPARTS_BUILDS:
+        _once("downloads", lambda: _download(want_612, timings))
+
+
 def start(session: pytest.Session, vm_assets: prov.VMAssets, timings: dict) -> None:
     """Start the real builds the collected tests will need."""
-    needs = {f for item in session.items for f in getattr(item, "fixturenames", ())}
+    needs, files = _wanted(session)
     if "real_installs" in needs:
         real_installs(vm_assets, timings)
     if "newer_kernel" in needs:
         r550(vm_assets, timings)
+    if files & REALPARTS_BUILDS:
+        _once("realparts", lambda: _build_realparts(files, timings))
+
+
+def _download(want_612: bool, timings: dict) -> None:
+    """What the builds fetch first, fetched ahead (cached: the builds then find it). A
+    failure is left to the build or test that makes the same call, which reports it."""
+    from tests.realparts import newer_kernel as nk
+    from tests.realparts import provision
+
+    t0 = time.monotonic()
+    provision.provision()
+    if want_612:
+        nk.newer_kernel()
+    timings["real parts and 6.12 kernel: fetched and unpacked (background, first)"] = round(
+        time.monotonic() - t0, 1)
 
 
 def real_installs(vm_assets: prov.VMAssets, timings: dict) -> Future:
@@ -87,3 +132,32 @@ def _build_r550(vm_assets: prov.VMAssets, timings: dict) -> tuple:
     timings["550: host builds through the installer (background; cold: minutes)"] = round(
         time.monotonic() - t0, 1)
     return assets, k.headers, installs, v, parts
+
+
+def _build_realparts(files: set[str], timings: dict) -> None:
+    """tests/realparts' builds, made ahead of its tests with exactly the calls they make
+    (tests/realparts/test_through_installer.py, test_realparts.py), so the cache keys are
+    theirs. A failure here is not reported here: the test that needs the result makes the
+    same call and reports it."""
+    from tests.fixtures.runfile import driver_payload
+    from tests.realparts import kbuild, provision, runfile, standin
+    from tests.realparts.through_installer import install_real
+
+    t0 = time.monotonic()
+    provision.host_tools()
+    parts = provision.provision()
+    headers = kbuild.kernel_headers()
+    v = parts.main.version
+    # In the order the tests ask (test_realparts.py runs before test_through_installer.py).
+    kbuild.cached_build(parts.main.kernel, headers)  # both files compare with it
+    if "test_realparts.py" in files:
+        kbuild.cached_build(parts.main.kernel, headers, source=headers.output,
+                            output=headers.output, allow_failure=True)
+        standin.cached_install(runfile.build_real_run(v, "full", parts), headers,
+                               headers.output, None)
+    if "test_through_installer.py" in files:
+        run = runfile.build_real_run(v, "full", parts, userspace=driver_payload(v))
+        install_real(run, v, "open", headers, expect_ok=False)
+        kbuild.cached_build(parts.main.kernel_open, headers, allow_failure=True)
+    timings["realparts: its own builds (background, after the 550 ones)"] = round(
+        time.monotonic() - t0, 1)

@@ -86,13 +86,30 @@ def reboot_steps() -> list[Step]:
     ]
 
 
-SIG_ENFORCE = "module.sig_enforce=1"
+SIG_ENFORCE_PARAM = "/sys/module/module/parameters/sig_enforce"
+
+
+def enforce_steps() -> list[Step]:
+    """Signature enforcement switched on for the rest of this boot. The kernel lets root turn
+    it on at run time and never off again: kernel/module/signing.c ``module_param(sig_enforce,
+    bool_enable_only, 0644)``, kernel/params.c ``param_set_bool_enable_only`` (-EROFS on an
+    unset). The enforced steps so run last in a boot instead of costing a boot of their own
+    (module.sig_enforce=1 on the command line sets the same variable at boot)."""
+    # os.write: the kernel's error raises at once (a buffered file's would be lost at exit).
+    undo = f"import os; os.write(os.open('{SIG_ENFORCE_PARAM}', os.O_WRONLY), b'0')"
+    return [
+        Step("enforce", f"echo 1 > {SIG_ENFORCE_PARAM} && cat {SIG_ENFORCE_PARAM}"),
+        Step("enforce-undo-refused", f'python3 -c "{undo}"; rc=$?; cat {SIG_ENFORCE_PARAM}; exit $rc'),
+    ]
 
 
 def sig_enforce_steps() -> list[Step]:
-    """Booted with module.sig_enforce=1: our unsigned modules cannot load."""
+    """The last steps of the reboot: b unloaded (as after a reboot), enforcement on, then our
+    unsigned modules cannot load."""
     return [
-        Step("cmdline", "cat /proc/cmdline /sys/module/module/parameters/sig_enforce"),
+        Step("unload-b", "rmmod nvidia_drm nvidia_modeset nvidia_uvm nvidia && "
+             "rm -f /dev/nvidia* && cat /proc/modules"),
+        *enforce_steps(),
         # Cached b: nothing to build, the kernel itself refuses the load.
         Step("install-b-enforced", install("b", url=missing_url("b")), timeout=INSTALL_TIMEOUT),
         # A version not cached: refused before anything is downloaded or built.
@@ -152,9 +169,11 @@ def real_parts_steps(versions: dict[str, str]) -> list[Step]:
 
 
 def real_sig_enforce_steps(versions: dict[str, str]) -> list[Step]:
+    """The real node's last steps (the data disk is mounted): enforcement on, the real 535
+    install refused by the kernel."""
     return [
-        Step("mount-data", f"mkdir -p {DATA} && mount -o ro /dev/vdb {DATA}"),
-        Step("place-install-535", place("install-535")),
+        *enforce_steps(),
+        Step("place-install-535-enforced", place("install-535")),
         Step("run-install-535-enforced", real_install(versions["main"], "proprietary"),
              timeout=INSTALL_TIMEOUT),
         Step("modules-after-enforced", "cat /proc/modules"),
@@ -163,7 +182,8 @@ def real_sig_enforce_steps(versions: dict[str, str]) -> list[Step]:
 
 # ------------------------------------------------- bundles of NVIDIA's real modules
 
-BUNDLES = "/mnt/bundles"  # the bundles data disk (tests/vm/bundles.py)
+BUNDLE_SET = "bundle-set"  # the data disk's dir of bundles (tests/vm/bundles.py)
+BUNDLES = f"{DATA}/{BUNDLE_SET}"
 BUNDLE_FLAVOR = "install-535"
 
 
@@ -185,8 +205,7 @@ def bundle_steps(made) -> list[Step]:  # made: tests.vm.bundles.Bundles
             f"--prebuilt-sha256 {made.other_sha256}")),
         ("bundle-install", bundle_install(version, f"file://{BUNDLES}/bundles/")),
     ]
-    steps = [Step("mount-bundles", f"mkdir -p {BUNDLES} && mount -o ro /dev/vdb {BUNDLES} && "
-                  f"ls -R {BUNDLES}"), Step("fresh-node", fresh)]
+    steps = [Step("list-bundles", f"ls -R {BUNDLES}"), Step("fresh-node", fresh)]
     for name, sh in installs:
         # What is installed and loaded after each run: nothing is promoted without a GPU.
         steps += [Step(name, sh, timeout=INSTALL_TIMEOUT),

@@ -94,8 +94,9 @@ def test_every_test_file_of_the_tier_has_its_place_in_the_run_order():
 
 
 class _Item:
-    def __init__(self, *fixturenames: str) -> None:
+    def __init__(self, *fixturenames: str, path: str = "tests/vm/test_x.py") -> None:
         self.fixturenames = list(fixturenames)
+        self.path = Path(path)
 
 
 class _Session:
@@ -120,3 +121,22 @@ def test_real_builds_start_once_and_only_for_the_tests_collected(monkeypatch):
     assert host_builds.real_installs(None, {}).result() == "R"
     assert host_builds.r550(None, {}).result() == "N"
     assert calls == ["real", "r550"]
+    # tests/realparts' own builds follow on the same thread, only when its build tests run.
+    monkeypatch.setattr(host_builds, "_build_realparts",
+                        lambda files, t: calls.append(f"realparts {sorted(files)}"))
+    host_builds.start(_Session(_Item(path="tests/realparts/test_choice.py")), None, {})
+    assert "realparts" not in host_builds._STARTED
+    host_builds.start(_Session(_Item(path="tests/realparts/test_choice.py"),
+                               _Item(path="tests/realparts/test_realparts.py")), None, {})
+    host_builds.start(session, None, {})
+    host_builds._STARTED["realparts"].result()
+    assert calls == ["real", "r550", "realparts ['test_choice.py', 'test_realparts.py']"]
+    # The downloads go first, once, and only when a real build will need them.
+    monkeypatch.setattr(host_builds, "_STARTED", {})
+    monkeypatch.setattr(host_builds, "_download", lambda want_612, t: calls.append(f"dl {want_612}"))
+    host_builds.start_downloads(_Session(_Item("node")), {})
+    assert host_builds._STARTED == {}
+    host_builds.start_downloads(session, {})
+    host_builds.start_downloads(session, {})
+    host_builds._STARTED["downloads"].result()
+    assert calls[3:] == ["dl True"]

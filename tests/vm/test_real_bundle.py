@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.timeout(3600)]
 
 
 def test_bundle_modules_loaded_by_the_real_kernel(boot_bundle: BootResult):
-    ok(boot_bundle.step("mount-bundles"))
+    ok(boot_bundle.step("list-bundles"))
     ok(boot_bundle.step("fresh-node"))
     assert_bundle_installed_without_compiling(boot_bundle.step("bundle-install"))
     # nvidia.ko's in-tree dependency came from the guest's own tree; nothing half-loaded,

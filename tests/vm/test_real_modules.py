@@ -85,6 +85,10 @@ def test_gsp_firmware_found_by_the_real_loader_only_after_install(boot_real: Boo
 
 
 def test_signature_enforcement_refuses_the_real_modules(boot_real_enforced: BootResult):
+    from tests.vm.test_vm import assert_enforcing
+
+    assert_enforcing(boot_real_enforced)
+    ok(boot_real_enforced.step("place-install-535-enforced"))
     step = boot_real_enforced.step("run-install-535-enforced")
     assert step.rc == 10, step.describe()
     assert final_event(step)["error_class"] == "secure_boot"

@@ -289,12 +289,22 @@ def test_cached_driver_loads_again_after_the_failed_runs(boot_reboot):
     assert_driver_working(probe(boot_reboot, "probe-recover"), B)
 
 
-# ------------------------------------------------------------------ boot 3
+# ------------------------------------- boot 2, last steps: signatures enforced
+
+
+def assert_enforcing(boot: BootResult) -> None:
+    """The kernel took the switch to enforcement and refused to undo it (-EROFS = errno 30:
+    kernel/params.c param_set_bool_enable_only), as with module.sig_enforce=1 at boot."""
+    assert ok(boot.step("enforce")).stdout.strip() == "Y"
+    undo = boot.step("enforce-undo-refused")
+    assert undo.rc != 0 and "[Errno 30] Read-only file system" in undo.output, undo.describe()
+    assert undo.stdout.strip() == "Y", undo.describe()
 
 
 def test_signature_enforcement_refuses_with_exit_10(boot_sig_enforce):
-    flags = ok(boot_sig_enforce.step("cmdline")).stdout
-    assert "module.sig_enforce=1" in flags and flags.strip().endswith("Y"), flags
+    unloaded = ok(boot_sig_enforce.step("unload-b"))
+    assert not re.search(r"^nvidia", unloaded.stdout, re.M), unloaded.stdout
+    assert_enforcing(boot_sig_enforce)
     cached = boot_sig_enforce.step("install-b-enforced")
     assert cached.rc == 10, cached.describe()
     assert failure(cached)["error_class"] == "secure_boot"
