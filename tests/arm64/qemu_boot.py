@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.arm64.provision import CACHE_ROOT, CrossParts, default_log
+from tests.arm64.provision import ARCHES, CACHE_ROOT, COMPONENTS, CrossParts, default_log
 from tests.debapt import Log, PrivateApt, run
 from tests.vm.provision import locked
 
@@ -29,9 +29,12 @@ def boot_parts(parts: CrossParts, log: Log = default_log) -> tuple[Path, Path, P
     modules = out / "root/lib/modules" / parts.abi
     with locked(CACHE_ROOT / ".lock"):
         if not (vmlinuz.is_file() and busybox.is_file() and modules.is_dir()):
-            apt = PrivateApt(CACHE_ROOT / "apt", log, ["main", "contrib"],
-                             architectures=("amd64", "arm64"))
+            # provision()'s very sources: PrivateApt.configure forgets the lists whenever
+            # the sources differ, and a cold cache then had no list to download from.
+            apt = PrivateApt(CACHE_ROOT / "apt", log, COMPONENTS, architectures=ARCHES)
             apt.configure()
+            if not apt.has_lists():
+                apt.update()
             shutil.rmtree(out, ignore_errors=True)
             (out / "x").mkdir(parents=True)
             run(["apt-get", "-c", str(apt.conf), "download",
