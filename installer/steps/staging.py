@@ -134,14 +134,15 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
 
     def run(ctx: Context) -> None:
         staging = ctx.results.staging()
-        found_headers = ctx.results.get(HeadersReady)
+        # The plan gives HeadersReady before this step unless userspace_only (``needs``).
+        headers_tree = None if userspace_only else ctx.results.need(HeadersReady).tree
         toolchain_ready = ctx.results.get(ToolchainReady)
         # What the jail shows besides the image's system dirs, read-only (container
         # path, jail path): the kernel headers (not the host root they sit in) and the
         # COS toolchain dir.
         binds: list[tuple[str, str]] = []
-        if not userspace_only and found_headers is not None:
-            binds += nvidia_run.kernel_tree_binds(found_headers.tree)
+        if headers_tree is not None:
+            binds += nvidia_run.kernel_tree_binds(headers_tree)
         toolchain = toolchain_ready.toolchain if toolchain_ready else None
         binds += toolchain.binds if toolchain else ()
         # A kernel-state seam (tests only; empty in production) must mean the same fake
@@ -156,9 +157,8 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
             extract_dir=extract_dir, staging=staging, kernel_release=release,
             binds=binds, env=env, rw_binds=[(path, path) for path in ctx.runner.env.values()])
         try:
-            if not userspace_only:
-                tree = ctx.results.need(HeadersReady).tree
-                nvidia_run.build_modules(ctx.runner, jail, argv=make_argv(tree),
+            if headers_tree is not None:
+                nvidia_run.build_modules(ctx.runner, jail, argv=make_argv(headers_tree),
                                          tree_dir=tree_dir)
             nvidia_run.install_userspace(ctx.runner, jail, argv=installer_argv)
         except Exception as exc:
