@@ -40,6 +40,9 @@ DEFERRED_IMPORTS: dict[str, frozenset[str]] = {
     "installer.jail.seccomp": frozenset({"pyseccomp"}),
     # the zstd binding for the first zstd archive (a bundle)
     "installer.jail.tarstream": frozenset({"zstandard"}),
+    # a distro's flow, only for a host of that flow (an Ubuntu boot loads none of COS's)
+    "installer.distros.flows": frozenset({"installer.distros.cos.flow",
+                                          "installer.distros.headers_build_flow"}),
 }
 # The comment an import running up the layers carries, on its line or the line above.
 UPWARD_REASON = re.compile(r"#\s*upward:\s*\S")
