@@ -35,11 +35,16 @@ DEFERRED_IMPORTS: dict[str, frozenset[str]] = {
     "installer.net.fetch": frozenset({"installer.net.session"}),
     "installer.net.transfer": frozenset({"installer.net.session"}),
     # requests' and urllib3's error classes, and tenacity, with the first retried request
-    "installer.net.retry": frozenset({"requests", "urllib3.exceptions", "tenacity"}),
+    "installer.net.retry": frozenset({"requests", "urllib3.exceptions", "tenacity",
+                                      "email.utils"}),
     # libseccomp (ctypes; find_library runs ldconfig) when a jail starts
     "installer.jail.seccomp": frozenset({"pyseccomp"}),
     # the zstd binding for the first zstd archive (a bundle)
     "installer.jail.tarstream": frozenset({"zstandard"}),
+    # the bundle index and fetch, only for a run given a bundle URL (--prebuilt-url)
+    "installer.distros.headers_build_flow": frozenset({"installer.bundle.fetch"}),
+    # the fabric manager's fetch, only on a node with an NVLink fabric
+    "installer.steps.fabric": frozenset({"installer.services.fabricmanager"}),
     # a distro's flow, only for a host of that flow (an Ubuntu boot loads none of COS's)
     "installer.distros.flows": frozenset({"installer.distros.cos.flow",
                                           "installer.distros.headers_build_flow"}),

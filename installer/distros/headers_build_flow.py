@@ -11,7 +11,6 @@ import structlog
 
 from installer.base.cpuarch import CpuArch
 from installer.base.kinds import ModuleType
-from installer.bundle.fetch import prebuilt_step
 from installer.distros.base import Distro
 from installer.distros.headers_build import HeadersBuild
 from installer.distros.planning import DistroSteps, Flow, Wanted, cached_plan, fresh_plan
@@ -102,6 +101,9 @@ class HeadersBuildFlow(Flow):
         url = ctx.settings.driver_run_url(version, arch=ctx.arch.nvidia)
         prebuilt = None
         if ctx.settings.prebuilt_url:  # a fleet's precompiled bundle first, else the build
+            # The bundle's index and fetch: only a run given a bundle URL loads them.
+            from installer.bundle.fetch import prebuilt_step
+
             prebuilt = prebuilt_step(ctx, version, module_type)
         return fresh_plan(
             ctx, Wanted(version, key, module_type, url, ctx.settings.driver_sha256),

@@ -32,7 +32,6 @@ the environment.
 
 from __future__ import annotations
 
-import email.utils
 import functools
 import random
 import re
@@ -185,6 +184,10 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
         return None
     if value.isdigit():
         return float(int(value))
+    # An HTTP-date here is rare (servers send seconds); the email package costs every
+    # start-up ~3 ms, so it loads on the first one.
+    import email.utils
+
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from installer.plan import Step
-from installer.services import fabricmanager
 
 if TYPE_CHECKING:
     from installer.context import Context
@@ -19,15 +18,19 @@ def for_node(ctx: Context, version: str) -> tuple[Step, ...]:
     return (fabric_manager_files(version, ctx.arch.redist),)
 
 
-def fabric_manager_files(version: str, platform: str = fabricmanager.PLATFORM) -> Step:
+def fabric_manager_files(version: str, platform: str = "linux-x86_64") -> Step:
     """``platform``: NVIDIA's redistributable platform of the node (linux-x86_64 or
-    linux-sbsa: cpuarch.CpuArch.redist)."""
+    linux-sbsa: cpuarch.CpuArch.redist; the default is fabricmanager.PLATFORM)."""
+    # The fabric manager's fetch (the network stack, the archive reader): only a node with
+    # an NVLink fabric plans this step, so no other node's cache hit loads it.
+    from installer.services.fabricmanager import archive_name, fetch_into
+
     def run(ctx: Context) -> None:
         s = ctx.settings
-        fabricmanager.fetch_into(ctx.install.root, version, session=ctx.http,
+        fetch_into(ctx.install.root, version, session=ctx.http,
                                  base_url=s.fabric_manager_base_url,
                                  sha256=s.fabric_manager_sha256, platform=platform)
 
     return Step("fabric_manager", run, "NVLink fabric node: "
-                f"{fabricmanager.archive_name(version, platform)} "
+                f"{archive_name(version, platform)} "
                 "into <install-dir>/fabricmanager (kept for later runs)")
