@@ -45,6 +45,11 @@ DEFERRED_IMPORTS: dict[str, frozenset[str]] = {
     "installer.distros.headers_build_flow": frozenset({"installer.bundle.fetch"}),
     # the fabric manager's fetch, only on a node with an NVLink fabric
     "installer.steps.fabric": frozenset({"installer.services.fabricmanager"}),
+    # the download, .run and build modules, only for a plan that downloads and builds
+    "installer.steps.staging": frozenset({
+        "installer.net.transfer", "installer.net.parallel", "installer.driver.nvidia_run",
+        "installer.driver.module_build", "installer.driver.nvidia_options",
+        "installer.jail.cgroup_memory", "installer.jail.cpus"}),
     # a distro's flow, only for a host of that flow (an Ubuntu boot loads none of COS's)
     "installer.distros.flows": frozenset({"installer.distros.cos.flow",
                                           "installer.distros.headers_build_flow"}),

@@ -10,13 +10,9 @@ from installer.base import cpuarch
 from installer.base.cpuarch import CpuArch
 from installer.base.errors import BuildError
 from installer.base.fsutil import remove_tree
-from installer.driver import module_build, nvidia_options, nvidia_run
-from installer.jail import cgroup_memory, cpus
 from installer.kmod import modules
 from installer.kmod.headers import KernelTree
-from installer.net.parallel import DownloadJob, download_all
 from installer.net.policy import file_name, local_file
-from installer.net.transfer import download
 from installer.plan import Step
 from installer.records.journal import ScratchDir
 from installer.records.results import (
@@ -46,6 +42,10 @@ def clear_leftovers() -> Step:
 
 
 def download_driver(url: str, sha256: str | None) -> Step:
+    # Only a plan that downloads and builds makes this step: a cache hit (every boot)
+    # loads none of the network, .run and jail modules it needs.
+    from installer.net.transfer import download
+
     def run(ctx: Context) -> Fetched:
         dest = ctx.results.staging().root / "downloads" / file_name(url, "driver.run")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +69,9 @@ class Fetch:
 def fetch_artifacts(fetches: tuple[Fetch, ...]) -> Step:
     """Download everything the plan needs at once (download_all: parallel, first failure
     cancels the rest)."""
+    # Only a plan that downloads and builds makes this step: a cache hit (every boot)
+    # loads none of the network, .run and jail modules it needs.
+    from installer.net.parallel import DownloadJob, download_all
 
     def run(ctx: Context) -> Fetched:
         for into in sorted({f.into for f in fetches if f.into is not None}):
@@ -95,6 +98,10 @@ EXTRACT_DIR = "extract"  # under the staging dir
 
 
 def extract_driver(version: str) -> Step:
+    # Only a plan that downloads and builds makes this step: a cache hit (every boot)
+    # loads none of the network, .run and jail modules it needs.
+    import installer.driver.nvidia_run as nvidia_run
+
     def run(ctx: Context) -> Extracted:
         staging = ctx.results.staging()
         # The test seams (empty in production), as for the build: build_driver says why.
@@ -122,15 +129,18 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
     then nvidia-installer --no-kernel-module installs user space; both in the sandbox.
     Neither loads anything: module_build.py. ``cross``: the target architecture of a
     cross build (``bundle build --arch``), whose nvidia-installer must run here."""
+    # Only a plan that downloads and builds makes this step: a cache hit (every boot)
+    # loads none of the network, .run and jail modules it needs.
+    import installer.driver.module_build as module_build
+    import installer.driver.nvidia_options as nvidia_options
+    import installer.driver.nvidia_run as nvidia_run
 
     release = ctx.host_info.kernel_release
     tree_dir = "" if userspace_only else module_build.build_dir(version, module_type)
     installer_argv = nvidia_options.installer_args(version=version)
 
     def make_argv(tree: KernelTree) -> list[str]:
-        jobs = cgroup_memory.jobs_for(cpus.usable_cpus(), cgroup_memory.memory_limit())
-        return module_build.make_argv(f"{nvidia_run.EXTRACT_IN_CHROOT}/{tree_dir}", tree, jobs,
-                                      cross=cross)
+        return _make_argv(tree_dir, tree, cross)
 
     def run(ctx: Context) -> None:
         staging = ctx.results.staging()
@@ -173,6 +183,19 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
     needs = (Staged, Extracted) + (() if userspace_only else (HeadersReady,))
     return Step("build_driver", run, f"{make}{' '.join(installer_argv)} (NVIDIA {version}, "
                 "in the build jail: docs/jail.md)", needs=needs)
+
+
+def _make_argv(tree_dir: str, tree: KernelTree, cross: CpuArch | None) -> list[str]:
+    """NVIDIA's make command line, -j from the pod's CPUs and memory (its cgroup)."""
+    # A build's only (build_driver says why these load here).
+    import installer.driver.module_build as module_build
+    import installer.driver.nvidia_run as nvidia_run
+    import installer.jail.cgroup_memory as cgroup_memory
+    import installer.jail.cpus as cpus  # the pod's CPUs, for -j
+
+    jobs = cgroup_memory.jobs_for(cpus.usable_cpus(), cgroup_memory.memory_limit())
+    return module_build.make_argv(f"{nvidia_run.EXTRACT_IN_CHROOT}/{tree_dir}", tree, jobs,
+                                  cross=cross)
 
 
 def check_staged_modules() -> Step:
