@@ -14,7 +14,8 @@ from installer.base.kinds import ModuleType
 from installer.distros.base import Distro
 from installer.distros.headers_build import HeadersBuild
 from installer.distros.planning import DistroSteps, Flow, Wanted, cached_plan, fresh_plan
-from installer.driver.nvidia_run import check_version, version_from_url
+from installer.driver.nvidia_options import check_version
+from installer.driver.nvidia_urls import version_from_url
 from installer.host import gpus
 from installer.kmod import headers
 from installer.plan import Plan, Step

@@ -9,7 +9,9 @@ release tags; see tests/fixtures/nvidia_installer_options.json).
 
 from __future__ import annotations
 
+from installer.base.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
 from installer.base.errors import UsageError
+from installer.base.values import is_driver_version
 
 # First release tag whose option table has each option; every other option we
 # pass exists in every release we support (R470 and newer).
@@ -100,3 +102,15 @@ def check_loads_nothing(argv: list[str]) -> None:
     bad = sorted(names & set(KERNEL_MODULE_OPTIONS))
     if NO_KERNEL_MODULE not in names or bad:
         raise AssertionError(f"nvidia-installer argv would build or load modules: {argv}")
+
+
+def check_version(version: str) -> str:
+    if not is_driver_version(version):
+        raise UsageError(
+            f"not a driver version: {version!r}",
+            hint=f"use a version such as {EXAMPLE_VERSION} (COS also takes default, latest, "
+                 f"{EXAMPLE_BRANCH})",
+        )
+    if (why := too_old(version)) is not None:  # before anything is downloaded
+        raise UsageError(why, hint="use R470 or newer", driver_version=version)
+    return version

@@ -20,14 +20,12 @@ from typing import Any
 import structlog
 
 from installer.base import cpuarch
-from installer.base.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
 from installer.base.cpuarch import CpuArch
-from installer.base.errors import BuildError, DiskSpaceError, IntegrityError, UsageError
+from installer.base.errors import BuildError, DiskSpaceError, IntegrityError
 from installer.base.fsutil import remove_tree
-from installer.base.values import is_driver_version
 from installer.driver import module_build
-from installer.driver.nvidia_options import LOG_FILE, check_loads_nothing, too_old
-from installer.driver.nvidia_urls import named_version, run_file_name
+from installer.driver.nvidia_options import LOG_FILE, check_loads_nothing
+from installer.driver.nvidia_urls import run_file_name
 from installer.host.installdir import BUILD_LOG, Tree
 from installer.host.runner import CommandError, Runner, tail
 from installer.jail import harvest
@@ -58,19 +56,6 @@ def bounded_argv(argv: list[str]) -> list[str]:
     return ["prlimit", f"--fsize={JAIL_FILE_MAX_BYTES}", "--", *argv]
 
 
-
-def check_version(version: str) -> str:
-    if not is_driver_version(version):
-        raise UsageError(
-            f"not a driver version: {version!r}",
-            hint=f"use a version such as {EXAMPLE_VERSION} (COS also takes default, latest, "
-                 f"{EXAMPLE_BRANCH})",
-        )
-    if (why := too_old(version)) is not None:  # before anything is downloaded
-        raise UsageError(why, hint="use R470 or newer", driver_version=version)
-    return version
-
-
 MANIFEST_HEAD_BYTES = 4096  # its first two lines
 
 
@@ -89,17 +74,6 @@ def check_extracted_version(extract_dir: Path, wanted: str, url: str | None) -> 
             hint="point --driver-url (NVIDIA_DRIVER_DOWNLOAD_URL) at the "
             f"{run_file_name(wanted)} .run, or set --driver-version {found}",
             driver_version=wanted, url=url)
-
-
-def version_from_url(url: str) -> str:
-    """The driver version named by a .run URL (NVIDIA-Linux-x86_64-<V>.run)."""
-    named = named_version(url)
-    if named is None:
-        raise UsageError(
-            f"cannot tell the driver version from --driver-url {url}",
-            hint="also pass --driver-version (NVIDIA_DRIVER_VERSION)",
-        )
-    return check_version(named)
 
 
 # Extracted payload plus what nvidia-installer writes is about this many times the .run.

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+from installer.base.errors import UsageError
+from installer.driver.nvidia_options import check_version
+
 NVIDIA_BASE_URL = "https://us.download.nvidia.com/{branch}"
 DEFAULT_DRIVER_BASE_URL = NVIDIA_BASE_URL.format(branch="tesla")
 # NVIDIA's redistributable area: the fabric manager archives and redistrib_<V>.json.
@@ -33,3 +36,14 @@ def named_arch(url: str) -> str | None:
     """The architecture a .run URL's file name names (``x86_64``/``aarch64``), if it does."""
     match = _RUN_NAME.search(url.split("?", 1)[0])
     return match.group(1) if match else None
+
+
+def version_from_url(url: str) -> str:
+    """The driver version named by a .run URL (NVIDIA-Linux-x86_64-<V>.run)."""
+    named = named_version(url)
+    if named is None:
+        raise UsageError(
+            f"cannot tell the driver version from --driver-url {url}",
+            hint="also pass --driver-version (NVIDIA_DRIVER_VERSION)",
+        )
+    return check_version(named)

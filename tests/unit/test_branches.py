@@ -49,7 +49,7 @@ def _example_messages() -> list[str]:
     from installer.commands.bundle_cli import pick_target
     from installer.distros.cos.artifacts import parse_requested
     from installer.distros.cos.host import Cos
-    from installer.driver.nvidia_run import check_version
+    from installer.driver.nvidia_options import check_version
     from installer.records.bundle_manifest import BundleError, BundleKey
 
     said = []

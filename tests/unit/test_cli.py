@@ -129,7 +129,8 @@ def test_help_lists_commands(capsys):
 
 def test_version_parsing():
     from installer.base.errors import UsageError
-    from installer.driver.nvidia_run import check_version, version_from_url
+    from installer.driver.nvidia_options import check_version
+    from installer.driver.nvidia_urls import version_from_url
 
     assert version_from_url("file:///x/NVIDIA-Linux-x86_64-550.54.14.run") == "550.54.14"
     assert version_from_url("https://m/NVIDIA-Linux-x86_64-535.183.01-custom.run?sig=1") == "535.183.01"

@@ -19,7 +19,7 @@ from installer.distros.cos.artifacts import (
     Resolved,
     parse_requested,
 )
-from installer.driver.nvidia_run import version_from_url
+from installer.driver.nvidia_urls import version_from_url
 from installer.host import gpus
 from installer.net.retry import RetryPolicy
 from installer.records import cache
