@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run a command; the only place outcomes become exit codes (docs/contract.md §3). The failure
     reports (``exits``) load only when a command fails: ``--help`` stays fast."""
     from installer.base import signals
+    from installer.base.lazyimport import defer_unused
 
+    defer_unused()  # before any command imports structlog
     argv = sys.argv[1:] if argv is None else argv
     command = _command_name(argv)
     with signals.handled(), _guarded_output():
