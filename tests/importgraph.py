@@ -36,7 +36,7 @@ DEFERRED_IMPORTS: dict[str, frozenset[str]] = {
     "installer.net.transfer": frozenset({"installer.net.session"}),
     # requests' and urllib3's error classes, and tenacity, with the first retried request
     "installer.net.retry": frozenset({"requests", "urllib3.exceptions", "tenacity",
-                                      "email.utils"}),
+                                      "email.utils", "ssl"}),
     # libseccomp (ctypes; find_library runs ldconfig) when a jail starts
     "installer.jail.seccomp": frozenset({"pyseccomp"}),
     # the zstd binding for the first zstd archive (a bundle)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -305,7 +304,8 @@ def _write_temp(dir_fd: int, name: str, raw: bytes, mode: int,
     this process may set it): its name, for the caller to rename or exchange."""
     # Not the pid: in a container's PID namespace every run has the same one, so a killed
     # run's leftover would make each later run fail with EEXIST.
-    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    # (os.urandom, as secrets.token_hex reads it, without the secrets module's imports.)
+    tmp = f".{name}.{os.urandom(8).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
     try:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import random
 import re
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -201,6 +200,10 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
 
 
 def _cert_verify_failure(exc: BaseException) -> bool:
+    # ssl (with socket, ~5 ms) loads with requests, the first request's: an error to
+    # classify means it is loaded, and a run that makes no request does not pay for it.
+    import ssl
+
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
@@ -232,6 +235,8 @@ def _wire_errors() -> _WireErrors:
     Imported here, not at the module's top: requests loads with the first request
     (installer.net.session), and a run that makes none (a cache hit, every boot) must not
     pay for it; an error of theirs to classify means they are loaded already."""
+    import ssl  # as in _cert_verify_failure
+
     # Deferred: see the docstring.
     import requests
     import urllib3.exceptions
