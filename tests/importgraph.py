@@ -50,6 +50,8 @@ DEFERRED_IMPORTS: dict[str, frozenset[str]] = {
         "installer.net.transfer", "installer.net.parallel", "installer.driver.nvidia_run",
         "installer.driver.module_build", "installer.driver.nvidia_options",
         "installer.jail.cgroup_memory", "installer.jail.cpus"}),
+    # OpenSSL's hashes, with the first file hashed (a cache hit checks by stat)
+    "installer.base.fsutil": frozenset({"hashlib"}),
     # a distro's flow, only for a host of that flow (an Ubuntu boot loads none of COS's)
     "installer.distros.flows": frozenset({"installer.distros.cos.flow",
                                           "installer.distros.headers_build_flow"}),

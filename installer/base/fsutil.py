@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import os
 import shutil
 import stat
@@ -126,6 +125,10 @@ def sha256_file(path: Path) -> str:
 
 
 def sha256_stream(f: BinaryIO) -> str:
+    # hashlib loads OpenSSL's libcrypto (~5-7 ms): a cache hit checks files by stat and
+    # hashes none unless one changed, so the first hash pays for it.
+    import hashlib
+
     digest = hashlib.sha256()
     while chunk := f.read(HASH_CHUNK):
         digest.update(chunk)

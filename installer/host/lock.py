@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import secrets
 import stat
 import time
 from pathlib import Path, PurePosixPath
@@ -158,7 +157,7 @@ class HostLock:
         problem = self._problem(st)
         if flock_held(st):
             raise self._refuse(f"{problem}, and a live process holds a lock on it")
-        temp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}"
+        temp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}"  # = secrets.token_hex(4)
         fd = os.open(temp, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
         try:
             os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

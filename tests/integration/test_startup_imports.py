@@ -20,15 +20,16 @@ HEAVY = ("requests", "urllib3", "tenacity", "certifi", "idna", "charset_normaliz
 # The installer's own modules an Ubuntu cache hit does not use: another distro's flow, the
 # jail (all but harvest and visible, stdlib-only readers of what a jail wrote, which the
 # failure diagnostics use), the bundle, the .run and build modules, downloads, the fabric
-# manager; and asyncio, which structlog imports and installer.base.lazyimport defers (its
-# submodules load with it).
+# manager, hashlib; and asyncio, which structlog imports and installer.base.lazyimport
+# defers (its submodules load with it).
 JAIL = tuple(f"installer.jail.{m}" for m in (
     "run_in_jail", "seccomp", "limits", "cgroups", "cgroup_memory", "cpus", "archive",
     "tarstream"))
 NOT_ON_A_CACHE_HIT = ("installer.distros.cos.flow", *JAIL, "installer.bundle",
                       "installer.driver.nvidia_run", "installer.driver.module_build",
                       "installer.net.transfer", "installer.net.parallel", "installer.net.fetch",
-                      "installer.services.fabricmanager", "asyncio.base_events")
+                      "installer.services.fabricmanager", "asyncio.base_events",
+                      "hashlib")  # OpenSSL's libcrypto: a cache hit checks files by stat
 
 
 def _under(names: set[str], prefixes: tuple[str, ...]) -> list[str]:
