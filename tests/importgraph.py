@@ -48,7 +48,7 @@ DEFERRED_IMPORTS: dict[str, frozenset[str]] = {
     # the download, .run and build modules, only for a plan that downloads and builds
     "installer.steps.staging": frozenset({
         "installer.net.transfer", "installer.net.parallel", "installer.driver.nvidia_run",
-        "installer.driver.module_build", "installer.driver.nvidia_options",
+        "installer.driver.module_build",
         "installer.jail.cgroup_memory", "installer.jail.cpus"}),
     # OpenSSL's hashes, with the first file hashed (a cache hit checks by stat)
     "installer.base.fsutil": frozenset({"hashlib"}),

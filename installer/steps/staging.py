@@ -10,6 +10,7 @@ from installer.base import cpuarch
 from installer.base.cpuarch import CpuArch
 from installer.base.errors import BuildError
 from installer.base.fsutil import remove_tree
+from installer.driver import nvidia_options
 from installer.kmod import modules
 from installer.kmod.headers import KernelTree
 from installer.net.policy import file_name, local_file
@@ -132,7 +133,6 @@ def build_driver(ctx: Context, version: str, module_type: str | None = None, *,
     # Only a plan that downloads and builds makes this step: a cache hit (every boot)
     # loads none of the network, .run and jail modules it needs.
     import installer.driver.module_build as module_build
-    import installer.driver.nvidia_options as nvidia_options
     import installer.driver.nvidia_run as nvidia_run
 
     release = ctx.host_info.kernel_release
