@@ -93,6 +93,20 @@ def test_the_lazy_commands_are_edges_the_layering_check_sees(edges, files):
         assert command in from_cli, command
 
 
+def test_the_lazily_loaded_flows_are_edges_the_layering_check_sees(edges, files):
+    """distros.flows imports each flow only for a host of that flow (a cache hit loads its
+    own flow only), inside a loader function, never through a module name in a string: the
+    layers contract and this graph see an edge to every flow FLOWS names."""
+    from installer.distros.flows import FLOWS
+
+    source = files["installer.distros.flows"].read_text()
+    assert "import_module" not in source and "__import__" not in source
+    from_flows = {e.imported for e in edges if e.importer == "installer.distros.flows"}
+    loaded = {load().__module__ for load in FLOWS.values()}
+    assert loaded == {"installer.distros.cos.flow", "installer.distros.headers_build_flow"}
+    assert loaded <= from_flows, sorted(loaded - from_flows)
+
+
 def test_the_packages_form_no_circle(edges):
     """installer/'s folders carry the layers: taken as units (a package, or a top-level
     module), nothing imports back up."""
