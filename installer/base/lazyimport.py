@@ -7,8 +7,10 @@ asyncio.get_running_loop()...``); nothing here logs asynchronously. asyncio, wit
 its event loop modules, is the largest part of structlog's import (docs/performance.md),
 paid on every start. Deferred, ``import asyncio`` binds a stand-in module that imports the
 real one the first time any of its attributes is read, so code that does use it sees no
-difference. (The standard library's ``importlib.util.LazyLoader`` cannot do this here: the
-``import`` statement itself reads the module's ``__spec__``, which makes it load.)
+difference; only an attribute set on the stand-in itself (before anything read one) stays
+on the stand-in, which is why only modules no run uses are deferred. (The standard
+library's ``importlib.util.LazyLoader`` cannot do this here: the ``import`` statement
+itself reads the module's ``__spec__``, which makes it load.)
 """
 
 from __future__ import annotations
