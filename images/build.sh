@@ -55,9 +55,18 @@ for f in "${FLAVORS[@]}"; do
   DOCKERFILES+=("images/$f/Dockerfile")
 done
 ((EUID == 0)) || die "run as root (debootstrap and buildah's chroot isolation need it)"
-# The bases, as the Dockerfiles name them (FROM <ref> [AS stage]).
-mapfile -t BASE_NAMES < <(for f in "${FLAVORS[@]}"; do
-  sed -n 's/^FROM[[:space:]]\{1,\}\([^[:space:]]*\).*/\1/p' "$REPO/images/$f/Dockerfile"; done | sort -u)
+# The bases, as the Dockerfiles name them (FROM [--platform=...] <ref> [AS stage]; the
+# build stage's $BUILD_BASE is its ARG's default).
+build_base_of() {
+  sed -n 's/^ARG[[:space:]]\{1,\}BUILD_BASE=\([^[:space:]]*\).*/\1/p' "$REPO/images/$1/Dockerfile"
+}
+from_names() {
+  local build_base
+  build_base=$(build_base_of "$1")
+  sed -n 's/^FROM[[:space:]]\{1,\}\(--[^[:space:]]*[[:space:]]\{1,\}\)*\([^[:space:]]*\).*/\2/p' \
+    "$REPO/images/$1/Dockerfile" | sed -e "s|^\\\$BUILD_BASE\$|$build_base|" -e "s|^\\\${BUILD_BASE}\$|$build_base|"
+}
+mapfile -t BASE_NAMES < <(for f in "${FLAVORS[@]}"; do from_names "$f"; done | sort -u)
 
 ((${#ARCHES[@]})) || die "NDI_IMAGE_ARCHES is empty (architectures: amd64 arm64)"
 declare -A QEMU_ARCH=([amd64]=x86_64 [arm64]=aarch64)
@@ -67,6 +76,10 @@ for arch in "${ARCHES[@]}"; do
   [[ $arch == "$HOST_ARCH" ]] || FOREIGN+=("$arch")
 done
 [[ $(printf '%s\n' "${ARCHES[@]}" | sort | uniq -d) == "" ]] || die "NDI_IMAGE_ARCHES names an architecture twice: ${ARCHES[*]}"
+# Every image's build stage (the venv) runs on this machine's architecture (the
+# Dockerfiles' FROM --platform=$BUILDPLATFORM): its bases are needed for it too.
+BASE_ARCHES=("${ARCHES[@]}")
+[[ " ${ARCHES[*]} " == *" $HOST_ARCH "* ]] || BASE_ARCHES+=("$HOST_ARCH")
 
 # --- tools ---------------------------------------------------------------------
 need=()
@@ -120,7 +133,7 @@ real_bases() {
       '{{index .OCIv1.Config.Labels "org.opencontainers.image.description"}}' "$name" 2>/dev/null) || description=
     [[ $description != "$SUBSTITUTE"* ]] ||
       die "$name in $STORAGE_ROOT is the local substitute of an NDI_LOCAL_BASE=1 build: give real builds a storage of their own (NDI_BUILDAH_ROOT)"
-    for arch in "${ARCHES[@]}"; do
+    for arch in "${BASE_ARCHES[@]}"; do
       ref=$(real_ref "$name" "$arch")
       [[ $(image_arch "$ref") == "$arch" ]] && continue
       log "pulling the base $name for $arch ..."
@@ -130,7 +143,7 @@ real_bases() {
       bah tag "$name" "$ref"
     done
   done
-  log "bases: ${BASE_NAMES[*]} for ${ARCHES[*]} (the real ones)"
+  log "bases: ${BASE_NAMES[*]} for ${BASE_ARCHES[*]} (the real ones)"
 }
 image_arch() { bah inspect --type image --format '{{.OCIv1.Architecture}}' "$1" 2>/dev/null || true; }
 
@@ -195,13 +208,13 @@ elif release=$(curl -fsSL --retry 2 -m 60 "${MIRROR%/}/dists/$SUITE/Release"); t
 else
   die "cannot read ${MIRROR%/}/dists/$SUITE/Release (the base's cache key): is the mirror reachable? (NDI_DEBIAN_MIRROR; NDI_BASE_DATE=<day> keys by a day instead)"
 fi
-for arch in "${ARCHES[@]}"; do local_base_for "$arch"; done
+for arch in "${BASE_ARCHES[@]}"; do local_base_for "$arch"; done
 # Older bases of the architectures built now (another archive state or recipe, or named
 # before the architecture was in the name) are no longer needed. Another architecture's
 # stays: the pod tier builds only amd64 in this storage, and removing the arm64 base would
 # orphan every cached arm64 layer (a recommitted base is a new image ID).
 old_bases=$(bah images --format '{{.Name}}:{{.Tag}}' --filter reference=localhost/ndi-base 2>/dev/null |
-  grep -E "^localhost/ndi-base:$SUITE-(($(IFS='|'; echo "${ARCHES[*]}"))-)?[0-9a-f]{12}\$" |
+  grep -E "^localhost/ndi-base:$SUITE-(($(IFS='|'; echo "${BASE_ARCHES[*]}"))-)?[0-9a-f]{12}\$" |
   grep -vxF "${LOCAL_BASE_IMAGE[@]/#/-e}") || true
 [[ -z $old_bases ]] || xargs buildah --root "$STORAGE_ROOT" --runroot "$RUNROOT" rmi -f <<<"$old_bases" >/dev/null 2>&1 || true
 log "BOTH flavours are built FROM the bookworm base here (NDI_LOCAL_BASE=1: a local substitute," \
@@ -326,11 +339,12 @@ fi
 # "Close_Fd sealing memfd copy: Device or resource busy". Only that failure is
 # retried, at most twice; the layer cache keeps the steps already built.
 bud_with_retry() {
-  local flavor=$1 image=$2 arch=$3 attempt err
+  local flavor=$1 image=$2 arch=$3 attempt err platform
+  mapfile -t platform < <(platform_args "$flavor" "$arch")
   err=$(mktemp "$CACHE/bud-stderr.XXXXXX")
   for attempt in 1 2 3; do
     if bah bud --arch "$arch" --os linux --isolation chroot --pull-never --layers --quiet \
-      "${volumes[@]}" "${build_args[@]}" \
+      "${volumes[@]}" "${build_args[@]}" "${platform[@]}" \
       -f "$REPO/images/$flavor/Dockerfile" -t "$image" "$ctx" >/dev/null 2>"$err"; then
       cat "$err" >&2
       rm -f "$err"
@@ -342,6 +356,19 @@ bud_with_retry() {
   done
   rm -f "$err"
   die "building $image failed (buildah's output above)"
+}
+
+# platform_args FLAVOR ARCH (one word a line): the build stage runs on this machine's
+# architecture, FROM this architecture's variant of its base (BUILD_BASE: while ARCH is
+# built, the FROM names hold ARCH's bases), so another architecture's venv is made
+# without qemu-user; and the platform arguments buildah 1.28 does not predefine
+# (BuildKit and newer buildah do, with these values).
+platform_args() {
+  local build_base
+  if [[ $LOCAL_BASE == 1 ]]; then build_base=${LOCAL_BASE_IMAGE[$HOST_ARCH]}
+  else build_base=$(real_ref "$(build_base_of "$1")" "$HOST_ARCH"); fi
+  printf -- '--build-arg\n%s\n' "BUILD_BASE=$build_base" "BUILDPLATFORM=linux/$HOST_ARCH" \
+    "BUILDARCH=$HOST_ARCH" "TARGETPLATFORM=linux/$2" "TARGETARCH=$2"
 }
 
 # use_bases ARCH: the Dockerfiles' FROM names now name ARCH's bases (one name holds one

@@ -82,7 +82,8 @@ def built() -> dict[str, str]:
     """Build (or reuse) both images with images/build.sh."""
     if os.environ.get("NDI_IMAGE_TESTS_NO_BUILD") != "1":
         # The local substitute base: the real ones' registry is unreachable in CI. Both
-        # architectures: arm64's RUN steps under qemu-user (minutes each, cached by content).
+        # architectures: arm64's base and runtime-stage RUN steps under qemu-user (minutes
+        # each, cached by content); every image's venv stage runs natively.
         bound = BUILD_BOUND_S
         try:
             proc = subprocess.run(["bash", str(REPO / "images/build.sh")], capture_output=True,

@@ -220,6 +220,56 @@ def test_the_arm64_installer_runs_under_qemu_user(pulled):
             subprocess.run([*bah, "rm", ctr], capture_output=True, timeout=60)
 
 
+VENV = "opt/nvidia-driver-installer"
+TRIPLET = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+
+
+def _venv_files(rootfs: Path, arch: str) -> tuple[set[str], dict[str, int]]:
+    """(every path in the image's venv, the architecture's triplet in extension module
+    names made neutral; {path: ELF e_machine} of its machine code). Symlinks are not
+    followed: the venv's python links to the image's own interpreter."""
+    venv = rootfs / VENV
+    paths, elfs = set(), {}
+    for path in venv.rglob("*"):
+        rel = str(path.relative_to(venv))
+        paths.add(rel.replace(TRIPLET[arch], "<triplet>"))
+        if path.is_file() and not path.is_symlink():
+            with path.open("rb") as f:
+                header = f.read(20)
+            if header[:4] == b"\x7fELF":
+                elfs[rel] = int.from_bytes(header[18:20], "little")
+    return paths, elfs
+
+
+def test_the_arm64_venv_is_the_amd64_ones_install_with_aarch64_machine_code(pulled):
+    """The arm64 venv is made on the build machine's architecture (the Dockerfiles' build
+    stage, FROM --platform=$BUILDPLATFORM) with the arm64 wheels: the same installed files
+    as the amd64 image's (pip's dist-infos, scripts, modules), and every extension module
+    an AArch64 ELF (x86-64 wheels there would import on no arm64 node)."""
+    bah, ids = pulled
+    for flavor in values.IMAGE_FLAVORS:
+        files = {}
+        for arch in ARCHES:
+            ctr = subprocess.run([*bah, "from", "--pull-never", ids[flavor, arch]],
+                                 capture_output=True, text=True, timeout=120,
+                                 check=True).stdout.strip()
+            try:
+                rootfs = Path(subprocess.run([*bah, "mount", ctr], capture_output=True,
+                                             text=True, timeout=60, check=True).stdout.strip())
+                files[arch] = _venv_files(rootfs, arch)
+            finally:
+                subprocess.run([*bah, "umount", ctr], capture_output=True, timeout=60)
+                subprocess.run([*bah, "rm", ctr], capture_output=True, timeout=60)
+        (amd64_paths, amd64_elfs), (arm64_paths, arm64_elfs) = files["amd64"], files["arm64"]
+        assert amd64_paths == arm64_paths, (flavor, sorted(amd64_paths ^ arm64_paths)[:20])
+        dists = sorted(p.rsplit("/", 1)[1] for p in arm64_paths
+                       if p.endswith(".dist-info") and "/site-packages/" in p)
+        assert any(d.startswith("zstandard-") for d in dists), dists  # a compiled dependency
+        assert any(d.startswith("nvidia_driver_installer-") for d in dists), dists
+        assert arm64_elfs and set(arm64_elfs.values()) == {ELF_MACHINE["arm64"]}, arm64_elfs
+        assert set(amd64_elfs.values()) == {ELF_MACHINE["amd64"]}, amd64_elfs
+
+
 def test_a_digest_the_registry_lacks_is_refused(pushed, tmp_path):
     host = pushed[0]
     bah = ["buildah", "--root", str(tmp_path / "storage"), "--runroot", str(tmp_path / "run")]

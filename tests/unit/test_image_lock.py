@@ -84,3 +84,39 @@ def test_the_cli_installs_without_the_test_and_lint_tools():
     # urllib3 comes with requests (its own dependency), and is imported for its exceptions.
     assert needed - {"urllib3"} == runtime, (sorted(needed), sorted(runtime))
     assert "pip install -q -e '.[test,lint]'" in (ROOT / "Makefile").read_text()
+
+
+def test_another_architectures_venv_is_made_natively_from_that_architectures_wheels():
+    """The build stage (the venv) runs on the build machine's architecture, so an arm64
+    image's pip runs without qemu-user; pip then takes the image's architecture's wheels,
+    and wheels only (an sdist would be compiled for the build machine)."""
+    for flavor in ("cos", "ubuntu"):
+        dockerfile = (ROOT / f"images/{flavor}/Dockerfile").read_text()
+        froms = re.findall(r"^FROM .*$", dockerfile, re.M)
+        assert froms[0] == "FROM --platform=$BUILDPLATFORM $BUILD_BASE AS build", froms
+        # The runtime stage is the image's own architecture: its RUN steps are the image's.
+        assert froms[-1].startswith("FROM --platform=$TARGETPLATFORM docker.io/library/")
+        default = re.search(r"^ARG BUILD_BASE=(\S+)$", dockerfile, re.M)
+        assert default and froms[-1].endswith(" " + default[1])  # the same distribution
+        deps = dockerfile.split("COPY images/requirements.lock ./\n", 1)[1].split("\nCOPY", 1)[0]
+        assert "arm64) export _PYTHON_HOST_PLATFORM=linux-aarch64" in deps
+        assert "cross=--only-binary=:all:" in deps
+        assert '${cross:+"$cross"} --require-hashes -r requirements.lock' in deps
+
+
+def test_pip_takes_its_platform_tags_from_python_host_platform(tmp_path):
+    """What the cross install above relies on: sysconfig.get_platform() returns
+    _PYTHON_HOST_PLATFORM (CPython Lib/sysconfig.py, "Set for cross builds explicitly")
+    and pip's platform tags follow it (packaging's tags._linux_platforms)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "_PYTHON_HOST_PLATFORM": "linux-aarch64", "PIP_NO_INPUT": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pip", "debug", "--verbose"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    tags = {line.strip() for line in proc.stdout.splitlines()}
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert f"{py}-{py}-manylinux2014_aarch64" in tags
+    assert not any(tag.endswith("x86_64") for tag in tags)

@@ -111,6 +111,9 @@ def test_build_names_the_real_dockerfiles_when_a_base_cannot_be_pulled(images_en
                           env={**env, "NDI_IMAGE_ARCHES": arch},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
+    # The first base the Dockerfiles name, read past the build stage's
+    # `FROM --platform=$BUILDPLATFORM $BUILD_BASE` (its ARG's default).
+    assert f"pulling the base docker.io/library/debian:12-slim for {arch} ..." in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert "cannot pull the base image" in line
     assert "images/cos/Dockerfile images/ubuntu/Dockerfile" in line, line
