@@ -8,6 +8,7 @@ import ast
 import shutil
 from pathlib import Path
 
+from tests import importgraph
 from tests.realparts import shaping
 from tests.realparts.shaping import DATA_ONLY, REPO, STEP_FUNCTIONS
 
@@ -66,18 +67,19 @@ def test_every_listed_file_exists_and_is_python():
 
 
 def test_the_list_is_closed_under_imports():
-    """Whatever a listed module imports (its functions' imports included) decides the build
-    as much as the module itself. The step files are followed only through the build's own
-    functions (next test)."""
+    """Whatever a listed module imports (its functions' imports included: the project's
+    import graph, tests/importgraph.py) decides the build as much as the module itself.
+    The step files are followed only through the build's own functions (next test)."""
+    files = importgraph.module_files()
     listed = set(shaping.files())
-    missing = {}
-    for rel in listed:
-        if str(rel) in STEP_FUNCTIONS:
+    missing: dict[str, list[str]] = {}
+    for edge in importgraph.imports(files):
+        importer = files[edge.importer].relative_to(REPO)
+        if importer not in listed or str(importer) in STEP_FUNCTIONS:
             continue
-        for module in set(imports(rel).values()):
-            dep = module_file(module)
-            if dep is not None and dep not in listed:
-                missing.setdefault(str(dep), []).append(str(rel))
+        dep = files[edge.imported].relative_to(REPO)
+        if dep not in listed:
+            missing.setdefault(str(dep), []).append(str(importer))
     assert not missing, ("installer modules that shape the build through the installer but "
                          f"are not in tests/realparts/shaping.py SHAPING: {missing} "
                          "(file: the listed files importing it)")
