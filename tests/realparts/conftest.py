@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.runfile import driver_payload
 from tests.realparts import kbuild, provision, runfile
 
 
@@ -63,8 +64,12 @@ def run_legacy(real_parts: provision.RealParts) -> Path:
 
 @pytest.fixture(scope="session")
 def run_r550(real_parts: provision.RealParts) -> Path:
-    """NVIDIA-Linux-x86_64-550.x.run (Debian 13's parts): kernel/, kernel-open/, firmware/."""
-    return runfile.build_real_run(real_parts.r550.version, "full", real_parts)
+    """NVIDIA-Linux-x86_64-550.x.run (Debian 13's parts): kernel/, kernel-open/, firmware/.
+    With the fixture's user space: the very .run the qemu tier builds its 550 installs from
+    (tests/vm/host_builds.py), so the tier packs it once; its tests here run only the
+    stand-in nvidia-installer, which both .runs share."""
+    v = real_parts.r550.version
+    return runfile.build_real_run(v, "full", real_parts, userspace=driver_payload(v))
 
 
 def _extract(run: Path, dest: Path) -> Path:

@@ -3,7 +3,7 @@ with NVIDIA's own Makefile through its sandbox, exactly as in the pod, and loses
 compiler probe doing so; NVIDIA's installer then runs for user space only.
 
 Cold, each build takes 2-3 minutes on 2 cores; results are cached by their inputs
-(the installer's own source included), so a rerun takes seconds.
+(the installer's files that shape the build included: shaping.py), so a rerun takes seconds.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ goes through our sandbox.
 
 The resulting install dir (real nvidia.ko & co. built for the qemu tier's
 kernel, firmware, .cache) is cached by the inputs: the .run, the headers'
-package versions, the module type and the installer's own source.
+package versions, the module type and the installer's files that decide what the build
+produces (shaping.py: not the whole installer/, so a change elsewhere reuses the builds).
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import DEBIAN_12, build_ubuntu_node
 from tests.fixtures.server import ArtifactServer
 from tests.pod import Pod, events
-from tests.realparts import cache
+from tests.realparts import cache, shaping
 from tests.realparts.kbuild import Headers
 from tests.realparts.provision import default_log
 
-REPO = Path(__file__).resolve().parents[2]
 T4 = "0x1eb8"  # Turing: R470 and R535, proprietary and open modules
 INSTALL_TIMEOUT_S = 1800
 
@@ -75,17 +75,13 @@ def _link_headers(headers: Headers, node_root: Path) -> None:
         os.symlink(Path("/") / target.relative_to(headers.root), modules / name)
 
 
-def _installer_source_hash() -> str:
-    return cache.content_hash(REPO / "installer", ("__pycache__",))
-
-
 def install_real(run: Path, version: str, module_type: str, headers: Headers, *,
                  expect_ok: bool = True, log=default_log) -> RealInstall:
     """Install ``run`` on a fresh fixture node through the pod; cached by inputs.
 
     ``expect_ok=False``: a failing install is a result too (its exit code and events)."""
     k = cache.key("through-installer", cache.file_hash(run), headers.packages, module_type,
-                  _installer_source_hash(), cache.file_hash(Path(__file__)),
+                  shaping.source_hash(), cache.file_hash(Path(__file__)),
                   cache.file_hash(Path(node_module.__file__)))
 
     def produce(work: Path) -> None:
