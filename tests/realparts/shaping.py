@@ -27,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.realparts import cache
+from tests.shapingcheck import Shaping
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,14 +74,12 @@ DATA_ONLY = frozenset({
 })
 
 
+BUILD = Shaping(SHAPING, STEP_FUNCTIONS, DATA_ONLY)  # what tests/shapingcheck.py checks
+
+
 def files(root: Path = REPO) -> list[Path]:
     """Every file SHAPING names, relative to ``root``, sorted."""
-    out: set[Path] = set()
-    for rel in SHAPING:
-        path = root / rel
-        found = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        out.update(p.relative_to(root) for p in found if "__pycache__" not in p.parts)
-    return sorted(out)
+    return BUILD.files(root)
 
 
 def source_hash(root: Path = REPO) -> str:

@@ -8,61 +8,17 @@ import ast
 import shutil
 from pathlib import Path
 
-from tests import importgraph
+from tests import shapingcheck
 from tests.realparts import shaping
-from tests.realparts.shaping import DATA_ONLY, REPO, STEP_FUNCTIONS
+from tests.realparts.shaping import BUILD, REPO
 
 # Event names and .cache fields the tier's tests read from a cached build.
 READ_BACK = ("kernel_modules_build_started", "nvidia_installer_started",
              "CACHE_NVIDIA_DRIVER_VERSION", "CACHE_KERNEL_VERSION")
 
 
-def module_file(name: str) -> Path | None:
-    """installer.x.y -> installer/x/y.py (or its package's __init__.py), relative to REPO."""
-    for rel in (Path(*name.split(".")).with_suffix(".py"), Path(*name.split("."), "__init__.py")):
-        if (REPO / rel).is_file():
-            return rel
-    return None
-
-
-def _imported(node: ast.Import | ast.ImportFrom, rel: Path) -> dict[str, str]:
-    """{bound name: installer module it comes from} of one import statement."""
-    bound: dict[str, str] = {}
-    if isinstance(node, ast.Import):
-        for alias in node.names:
-            if alias.name.split(".")[0] == "installer":
-                bound[alias.asname or alias.name.split(".")[0]] = alias.name
-        return bound
-    base = node.module or ""
-    if node.level:  # relative: from the file's package upwards
-        package = list(rel.with_suffix("").parts[:-1])
-        base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
-    if base.split(".")[0] != "installer":
-        return bound
-    for alias in node.names:
-        sub = f"{base}.{alias.name}"
-        bound[alias.asname or alias.name] = sub if module_file(sub) else base
-    return bound
-
-
-def imports(rel: Path) -> dict[str, str]:
-    """Every installer import in the file, at any depth (a function's own imports too)."""
-    bound: dict[str, str] = {}
-    for node in ast.walk(ast.parse((REPO / rel).read_text())):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound.update(_imported(node, rel))
-    return bound
-
-
-def names_used(rel: Path, function: str) -> set[str]:
-    tree = ast.parse((REPO / rel).read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
-    return {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
-
-
 def test_every_listed_file_exists_and_is_python():
-    for rel in shaping.SHAPING:
-        assert (REPO / rel).exists(), f"{rel} is listed in shaping.SHAPING but does not exist"
+    assert not shapingcheck.missing_files(BUILD), "listed in shaping.SHAPING but not there"
     assert all(rel.suffix == ".py" for rel in shaping.files())
 
 
@@ -70,42 +26,22 @@ def test_the_list_is_closed_under_imports():
     """Whatever a listed module imports (its functions' imports included: the project's
     import graph, tests/importgraph.py) decides the build as much as the module itself.
     The step files are followed only through the build's own functions (next test)."""
-    files = importgraph.module_files()
-    listed = set(shaping.files())
-    missing: dict[str, list[str]] = {}
-    for edge in importgraph.imports(files):
-        importer = files[edge.importer].relative_to(REPO)
-        if importer not in listed or str(importer) in STEP_FUNCTIONS:
-            continue
-        dep = files[edge.imported].relative_to(REPO)
-        if dep not in listed:
-            missing.setdefault(str(dep), []).append(str(importer))
+    missing = shapingcheck.unlisted_imports(BUILD)
     assert not missing, ("installer modules that shape the build through the installer but "
                          f"are not in tests/realparts/shaping.py SHAPING: {missing} "
                          "(file: the listed files importing it)")
 
 
 def test_the_build_steps_use_only_listed_modules():
-    listed = set(shaping.files())
-    for rel, functions in STEP_FUNCTIONS.items():
-        bound = imports(Path(rel))
-        for function in functions:
-            for name in names_used(Path(rel), function) & set(bound) - DATA_ONLY:
-                dep = module_file(bound[name])
-                assert dep is None or dep in listed, (
-                    f"{rel} {function}() uses {name} from {bound[name]}, which is not in "
-                    "tests/realparts/shaping.py SHAPING (or DATA_ONLY, if it only carries a value)")
+    found = shapingcheck.unlisted_step_uses(BUILD)
+    assert not found, (f"{found}: not in tests/realparts/shaping.py SHAPING (or DATA_ONLY, "
+                       "if it only carries a value)")
 
 
 def test_modules_run_by_name_are_listed():
     """``python -m installer.jail.run_in_jail``: a module started by name, not imported."""
-    listed = set(shaping.files())
-    for rel in listed:
-        for node in ast.walk(ast.parse((REPO / rel).read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and node.value.startswith("installer."):
-                dep = module_file(node.value)
-                assert dep is None or dep in listed, f"{rel} runs {node.value}: not listed"
+    found = shapingcheck.unlisted_run_by_name(BUILD)
+    assert not found, f"{found}: not in tests/realparts/shaping.py SHAPING"
 
 
 def _code_strings(path: Path) -> str:
