@@ -135,3 +135,49 @@ def unlisted_run_by_name(shaping: Shaping) -> list[str]:
                 if dep is not None and dep not in listed:
                     found.append(f"{rel} runs {node.value}")
     return found
+
+
+def _calls(rel: Path, function: str) -> set[tuple[str, str]]:
+    """(file, function) of each top-level function the function names: its own file's by
+    name, another installer module's as ``module.function`` or an imported name."""
+    tree = ast.parse((REPO / rel).read_text())
+    local = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    bound = imports(rel)
+    *owners, name = function.split(".")
+    body: list[ast.stmt] = tree.body
+    for owner in owners:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == owner).body
+    fn = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and node.id in local:
+            found.add((str(rel), node.id))
+        elif isinstance(node, ast.Name) and node.id in bound:
+            dep = module_file(bound[node.id])
+            if dep is not None:
+                found.add((str(dep), node.id))  # from installer.x import function
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in bound:
+            dep = module_file(bound[node.value.id])
+            if dep is not None:
+                found.add((str(dep), node.attr))  # module.function
+    return found
+
+
+def reached_step_functions(shaping: Shaping, entry: tuple[str, str]) -> set[tuple[str, str]]:
+    """The (step file, function) pairs reached from ``entry`` through the step files'
+    functions (names in ``data_only`` are not followed)."""
+    seen: set[tuple[str, str]] = set()
+    todo = [entry]
+    while todo:
+        rel, function = todo.pop()
+        if (rel, function) in seen:
+            continue
+        seen.add((rel, function))
+        for dep_rel, dep_fn in _calls(Path(rel), function):
+            top = {n.name for n in ast.parse((REPO / dep_rel).read_text()).body
+                   if isinstance(n, ast.FunctionDef)}
+            if dep_rel in shaping.step_functions and dep_fn in top \
+                    and dep_fn not in shaping.data_only:
+                todo.append((dep_rel, dep_fn))
+    return seen

@@ -20,7 +20,7 @@ linux-kbuild their ``scripts`` link to) sit at Debian's paths (their Makefiles n
 other by absolute path): a tmpfs over /usr/src and a bind over /usr/lib/linux-kbuild-<X>,
 gone with the namespace. Bundles are cached by content: the parts' versions, the .run,
 the cross compiler and the installer's files that make the cross build what it is
-(``SHAPING``); ``NDI_ARM64_NO_CACHE=1`` builds again.
+(tests/arm64/shaping.py); ``NDI_ARM64_NO_CACHE=1`` builds again.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.arm64 import shaping
 from tests.arm64.provision import CACHE_ROOT, CrossParts, default_log
 from tests.fixtures.nvidia_options import option_table
 from tests.fixtures.runfile import STOCK_HEADER, pack_run
@@ -49,12 +50,11 @@ BUILD_TIMEOUT_S = 2700  # one cold build: 17.4 min measured at load 9-11 on 2 co
 COMPRESSION_LEVEL = "3"
 FLAVORS = {"open": "kernel-open", "proprietary": "kernel"}
 RECIPE = "1"  # of the .run and the bundle build below: bump when either changes
-# The files that make the cross build what it is (its make argv, the bundle's manifest and
-# format, the architecture names): a change to one rebuilds. Other installer changes do
-# not (a cold build is 2 x 5-20 min here, past the tier's CI budget); the x86_64 tiers
-# build through the same shared steps on every run, and the guest always runs this tree.
-SHAPING = ("installer/driver/module_build.py", "installer/commands/bundle_build.py",
-           "installer/records/bundle_manifest.py", "installer/base/cpuarch.py")
+# The installer's part in the bundles' key: the files that make the cross build what it
+# is (tests/arm64/shaping.py; tests/arm64/test_shaping.py holds the list). Other installer
+# changes do not rebuild (a cold build is 2 x 5-20 min here, past the tier's CI budget);
+# the default tier runs ``bundle build`` on every run, and the guest always runs this tree.
+shaping_key = shaping.source_hash
 
 
 def run_name(version: str) -> str:
@@ -119,7 +119,7 @@ def bundle_build(parts: CrossParts, module_type: str, log=default_log) -> tuple[
     version = _version(parts, module_type)
     compiler = subprocess.run([CC, "--version"], capture_output=True, text=True).stdout
     k = cache.key("arm64-bundle", parts.versions, module_type, cache.file_hash(run), compiler,
-                  [cache.file_hash(REPO / f) for f in SHAPING], RECIPE)
+                  shaping_key(), RECIPE)
     done = CACHE_ROOT / "bundles" / k
     if (done / "record.json").is_file() and os.environ.get("NDI_ARM64_NO_CACHE") != "1":
         return done, json.loads((done / "record.json").read_text())
