@@ -4,7 +4,7 @@ A slow tier that caches a build by content keys it on the installer files that d
 what the build produces, not on the whole installer/ (tests/realparts/shaping.py for the
 builds through the installer, tests/arm64/shaping.py for ``bundle build --arch arm64``).
 A list is right when nothing that shapes the build is left out of it; these helpers say
-what is, read from the source (the AST, nothing imported). Each tier's test_shaping.py
+what is, read from the source (the AST, nothing imported). Each tier's tests/unit/test_shaping_*.py
 calls them with its own list.
 
 A ``Shaping`` names files (a directory stands for every .py under it), the step files

@@ -51,7 +51,7 @@ COMPRESSION_LEVEL = "3"
 FLAVORS = {"open": "kernel-open", "proprietary": "kernel"}
 RECIPE = "1"  # of the .run and the bundle build below: bump when either changes
 # The installer's part in the bundles' key: the files that make the cross build what it
-# is (tests/arm64/shaping.py; tests/arm64/test_shaping.py holds the list). Other installer
+# is (tests/arm64/shaping.py; tests/unit/test_shaping_arm64.py holds the list). Other installer
 # changes do not rebuild (a cold build is 2 x 5-20 min here, past the tier's CI budget);
 # the default tier runs ``bundle build`` on every run, and the guest always runs this tree.
 shaping_key = shaping.source_hash

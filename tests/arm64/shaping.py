@@ -14,7 +14,7 @@ JSON summary of it. The files that decide them:
   process of NVIDIA's runs in the jail; the jail is started by ``-m``);
 - ``uname -m`` (installer/kmod/kernel.py ``machine``, reached through ``ctx.kernel`` in
   ``cross_target``): it decides that the build is a cross build;
-- everything those import (tests/arm64/test_shaping.py checks the list is closed).
+- everything those import (tests/unit/test_shaping_arm64.py checks the list is closed).
 
 Not in the key: the command's plumbing (installer/commands/bundle_cli.py, the settings,
 detection, ``plan.execute``), which carries the tier's argv into the plan and runs it,
@@ -63,7 +63,7 @@ SHAPING = (
     "installer/base/values.py",
 )
 # Files of more than the build: only these functions are followed (name by name:
-# tests/arm64/test_shaping.py), each reached from ENTRY (methods reached through an
+# tests/unit/test_shaping_arm64.py), each reached from ENTRY (methods reached through an
 # object, ``distro.headers_step()``, named as Class.method).
 STEP_FUNCTIONS = {
     "installer/commands/bundle_build.py": (

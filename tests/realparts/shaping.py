@@ -15,7 +15,7 @@ two logs) and the events the tests read (``kernel_modules_build_started``,
 - where the results land (host/installdir.py, ``promote``), the ``.cache`` record the
   guest's cache-hit run reads back (records/cache.py, ``record_cache``), the failure event
   (exits.py);
-- everything those import (tests/realparts/test_shaping.py checks the list is closed).
+- everything those import (tests/unit/test_shaping_realparts.py checks the list is closed).
 
 The rest of the install (detection, planning, loading, verification, the daemons) runs on
 every CI run anyway: the default tier's pod installs of fixture .run files, and the guests,
