@@ -78,11 +78,13 @@ class Pod:
             capture_output=True, text=True, timeout=timeout, env={"PATH": POD_PATH},
         )
 
-    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        """Start the CLI in the pod in its own process group (so a test can SIGKILL it all)."""
+    def start(self, *args: str, env: dict[str, str] | None = None,
+              module: str = "installer") -> subprocess.Popen[str]:
+        """Start the CLI in the pod in its own process group (so a test can SIGKILL it all);
+        ``module`` as for run()."""
         full_env = {"PATH": POD_PATH, "LOG_FORMAT": "json", **self.env, **(env or {})}
         return subprocess.Popen(
-            self._unshare([PYTHON, "-m", "installer", *args], full_env, None, None),
+            self._unshare([PYTHON, "-m", module, *args], full_env, None, None),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"PATH": POD_PATH},
             start_new_session=True,
         )

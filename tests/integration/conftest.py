@@ -4,8 +4,11 @@ The COS tests override node, server and pod with their COS counterparts."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import signal
+import stat
 import subprocess
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from tests.fixtures.kernel import FakeKernel
 from tests.fixtures.node import build_ubuntu_node
 from tests.fixtures.runfile import build_driver_run
 from tests.fixtures.server import ArtifactServer
-from tests.pod import pod_on
+from tests.pod import Pod, ok, pod_on
 
 V1, V2 = "550.54.14", "535.183.01"  # the version the tests install and the one they switch to
 
@@ -72,3 +75,57 @@ def sidecars(pod):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def state_digest(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every entry under ``root`` but ``skip`` (paths relative to it), not following links:
+    type, mode and content digest (a device node by its type and mode: it has no bytes)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if rel in skip:
+                continue
+            st = p.lstat()
+            out[rel] = ("link:" + os.readlink(p) if stat.S_ISLNK(st.st_mode) else
+                        f"{st.st_mode:o}:" + hashlib.sha256(p.read_bytes()).hexdigest()
+                        if stat.S_ISREG(st.st_mode) else f"{st.st_mode:o}")
+    return out
+
+
+class ReadOnlyPod(Pod):
+    """A pod on a node that several tests share: each run must leave the node and its kernel
+    as it found them (the kernel's call log aside, which only grows), so that sharing one
+    install between tests changes nothing any of them sees."""
+
+    kernel_root: Path
+
+    def run(self, *args, **kwargs):
+        before = state_digest(self.node_root), self._kernel_state()
+        proc = super().run(*args, **kwargs)
+        after = state_digest(self.node_root), self._kernel_state()
+        for was, now in zip(before, after, strict=True):
+            changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
+            assert not changed, f"{args} changed the shared node: {changed}"
+        return proc
+
+    def _kernel_state(self) -> dict[str, str]:
+        return state_digest(self.kernel_root, skip=("calls.jsonl",))
+
+
+@pytest.fixture(scope="module")
+def installed_once(tmp_path_factory, driver_runs):
+    """One fresh install of V1 on an Ubuntu node with an L4, shared by a module's tests that
+    only read the installed node (verify): a ReadOnlyPod, so a run that changed the node
+    fails its test. Yields (pod, the install's run)."""
+    work = tmp_path_factory.mktemp("installed-once")
+    node = build_ubuntu_node(work / "node")
+    kernel = FakeKernel(work / "kernel", node.kernel_release)
+    kernel.add_gpu()
+    with contextlib.contextmanager(serve_runs)(driver_runs) as srv:
+        pod = pod_on(node, kernel, srv, work / "pod", pod_class=ReadOnlyPod,
+                     env={"NVIDIA_DRIVER_VERSION": V1})
+        pod.kernel_root = kernel.root
+        install = ok(Pod.run(pod, "install"))
+        yield pod, install

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from installer.records import cache
+from tests.fixtures import failpoint
 from tests.fixtures.node import tree_digest
 from tests.integration.conftest import V1, V2
 from tests.pod import events, last_event, ok
@@ -29,9 +30,15 @@ def layout_digest(install_dir):
     return {k: v for k, v in tree_digest(install_dir).items() if k.split("/")[0] in LAYOUT}
 
 
-def run_until(pod, marker: dict, *, env, deadline_s: float = 60) -> list[dict]:
-    """Start an install and SIGKILL the whole pod when an event matching ``marker`` is logged."""
-    proc = pod.start("install", "--verbose", env=env)
+def run_until(pod, marker: dict, *, env, hold: str = "", deadline_s: float = 60) -> list[dict]:
+    """Start an install and SIGKILL the whole pod when an event matching ``marker`` is logged.
+    ``hold``: a step (tests/fixtures/failpoint.py's ``<step>[#<n>]``) that waits for the kill,
+    where the marker's point is a step boundary the installer would otherwise run past while
+    the kill is on its way (on a busy machine, even the next step's write)."""
+    if hold:
+        env = {**env, failpoint.VARIABLE: f"{hold}:{failpoint.HOLD}"}
+    proc = pod.start("install", "--verbose", env=env,
+                     module="tests.fixtures.failpoint" if hold else "installer")
     seen = []
     stop = time.monotonic() + deadline_s
     try:
@@ -62,22 +69,30 @@ def assert_nothing_false_recorded(install_dir):
 
 
 @pytest.mark.parametrize(
-    ("marker", "before_swap"),
+    ("marker", "before_swap", "hold"),
     [
-        pytest.param({"event": "download_started"}, True, id="downloading"),
-        pytest.param({"event": "step_started", "step": "extract_driver"}, True, id="extracting"),
-        pytest.param({"event": "nvidia_installer_started"}, True, id="nvidia-installer-running"),
-        pytest.param({"event": "install_promoted"}, False, id="just-swapped"),
-        pytest.param({"event": "step_started", "step": "record_cache"}, False,
+        pytest.param({"event": "download_started"}, True, "", id="downloading"),
+        pytest.param({"event": "step_started", "step": "extract_driver"}, True, "",
+                     id="extracting"),
+        pytest.param({"event": "nvidia_installer_started"}, True, "",
+                     id="nvidia-installer-running"),
+        # The kill lands after the swap and before anything later (the step after promote,
+        # installer/steps/activate.py: the plan's second gpu_firmware)...
+        pytest.param({"event": "install_promoted"}, False, "gpu_firmware#2", id="just-swapped"),
+        # ...and at record_cache's start: without the hold, a loaded machine let the write
+        # happen before the SIGKILL arrived (the .cache was there: a flake, not a finding).
+        pytest.param({"event": "step_started", "step": "record_cache"}, False, "record_cache",
                      id="before-cache-record"),
     ],
 )
-def test_sigkill_during_upgrade(node, pod, kernel, server, marker, before_swap):
+def test_sigkill_during_upgrade(node, pod, kernel, server, marker, before_swap, hold):
     ok(pod.run("install"))
     good = layout_digest(node.install_dir)
-    # A slow download so the kill lands while it streams.
-    server.fault(f"/tesla/{V2}/NVIDIA-Linux-x86_64-{V2}.run", rate=40_000)
-    run_until(pod, marker, env={"NVIDIA_DRIVER_VERSION": V2})
+    if marker["event"] == "download_started":
+        # A slow download so the kill lands while it streams. Only there: a later marker's
+        # kill lands at its own event, so the other cases need not wait out a slow download.
+        server.fault(f"/tesla/{V2}/NVIDIA-Linux-x86_64-{V2}.run", rate=40_000)
+    run_until(pod, marker, env={"NVIDIA_DRIVER_VERSION": V2}, hold=hold)
 
     assert_nothing_false_recorded(node.install_dir)
     if before_swap:

@@ -26,11 +26,24 @@ ERROR_CLASSES = [
 ]
 
 
-@pytest.fixture
-def installed(pod):
-    proc = ok(pod.run("install"))
-    passed = [e for e in events(proc.stderr) if e.get("event") == "cuda_check_ok"]
+def _checked_cuda(install) -> None:
+    passed = [e for e in events(install.stderr) if e.get("event") == "cuda_check_ok"]
     assert passed and passed[0]["gpus"] == 1, "the install's verify step ran no CUDA check"
+
+
+@pytest.fixture
+def installed(installed_once):
+    """The module's one install (tests/integration/conftest.py): `verify` only reads the
+    node, and its ReadOnlyPod fails a test whose run changed it."""
+    pod, install = installed_once
+    _checked_cuda(install)
+    return pod
+
+
+@pytest.fixture
+def installed_here(pod):
+    """An install of the test's own, for a test that changes the node first."""
+    _checked_cuda(ok(pod.run("install")))
     return pod
 
 
@@ -52,9 +65,9 @@ def test_cuda_visible_devices_hiding_the_gpu_is_named(installed):
     assert "CUDA_VISIBLE_DEVICES='none' is set here" in last_event(proc)["error"]
 
 
-def test_a_gpu_cuda_cannot_see_fails_the_count(installed, kernel):
+def test_a_gpu_cuda_cannot_see_fails_the_count(installed_here, kernel):
     kernel.add_gpu("0000:00:05.0")
-    proc = installed.run("verify", "-o", "json", env={"CUDA_VISIBLE_DEVICES": "0"})
+    proc = installed_here.run("verify", "-o", "json", env={"CUDA_VISIBLE_DEVICES": "0"})
     assert proc.returncode == 9, proc.stderr[-2000:]
     assert ("CUDA sees 1 GPU(s), the PCI bus has 2 the driver did not exclude "
             "(0000:00:04.0, 0000:00:05.0)") in last_event(proc)["error"]

@@ -50,6 +50,17 @@ def wait_state(node, proc, wanted: str, deadline_s: float = 60) -> dict:
     return doc
 
 
+def next_heartbeat(node, proc, deadline_s: float = 60) -> None:
+    """Wait until the sidecar rewrites its state file (its heartbeat, every 5 s: write_atomic
+    makes a new file each time), rather than sleeping past one."""
+    path = node.install_dir / STATE
+    first = path.stat()
+    end = time.monotonic() + deadline_s
+    while (now := path.stat()).st_ino == first.st_ino and now.st_mtime_ns == first.st_mtime_ns:
+        assert time.monotonic() < end, f"no heartbeat in {deadline_s}s, sidecar rc={proc.poll()}"
+        time.sleep(0.2)
+
+
 def test_the_real_daemon_refuses_foreground_and_exits_0(tmp_path):
     """What the old sidecar ran (`--foreground --verbose`): NVIDIA's parse_options answers
     "unrecognized option" / "Invalid commandline" and exits 0 before daemonize, so the old
@@ -75,7 +86,7 @@ def test_the_sidecar_keeps_the_real_daemon_up_and_ready_waits_for_it(pod, node, 
     fields = ready(node)
     assert fields["DAEMONS"] == "persistenced"
     assert fields["CUDA_CHECK"] == "passed" and fields["NVLINK_FABRIC"] == "none"
-    time.sleep(6)  # one heartbeat later it is the same daemon, still watched
+    next_heartbeat(node, proc)  # one heartbeat later it is the same daemon, still watched
     assert proc.poll() is None
     assert state(node)["state"] == "running" and state(node)["detail"] == f"pid {pid}"
     os.killpg(proc.pid, signal.SIGTERM)
