@@ -22,7 +22,7 @@ install: $(VENV)/.installed  ## the Python environment (package + test/lint tool
 deps:  ## Debian packages the tests and the demo need (root)
 	bash scripts/install-deps.sh
 
-test: install  ## the default test run (unit + chroot fixture tests), about 17 min on 2 cores
+test: install  ## the default test run (unit + chroot fixture tests), about 18 min alone on 2 cores (30 beside .ci/run's other tiers)
 	$(PY) -m pytest tests --ignore=tests/vm --ignore=tests/realparts --ignore=tests/gpu --ignore=tests/arm64 $(PYTEST_ARGS)
 
 demo: install  ## a real install against a built-in fixture node, the way the pod runs it
