@@ -8,8 +8,13 @@ whatever its capabilities. So the process bound is ``pids.max`` on a cgroup belo
 /proc/self/cgroup that is mounted (cgroup v1: pids, memory, freezer, cpu, cpuset, ...;
 the v2 hierarchy, hybrid's ``unified`` included):
 
-    <our cgroup>/ndi-jail-<pid>/        the limit (pids.max), never seen by the jail
-    <our cgroup>/ndi-jail-<pid>/jail/   the jail's processes: its cgroup-namespace root
+    <our cgroup>/ndi-jail-<id>/        the limit (pids.max), never seen by the jail
+    <our cgroup>/ndi-jail-<id>/jail/   the jail's processes: its cgroup-namespace root
+
+``<id>`` is our PID and a random tag (``cgroup_name``): a PID alone repeats across PID
+namespaces, so two installers whose PID namespaces differ but whose cgroup is the same
+(two test pods of one runner, a DaemonSet pod and a debugging run beside it in one
+container) would both make ``ndi-jail-7``, and the second would run unbounded.
 
 bwrap unshares the jail's cgroup namespace after its first process entered ``jail/`` in
 each hierarchy, so a cgroupfs the jail could mount would have ``jail/`` as its root:
@@ -19,7 +24,7 @@ the first place: jail/seccomp.py.)
 
 - cgroup v1: plain dirs; a new cpuset gets its parent's ``cpus`` and ``mems`` (a cpuset
   without them takes no process); where our memory cgroup is flat (``use_hierarchy``
-  0, kernels before 5.11), ``ndi-jail-<pid>`` gets our memory limit itself.
+  0, kernels before 5.11), ``ndi-jail-<id>`` gets our memory limit itself.
 - cgroup v2: with the pids controller, *threaded* children, because our own cgroup holds
   our processes and the no-internal-process rule forbids a domain child with a domain
   controller; pids is a threaded controller, which may be enabled on a cgroup with
@@ -37,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -46,6 +52,12 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 SELF_CGROUP = Path("/proc/self/cgroup")
 RMDIR_TRIES, RMDIR_WAIT_S = 1000, 0.001  # up to ~1 s: the jail's last exits
 INNER = "jail"  # the jail's cgroup-namespace root, below the one with the limit
+
+
+def cgroup_name() -> str:
+    """The name of this jail's cgroup: unique among jails that share our cgroup (the
+    module docstring says why the PID alone is not)."""
+    return f"ndi-jail-{os.getpid()}-{os.urandom(4).hex()}"
 
 
 @dataclass

@@ -239,7 +239,7 @@ def main(spec_path: str) -> int:
 
     seccomp_fd = jail_seccomp.bpf_fd()
     with open(spec.output_file, "wb") as output, \
-            jail_limits.jail_cgroups(spec.pids_max, f"ndi-jail-{os.getpid()}") as bound:
+            jail_limits.jail_cgroups(spec.pids_max, jail_limits.cgroup_name()) as bound:
         try:
             proc = subprocess.run(bwrap_argv(merged, spec, seccomp_fd), env=env, stdout=output,
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

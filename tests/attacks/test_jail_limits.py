@@ -85,9 +85,9 @@ def _cgroups_of(argv: bytes, deadline: float) -> list[str]:
 
 @pytest.mark.skipif(not Path("/sys/fs/cgroup/pids").is_dir(), reason="needs the v1 pids hierarchy")
 def test_the_jail_is_below_its_limit_in_every_hierarchy(tmp_path):
-    """In every hierarchy the jail's processes are in ``ndi-jail-<pid>/jail``, the root of
+    """In every hierarchy the jail's processes are in ``ndi-jail-<id>/jail``, the root of
     its cgroup namespace (its own /proc/self/cgroup shows ``/`` everywhere), and the
-    limit is on ``ndi-jail-<pid>``, one level above: out of its view. On main (aa59460)
+    limit is on ``ndi-jail-<id>``, one level above: out of its view. On main (aa59460)
     only the pids hierarchy had a child, the jail in it with the limit on it."""
     nap = f"5.{uuid.uuid4().int % 10**9:09d}"  # the jail's sleep, told from any other
     run_file = tmp_path / "downloads" / NAME

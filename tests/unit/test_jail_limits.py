@@ -87,3 +87,25 @@ def test_a_flat_v1_memory_cgroup_gives_its_limit_to_the_jails(tmp_path):
     with jail_limits.jail_cgroups(7, "ndi", cg, _self(tmp_path, "4:memory:/ctr\n")) as made:
         assert (memory / "ndi" / "memory.limit_in_bytes").read_text() == "4294967296"
         assert made.procs == [memory / "ndi" / "jail" / "cgroup.procs"]
+
+
+def test_two_jails_whose_pids_repeat_in_one_cgroup_are_both_bounded(tmp_path, monkeypatch):
+    """Two installers in different PID namespaces but one cgroup (two test pods of one
+    runner; a debugging run beside the pod's) have the same PID. The control: named by the
+    PID alone, the second jail's child already exists and it runs without its pids bound."""
+    root = tmp_path / "cg"
+    _hierarchy(root)
+    (root / "cgroup.controllers").write_text("pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    self_cgroup = _self(tmp_path, "0::/\n")
+    monkeypatch.setattr(jail_limits.os, "getpid", lambda: 7)  # both PID namespaces' pid 7
+    with jail_limits.jail_cgroups(99, "ndi-jail-7", root, self_cgroup) as first, \
+            jail_limits.jail_cgroups(99, "ndi-jail-7", root, self_cgroup) as second:
+        assert first.why_not == "" and "cannot make a pids cgroup" in second.why_not
+    names = {jail_limits.cgroup_name() for _ in range(2)}
+    assert len(names) == 2 and all(n.startswith("ndi-jail-7-") for n in names)
+    a, b = sorted(names)
+    with jail_limits.jail_cgroups(99, a, root, self_cgroup) as first, \
+            jail_limits.jail_cgroups(99, b, root, self_cgroup) as second:
+        assert first.why_not == second.why_not == ""
+        assert (root / a / "pids.max").read_text() == (root / b / "pids.max").read_text() == "99"
