@@ -40,6 +40,14 @@ class Shaping:
             out.update(p.relative_to(root) for p in found if "__pycache__" not in p.parts)
         return sorted(out)
 
+    def source_hash(self, kind: str, root: Path = REPO) -> str:
+        """The key of the installer's part in a build: each listed file's path and content
+        (``kind`` keeps two tiers' keys apart)."""
+        from tests.realparts import cache
+
+        return cache.key(kind, [(str(rel), cache.file_hash(root / rel))
+                                for rel in self.files(root)])
+
 
 def module_file(name: str) -> Path | None:
     """installer.x.y -> installer/x/y.py (or its package's __init__.py), relative to REPO."""

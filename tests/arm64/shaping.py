@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.realparts import cache
 from tests.shapingcheck import Shaping
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,5 +99,4 @@ def files(root: Path = REPO) -> list[Path]:
 
 def source_hash(root: Path = REPO) -> str:
     """The installer's part in the bundles' key: each shaping file's path and content."""
-    return cache.key("arm64-shaping",
-                     [(str(rel), cache.file_hash(root / rel)) for rel in files(root)])
+    return BUILD.source_hash("arm64-shaping", root)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.realparts import cache
 from tests.shapingcheck import Shaping
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,4 +83,4 @@ def files(root: Path = REPO) -> list[Path]:
 
 def source_hash(root: Path = REPO) -> str:
     """The key of the installer's part in a build: each shaping file's path and content."""
-    return cache.key("shaping", [(str(rel), cache.file_hash(root / rel)) for rel in files(root)])
+    return BUILD.source_hash("shaping", root)
