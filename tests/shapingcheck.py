@@ -16,6 +16,7 @@ functions are not the build's), and the names those functions use that only carr
 from __future__ import annotations
 
 import ast
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,20 @@ class Shaping:
 
         return cache.key(kind, [(str(rel), cache.file_hash(root / rel))
                                 for rel in self.files(root)])
+
+
+def copy_with(shaping: Shaping, dest: Path, *extra: Path) -> None:
+    """The listed files and ``extra`` (unlisted ones) copied under ``dest``, laid out as in
+    the repository: a tree whose files a key test may edit."""
+    for rel in [*shaping.files(), *extra]:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
+
+
+def edit(root: Path, rel: str) -> None:
+    """A change to ``root/rel`` that changes its bytes and nothing else."""
+    with open(root / rel, "a") as f:
+        f.write("\n# changed\n")
 
 
 def module_file(name: str) -> Path | None:

@@ -6,7 +6,6 @@ Nothing here needs the arm64 parts or the guest."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from tests import shapingcheck
@@ -53,16 +52,12 @@ def test_modules_run_by_name_are_listed():
 
 
 def test_the_key_follows_listed_files_only(tmp_path: Path):
-    for rel in [*shaping.files(), Path("installer/detect.py")]:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, tmp_path / rel)
+    shapingcheck.copy_with(BUILD, tmp_path, Path("installer/detect.py"))
     before = shaping.source_hash(tmp_path)
-    with open(tmp_path / "installer/detect.py", "a") as f:  # not the build's: same key
-        f.write("\n# changed\n")
+    shapingcheck.edit(tmp_path, "installer/detect.py")  # not the build's: same key
     assert shaping.source_hash(tmp_path) == before
     for rel in ("installer/jail/run_in_jail.py", "installer/driver/nvidia_run.py"):
-        with open(tmp_path / rel, "a") as f:
-            f.write("\n# changed\n")
+        shapingcheck.edit(tmp_path, rel)
         after = shaping.source_hash(tmp_path)
         assert after != before, rel
         before = after

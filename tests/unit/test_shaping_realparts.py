@@ -5,7 +5,6 @@ other: a module that shapes the build and is left out of the list fails here."""
 from __future__ import annotations
 
 import ast
-import shutil
 from pathlib import Path
 
 from tests import shapingcheck
@@ -66,14 +65,10 @@ def test_what_the_tests_read_back_is_written_by_listed_files():
 
 
 def test_the_key_follows_listed_files_only(tmp_path: Path):
-    for rel in [*shaping.files(), Path("installer/detect.py")]:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, tmp_path / rel)
+    shapingcheck.copy_with(BUILD, tmp_path, Path("installer/detect.py"))
     before = shaping.source_hash(tmp_path)
-    with open(tmp_path / "installer/detect.py", "a") as f:  # not a build's: same key
-        f.write("\n# changed\n")
+    shapingcheck.edit(tmp_path, "installer/detect.py")  # not a build's: same key
     assert shaping.source_hash(tmp_path) == before
-    with open(tmp_path / "installer/driver/module_build.py", "a") as f:
-        f.write("\n# changed\n")
+    shapingcheck.edit(tmp_path, "installer/driver/module_build.py")
     assert shaping.source_hash(tmp_path) != before
     assert shaping.source_hash() == shaping.source_hash(REPO)
