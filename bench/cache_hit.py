@@ -27,7 +27,10 @@ kernel boots with it; the fixture kernel has the parameter, as a real one does):
   reference installers do: it reads the .cache record and stats every file it
   lists (our fast path's check), and writes the ld.so.conf drop-in.
 - ``python3 -c pass`` from the image-like venv, in the same pod: the interpreter's own
-  start and exit, the floor of any Python installer's CPU.
+  start and exit, the floor of any Python installer's CPU; with and without the tests'
+  start-up hook (tests/fixtures/kernelhook: it points the installer at the fake kernel, in
+  every Python process of ours and of the sh script's fake kmod tools alike; a production
+  pod has none). The difference is printed as the hook's cost and not subtracted.
 - with ``--compare-ref REF`` (``make bench``: main), the installer as it is at
   that git ref, in a wheel layout of its own, in the same rotation: the earlier
   figures measured in this run, on this machine, at this load.
@@ -408,11 +411,14 @@ def cache_hit(args, work: Path, wheel_cli: Path, ref_cli: Path | None) -> tuple[
                                       sorted(record.file_stats or record.file_hashes)))
 
     load_before = _load()
-    # "pass": the image-like venv's interpreter starting and exiting in the same pod (its
-    # start-up hook included), the floor under any Python installer's CPU.
+    # "pass": the image-like venv's interpreter starting and exiting in the same pod, the
+    # floor under any Python installer's CPU: with the tests' start-up hook that points the
+    # installer at the fake kernel (every Python process of ours and of the sh script's
+    # commands runs it; not subtracted), and without it, as in a production pod.
+    python = str(wheel_cli.parent / "python3")
     variants = {"wheel": [str(wheel_cli), "install"], "dev": [str(CLI), "install"],
-                "baseline": ["sh", str(script)],
-                "pass": [str(wheel_cli.parent / "python3"), "-c", "pass"]}
+                "baseline": ["sh", str(script)], "pass": [python, "-c", "pass"],
+                "pass_no_hook": ["env", "-u", "PYTHONPATH", python, "-c", "pass"]}
     if ref_cli is not None:
         variants["ref"] = [str(ref_cli), "install"]
     m: dict[str, dict[str, list[float]]] = {
@@ -426,7 +432,7 @@ def cache_hit(args, work: Path, wheel_cli: Path, ref_cli: Path | None) -> tuple[
                 raise SystemExit(f"{name} run failed: {res['stderr'][-3000:]}")
             m[name]["wall"].append(res["wall_s"])
             m[name]["cpu"].append(res["cpu_s"])
-            if name not in ("baseline", "pass"):
+            if name not in ("baseline", "pass", "pass_no_hook"):
                 st = json.loads(status_file.read_text())
                 assert st["plan"] == "cached", st
                 m[name]["ext"].append(st["external_commands_s"])
@@ -469,6 +475,8 @@ def cache_hit(args, work: Path, wheel_cli: Path, ref_cli: Path | None) -> tuple[
             f"    {'CPU over the baseline (load-proof overhead)':44} {cpu_over * 1e3:8.1f}",
         ]
     bw = Stats.of(m["baseline"]["wall"])
+    hook_cpu = med("pass", "cpu") - med("pass_no_hook", "cpu")
+    hook_wall = med("pass", "wall") - med("pass_no_hook", "wall")
     ratio = med("wheel", "wall") / bw.median
     lines += [
         "  baseline: sh script, same checks (stat of the recorded files) and commands",
@@ -477,6 +485,13 @@ def cache_hit(args, work: Path, wheel_cli: Path, ref_cli: Path | None) -> tuple[
         "  python3 -c pass, same venv and pod (the interpreter's own start and exit)",
         f"    {'wall':44} {Stats.of(m['pass']['wall']).fmt(1e3)}",
         f"    {'CPU':44} {Stats.of(m['pass']['cpu']).fmt(1e3)}",
+        "  python3 -c pass without the tests' start-up hook (tests/fixtures/kernelhook), as in "
+        "a production pod",
+        f"    {'wall':44} {Stats.of(m['pass_no_hook']['wall']).fmt(1e3)}",
+        f"    {'CPU':44} {Stats.of(m['pass_no_hook']['cpu']).fmt(1e3)}",
+        f"  the hook's own start-up cost, in every Python process of ours and of the sh "
+        f"script's commands (not subtracted): {hook_cpu * 1e3:.1f} ms CPU, "
+        f"{hook_wall * 1e3:.1f} ms wall",
         f"  ratio ours (wheel) / baseline, wall: {ratio:.2f}x; load average {load_before} -> "
         f"{_load()} on {os.cpu_count()} CPUs",
         f"  heavy modules imported on the cache hit: {', '.join(heavy) or 'none'} "
@@ -490,7 +505,8 @@ def cache_hit(args, work: Path, wheel_cli: Path, ref_cli: Path | None) -> tuple[
         f"(target <= {OVERHEAD_TARGET_MS:.0f})",
         f"  side by side (CPU over the sh script, ms): ours {figures['wheel'][1] * 1e3:.0f}" + (
             f"   {args.compare_ref}'s {figures['ref'][1] * 1e3:.0f}" if ref_cli is not None else "")
-        + f"   python3 -c pass's whole CPU {med('pass', 'cpu') * 1e3:.0f}",
+        + f"   python3 -c pass's whole CPU {med('pass', 'cpu') * 1e3:.0f} "
+        f"({med('pass_no_hook', 'cpu') * 1e3:.0f} without the tests' start-up hook)",
     ]
     overhead, cpu_over = figures["wheel"]
     dev_overhead, dev_cpu = figures["dev"]
@@ -511,6 +527,8 @@ def cache_hit(args, work: Path, wheel_cli: Path, ref_cli: Path | None) -> tuple[
               "dev_overhead_ms": dev_overhead.median * 1e3, "dev_cpu_overhead_ms": dev_cpu * 1e3,
               "wall_ms": med("wheel", "wall") * 1e3, "external_ms": med("wheel", "ext") * 1e3,
               "baseline_ms": bw.median * 1e3, "pass_cpu_ms": med("pass", "cpu") * 1e3,
+              "pass_no_hook_cpu_ms": med("pass_no_hook", "cpu") * 1e3,
+              "hook_cpu_ms": hook_cpu * 1e3,
               "heavy_imports": heavy, "commands": len(commands),
               "ko_mb": args.ko_mb, "load": load_before}
         | ({"ref": args.compare_ref, "ref_overhead_ms": figures["ref"][0].median * 1e3,
