@@ -105,38 +105,40 @@ class _Session:
 
 
 def test_real_builds_start_once_and_only_for_the_tests_collected(monkeypatch):
-    """host_builds.start submits each build the collected tests need, once, in the order
-    a session would ask for them; a collected run without real-module tests builds none."""
+    """host_builds.start_builds queues each build the collected tests need, once, in the
+    order a session asks for them, before any guest is provisioned; a collected run
+    without real-module tests builds none; the 6.12 guest's root waits for ``start``."""
     from tests.vm import host_builds
 
     calls: list[str] = []
     monkeypatch.setattr(host_builds, "_STARTED", {})
-    monkeypatch.setattr(host_builds, "_build_real_installs", lambda a, t: calls.append("real") or "R")
-    monkeypatch.setattr(host_builds, "_build_r550", lambda a, t: calls.append("r550") or "N")
-    host_builds.start(_Session(_Item("node")), None, {})
-    assert host_builds._STARTED == {}
-    session = _Session(_Item("node"), _Item("boot_real", "real_installs"), _Item("newer_kernel"))
-    host_builds.start(session, None, {})
-    host_builds.start(session, None, {})
-    assert host_builds.real_installs(None, {}).result() == "R"
-    assert host_builds.r550(None, {}).result() == "N"
-    assert calls == ["real", "r550"]
-    # tests/realparts' own builds follow on the same thread, only when its build tests run.
+    monkeypatch.setattr(host_builds, "_download", lambda want_612, t: calls.append(f"dl {want_612}"))
+    monkeypatch.setattr(host_builds, "_build_real_installs", lambda t: calls.append("real") or "R")
+    monkeypatch.setattr(host_builds, "_build_r550", lambda t: calls.append("r550") or "N")
+    monkeypatch.setattr(host_builds, "_guest_612", lambda a, t: "G")
     monkeypatch.setattr(host_builds, "_build_realparts",
                         lambda files, t: calls.append(f"realparts {sorted(files)}"))
-    host_builds.start(_Session(_Item(path="tests/realparts/test_choice.py")), None, {})
-    assert "realparts" not in host_builds._STARTED
-    host_builds.start(_Session(_Item(path="tests/realparts/test_choice.py"),
-                               _Item(path="tests/realparts/test_realparts.py")), None, {})
-    host_builds.start(session, None, {})
-    host_builds._STARTED["realparts"].result()
-    assert calls == ["real", "r550", "realparts ['test_choice.py', 'test_realparts.py']"]
-    # The downloads go first, once, and only when a real build will need them.
-    monkeypatch.setattr(host_builds, "_STARTED", {})
-    monkeypatch.setattr(host_builds, "_download", lambda want_612, t: calls.append(f"dl {want_612}"))
-    host_builds.start_downloads(_Session(_Item("node")), {})
+    host_builds.start_builds(_Session(_Item("node")), {})
+    host_builds.start(_Session(_Item("node")), None, {})
     assert host_builds._STARTED == {}
-    host_builds.start_downloads(session, {})
-    host_builds.start_downloads(session, {})
-    host_builds._STARTED["downloads"].result()
-    assert calls[3:] == ["dl True"]
+    session = _Session(_Item("node"), _Item("boot_real", "real_installs"), _Item("newer_kernel"),
+                       _Item(path="tests/realparts/test_choice.py"),
+                       _Item(path="tests/realparts/test_realparts.py"))
+    host_builds.start_builds(session, {})
+    host_builds.start_builds(session, {})
+    host_builds._STARTED["realparts"].result()
+    assert calls == ["dl True", "real", "r550", "realparts ['test_choice.py', 'test_realparts.py']"]
+    assert "guest-612" not in host_builds._STARTED  # it needs the provisioned 6.1 guest
+    host_builds.start(session, None, {})
+    assert host_builds.real_installs({}).result() == "R"
+    assert host_builds.r550({}).result() == "N"
+    assert host_builds.guest_612(None, {}).result() == "G"
+    assert len(calls) == 4  # nothing built twice
+    # Only what the collected tests need: tests/realparts' option tests build nothing.
+    monkeypatch.setattr(host_builds, "_STARTED", {})
+    host_builds.start_builds(_Session(_Item(path="tests/realparts/test_choice.py")), {})
+    assert host_builds._STARTED == {}
+    host_builds.start_builds(_Session(_Item("newer_kernel")), {})
+    host_builds._STARTED["r550"].result()
+    assert set(host_builds._STARTED) == {"downloads", "r550"}
+    assert calls[4:] == ["dl True", "r550"]
