@@ -11,7 +11,7 @@
   make arguments, compiler): the 535 build takes about 2 minutes on 2 cores.
   The cache keeps the modules, every kbuild ``.<obj>.cmd``, conftest/ and the log.
 - ``cached_objects()``: NVIDIA's Makefile's kbuild command with single-object goals
-  (objects.mk): conftest and the named objects only, no modules (a third of the
+  (objects.mk): conftest and the named objects only, no modules (about 40 % of the
   CPU time of the whole 535 build), for the tests that read only kbuild's records.
 - ``cmd_flags()``: the compiler flags kbuild recorded for one object, made
   comparable between two builds in different directories.
