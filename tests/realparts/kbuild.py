@@ -53,7 +53,7 @@ class Headers:
     root: Path = Path("/")
 
 
-def _dpkg_version(pkg: str) -> str | None:
+def installed_version(pkg: str) -> str | None:
     cp = subprocess.run(["dpkg-query", "-W", "-f=${Status} ${Version}", pkg], capture_output=True, text=True)
     m = re.fullmatch(r"install ok installed (\S+)", cp.stdout.strip())
     return m.group(1) if m else None
@@ -65,7 +65,7 @@ def kernel_headers(log=default_log) -> Headers:
         abi = vm_provision.pick_abi(vm_provision._Apt(log), log)
     except vm_provision.ProvisionError as e:
         raise ProvisionError(str(e)) from e
-    if _dpkg_version(f"linux-headers-{abi}") is None:
+    if installed_version(f"linux-headers-{abi}") is None:
         run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", f"linux-headers-{abi}"], log=log)
     output = Path(f"/usr/src/linux-headers-{abi}")
     # Debian's arch Makefile is one line: "include /usr/src/linux-headers-<X>-common/Makefile"
@@ -73,7 +73,7 @@ def kernel_headers(log=default_log) -> Headers:
     if not m or not Path(m.group(1), "include/linux/kernel.h").exists():
         raise ProvisionError(f"{output}/Makefile does not name a -common source dir")
     source = Path(m.group(1))
-    packages = {p: _dpkg_version(p) for p in (f"linux-headers-{abi}", source.name)}  # dir = package
+    packages = {p: installed_version(p) for p in (f"linux-headers-{abi}", source.name)}  # dir = package
     return Headers(abi=abi, source=source, output=output, packages=packages)
 
 

@@ -115,12 +115,33 @@ def guest_612(vm_assets: prov.VMAssets, timings: dict) -> Future:
     return _once("guest-612", lambda: _guest_612(vm_assets, timings), GUEST_POOL)
 
 
+def _wait_for_host_packages() -> None:
+    """The builds start beside the 6.1 guest's provisioning, whose apt-get runs on this
+    machine must not meet theirs (kbuild.kernel_headers, provision.host_tools) on the dpkg
+    lock: with a host tool or the headers missing (CI installs them first: make
+    deps-tiers), wait for the provisioning (it holds its cache lock throughout and
+    installs the same headers) before anything is installed."""
+    import shutil
+
+    from tests.realparts import kbuild
+    from tests.realparts import provision as parts
+
+    abi = prov.pick_abi(prov._Apt(parts.default_log), parts.default_log)
+    if (all(shutil.which(tool) for tool in parts.HOST_TOOLS)
+            and kbuild.installed_version(f"linux-headers-{abi}") is not None):
+        return
+    with prov.locked(prov.CACHE_ROOT / ".lock"):
+        pass
+    parts.host_tools()
+
+
 def _build_real_installs(timings: dict) -> tuple[dict, dict, str]:
     from tests.fixtures.runfile import driver_payload
     from tests.realparts import kbuild, provision, runfile
     from tests.realparts.through_installer import install_real
 
     t0 = time.monotonic()
+    _wait_for_host_packages()
     parts = provision.provision()
     headers = kbuild.kernel_headers()  # the ABI the 6.1 guest is provisioned with (pick_abi)
     versions = {"main": parts.main.version, "legacy": parts.legacy.version}
