@@ -142,3 +142,36 @@ def test_real_builds_start_once_and_only_for_the_tests_collected(monkeypatch):
     host_builds._STARTED["r550"].result()
     assert set(host_builds._STARTED) == {"downloads", "r550"}
     assert calls[4:] == ["dl True", "r550"]
+
+
+def test_early_builds_wait_for_the_provisioning_when_a_host_package_is_missing(monkeypatch):
+    """The 535/470 builds start beside the 6.1 guest's provisioning: they install nothing
+    on this machine while its apt-get may run (dpkg lock), and wait for it only then."""
+    import contextlib
+
+    from tests.realparts import kbuild
+    from tests.realparts import provision as parts
+    from tests.vm import host_builds
+
+    calls: list[str] = []
+
+    @contextlib.contextmanager
+    def locked(path):
+        calls.append(f"wait {path.name}")
+        yield
+
+    monkeypatch.setattr(host_builds.prov, "pick_abi", lambda apt, log: "6.1.0-56-amd64")
+    monkeypatch.setattr(host_builds.prov, "locked", locked)
+    monkeypatch.setattr(parts, "host_tools", lambda: calls.append("host_tools"))
+    monkeypatch.setattr(kbuild, "installed_version", lambda pkg: "6.1.158-1")
+    monkeypatch.setattr("shutil.which", lambda tool: f"/usr/bin/{tool}")
+    host_builds._wait_for_host_packages()
+    assert calls == []  # everything there (CI: make deps-tiers): no wait
+    monkeypatch.setattr(kbuild, "installed_version", lambda pkg: None)
+    host_builds._wait_for_host_packages()
+    assert calls == ["wait .lock", "host_tools"]
+    calls.clear()
+    monkeypatch.setattr(kbuild, "installed_version", lambda pkg: "6.1.158-1")
+    monkeypatch.setattr("shutil.which", lambda tool: None if tool == "pahole" else tool)
+    host_builds._wait_for_host_packages()
+    assert calls == ["wait .lock", "host_tools"]
