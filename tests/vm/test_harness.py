@@ -175,3 +175,17 @@ def test_early_builds_wait_for_the_provisioning_when_a_host_package_is_missing(m
     monkeypatch.setattr("shutil.which", lambda tool: None if tool == "pahole" else tool)
     host_builds._wait_for_host_packages()
     assert calls == ["wait .lock", "host_tools"]
+
+
+def test_the_612_kernel_is_fetched_beside_the_builds_not_before_them(monkeypatch):
+    from tests.vm import host_builds
+
+    calls: list[str] = []
+    monkeypatch.setattr(host_builds, "_STARTED", {})
+    monkeypatch.setattr(host_builds, "_parts", lambda: calls.append("parts"))
+    monkeypatch.setattr(host_builds, "_fetch_612", lambda t: calls.append("6.12"))
+    host_builds._download(False, {})
+    assert calls == ["parts"] and host_builds._STARTED == {}
+    host_builds._download(True, {})
+    host_builds._STARTED["kernel-612"].result()
+    assert calls == ["parts", "parts", "6.12"]
