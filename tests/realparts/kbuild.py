@@ -10,6 +10,9 @@
 - ``cached_build()``: the same, once per (tree hash, headers package versions,
   make arguments, compiler): the 535 build takes about 2 minutes on 2 cores.
   The cache keeps the modules, every kbuild ``.<obj>.cmd``, conftest/ and the log.
+- ``cached_objects()``: NVIDIA's Makefile's kbuild command with single-object goals
+  (objects.mk): conftest and the named objects only, no modules (about 40 % of the
+  CPU time of the whole 535 build), for the tests that read only kbuild's records.
 - ``cmd_flags()``: the compiler flags kbuild recorded for one object, made
   comparable between two builds in different directories.
 """
@@ -50,7 +53,7 @@ class Headers:
     root: Path = Path("/")
 
 
-def _dpkg_version(pkg: str) -> str | None:
+def installed_version(pkg: str) -> str | None:
     cp = subprocess.run(["dpkg-query", "-W", "-f=${Status} ${Version}", pkg], capture_output=True, text=True)
     m = re.fullmatch(r"install ok installed (\S+)", cp.stdout.strip())
     return m.group(1) if m else None
@@ -62,7 +65,7 @@ def kernel_headers(log=default_log) -> Headers:
         abi = vm_provision.pick_abi(vm_provision._Apt(log), log)
     except vm_provision.ProvisionError as e:
         raise ProvisionError(str(e)) from e
-    if _dpkg_version(f"linux-headers-{abi}") is None:
+    if installed_version(f"linux-headers-{abi}") is None:
         run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", f"linux-headers-{abi}"], log=log)
     output = Path(f"/usr/src/linux-headers-{abi}")
     # Debian's arch Makefile is one line: "include /usr/src/linux-headers-<X>-common/Makefile"
@@ -70,7 +73,7 @@ def kernel_headers(log=default_log) -> Headers:
     if not m or not Path(m.group(1), "include/linux/kernel.h").exists():
         raise ProvisionError(f"{output}/Makefile does not name a -common source dir")
     source = Path(m.group(1))
-    packages = {p: _dpkg_version(p) for p in (f"linux-headers-{abi}", source.name)}  # dir = package
+    packages = {p: installed_version(p) for p in (f"linux-headers-{abi}", source.name)}  # dir = package
     return Headers(abi=abi, source=source, output=output, packages=packages)
 
 
@@ -78,15 +81,32 @@ def make_args(source: Path, output: Path, jobs: int) -> list[str]:
     return [f"SYSSRC={source}", f"SYSOUT={output}", f"-j{jobs}", "modules"]
 
 
-def direct_build(kernel_tree_copy: Path, source: Path, output: Path, jobs: int) -> Path:
-    """make -C <tree> SYSSRC=<source> SYSOUT=<output> -j<jobs> modules, in place.
+# One object of each module but nvidia-peermem: the objects whose kbuild records the
+# tests compare (GNUmakefile.log-kbuild logs these and nvidia-peermem's).
+COMPARED_OBJECTS = ["nvidia/nv.o", "nvidia-uvm/uvm.o", "nvidia-modeset/nvidia-modeset-linux.o",
+                    "nvidia-drm/nvidia-drm-drv.o"]
+# The object of NVIDIA's 535.261.03 open tree that calls pci_resize_resource with three
+# arguments (kernel-open/nvidia/nv-pci.c:223), which Debian's 6.1.0-56 headers refuse.
+OPEN_535_FAILING_OBJECT = "nvidia/nv-pci.o"
+# NVIDIA's Makefile plus one goal: its kbuild command for single objects (see the file).
+OBJECTS_MAKEFILE = Path(__file__).with_name("objects.mk")
+
+
+def objects_args(source: Path, output: Path, jobs: int, objects: list[str]) -> list[str]:
+    """make arguments of a build of only ``objects`` (paths relative to the tree)."""
+    return ["-f", str(OBJECTS_MAKEFILE), f"SYSSRC={source}", f"SYSOUT={output}", f"-j{jobs}",
+            "ndi-objects", f"NDI_OBJECTS={' '.join(objects)}"]
+
+
+def direct_build(kernel_tree_copy: Path, args: list[str]) -> Path:
+    """make -C <tree> ARGS (``make_args``, ``objects_args``), in place.
 
     Logs to <tree>/ndi-build.log; raises BuildError (with the log's tail) on failure."""
     tree = Path(kernel_tree_copy)
     log = tree / BUILD_LOG
     t0 = time.monotonic()
     with open(log, "w") as f:
-        rc = subprocess.run(["make", "-C", str(tree), *make_args(source, output, jobs)],
+        rc = subprocess.run(["make", "-C", str(tree), *args],
                             stdout=f, stderr=subprocess.STDOUT).returncode
         f.write(f"\n# rc={rc} in {time.monotonic() - t0:.1f} s\n")
     if rc < 0:  # make was killed (the run was stopped): no result, so nothing is cached
@@ -123,19 +143,38 @@ def cached_build(tree: Path, headers: Headers, jobs: int = 0, *, source: Path | 
     source/output default to the headers' split dirs. A failed build is cached too
     (its log and conftest/); it raises BuildError unless allow_failure. jobs=0:
     every CPU; jobs is not in the key (it does not change the output)."""
-    jobs = jobs or os.cpu_count() or 1
     source = source or headers.source
     output = output or headers.output
     k = cache.key("direct", cache.content_hash(tree, ("debian",)), headers.packages,
                   make_args(source, output, 0), compiler_id())
+    return _cached(tree, k, lambda j: make_args(source, output, j), jobs, allow_failure,
+                   f"{tree.name} with SYSSRC={source} SYSOUT={output} (about 2 minutes)", log)
+
+
+def cached_objects(tree: Path, headers: Headers, objects: list[str], jobs: int = 0, *,
+                   allow_failure: bool = False, log=default_log) -> Path:
+    """Only ``objects`` of tree (and the conftest they need), built by kbuild as NVIDIA's
+    Makefile calls it (objects.mk), against the headers' split dirs; cached like
+    ``cached_build`` (the result holds each object's .cmd, conftest/ and the log, no .ko)."""
+    source, output = headers.source, headers.output
+    k = cache.key("direct-objects", cache.content_hash(tree, ("debian",)), headers.packages,
+                  make_args(source, output, 0), objects, cache.file_hash(OBJECTS_MAKEFILE),
+                  compiler_id())  # objects.mk's content, not its path: the same in every clone
+    return _cached(tree, k, lambda j: objects_args(source, output, j, objects), jobs,
+                   allow_failure, f"{' '.join(objects)} of {tree.name}", log)
+
+
+def _cached(tree: Path, k: str, args, jobs: int, allow_failure: bool, what: str, log) -> Path:
+    """The cached result of make ``args(jobs)`` in a copy of tree (see ``cached_build``)."""
+    jobs = jobs or os.cpu_count() or 1
 
     def produce(work: Path) -> None:
         copy = work / "tree"
         shutil.copytree(tree, copy, symlinks=True, ignore=shutil.ignore_patterns("debian"))
         t0 = time.monotonic()
-        log(f"building {tree.name} with SYSSRC={source} SYSOUT={output} (-j{jobs}; about 2 minutes)")
+        log(f"building {what} (-j{jobs})")
         try:
-            direct_build(copy, source, output, jobs)
+            direct_build(copy, args(jobs))
             rc = 0
         except BuildError:
             rc = 1

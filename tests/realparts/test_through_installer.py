@@ -25,8 +25,9 @@ from tests.realparts.through_installer import RealInstall, install_real
 
 pytestmark = [pytest.mark.realparts, pytest.mark.timeout(1800)]
 
-OBJECTS = ["nvidia/nv.o", "nvidia-uvm/uvm.o", "nvidia-modeset/nvidia-modeset-linux.o",
-           "nvidia-drm/nvidia-drm-drv.o"]
+OBJECTS = kbuild.COMPARED_OBJECTS
+MODULE_FILES = ["nvidia-drm.ko", "nvidia-modeset.ko", "nvidia-peermem.ko", "nvidia-uvm.ko",
+                "nvidia.ko"]
 DEPENDS = {"nvidia": "drm", "nvidia-uvm": "nvidia", "nvidia-modeset": "nvidia,video",
            "nvidia-drm": "drm,drm_kms_helper,nvidia-modeset"}
 
@@ -86,6 +87,8 @@ def _make_var(make_argv: list[str], name: str) -> str:
 
 def test_real_535_proprietary_built_through_the_sandbox(real_535, real_parts, headers):
     make = _check_build(real_535, real_parts.main.version, headers.abi, firmware=True)
+    # NVIDIA's whole build: every module of kernel/ (the direct build makes objects only).
+    assert sorted(p.name for p in (real_535.install_dir / "drivers").glob("*.ko")) == MODULE_FILES
     assert make[:2] == ["make", "-C"] and make[2].endswith("/kernel") and make[-1] == "modules"
     source, output = _make_var(make, "SYSSRC"), _make_var(make, "SYSOUT")
     assert source.endswith(str(headers.source)) and output.endswith(str(headers.output))
@@ -96,8 +99,10 @@ def test_real_535_proprietary_built_through_the_sandbox(real_535, real_parts, he
 
 def test_sandbox_build_lost_no_compiler_probe(real_535, real_parts, headers):
     """kbuild's recorded flags for one object of each module, built through our sandbox
-    (the pod's overlay rootfs, whose own /dev is empty) and directly on this machine."""
-    direct = kbuild.cached_build(real_parts.main.kernel, headers)
+    (the pod's overlay rootfs, whose own /dev is empty) and directly on this machine
+    (kbuild's single-object goals: the flags are those of the whole build, whose objects
+    kbuild compiles with the same command line)."""
+    direct = kbuild.cached_objects(real_parts.main.kernel, headers, OBJECTS)
     make = real_535.event("kernel_modules_build_started")["argv"]
     node_source, node_output = _make_var(make, "SYSSRC"), _make_var(make, "SYSOUT")
     logged = kbuild.logged_commands(real_535.build_log)
@@ -127,8 +132,10 @@ def test_real_535_open_fails_to_build_on_this_kernel_and_says_why(real_535_open,
     assert not [e for e in real_535_open.events if e.get("event") == "nvidia_installer_started"]
     assert not (real_535_open.install_dir / ".cache").exists()
     assert not list((real_535_open.install_dir / "drivers").glob("*.ko"))
-    # Not our sandbox: built directly on this machine, the same source fails the same way.
-    direct = kbuild.cached_build(real_parts.main.kernel_open, headers, allow_failure=True)
+    # Not our sandbox: built directly on this machine, the same source fails the same way
+    # (the failing object only: kbuild's single-object goal, after the same conftest).
+    direct = kbuild.cached_objects(real_parts.main.kernel_open, headers, [kbuild.OPEN_535_FAILING_OBJECT],
+                                   allow_failure=True)
     assert (direct / kbuild.STATUS).read_text().strip() != "0"
     direct_log = (direct / kbuild.BUILD_LOG).read_text(errors="replace")
     assert "too few arguments to function" in direct_log and "pci_resize_resource" in direct_log

@@ -101,7 +101,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def vm_assets(request: pytest.FixtureRequest) -> prov.VMAssets:
     if os.environ.get("NDI_VM_SKIP"):
         pytest.skip("NDI_VM_SKIP is set")
-    host_builds.start_downloads(request.session, TIMINGS)  # beside this guest's provisioning
+    host_builds.start_builds(request.session, TIMINGS)  # beside this guest's provisioning
     t0 = time.monotonic()
     try:
         assets = prov.provision()
@@ -188,7 +188,7 @@ def driver_files(vm_assets: prov.VMAssets, vm_workdir: Path):
 
 @pytest.fixture(scope="session")
 def node(request: pytest.FixtureRequest, vm_assets: prov.VMAssets, vm_workdir: Path):
-    host_builds.start(request.session, vm_assets, TIMINGS)  # while this guest boots
+    host_builds.start(request.session, vm_assets, TIMINGS)  # the 6.12 guest's root, beside the builds
     guest = GuestVM(vm_assets, vm_workdir / "node")
     yield guest
     if not os.environ.get("NDI_VM_KEEP"):
@@ -231,7 +231,7 @@ def _real_parts_unavailable(what: str, exc: Exception) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    host_builds.POOL.shutdown(wait=False, cancel_futures=True)
+    host_builds.shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -243,9 +243,11 @@ def real_installs(request: pytest.FixtureRequest, vm_assets: prov.VMAssets):
 
     host_builds.start(request.session, vm_assets, TIMINGS)
     try:
-        return host_builds.real_installs(vm_assets, TIMINGS).result()
+        installs, versions, abi = host_builds.real_installs(TIMINGS).result()
     except provision.ProvisionError as exc:
         _real_parts_unavailable("cannot provision NVIDIA's real parts", exc)
+    assert abi == vm_assets.kernel_release, "host headers and guest kernel must agree"
+    return installs, versions
 
 
 @pytest.fixture(scope="session")
@@ -323,7 +325,8 @@ def _r550(request: pytest.FixtureRequest, vm_assets: prov.VMAssets) -> tuple:
 
     host_builds.start(request.session, vm_assets, TIMINGS)
     try:
-        return host_builds.r550(vm_assets, TIMINGS).result()
+        built = host_builds.r550(TIMINGS).result()
+        return (host_builds.guest_612(vm_assets, TIMINGS).result(), *built)
     except (ProvisionError, prov.ProvisionError) as exc:
         _real_parts_unavailable("cannot provision the 6.12 kernel or NVIDIA's 550 parts", exc)
 

@@ -105,38 +105,87 @@ class _Session:
 
 
 def test_real_builds_start_once_and_only_for_the_tests_collected(monkeypatch):
-    """host_builds.start submits each build the collected tests need, once, in the order
-    a session would ask for them; a collected run without real-module tests builds none."""
+    """host_builds.start_builds queues each build the collected tests need, once, in the
+    order a session asks for them, before any guest is provisioned; a collected run
+    without real-module tests builds none; the 6.12 guest's root waits for ``start``."""
     from tests.vm import host_builds
 
     calls: list[str] = []
     monkeypatch.setattr(host_builds, "_STARTED", {})
-    monkeypatch.setattr(host_builds, "_build_real_installs", lambda a, t: calls.append("real") or "R")
-    monkeypatch.setattr(host_builds, "_build_r550", lambda a, t: calls.append("r550") or "N")
-    host_builds.start(_Session(_Item("node")), None, {})
-    assert host_builds._STARTED == {}
-    session = _Session(_Item("node"), _Item("boot_real", "real_installs"), _Item("newer_kernel"))
-    host_builds.start(session, None, {})
-    host_builds.start(session, None, {})
-    assert host_builds.real_installs(None, {}).result() == "R"
-    assert host_builds.r550(None, {}).result() == "N"
-    assert calls == ["real", "r550"]
-    # tests/realparts' own builds follow on the same thread, only when its build tests run.
+    monkeypatch.setattr(host_builds, "_download", lambda want_612, t: calls.append(f"dl {want_612}"))
+    monkeypatch.setattr(host_builds, "_build_real_installs", lambda t: calls.append("real") or "R")
+    monkeypatch.setattr(host_builds, "_build_r550", lambda t: calls.append("r550") or "N")
+    monkeypatch.setattr(host_builds, "_guest_612", lambda a, t: "G")
     monkeypatch.setattr(host_builds, "_build_realparts",
                         lambda files, t: calls.append(f"realparts {sorted(files)}"))
-    host_builds.start(_Session(_Item(path="tests/realparts/test_choice.py")), None, {})
-    assert "realparts" not in host_builds._STARTED
-    host_builds.start(_Session(_Item(path="tests/realparts/test_choice.py"),
-                               _Item(path="tests/realparts/test_realparts.py")), None, {})
-    host_builds.start(session, None, {})
-    host_builds._STARTED["realparts"].result()
-    assert calls == ["real", "r550", "realparts ['test_choice.py', 'test_realparts.py']"]
-    # The downloads go first, once, and only when a real build will need them.
-    monkeypatch.setattr(host_builds, "_STARTED", {})
-    monkeypatch.setattr(host_builds, "_download", lambda want_612, t: calls.append(f"dl {want_612}"))
-    host_builds.start_downloads(_Session(_Item("node")), {})
+    host_builds.start_builds(_Session(_Item("node")), {})
+    host_builds.start(_Session(_Item("node")), None, {})
     assert host_builds._STARTED == {}
-    host_builds.start_downloads(session, {})
-    host_builds.start_downloads(session, {})
-    host_builds._STARTED["downloads"].result()
-    assert calls[3:] == ["dl True"]
+    session = _Session(_Item("node"), _Item("boot_real", "real_installs"), _Item("newer_kernel"),
+                       _Item(path="tests/realparts/test_choice.py"),
+                       _Item(path="tests/realparts/test_realparts.py"))
+    host_builds.start_builds(session, {})
+    host_builds.start_builds(session, {})
+    host_builds._STARTED["realparts"].result()
+    assert calls == ["dl True", "real", "r550", "realparts ['test_choice.py', 'test_realparts.py']"]
+    assert "guest-612" not in host_builds._STARTED  # it needs the provisioned 6.1 guest
+    host_builds.start(session, None, {})
+    assert host_builds.real_installs({}).result() == "R"
+    assert host_builds.r550({}).result() == "N"
+    assert host_builds.guest_612(None, {}).result() == "G"
+    assert len(calls) == 4  # nothing built twice
+    # Only what the collected tests need: tests/realparts' option tests build nothing.
+    monkeypatch.setattr(host_builds, "_STARTED", {})
+    host_builds.start_builds(_Session(_Item(path="tests/realparts/test_choice.py")), {})
+    assert host_builds._STARTED == {}
+    host_builds.start_builds(_Session(_Item("newer_kernel")), {})
+    host_builds._STARTED["r550"].result()
+    assert set(host_builds._STARTED) == {"downloads", "r550"}
+    assert calls[4:] == ["dl True", "r550"]
+
+
+def test_early_builds_wait_for_the_provisioning_when_a_host_package_is_missing(monkeypatch):
+    """The 535/470 builds start beside the 6.1 guest's provisioning: they install nothing
+    on this machine while its apt-get may run (dpkg lock), and wait for it only then."""
+    import contextlib
+
+    from tests.realparts import kbuild
+    from tests.realparts import provision as parts
+    from tests.vm import host_builds
+
+    calls: list[str] = []
+
+    @contextlib.contextmanager
+    def locked(path):
+        calls.append(f"wait {path.name}")
+        yield
+
+    monkeypatch.setattr(host_builds.prov, "pick_abi", lambda apt, log: "6.1.0-56-amd64")
+    monkeypatch.setattr(host_builds.prov, "locked", locked)
+    monkeypatch.setattr(parts, "host_tools", lambda: calls.append("host_tools"))
+    monkeypatch.setattr(kbuild, "installed_version", lambda pkg: "6.1.158-1")
+    monkeypatch.setattr("shutil.which", lambda tool: f"/usr/bin/{tool}")
+    host_builds._wait_for_host_packages()
+    assert calls == []  # everything there (CI: make deps-tiers): no wait
+    monkeypatch.setattr(kbuild, "installed_version", lambda pkg: None)
+    host_builds._wait_for_host_packages()
+    assert calls == ["wait .lock", "host_tools"]
+    calls.clear()
+    monkeypatch.setattr(kbuild, "installed_version", lambda pkg: "6.1.158-1")
+    monkeypatch.setattr("shutil.which", lambda tool: None if tool == "pahole" else tool)
+    host_builds._wait_for_host_packages()
+    assert calls == ["wait .lock", "host_tools"]
+
+
+def test_the_612_kernel_is_fetched_beside_the_builds_not_before_them(monkeypatch):
+    from tests.vm import host_builds
+
+    calls: list[str] = []
+    monkeypatch.setattr(host_builds, "_STARTED", {})
+    monkeypatch.setattr(host_builds, "_parts", lambda: calls.append("parts"))
+    monkeypatch.setattr(host_builds, "_fetch_612", lambda t: calls.append("6.12"))
+    host_builds._download(False, {})
+    assert calls == ["parts"] and host_builds._STARTED == {}
+    host_builds._download(True, {})
+    host_builds._STARTED["kernel-612"].result()
+    assert calls == ["parts", "parts", "6.12"]
