@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -57,6 +58,16 @@ def _ulimit(kind: int, cap: int) -> str:
 
 def _toml_list(items: list[str]) -> str:
     return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+# podman 4.3 (Debian 12's 4.3.1) reads /proc/<pid>/cgroup of a running container's process
+# to inspect it; when that process exits between the open and the read, the kernel answers
+# ESRCH and inspect fails with rc 125 and this message (podman issue #16383, fixed in 4.4 by
+# PR #16504, "libpod: treat ESRCH from /proc/PID/cgroup as ENOENT"). Seen in a fresh-clone
+# CI run: an init container that exited during the pod tier's state poll. The container is
+# then stopped: inspecting it again answers its exit.
+EXITED_WHILE_INSPECTED = re.compile(r"read /proc/\d+/cgroup: no such process")
+INSPECT_TRIES = 3
 
 
 @dataclass
@@ -139,7 +150,18 @@ class Podman:
         return self("kube", "play", "--start=false", "--network", "host", str(path), check=False)
 
     def inspect(self, container: str) -> dict:
-        (doc,) = json.loads(self("container", "inspect", container).stdout)
+        """``podman container inspect``, read again when the container's process exited while
+        podman read its cgroup (``EXITED_WHILE_INSPECTED``), at most ``INSPECT_TRIES`` times."""
+        for _ in range(INSPECT_TRIES - 1):
+            out = self("container", "inspect", container, check=False)
+            if not (out.returncode and EXITED_WHILE_INSPECTED.search(out.stderr)):
+                break
+        else:
+            out = self("container", "inspect", container, check=False)
+        if out.returncode:
+            raise AssertionError(f"podman container inspect {container}: rc {out.returncode}\n"
+                                 f"{out.stderr[-3000:]}")
+        (doc,) = json.loads(out.stdout)
         return doc
 
     def logs(self, container: str) -> str:
