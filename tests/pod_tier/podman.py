@@ -70,6 +70,10 @@ EXITED_WHILE_INSPECTED = re.compile(r"read /proc/\d+/cgroup: no such process")
 INSPECT_TRIES = 3
 
 
+def _failed(args: tuple[str, ...], out: subprocess.CompletedProcess[str]) -> AssertionError:
+    return AssertionError(f"podman {' '.join(args)}: rc {out.returncode}\n{out.stderr[-3000:]}")
+
+
 @dataclass
 class Podman:
     conf_dir: Path  # holds containers.conf, storage.conf and the pod YAML files
@@ -108,7 +112,7 @@ class Podman:
                                           proc.stdout.decode(errors="replace"),
                                           proc.stderr.decode(errors="replace"))
         if check and out.returncode:
-            raise AssertionError(f"podman {' '.join(args)}: rc {out.returncode}\n{out.stderr[-3000:]}")
+            raise _failed(args, out)
         return out
 
     # -- images ---------------------------------------------------------------
@@ -152,15 +156,13 @@ class Podman:
     def inspect(self, container: str) -> dict:
         """``podman container inspect``, read again when the container's process exited while
         podman read its cgroup (``EXITED_WHILE_INSPECTED``), at most ``INSPECT_TRIES`` times."""
-        for _ in range(INSPECT_TRIES - 1):
-            out = self("container", "inspect", container, check=False)
+        args = ("container", "inspect", container)
+        for _ in range(INSPECT_TRIES):
+            out = self(*args, check=False)
             if not (out.returncode and EXITED_WHILE_INSPECTED.search(out.stderr)):
                 break
-        else:
-            out = self("container", "inspect", container, check=False)
         if out.returncode:
-            raise AssertionError(f"podman container inspect {container}: rc {out.returncode}\n"
-                                 f"{out.stderr[-3000:]}")
+            raise _failed(args, out)
         (doc,) = json.loads(out.stdout)
         return doc
 

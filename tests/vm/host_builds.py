@@ -19,6 +19,7 @@ futures (``real_installs``, ``r550``, ``guest_612``).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,7 +35,6 @@ POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvidia-builds")
 # not before the 550 ones on their thread.
 GUEST_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="guest-roots")
 _STARTED: dict[str, Future] = {}
-_PARTS: list = []  # ``_parts``
 # tests/realparts files whose tests build real NVIDIA modules (``_build_realparts``).
 REALPARTS_BUILDS = {"test_through_installer.py", "test_realparts.py"}
 
@@ -99,13 +99,13 @@ def _download(want_612: bool, timings: dict) -> None:
         _once("kernel-612", lambda: _fetch_612(timings), GUEST_POOL)
 
 
+@functools.cache
 def _parts():
-    """NVIDIA's parts, provisioned once per session (provision.provision: cached)."""
+    """NVIDIA's parts, provisioned once per session (provision.provision: cached; a failure
+    is not kept, so the next caller tries again and reports it)."""
     from tests.realparts import provision
 
-    if not _PARTS:
-        _PARTS.append(provision.provision())
-    return _PARTS[0]
+    return provision.provision()
 
 
 def _fetch_612(timings: dict) -> None:
