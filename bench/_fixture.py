@@ -76,27 +76,6 @@ class Fixture:
     server_url: str
 
 
-# A real kernel's firmware_class.path (built into Ubuntu's and COS's kernels: a real H100
-# node has it, set to the install's firmware dir by the installer), empty after a boot.
-# The fixture kernel has none, and without it the installer takes its fallback: copying
-# the GSP firmware into the host's /lib/firmware/updates (two fsyncs) on every run.
-FIRMWARE_PATH_PARAM = "module/firmware_class/parameters/path"
-
-
-def booted(kernel) -> None:
-    """``firmware_class.path`` as the kernel boots with it: empty."""
-    param = kernel.sys_dir / FIRMWARE_PATH_PARAM
-    param.parent.mkdir(parents=True, exist_ok=True)
-    param.write_text("\n")
-
-
-def reboot(kernel) -> None:
-    """A reboot of the fixture node: no modules, no device nodes (``unload_all``), and
-    the kernel's parameters as it boots."""
-    kernel.unload_all()
-    booted(kernel)
-
-
 @contextlib.contextmanager
 def fixture(work: Path, also_serve: tuple[str, ...] = ()) -> Iterator[Fixture]:
     """Node, kernel, .run on an HTTPS server, and a pod wired to them (server up inside);
@@ -106,7 +85,6 @@ def fixture(work: Path, also_serve: tuple[str, ...] = ()) -> Iterator[Fixture]:
 
     with ubuntu_pod(work, version=VERSION, release=RELEASE,
                     pod_class=_pod_class()) as (node, kernel, server, pod):
-        booted(kernel)
         for version in also_serve:
             server.serve_run(version, build_driver_run(work / "runs", version))
         yield Fixture(node, kernel, pod, server.url)

@@ -11,8 +11,8 @@ the installed nvidia.ko to the size of a real one (60-100 MB) and re-records
 its hash, so the cache check hashes (or skips hashing) a realistic file.
 
 Then, ``--runs`` times, rotating which goes first, each after a "reboot"
-(``_fixture.reboot``: no modules, no device nodes, ``firmware_class.path`` empty as a
-kernel boots with it; the fixture kernel has the parameter, as a real one does):
+(``FakeKernel.unload_all``: no modules, no device nodes, ``firmware_class.path`` empty
+as a kernel boots with it; the fixture kernel has the parameter, as a real one does):
 
 - ours: ``nvidia-driver-installer install`` in the pod; wall time from just
   before the fork to exit (interpreter start-up and imports included), and
@@ -66,7 +66,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, Row, Stats, print_rows, write_rows  # noqa: E402
-from _fixture import CLI, RELEASE, VERSION, can_run_pods, events, fixture, reboot  # noqa: E402
+from _fixture import CLI, RELEASE, VERSION, can_run_pods, events, fixture  # noqa: E402
 
 OVERHEAD_TARGET_MS = 150.0
 HELP_TARGET_MS = 90.0
@@ -394,7 +394,7 @@ def cache_hit(args, work: Path, wheel_cli: Path, ref_cli: Path | None) -> tuple[
     status_file = node.install_dir / "status.json"
 
     # Calibration (not timed): the commands a cache hit runs, and what it imports.
-    reboot(kernel)
+    kernel.unload_all()  # a reboot
     # Read in the installer's own process (WATCH_IMPORTS), not through PYTHONPROFILEIMPORTTIME,
     # which its Python children inherit.
     cal = pod.timed([str(wheel_cli.parent / "python3"), "-c", WATCH_IMPORTS, "install", "-v"])
@@ -426,7 +426,7 @@ def cache_hit(args, work: Path, wheel_cli: Path, ref_cli: Path | None) -> tuple[
     order = list(variants)
     for i in range(args.runs):
         for name in order[i % len(order):] + order[: i % len(order)]:
-            reboot(kernel)
+            kernel.unload_all()  # a reboot
             res = pod.timed(variants[name])
             if res["rc"] != 0:
                 raise SystemExit(f"{name} run failed: {res['stderr'][-3000:]}")

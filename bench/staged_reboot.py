@@ -5,7 +5,7 @@
 A fixture Ubuntu node (bench/_fixture.py: the pod-like chroot, fake kernel, makeself .run
 over HTTPS on 127.0.0.1). Each run: driver A installed and held by a workload, driver B
 asked for with WHEN_IN_USE=stage (B built and kept in .next-boot; not timed); then a
-"reboot" (``_fixture.reboot``) and B's install from .next-boot (timed: no download,
+"reboot" (``FakeKernel.unload_all``) and B's install from .next-boot (timed: no download,
 no build), then another reboot and B's cache hit (timed, the baseline). The staged install
 does what a cache hit does plus moving the staged tree in, its record check, the staged
 loads from .staging and the promote: the target is at most 2x the cache hit.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Row, Stats, print_rows, write_rows  # noqa: E402
-from _fixture import CLI, VERSION, can_run_pods, fixture, reboot  # noqa: E402
+from _fixture import CLI, VERSION, can_run_pods, fixture  # noqa: E402
 
 STAGED = "535.183.01"  # B: the version staged while VERSION (A) is in use
 TARGET_RATIO = 2.0
@@ -54,14 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         node, kernel, pod = fx.node, fx.kernel, fx.pod
         status_file = node.install_dir / "status.json"
         for _ in range(args.runs):
-            reboot(kernel)
+            kernel.unload_all()  # a reboot
             _install(pod, VERSION, "fresh", status_file)
             kernel.hold("nvidia")
             _install(pod, STAGED, "staged", status_file, WHEN_IN_USE="stage")
             kernel.unhold("nvidia")
-            reboot(kernel)
+            kernel.unload_all()  # a reboot
             staged_s.append(_install(pod, STAGED, "fresh", status_file))
-            reboot(kernel)
+            kernel.unload_all()  # a reboot
             hit_s.append(_install(pod, STAGED, "cached", status_file))
     staged, hit = Stats.of(staged_s), Stats.of(hit_s)
     ratio = staged.median / hit.median

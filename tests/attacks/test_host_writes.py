@@ -144,6 +144,7 @@ def test_uninstall_with_a_path_climbing_out_of_the_host_root_is_refused(ubuntu):
 
 
 def test_symlinked_firmware_updates_dir_stays_inside(ubuntu):
+    ubuntu.kernel.drop_firmware_path()  # so the firmware is copied into /lib/firmware/updates
     target = ubuntu.canary / "firmware"  # exists in the container, and on the host side too
     target.mkdir()
     ubuntu.node.path(str(target)).mkdir(parents=True)

@@ -82,9 +82,10 @@ def test_a_build_failure_names_the_kept_log_by_its_host_path(node, pod):
     assert "/usr/local/nvidia" not in final["message"]
 
 
-def test_uninstall_removes_the_firmware_copies_it_made_and_only_those(node, pod):
-    # The fixture kernel has no firmware_class.path: install copies the GSP firmware into
-    # the host's /lib/firmware/updates (installer.kmod.firmware._copy_to_host).
+def test_uninstall_removes_the_firmware_copies_it_made_and_only_those(node, kernel, pod):
+    # A kernel without firmware_class.path: install copies the GSP firmware into the
+    # host's /lib/firmware/updates (installer.kmod.firmware._copy_to_host).
+    kernel.drop_firmware_path()
     updates = node.root / "lib/firmware/updates/nvidia"
 
     def files() -> list[str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.kernel import FIRMWARE_PATH_PARAM
 from tests.fixtures.node import tree_digest
 from tests.fixtures.plans import ACTIVATE_STAGED
 from tests.fixtures.runfile import driver_payload, pack_run, run_name
@@ -36,7 +37,6 @@ from tests.pod import events, last_event, ok, pod_on
 pytestmark = pytest.mark.chroot
 serving = contextlib.contextmanager(serve_runs)
 
-FIRMWARE_PATH = "module/firmware_class/parameters/path"  # under the fake /sys
 READY = "run/nvidia/validations/driver-ready"
 SMI_FAILS = """#!/bin/sh
 echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. \
@@ -75,15 +75,6 @@ def custom_run(out: Path, version: str, **files: str) -> Path:
     return pack_run(payload, out / run_name(version), version, "--sha256")
 
 
-@pytest.fixture
-def kernel(kernel):
-    # A real kernel has firmware_class.path (empty unless set): the staged firmware's
-    # path is set on it during the upgrade, and must be put back.
-    (kernel.sys_dir / FIRMWARE_PATH).parent.mkdir(parents=True)
-    (kernel.sys_dir / FIRMWARE_PATH).write_text("\n")
-    return kernel
-
-
 def node_state(node, kernel) -> dict:
     install = node.install_dir
     ready = node.root / READY
@@ -92,7 +83,7 @@ def node_state(node, kernel) -> dict:
         "install": {k: v for k, v in tree_digest(install).items() if k != "status.json"},
         "modules": {m.name: m.version for m in kernel.loaded().values() if "nvidia" in m.name},
         "nvidia_params": kernel.loaded()["nvidia"].params if "nvidia" in kernel.loaded() else {},
-        "firmware_path": (kernel.sys_dir / FIRMWARE_PATH).read_text().strip(),
+        "firmware_path": (kernel.sys_dir / FIRMWARE_PATH_PARAM).read_text().strip(),
         "devices": kernel.devices(),
         "char_links": sorted(p.name for p in char.iterdir()) if char.is_dir() else [],
         "ready": ready.read_text() if ready.exists() else None,
@@ -164,7 +155,7 @@ def ldconfig_fails_once(scope: str):
 def foreign_firmware_path(node, kernel):
     """firmware_class.path set by someone else: the firmware is copied to the host's
     /lib/firmware/updates (firmware.py)."""
-    (kernel.sys_dir / FIRMWARE_PATH).write_text("/opt/vendor/firmware\n")
+    (kernel.sys_dir / FIRMWARE_PATH_PARAM).write_text("/opt/vendor/firmware\n")
 
 
 def v2_firmware_dir_blocked(node, kernel):
