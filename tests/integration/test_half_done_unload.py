@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_rollback import FIRMWARE_PATH, Failure, assert_restored, upgrade_fails
+from tests.integration.test_rollback import Failure, assert_restored, upgrade_fails
 
 pytestmark = pytest.mark.chroot
 
@@ -27,13 +27,6 @@ if [ "$*" = "nvidia" ] && [ -e {arm} ]; then
 fi
 exec "$(dirname "$0")/real/rmmod" "$@"
 """
-
-
-@pytest.fixture
-def kernel(kernel):
-    (kernel.sys_dir / FIRMWARE_PATH).parent.mkdir(parents=True)  # as test_rollback's node
-    (kernel.sys_dir / FIRMWARE_PATH).write_text("\n")
-    return kernel
 
 
 def nvidia_busy_at_its_rmmod(node, kernel):
