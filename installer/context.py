@@ -6,12 +6,13 @@ nothing itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from installer.base import cpuarch
 from installer.base.cpuarch import CpuArch
+from installer.base.dataclass import dataclass
 from installer.host import gpus
 from installer.host.gpus import PciGpu
 from installer.host.hostroot import HostRoot

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import InstallerError
 from installer.base.kinds import ModuleType, PlanKind
 from installer.records.results import StepResult

@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal, TypeVar
 
 from installer.base import podcontract
+from installer.base.dataclass import dataclass
 from installer.base.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.base.errors import UsageError
 from installer.base.kinds import AUTO, MODULE_TYPE_REQUESTS, DaemonName, ModuleTypeRequest

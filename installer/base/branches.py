@@ -16,7 +16,7 @@ operator pinned, with a warning (``branch_warning``) naming the branch to move t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from installer.base.dataclass import dataclass
 
 POLICY_DATE = "2026-11-26"
 

@@ -23,8 +23,7 @@ The names, each from the project that publishes the thing:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from installer.base.dataclass import dataclass
 from installer.base.errors import UnsupportedHostError, clip
 
 

@@ -6,9 +6,9 @@ and doctor's advice; a host path and the container path it is mounted at are nam
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from installer.base.dataclass import dataclass
 from installer.base.kinds import DaemonName
 
 # The host's / inside the container (ROOT_MOUNT_DIR).

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import fcntl
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from installer.base import safejson
+from installer.base.dataclass import dataclass
 from installer.base.fsutil import sha256_file, write_atomic
 from installer.jail.tarstream import UnreadableArchive, read_first_member
 from installer.records.bundle_manifest import (

@@ -17,7 +17,6 @@ import io
 import os
 import tarfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +26,7 @@ import zstandard
 from installer import __version__
 from installer.base import cpuarch
 from installer.base.cpuarch import CpuArch
+from installer.base.dataclass import dataclass
 from installer.base.errors import BuildError, UnsupportedHostError
 from installer.base.fsutil import sha256_file, write_atomic
 from installer.bundle import tree

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import abc
 import re
-from dataclasses import dataclass
 from typing import ClassVar
 
 from installer.base.branches import EXAMPLE_VERSION
+from installer.base.dataclass import dataclass
 from installer.base.values import is_driver_version
 from installer.distros.daemonset import DaemonSetNeeds
 from installer.host.osinfo import HostInfo

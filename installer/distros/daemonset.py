@@ -4,7 +4,7 @@ manifests/render.py and the template loop over it. Pure data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from installer.base.dataclass import dataclass
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import abc
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.kinds import ModuleType
 from installer.distros.base import Distro
 from installer.plan import Plan, Step

@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import structlog
 
 from installer.base import cpuarch
 from installer.base.cpuarch import CpuArch
+from installer.base.dataclass import dataclass
 from installer.base.errors import BuildError, DiskSpaceError, IntegrityError
 from installer.base.fsutil import remove_tree
 from installer.driver import module_build

@@ -17,11 +17,12 @@ for Turing+ from R560.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from installer.base import branches
 from installer.base.branches import branch_of
+from installer.base.dataclass import dataclass
 from installer.base.errors import UsageError
 from installer.base.fsutil import sorted_entries
 from installer.base.kinds import AUTO, MODULE_TYPE_REQUESTS, OPEN, PROPRIETARY, ModuleType

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import structlog
 
 from installer.base import podcontract, signals
+from installer.base.dataclass import dataclass
 from installer.base.errors import UnsupportedHostError, UsageError
 from installer.base.fsutil import fsync_dir, remove_tree
 from installer.host.hostroot import HostRoot

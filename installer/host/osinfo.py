@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import UnsupportedHostError
 
 

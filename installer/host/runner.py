@@ -9,12 +9,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import IO
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import clip
 
 log = structlog.get_logger(__name__)

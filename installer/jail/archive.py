@@ -56,12 +56,13 @@ import stat
 import tarfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import DiskSpaceError, IntegrityError
 from installer.base.fsutil import remove_tree
 from installer.jail.tarstream import (

@@ -45,9 +45,10 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
 
+from installer.base.dataclass import dataclass
 from installer.jail import harvest as harvest_fs
 from installer.jail import limits as jail_limits
 from installer.jail import seccomp as jail_seccomp

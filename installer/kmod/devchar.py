@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
+from installer.base.dataclass import dataclass
 
 log = structlog.get_logger(__name__)
 

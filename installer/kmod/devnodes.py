@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import VerifyError
 from installer.host import gpus
 from installer.host.runner import CommandError, Runner

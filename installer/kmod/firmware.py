@@ -16,11 +16,11 @@ the files go to the host's ``/lib/firmware/updates`` instead, or we stop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import ModuleLoadError
 from installer.host.hostroot import HostRoot
 from installer.host.installdir import InstallDir, Tree

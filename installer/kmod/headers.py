@@ -11,11 +11,11 @@ it for both (``determine_kernel_output_path``) and NVIDIA's conftest then fails
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import BuildError
 from installer.host.hostroot import HostRoot
 from installer.host.runner import CommandError, Runner

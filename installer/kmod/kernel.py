@@ -10,8 +10,9 @@ harness's start-up hook (tests/fixtures/kernelhook). Parsers are pure functions 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from installer.base.dataclass import dataclass
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ the signer and the hash live inside the PKCS#7 blob. Pure functions only.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+
+from installer.base.dataclass import dataclass
 
 MAGIC = b"~Module signature appended~\n"
 PKEY_ID_PKCS7 = 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from installer.base.dataclass import dataclass
 from installer.kmod.kernel import module_name as kernel_module_name
 
 # A module's name as the kernel keeps it (MODULE_NAME_LEN: 64 - sizeof(unsigned long));

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import ModuleLoadError, SecureBootError
 from installer.base.fsutil import sorted_entries
 from installer.host.runner import CommandError, Runner

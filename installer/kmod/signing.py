@@ -12,8 +12,7 @@ not, unless ``loadpin.exclude=kernel-module``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from installer.base.dataclass import dataclass
 from installer.base.errors import SecureBootError
 from installer.kmod.kernel import KernelState
 

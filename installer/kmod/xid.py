@@ -26,8 +26,9 @@ import os
 import re
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
+
+from installer.base.dataclass import dataclass
 
 MAX_RECORDS = 50_000
 MAX_BYTES = 8 << 20

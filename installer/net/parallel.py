@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import UsageError
 from installer.net.retry import RetryPolicy
 from installer.net.transfer import Cancelled, Downloaded, download

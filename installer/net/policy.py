@@ -19,11 +19,11 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import DownloadError, IntegrityError, UsageError
 
 GCS_HTTPS = "https://storage.googleapis.com/"

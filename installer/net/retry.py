@@ -37,12 +37,13 @@ import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.base.errors import DownloadError, InstallerError
 

@@ -56,12 +56,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import DownloadError, IntegrityError
 from installer.base.fsutil import fsync_dir
 from installer.base.progress import Progress

@@ -20,13 +20,14 @@ import json
 import posixpath
 import re
 import string
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from installer.base import cpuarch, safejson
 from installer.base.branches import EXAMPLE_VERSION
+from installer.base.dataclass import dataclass
 from installer.base.kinds import MODULE_TYPES, ModuleType
 from installer.base.values import is_driver_version, is_kernel_release, sha256_digest
 from installer.host.installdir import check_layout_path

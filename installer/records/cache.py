@@ -17,11 +17,12 @@ import re
 import stat
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.fsutil import (
     UnreadableFile,
     open_beneath,

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from installer.base.dataclass import dataclass
 from installer.base.kinds import ModuleType
 
 

@@ -10,9 +10,9 @@ questions rollback asks are answered from them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from installer.base.dataclass import dataclass
 from installer.kmod.moduleargs import ModuleArg
 from installer.records import readiness
 

@@ -4,9 +4,10 @@ the CLI, the metrics and doctor. Pure: status.py writes and reads the file."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Final
 
+from installer.base.dataclass import dataclass
 from installer.base.kinds import OUTCOME_KINDS, OutcomeKind
 
 OK: Final = "ok"

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.host.hostroot import HostRoot
 from installer.kmod.moduleargs import ModuleArg, parse_listed
 

@@ -6,10 +6,10 @@ the journal (records/journal.py), written as each change is made."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from installer.base.dataclass import dataclass
 from installer.kmod.modules import InUse as InUse  # re-exported: what a staged plan holds
 
 if TYPE_CHECKING:
@@ -33,9 +33,10 @@ class BuildToolchain:
     binds: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
 class StepResult:
-    """What one step hands on; each kind below names the steps that return it."""
+    """What one step hands on; each kind below names the steps that return it. A plain
+    base, not a dataclass: it has no fields, and a dataclass base would send each kind to
+    the standard library's slower build (installer/base/dataclass.py)."""
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from installer import __version__
 from installer.base import safejson
+from installer.base.dataclass import dataclass
 from installer.base.errors import IntegrityError, NotInstalledError
 from installer.base.fsutil import UnreadableFile, read_limited, write_record
 from installer.host.installdir import InstallDir

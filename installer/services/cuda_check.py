@@ -26,12 +26,12 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import VerifyError
 from installer.host import gpus
 from installer.host.runner import CommandError, Runner, tail

@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import VerifyError
 from installer.base.fsutil import sorted_entries
 from installer.host import gpus

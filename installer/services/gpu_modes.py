@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.host.runner import CommandError, Runner
 
 log = structlog.get_logger(__name__)

@@ -29,11 +29,12 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import InstallerError
 from installer.base.fsutil import UnreadableFile, write_atomic
 from installer.host.hostroot import HostRoot

@@ -26,12 +26,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from installer.base import podcontract
+from installer.base.dataclass import dataclass
 from installer.base.errors import VerifyError
 from installer.base.fsutil import write_atomic
 

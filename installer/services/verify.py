@@ -4,12 +4,12 @@ the NVLink fabric where there is one, CUDA itself, the daemon sidecars."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import VerifyError
 from installer.host.gpus import Gpu
 from installer.host.installdir import Tree

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from installer.base import cpuarch
 from installer.base.cpuarch import CpuArch
+from installer.base.dataclass import dataclass
 from installer.base.errors import BuildError
 from installer.base.fsutil import remove_tree
 from installer.driver import nvidia_options

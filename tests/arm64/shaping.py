@@ -53,6 +53,7 @@ SHAPING = (
     "installer/net/policy.py",
     "installer/base/branches.py",
     "installer/base/cpuarch.py",
+    "installer/base/dataclass.py",
     "installer/base/errors.py",
     "installer/base/fsutil.py",
     "installer/base/kinds.py",

@@ -47,6 +47,7 @@ SHAPING = (
     "installer/records/cachekey.py",
     "installer/base/branches.py",
     "installer/base/cpuarch.py",
+    "installer/base/dataclass.py",
     "installer/base/errors.py",
     "installer/base/fsutil.py",
     "installer/base/kinds.py",

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from installer.base.dataclass import dataclass
 
 POD_LOGS_DIR = PurePosixPath("/var/log/pods")
 GKE_POD_DIR = re.compile(r"kube-system_nvidia-driver-installer-[bcdfghjklmnpqrstvwxz2456789]{5}_"

@@ -4,10 +4,10 @@ driver branch, the readiness file."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from installer.base import branches
+from installer.base.dataclass import dataclass
 from installer.base.errors import InstallerError
 from installer.commands.doctor.node import (
     FAIL,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from installer import distros
+from installer.base.dataclass import dataclass
 from installer.base.errors import InstallerError
 from installer.base.fsutil import UnreadableFile
 from installer.detect import context, probe

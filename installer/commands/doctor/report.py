@@ -7,8 +7,9 @@ import json
 import shutil
 import textwrap
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import ExitCode
 from installer.commands.doctor.driver import (
     check_dev_char,

@@ -13,9 +13,10 @@ install only indexed bundles. Validation raises ValueError naming the value.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from installer import __version__
+from installer.base.dataclass import dataclass
 from installer.commands.manifests.render import environment
 from installer.commands.manifests.validate import DNS_SUBDOMAIN, parse_image, validate_namespace
 from installer.commands.manifests.values import label_version

@@ -13,13 +13,14 @@ import importlib.resources
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import jinja2
 
 from installer import __version__
 from installer.base import podcontract
+from installer.base.dataclass import dataclass
 from installer.commands.manifests.validate import (
     fill_flavor,
     parse_image,

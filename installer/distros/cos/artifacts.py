@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
 
 from installer.base.branches import EXAMPLE_BRANCH, EXAMPLE_VERSION
+from installer.base.dataclass import dataclass
 from installer.base.errors import DownloadError, IntegrityError, UnsupportedHostError, UsageError
 from installer.base.values import is_driver_version
 from installer.distros.cos.host import VERSION_ALIAS

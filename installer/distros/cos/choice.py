@@ -5,8 +5,8 @@ proprietary) or compiled. Pure: CosFlow probes the node and the build (``Probe``
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
+from installer.base.dataclass import dataclass
 from installer.base.kinds import OPEN, PROPRIETARY, ModuleType
 from installer.host import gpus
 from installer.kmod.signing import SigningPolicy

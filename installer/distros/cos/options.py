@@ -5,11 +5,11 @@ them as one of its distro options, so nothing generic names a COS field."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from installer.base import podcontract
+from installer.base.dataclass import dataclass
 from installer.base.errors import UsageError
 from installer.settings import CliOption, DistroOptions, Settings
 

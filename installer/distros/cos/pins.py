@@ -21,12 +21,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import structlog
 
+from installer.base.dataclass import dataclass
 from installer.base.errors import IntegrityError, UsageError
 from installer.base.fsutil import UnreadableFile, read_limited
 from installer.base.values import sha256_digest

@@ -20,7 +20,6 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import structlog
 
 from installer import __version__
 from installer.base import podcontract, safejson
+from installer.base.dataclass import dataclass
 from installer.base.errors import BuildError, IntegrityError
 from installer.base.fsutil import UnreadableFile, read_limited, remove_tree, write_atomic
 from installer.host.hostroot import HostRoot

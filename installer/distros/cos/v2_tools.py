@@ -13,9 +13,9 @@ is fetched into our own layout, never into theirs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from installer.base.dataclass import dataclass
 from installer.distros.cos.toolchain import BuildTools, compiler_path
 
 
