@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import sys
 from collections.abc import MutableMapping
 from typing import Any
@@ -97,6 +96,8 @@ def _width() -> int:
     try:
         width = os.get_terminal_size(sys.stderr.fileno()).columns
     except (AttributeError, ValueError, OSError):
+        import shutil  # neither stream a terminal: rare, and shutil costs a cache hit ~5 ms
+
         width = shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns
     return width if width > 0 else FALLBACK_WIDTH
 

@@ -41,8 +41,6 @@ DEFERRED_IMPORTS: dict[str, frozenset[str]] = {
     "installer.jail.seccomp": frozenset({"pyseccomp"}),
     # the zstd binding for the first zstd archive (a bundle)
     "installer.jail.tarstream": frozenset({"zstandard"}),
-    # the bundle index and fetch, only for a run given a bundle URL (--prebuilt-url)
-    "installer.distros.headers_build_flow": frozenset({"installer.bundle.fetch"}),
     # the fabric manager's fetch, only on a node with an NVLink fabric
     "installer.steps.fabric": frozenset({"installer.services.fabricmanager"}),
     # the download, .run and build modules, only for a plan that downloads and builds
@@ -50,8 +48,18 @@ DEFERRED_IMPORTS: dict[str, frozenset[str]] = {
         "installer.net.transfer", "installer.net.parallel", "installer.driver.nvidia_run",
         "installer.driver.module_build",
         "installer.jail.cgroup_memory", "installer.jail.cpus"}),
-    # OpenSSL's hashes, with the first file hashed (a cache hit checks by stat)
-    "installer.base.fsutil": frozenset({"hashlib"}),
+    # OpenSSL's hashes, with the first file hashed (a cache hit checks by stat); ctypes
+    # (libc's renameat2) only to promote a staged install; shutil (bz2, lzma and zlib with
+    # it) only for a directory tree to remove. Neither click nor structlog imports ctypes
+    # or shutil, and a cache hit needs neither (docs/performance.md).
+    "installer.base.fsutil": frozenset({"hashlib", "ctypes", "shutil"}),
+    # ctypes in the CUDA probe's own process; the installer imports it for its file name
+    "installer.services.cuda_probe": frozenset({"ctypes"}),
+    # shutil: a terminal width neither stream reports
+    "installer.log": frozenset({"shutil"}),
+    # the bundle index and fetch, only for a run given a bundle URL (--prebuilt-url);
+    # shutil.which("apt-get"), only on a node whose headers are not there
+    "installer.distros.headers_build_flow": frozenset({"installer.bundle.fetch", "shutil"}),
     # a distro's flow, only for a host of that flow (an Ubuntu boot loads none of COS's)
     "installer.distros.flows": frozenset({"installer.distros.cos.flow",
                                           "installer.distros.headers_build_flow"}),

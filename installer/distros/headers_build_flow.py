@@ -3,7 +3,6 @@ Debian) install: find the headers, build in the sandbox, or take a fleet's bundl
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -36,6 +35,8 @@ def find_kernel_headers() -> Step:
     def run(ctx: Context) -> HeadersReady:
         release = ctx.host_info.kernel_release
         tree, tried = headers.find_on_host(ctx.host, release, ctx.settings.kernel_source_path)
+        import shutil  # a build's step: a cache hit finds no headers (shutil costs it ~5 ms)
+
         if tree is None and ctx.settings.kernel_source_path is None and shutil.which("apt-get"):
             tree = headers.apt_install(ctx.runner, ctx.host, release, tried)
         if tree is None:

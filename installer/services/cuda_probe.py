@@ -17,9 +17,14 @@ libcuda printed; when it exits, or is killed with the Runner's process group, th
 kills everything left in the namespace, a child that left the session (setsid) included.
 A libcuda without an entry point the probe calls is a JSON error too (``call: dlsym``),
 never a traceback.
+
+ctypes is imported by the functions that call libcuda, in this child only: the installer
+imports this module for its file name (cuda_check.probe_argv) and a cache hit has no other
+use for ctypes (~2 ms of its start-up: docs/performance.md).
 """
 
-import ctypes
+from __future__ import annotations
+
 import json
 import os
 import re
@@ -28,7 +33,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ctypes
 
 PATTERN = 0xA5
 OUTPUT_MAX_BYTES = 64 << 10  # the JSON line is well under 4 KiB per GPU
@@ -36,6 +44,8 @@ DRAIN_S = 1.0  # after the probe exits: what a child still holding the pipe may 
 
 
 def main(argv: list[str]) -> int:
+    import ctypes  # here, in the probe's own process (the module docstring)
+
     devices: list[dict[str, Any]] = []
     out: dict[str, Any] = {"ok": False, "count": None, "devices": devices}
     started = time.perf_counter()
@@ -87,6 +97,8 @@ def round_trip(cuda: ctypes.CDLL, index: int, size: int,
                device: dict[str, Any]) -> tuple[str, int] | None:
     """A context on device ``index`` and ``size`` bytes set on the GPU and read back; the
     failing (call, rc), or None with ``device`` filled in."""
+    import ctypes  # here, in the probe's own process (the module docstring)
+
     dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
     name, bus = ctypes.create_string_buffer(256), ctypes.create_string_buffer(64)
     lookups: tuple[tuple[str, Callable[[], int]], ...] = (
