@@ -523,3 +523,16 @@ def test_the_help_list_says_what_each_command_says_of_itself():
         command = cli.get_command(context, name)
         assert command is not None and command.name == name
         assert command.get_short_help_str(limit=200) == line, name
+
+
+@pytest.mark.parametrize("args", [["--help"], ["install", "--no-such-option"]])
+def test_the_heap_is_frozen_before_the_interpreter_shuts_down(args):
+    """cli.main freezes what the run made (gc.freeze), whatever the exit: the shutdown's
+    collection walks none of it (docs/performance.md)."""
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 1000, file=sys.__stderr__))\n"
+            "from installer.cli import main\n"
+            f"main({args!r})\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert "frozen True" in proc.stderr, proc.stderr
