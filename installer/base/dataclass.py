@@ -177,9 +177,11 @@ def _build(cls: type, frozen: bool) -> type:
         cls.__doc__ = cls.__name__
     _standard_dataclass(init=False, repr=False, eq=False)(cls)
     fields = list(dataclasses.fields(cls))  # ClassVars left out
+    # What the class is, for whoever reads it (a dataclass subclass's frozen check among
+    # them); set on the standard library's own record of it, whose fields differ by version.
     params = cls.__dataclass_params__  # type: ignore[attr-defined]
-    cls.__dataclass_params__ = type(params)(  # type: ignore[attr-defined]
-        init=True, repr=True, eq=True, order=False, unsafe_hash=False, frozen=frozen)
+    for name, value in (("init", True), ("repr", True), ("eq", True), ("frozen", frozen)):
+        setattr(params, name, value)
     methods = [_make_init(cls, fields, frozen), _make_repr(cls, fields), _make_eq(fields)]
     if frozen:
         methods += [_make_hash(fields), *_make_frozen(cls, fields)]
