@@ -8,7 +8,6 @@ and each command imports only what it uses (a cache hit, the common run, stays f
 from __future__ import annotations
 
 import contextlib
-import gc
 import sys
 from collections.abc import Callable, Iterator
 
@@ -95,6 +94,7 @@ def _command_name(argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run a command; the only place outcomes become exit codes (docs/contract.md §3). The failure
     reports (``exits``) load only when a command fails: ``--help`` stays fast."""
+    from installer.base import startup
     from installer.base.lazyimport import defer_unused
 
     defer_unused()  # before any command imports structlog
@@ -102,10 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _run(argv)
     finally:
-        # What the run made lives until the process exits: the collector need not walk it
-        # all once more while the interpreter shuts down, ~10 ms of every node's boot
-        # (docs/performance.md). Objects are still freed, and finalized, by their counts.
-        gc.freeze()
+        startup.before_exit()
 
 
 def _run(argv: list[str]) -> None:

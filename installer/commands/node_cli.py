@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from installer.base import startup
 from installer.base.branches import EXAMPLE_BRANCH
 from installer.base.envvars import ENV_RETRIES, ENV_TIMEOUT
 from installer.base.errors import EXIT_CODE_MEANINGS
@@ -345,7 +346,8 @@ def _exit_codes_epilog() -> str:
 def install(output: str, **opts: Any) -> None:
     """Install (or load the cached) driver, then verify it: nvidia-smi, then a CUDA context
     and a memory round trip on every GPU."""
-    from installer.commands import install as install_flow
+    with startup.loading_modules():  # every node's boot: docs/performance.md
+        from installer.commands import install as install_flow
 
     outcome = install_flow.run(_settings(**opts))
     if outcome.dry_run is not None:
