@@ -3,18 +3,7 @@ Each case runs in a fresh interpreter (the deferral changes sys.modules process-
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _python(code: str) -> str:
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
+from tests.freshpython import stdout_of as _python
 
 
 def test_structlog_imports_without_loading_asyncio_once_deferred():

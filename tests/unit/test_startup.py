@@ -4,18 +4,7 @@ freezing is process-wide."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _python(code: str) -> str:
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
+from tests.freshpython import stdout_of as _python
 
 
 def test_loading_modules_collects_nothing_then_freezes_and_reenables():
