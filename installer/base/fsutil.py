@@ -21,29 +21,34 @@ def sorted_entries(path: Path) -> list[Path]:
         return []
 
 
-# A new file beside the target: created by this call (O_EXCL), no link followed, 0600 until
-# written, as tempfile.mkstemp makes it. Not tempfile itself: it imports shutil, bz2 and
-# lzma, ~4 ms of every cache hit's start-up, which writes its records with this.
 _TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _TEMP_TRIES = 100
 
 
-def _new_temp_file(path: Path) -> tuple[int, str]:
+def new_temp_file(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> tuple[int, str]:
+    """A new file ``.<name>.<random>.tmp`` beside ``path`` (relative to ``dir_fd`` when
+    given), as tempfile.mkstemp makes one: created by this call (O_EXCL), no link followed,
+    mode 0600 until written; another random name when one is taken. Returns (fd, its path).
+
+    The name is random, not the pid: in a container's PID namespace every run has the same
+    pid, so a killed run's leftover would block each later run. os.urandom, as
+    secrets.token_hex reads it; not tempfile itself, which imports shutil, bz2 and lzma,
+    ~4 ms of every cache hit's start-up, which writes its records through here."""
+    head, name = os.path.split(os.fspath(path))
     for _ in range(_TEMP_TRIES):
-        tmp = str(path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp")
+        tmp = os.path.join(head, f".{name}.{os.urandom(8).hex()}.tmp")
         try:
-            return os.open(tmp, _TEMP_FLAGS, 0o600), tmp
+            return os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd), tmp
         except FileExistsError:
             continue
-    raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path.name}",
-                          str(path.parent))
+    raise FileExistsError(errno.EEXIST, f"no free temporary name beside {name}", head or ".")
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     """Write via a temp file in the same dir, fsync, rename: readers see old or new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = _new_temp_file(path)
+    fd, tmp = new_temp_file(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)

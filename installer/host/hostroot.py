@@ -23,7 +23,13 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from installer.base.errors import UnsupportedHostError, UsageError
-from installer.base.fsutil import UnreadableFile, exchange, read_limited, read_regular
+from installer.base.fsutil import (
+    UnreadableFile,
+    exchange,
+    new_temp_file,
+    read_limited,
+    read_regular,
+)
 
 _MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -302,12 +308,7 @@ def _write_temp(dir_fd: int, name: str, raw: bytes, mode: int,
                 owner: tuple[int, int] | None = None) -> str:
     """``raw`` in a new temp file beside ``name`` (fsynced, ``mode``, and ``owner`` where
     this process may set it): its name, for the caller to rename or exchange."""
-    # Not the pid: in a container's PID namespace every run has the same one, so a killed
-    # run's leftover would make each later run fail with EEXIST.
-    # (os.urandom, as secrets.token_hex reads it, without the secrets module's imports.)
-    tmp = f".{name}.{os.urandom(8).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600, dir_fd=dir_fd)
+    fd, tmp = new_temp_file(name, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
